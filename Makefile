@@ -1,0 +1,64 @@
+# Thin wrapper over CMake. `make run` and `make test` do all the set-up on a
+# fresh Debian 12 machine: as root they install the missing packages first.
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc)
+CMAKE_ARGS ?=
+
+DEB_PKGS := build-essential cmake ninja-build pkg-config git ca-certificates \
+            libuv1-dev libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
+            libcriterion-dev libcyaml-dev libhttp-parser-dev libsqlite3-dev \
+            libxxhash-dev sqlite3 prometheus curl python3
+
+.PHONY: all deps build run test test-unit test-asan test-gpu bench clean node-deps
+
+all: build
+
+deps:
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if ! command -v npm >/dev/null 2>&1; then missing="$$missing nodejs npm"; fi; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  else \
+	    echo "missing Debian packages:$$missing (run as root to install them)"; exit 1; \
+	  fi; \
+	fi
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_ARGS)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+node-deps: deps
+	@cd tests/integration/node && { [ -d node_modules/@grpc/grpc-js ] || npm ci --no-audit --no-fund --loglevel=error; }
+
+run: build
+	./$(BUILD)/rlorch run
+
+# The whole suite: unit and integration tests on a normal build, then again
+# under AddressSanitizer and UndefinedBehaviorSanitizer.
+test: build node-deps
+	cd $(BUILD) && ctest --output-on-failure -LE gpu -j 2
+	$(MAKE) test-asan
+
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -L unit
+
+# CUDA is left out of the sanitizer build: its runtime does not run under ASan,
+# and no GPU code runs where the sanitizers do.
+test-asan: deps node-deps
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DRLORCH_SANITIZE=address,undefined \
+	      -DRLORCH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug $(CMAKE_ARGS)
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -LE gpu -j 2
+
+test-gpu: build
+	cd $(BUILD) && ctest --output-on-failure -L gpu
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,36 @@
+/* `rlorch bench NAME`: dispatch to one benchmark. */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench/bench.h"
+#include "orchestrator/commands.h"
+
+static const struct {
+  const char *name;
+  int (*fn)(int, char **);
+  const char *help;
+} benches[] = {
+#ifdef RLORCH_BENCH_BROADCAST
+    {"broadcast", bench_broadcast, "weight broadcast vs PCIe and wire floors"},
+#endif
+#ifdef RLORCH_BENCH_RPC
+    {"rpc", bench_rpc, "control-call latency vs a bare gRPC C-core echo server"},
+#endif
+#ifdef RLORCH_BENCH_STEPLOOP
+    {"steploop", bench_steploop, "orchestration overhead per step and per rollout"},
+#endif
+    {NULL, NULL, NULL},
+};
+
+int cmd_bench(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help")) {
+    fprintf(argc < 2 ? stderr : stdout, "usage: rlorch bench NAME [FLAGS]\n\nbenchmarks:\n");
+    for (int i = 0; benches[i].name; i++)
+      fprintf(argc < 2 ? stderr : stdout, "  %-10s %s\n", benches[i].name, benches[i].help);
+    return argc < 2 ? 2 : 0;
+  }
+  for (int i = 0; benches[i].name; i++)
+    if (!strcmp(argv[1], benches[i].name)) return benches[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "rlorch bench: unknown benchmark '%s'\n", argv[1]);
+  return 2;
+}

@@ -1,0 +1,17 @@
+/* Subcommands that later work fills in. Each says so and exits 2; nothing pretends.
+ * Remove an entry here when its real implementation lands. */
+#include <stdio.h>
+
+#include "orchestrator/commands.h"
+
+static int not_yet(const char *name) {
+  fprintf(stderr, "rlorch %s: not implemented yet\n", name);
+  return 2;
+}
+
+int cmd_serve(int argc, char **argv) { (void)argc; (void)argv; return not_yet("serve"); }
+int cmd_ctl(int argc, char **argv) { (void)argc; (void)argv; return not_yet("ctl"); }
+int cmd_trainer(int argc, char **argv) { (void)argc; (void)argv; return not_yet("trainer"); }
+int cmd_inference(int argc, char **argv) { (void)argc; (void)argv; return not_yet("inference"); }
+int cmd_run(int argc, char **argv) { (void)argc; (void)argv; return not_yet("run"); }
+

@@ -1,0 +1,223 @@
+/* The broadcast engine: moves a trainer's weights to every inference engine.
+ *
+ * Public surface of the library (rlorch_bcast). Usable without the orchestrator:
+ * a trainer describes its tensors by pointer, builds a plan, and every
+ * participant executes the same plan with an engine.
+ *
+ * Errors are negative BCAST_E* codes; functions that can fail also fill a
+ * bcast_err whose message names the tensor or bucket at fault.
+ * Ownership: every bcast_* object is created by a *_new/*_build function and
+ * released by the matching *_free; the tensors' memory always stays the caller's. */
+#ifndef RLORCH_BCAST_H
+#define RLORCH_BCAST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ------------------------------------------------------------- */
+enum {
+  BCAST_OK = 0,
+  BCAST_EINVAL = -1,    /* invalid manifest, plan or argument */
+  BCAST_ENOMEM = -2,    /* host or device allocation failed */
+  BCAST_EIO = -3,       /* socket or file error */
+  BCAST_ETIMEDOUT = -4, /* a deadline passed (peer missing, stalled transfer) */
+  BCAST_ENOTSUP = -5,   /* mode or dtype not available in this build or on this machine */
+  BCAST_ECUDA = -6,     /* CUDA runtime error */
+  BCAST_ENCCL = -7,     /* NCCL error */
+  BCAST_EPEER = -8,     /* a peer went away or refused the plan */
+  BCAST_ECHECKSUM = -9, /* received bytes do not match the bucket checksum */
+  BCAST_EMISMATCH = -10 /* participants disagree on the plan (hash) */
+};
+const char *bcast_strerror(int code);
+
+typedef struct bcast_err {
+  int code;
+  char msg[512];
+} bcast_err;
+
+/* ---- element types, residency, modes (values equal the rlorch.v1 enums) --- */
+typedef enum {
+  BCAST_DTYPE_FP32 = 1,
+  BCAST_DTYPE_BF16 = 2,
+  BCAST_DTYPE_FP16 = 3,
+  BCAST_DTYPE_U16 = 4 /* raw 16-bit integers, never cast */
+} bcast_dtype;
+
+typedef enum {
+  BCAST_RES_GPU = 1,
+  BCAST_RES_HOST_PINNED = 2,
+  BCAST_RES_HOST_PAGEABLE = 3
+} bcast_residency;
+
+typedef enum { BCAST_MODE_DIRECT = 2, BCAST_MODE_STAGED = 3, BCAST_MODE_HOST = 4 } bcast_mode;
+
+size_t bcast_dtype_size(bcast_dtype d);           /* 0 for an unknown dtype */
+const char *bcast_dtype_name(bcast_dtype d);      /* "fp32", "bf16", "fp16", "u16" */
+const char *bcast_mode_name(bcast_mode m);        /* "direct", "staged", "host" */
+int bcast_cast_supported(bcast_dtype from, bcast_dtype to);
+
+/* ---- tensors ------------------------------------------------------------ */
+#define BCAST_MAX_DIMS 8
+#define BCAST_NAME_MAX 128
+
+typedef struct bcast_tensor {
+  char name[BCAST_NAME_MAX];
+  uint32_t layer;
+  bcast_dtype storage_dtype; /* sender: dtype of `data`; receiver: ignored */
+  bcast_dtype wire_dtype;    /* dtype on the wire and in receivers' buffers */
+  uint32_t ndim;
+  uint64_t shape[BCAST_MAX_DIMS];
+  bcast_residency residency; /* where `data` lives */
+  void *data;                /* sender: storage; receiver: destination in wire dtype; may
+                                be NULL when only planning */
+  int device;                /* CUDA device of GPU-resident data */
+} bcast_tensor;
+
+uint64_t bcast_tensor_elems(const bcast_tensor *t);
+
+/* ---- plans -------------------------------------------------------------- */
+typedef struct bcast_slice {
+  uint32_t tensor;       /* index into plan->tensors */
+  uint64_t elem_offset;  /* first element of the tensor in this slice */
+  uint64_t elem_count;
+  uint64_t bucket_offset; /* byte offset in the bucket's wire buffer */
+} bcast_slice;
+
+typedef struct bcast_bucket {
+  uint32_t index;
+  uint32_t layer;
+  bcast_dtype wire_dtype;
+  uint64_t bytes;
+  uint32_t source_rank; /* rank that sends this bucket */
+  uint32_t stage_rank;  /* rank that stages its host-resident slices */
+  bcast_slice *slices;
+  size_t nslices;
+} bcast_bucket;
+
+typedef enum { BCAST_CHECKSUM_NONE = 1, BCAST_CHECKSUM_XXH3_64 = 2 } bcast_checksum;
+
+typedef struct bcast_plan {
+  char id[128];
+  uint64_t hash; /* bcast_plan_hash() of everything below */
+  bcast_mode mode;
+  bcast_tensor *tensors; /* descriptions only: data pointers are NULL in a plan */
+  size_t ntensors;
+  bcast_bucket *buckets;
+  size_t nbuckets;
+  uint8_t nccl_id[128];
+  int has_nccl_id;
+  uint32_t world_size;
+  uint32_t root_rank;
+  uint64_t staging_budget;   /* largest bucket, in wire bytes */
+  int64_t deadline_unix_ms;  /* 0: none */
+  uint64_t policy_version;
+  char host_endpoint[256];   /* host mode: where the root listens */
+  bcast_checksum checksum;
+  char mode_reason[256];
+} bcast_plan;
+
+typedef struct bcast_plan_opts {
+  const char *id;
+  bcast_mode mode;
+  uint64_t staging_budget; /* bytes per bucket, in wire bytes; 0: 256 MiB */
+  uint32_t world_size;     /* participants, root included */
+  uint32_t root_rank;
+  uint64_t policy_version;
+  int64_t deadline_unix_ms;
+  const char *host_endpoint;
+  bcast_checksum checksum;  /* 0: XXH3_64 */
+} bcast_plan_opts;
+
+/* Buckets per layer and per wire dtype, slices concatenated at fixed offsets,
+ * split so no bucket exceeds the budget; validates the manifest first. */
+int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opts *opts,
+                     bcast_plan **out, bcast_err *err);
+int bcast_plan_validate(const bcast_plan *p, bcast_err *err);
+uint64_t bcast_plan_hash(const bcast_plan *p);
+void bcast_plan_free(bcast_plan *p);
+uint64_t bcast_plan_wire_bytes(const bcast_plan *p);
+/* A participant's local tensors must match the plan by name, shape and dtype. */
+int bcast_plan_check_local(const bcast_plan *p, const bcast_tensor *local, size_t n,
+                           int sender, bcast_err *err);
+
+/* ---- capabilities --------------------------------------------------------- */
+typedef struct bcast_caps {
+  int cuda_built, nccl_built;   /* compiled in */
+  int cuda_devices;             /* visible at run time (0 without a driver) */
+  char cuda_version[32];        /* runtime version, "" without CUDA */
+  char driver_version[32];
+  char nccl_version[32];        /* "2.28.9", "" without NCCL */
+  char gpu_name[128];
+  uint64_t pinned_limit_bytes;  /* RLIMIT_MEMLOCK or physical memory */
+  int cpu_threads;
+  int cpu_avx2, cpu_avx512;     /* vector units the host casts use */
+  char note[256];               /* why a mode is unavailable, in words */
+} bcast_caps;
+
+void bcast_caps_probe(bcast_caps *caps);
+/* 1 when the mode can run here; else 0 and a reason in `why`. */
+int bcast_mode_available(const bcast_caps *caps, bcast_mode m, char *why, size_t whylen);
+
+/* ---- timing --------------------------------------------------------------- */
+typedef struct bcast_bucket_timing {
+  uint32_t bucket;
+  double h2d_s, cast_s, wire_s;
+} bcast_bucket_timing;
+
+typedef struct bcast_stats {
+  bcast_mode mode;
+  const char *transport;     /* "nccl" or "host-tcp" (static string) */
+  uint64_t pcie_bytes;       /* host-to-device bytes */
+  uint64_t wire_bytes;
+  double h2d_s, cast_s, wire_s; /* sums over buckets of each stage */
+  double total_s;            /* wall time of the whole broadcast */
+  double wire_alone_s;       /* broadcast-alone time for the same bytes */
+  int exposed_measured;      /* 1: wire_alone_s measured; 0: modelled */
+  double exposed_s;          /* total_s - wire_alone_s, clamped at 0 */
+  double gbps;               /* wire_bytes / total_s / 1e9 */
+  uint32_t nbuckets;
+  bcast_bucket_timing *buckets; /* nbuckets entries, owned; bcast_stats_free() */
+} bcast_stats;
+
+void bcast_stats_free(bcast_stats *s);
+
+/* ---- engine: one participant ---------------------------------------------- */
+typedef struct bcast_engine bcast_engine;
+
+typedef struct bcast_engine_opts {
+  uint32_t rank;
+  int device;              /* CUDA device, -1 for none */
+  uint32_t staging_buffers; /* >= 2; 0: 3 */
+  double timeout_s;        /* connect and per-bucket deadline; 0: 60 */
+  const char *host_listen; /* root in host mode: "127.0.0.1:0" etc. */
+} bcast_engine_opts;
+
+int bcast_engine_new(const bcast_engine_opts *o, bcast_engine **out, bcast_err *err);
+void bcast_engine_free(bcast_engine *e);
+/* Host mode root: the address actually bound ("127.0.0.1:41234"). */
+const char *bcast_engine_data_address(const bcast_engine *e);
+/* NCCL root: makes the unique id to put into the plan. */
+int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err);
+/* Executes the plan: the sender reads `local` (storage dtype), receivers write
+ * `local` (wire dtype). Blocks until done, failed, or the deadline passed. */
+int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
+                         size_t n, bcast_stats *stats, bcast_err *err);
+
+/* ---- CPU casts (round to nearest even; NaN, inf, subnormals as the reference) */
+uint16_t bcast_f32_to_bf16(float f);
+uint16_t bcast_f32_to_f16(float f);
+float bcast_bf16_to_f32(uint16_t h);
+float bcast_f16_to_f32(uint16_t h);
+/* Vectorised where the CPU allows; dst and src must not overlap. */
+int bcast_cast_cpu(void *dst, bcast_dtype dst_dtype, const void *src, bcast_dtype src_dtype,
+                   size_t n);
+uint64_t bcast_checksum64(const void *buf, size_t n); /* XXH3 64 */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,48 @@
+/* Run-time discovery of CUDA devices and NCCL. A machine without a driver is a
+ * machine with zero devices, not an error. */
+#include <stdio.h>
+#include <string.h>
+
+#include "workers/bcast/bcast_internal.h"
+
+#ifdef RLORCH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#ifdef RLORCH_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+void bcast__gpu_probe(bcast_caps *c) {
+#ifdef RLORCH_HAVE_CUDA
+  c->cuda_built = 1;
+  int rt = 0, drv = 0, count = 0;
+  if (cudaRuntimeGetVersion(&rt) == cudaSuccess)
+    snprintf(c->cuda_version, sizeof c->cuda_version, "%d.%d", rt / 1000, (rt % 1000) / 10);
+  if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0)
+    snprintf(c->driver_version, sizeof c->driver_version, "%d.%d", drv / 1000, (drv % 1000) / 10);
+  /* Without a driver the call fails and leaves count untouched: zero devices. */
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    count = 0;
+    (void)cudaGetLastError();
+    snprintf(c->note, sizeof c->note, "no CUDA driver or device: host transport only");
+  }
+  c->cuda_devices = count;
+  if (count > 0) {
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+      snprintf(c->gpu_name, sizeof c->gpu_name, "%s", prop.name);
+  }
+#else
+  snprintf(c->note, sizeof c->note, "built without CUDA: host transport only");
+#endif
+#ifdef RLORCH_HAVE_NCCL
+  c->nccl_built = 1;
+  int v = 0;
+  if (ncclGetVersion(&v) == ncclSuccess && v > 0)
+    snprintf(c->nccl_version, sizeof c->nccl_version, "%d.%d.%d", v / 10000, (v / 100) % 100,
+             v % 100);
+#else
+  if (c->cuda_built && !c->note[0])
+    snprintf(c->note, sizeof c->note, "built without NCCL: direct and staged unavailable");
+#endif
+}

@@ -1,0 +1,24 @@
+/* Internal seam between the engine (bcast_engine.c, host transport) and the
+ * CUDA/NCCL backend (bcast_gpu*.c, *.cu). Not part of the public surface. */
+#ifndef RLORCH_BCAST_INTERNAL_H
+#define RLORCH_BCAST_INTERNAL_H
+
+#include "workers/bcast/bcast.h"
+
+#include <stdarg.h>
+
+/* Fills err (code and message) and returns the code. */
+int bcast__fail(bcast_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+double bcast__now(void); /* monotonic seconds */
+
+/* GPU backend. Without CUDA in the build these return BCAST_ENOTSUP with a message. */
+typedef struct bcast_gpu bcast_gpu;
+void bcast__gpu_probe(bcast_caps *caps); /* fills the CUDA/NCCL fields */
+int bcast__gpu_open(const bcast_engine_opts *o, bcast_gpu **out, bcast_err *err);
+void bcast__gpu_close(bcast_gpu *g);
+int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err);
+/* Direct and staged modes; `rank` is the engine's rank. */
+int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank,
+                       const bcast_tensor *local, size_t n, bcast_stats *stats, bcast_err *err);
+
+#endif
