@@ -1,0 +1,125 @@
+/* rpc: gRPC C core driven from a libuv loop.
+ *
+ * Server: one thread blocks in grpc_completion_queue_next and hands (tag, ok)
+ * to the loop through a locked list and uv_async_send; every call's state lives
+ * on the loop thread and every grpc_call_start_batch happens there. Handlers
+ * are typed: protobuf-c in, protobuf-c out, looked up in a method table by the
+ * full method name.
+ *
+ * Client: blocking calls (for ctl, agents and tests; safe from any thread,
+ * several threads may share one client) and, optionally, calls driven from a
+ * loop.
+ *
+ * Lifetime of a server call: the handler receives it and must end it exactly
+ * once, with rpc_call_reply / rpc_call_fail (unary) or rpc_call_finish
+ * (streams), now or later from the loop thread. When the client cancels, the
+ * deadline passes or the server shuts down, the on_cancel callback runs once;
+ * the handler then ends the call promptly (sends fail from then on). The call's
+ * memory is released after it was ended and gRPC is done with it. */
+#ifndef RLORCH_RPC_H
+#define RLORCH_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/status.h>
+#include <protobuf-c/protobuf-c.h>
+#include <uv.h>
+
+typedef struct rpc_server rpc_server;
+typedef struct rpc_call rpc_call;
+typedef struct rpc_client rpc_client;
+
+typedef enum { RPC_UNARY = 1, RPC_SERVER_STREAM = 2 } rpc_kind;
+
+typedef void (*rpc_handler)(rpc_call *call, const ProtobufCMessage *req, void *ud);
+
+typedef struct rpc_method {
+  const char *name; /* full method name: "/rlorch.v1.Control/StartRun" */
+  rpc_kind kind;
+  const ProtobufCMessageDescriptor *request;
+  const ProtobufCMessageDescriptor *response;
+  int requires_auth; /* checked against the server's token when one is set */
+  rpc_handler handler;
+  void *ud;
+} rpc_method;
+
+typedef struct rpc_server_opts {
+  const char *listen;          /* "127.0.0.1:0", "[::]:7070" */
+  size_t max_message_bytes;    /* inbound limit; 0: 4 MiB */
+  const char *token;           /* bearer token; NULL or "": no auth */
+  const char *tls_cert_file;   /* PEM; with tls_key_file enables TLS */
+  const char *tls_key_file;
+  double shutdown_grace_s;     /* in-flight unary calls get this long; 0: 5 s */
+  /* Called on the loop thread when any call ends (metrics). */
+  void (*on_call_done)(const char *method, grpc_status_code code, double seconds, void *ud);
+  void *hook_ud;
+} rpc_server_opts;
+
+/* Binds, registers the methods (copied) plus grpc.health.v1.Health, and starts
+ * serving on `loop`. Returns 0, or -1 with a message in err. */
+int rpc_server_new(uv_loop_t *loop, const rpc_server_opts *o, const rpc_method *methods,
+                   size_t n, rpc_server **out, char *err, size_t errlen);
+int rpc_server_port(const rpc_server *s); /* the port actually bound */
+/* Health of a service ("" is the whole server): SERVING (1) or NOT_SERVING (2).
+ * Watch streams see every change. */
+void rpc_server_set_health(rpc_server *s, const char *service, int status);
+/* Graceful: stop accepting, let unary calls finish within the grace period,
+ * end open streams with UNAVAILABLE, then call done(ud) on the loop thread. */
+void rpc_server_shutdown(rpc_server *s, void (*done)(void *ud), void *ud);
+/* After shutdown completed (or if never started). */
+void rpc_server_free(rpc_server *s);
+
+/* ---- server calls: use on the loop thread only -------------------------- */
+const char *rpc_call_method(const rpc_call *c);
+const char *rpc_call_peer(const rpc_call *c);
+double rpc_call_deadline_remaining(const rpc_call *c); /* seconds; INFINITY if none */
+int rpc_call_cancelled(const rpc_call *c);
+void rpc_call_set_cancel_cb(rpc_call *c, void (*on_cancel)(rpc_call *c, void *ud), void *ud);
+int rpc_call_reply(rpc_call *c, const ProtobufCMessage *resp);
+int rpc_call_fail(rpc_call *c, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Streams: messages go out in order; returns 0, or -1 once the call is cancelled or ended. */
+int rpc_call_send(rpc_call *c, const ProtobufCMessage *msg);
+int rpc_call_finish(rpc_call *c, grpc_status_code code, const char *msg);
+
+/* ---- client --------------------------------------------------------------- */
+typedef struct rpc_status {
+  grpc_status_code code;
+  char message[512];
+} rpc_status;
+
+typedef struct rpc_client_opts {
+  const char *target;        /* "127.0.0.1:7070" */
+  const char *token;         /* sent as "authorization: Bearer <token>" */
+  const char *tls_ca_file;   /* PEM roots; enables TLS */
+  size_t max_message_bytes;  /* 0: 64 MiB */
+} rpc_client_opts;
+
+int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t errlen);
+void rpc_client_free(rpc_client *c);
+
+/* Blocking unary call. On OK, *resp is a message to free with
+ * protobuf_c_message_free_unpacked(*resp, NULL). Returns the status code. */
+grpc_status_code rpc_client_call(rpc_client *c, const char *method, const ProtobufCMessage *req,
+                                 const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                                 ProtobufCMessage **resp, rpc_status *st);
+/* Blocking server stream: on_message gets each message (the callee frees it)
+ * and returns 0 to go on or non-zero to cancel. timeout_s <= 0: no deadline. */
+grpc_status_code rpc_client_stream(rpc_client *c, const char *method,
+                                   const ProtobufCMessage *req,
+                                   const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                                   int (*on_message)(ProtobufCMessage *m, void *ud), void *ud,
+                                   rpc_status *st);
+/* Cancels a blocking stream from another thread (for shutdown). Safe to call
+ * when no stream is open. */
+void rpc_client_cancel_streams(rpc_client *c);
+
+/* Raw bytes in and out, for tests that send what no codec would. */
+grpc_status_code rpc_client_call_raw(rpc_client *c, const char *method, const void *req,
+                                     size_t len, double timeout_s, uint8_t **resp,
+                                     size_t *resp_len, rpc_status *st);
+
+const char *rpc_status_name(grpc_status_code code); /* "NOT_FOUND" */
+
+#endif
