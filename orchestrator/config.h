@@ -1,0 +1,84 @@
+/* Configuration of `rlorch serve`: typed fields, parsed once at start-up.
+ *
+ * Precedence, lowest first: built-in defaults < YAML file (--config FILE) <
+ * RLORCH_* environment variables < command-line flags. Every value is validated
+ * after merging; an error message names the field and where it came from, e.g.
+ *   config: rlorch.yaml:3: listen: invalid address "x:y:z" (want HOST:PORT)
+ *   config: RLORCH_MAX_ASYNC_LEVEL: not an integer: "abc"
+ *   config: --listen: missing value
+ *
+ * YAML keys are the field names below (snake_case); environment variables are
+ * RLORCH_ + the upper-cased field name (RLORCH_METRICS_LISTEN, ...). Unknown
+ * YAML keys are errors; unknown RLORCH_* variables are ignored (other parts of
+ * the program use the prefix too). Flags:
+ *   --config FILE --listen ADDR --metrics-listen ADDR --data-dir DIR
+ *   --token-file FILE --tls-cert FILE --tls-key FILE --log-level LEVEL
+ *   --log-format FMT --print-config --help   (also --flag=value)
+ *
+ * Not thread-safe; meant to be called once from main. */
+#ifndef RLORCH_CONFIG_H
+#define RLORCH_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "orchestrator/log.h"
+#include "rlorch/v1/broadcast.pb-c.h"
+
+typedef struct config {
+  char *config_file;      /* --config FILE, or NULL: not a YAML key */
+  char *listen;           /* gRPC HOST:PORT, default "127.0.0.1:7070" */
+  char *metrics_listen;   /* HTTP HOST:PORT, default "127.0.0.1:9464" */
+  char *data_dir;         /* SQLite directory, default "rlorch-data" */
+  char *token_file;       /* bearer token file, or NULL for no auth */
+  char *tls_cert_file;    /* PEM certificate chain, or NULL (both or neither) */
+  char *tls_key_file;     /* PEM private key, or NULL */
+  char *token;            /* contents of token_file without trailing
+                             whitespace, or NULL; never printed */
+  log_level log_level;    /* default LOG_INFO */
+  log_format log_format;  /* default LOG_FORMAT_LOGFMT */
+  uint64_t max_message_bytes;     /* gRPC message cap, default 4 MiB */
+  double shutdown_grace_s;        /* drain time on SIGTERM, default 5.0 */
+  uint32_t heartbeat_interval_ms; /* default 1000 */
+  uint32_t worker_timeout_ms;     /* worker lost after this, default 5000 */
+  uint32_t http_timeout_ms;       /* per-connection HTTP deadline, default 5000 */
+  uint32_t http_max_connections;  /* default 256 */
+  /* Run defaults, applied to a RunSpec field left at 0. */
+  Rlorch__V1__BroadcastMode default_policy; /* "auto|direct|staged|host", default AUTO */
+  uint32_t max_async_level;       /* default 1, at most 64 */
+  uint32_t rollouts_per_step;     /* default 8 */
+  uint64_t staging_budget_bytes;  /* default 256 MiB */
+  bool print_config;              /* --print-config: print and exit 0 */
+  bool help;                      /* --help: config_usage(stdout) and exit 0 */
+} config;
+
+/* Fills every field with its default. config_load calls it first. */
+void config_defaults(config *c);
+
+/* Loads the configuration. argv[0] is the command name and is skipped; envp is
+ * a NULL-terminated "NAME=value" array (NULL for none). Returns 0 on success
+ * (check c->help and c->print_config), or -1 with a message in err; the caller
+ * exits 2. On both paths release c with config_free. */
+int config_load(config *c, int argc, char **argv, char **envp, char *err, size_t errlen);
+
+/* Prints the flags, the environment variables and the YAML keys. */
+void config_usage(FILE *f);
+
+/* Prints the effective configuration as YAML that config_load accepts back.
+ * The token itself is never printed, only token_file. */
+void config_print(const config *c, FILE *f);
+
+/* Frees the strings; c may be reused after config_defaults. */
+void config_free(config *c);
+
+/* Splits "host:port", "[v6]:port" or ":port" (host "" = all interfaces).
+ * Port is 0..65535. Returns 0, or -1 when malformed or host does not fit. */
+int config_parse_addr(const char *s, char *host, size_t hl, int *port);
+
+/* "auto", "direct", "staged", "host" <-> enum; parse returns 0 or -1. */
+int config_policy_parse(const char *s, Rlorch__V1__BroadcastMode *out);
+const char *config_policy_name(Rlorch__V1__BroadcastMode m);
+
+#endif
