@@ -1,0 +1,351 @@
+/* The scheduler core: one pure state machine per run.
+ *
+ * Events go in (a worker registered, attached, sent a heartbeat or was lost;
+ * rollouts arrived; the trainer finished a step; a plan was built, acked,
+ * broadcast; the operator changed the policy or asked to stop; a timer fired),
+ * actions come out (dispatch rollouts, start a train step, build and send a
+ * plan, trigger it, abort it, commit a step record, report state changes).
+ *
+ * Nothing here reads a clock, opens a socket or touches CUDA: every event
+ * carries `now_ms`, a millisecond clock chosen by the caller (monotonic or
+ * Unix; it must not go backwards). After every event the caller drains the
+ * actions with sched_actions() and then calls sched_actions_clear(); it calls
+ * sched_tick() no later than sched_next_deadline().
+ *
+ * The step, as seen from here (policy version v = steps committed so far):
+ *   rollouts(v) -> batch n -> TRAIN n -> step done -> BUILD_PLAN "RUN/step-n"
+ *   -> plan built (hash) -> every participant acks (same id, same hash)
+ *   -> TRIGGER -> every participant reports broadcast done -> COMMIT, v = n+1.
+ * A batch for step n uses only rollouts of version >= n - max_async_level,
+ * oldest valid first; older rollouts are dropped and counted.
+ *
+ * Failure policy. A participant that refuses the plan or acks another hash,
+ * an ack or broadcast timeout, a broadcast error, or a policy override the
+ * participants cannot run: the plan is aborted and the run FAILS with a
+ * message naming the worker or the missing capability (the step is not
+ * committed; nothing is retried silently). A worker LOST while a plan is
+ * pending: the plan is aborted; an inference worker's loss re-plans the same
+ * step without it (PENDING if none is left, until one attaches); the
+ * trainer's loss sends the run back to PENDING and the step is redone with a
+ * fresh batch once a trainer attaches. Rollout requests in flight on a lost
+ * worker are forgotten; its results already received stay usable.
+ *
+ * Errors are negative SCHED_E* codes; sched_last_error() tells which field or
+ * worker was at fault. A rejected event changes nothing unless its doc says so.
+ * Memory: sched_new allocates; registrations, rollouts and actions may grow
+ * internal arrays geometrically (SCHED_ENOMEM if that fails). Not thread-safe:
+ * one owner (the loop thread) calls everything. */
+#ifndef RLORCH_SCHED_H
+#define RLORCH_SCHED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ---------------------------------------------------------------- */
+enum {
+  SCHED_OK = 0,
+  SCHED_EINVAL = -1,  /* bad argument or malformed report (message names the field) */
+  SCHED_ENOENT = -2,  /* unknown worker or request */
+  SCHED_ESTATE = -3,  /* not valid in the current run, step or worker state */
+  SCHED_ESTALE = -4,  /* refers to an old plan, request or step: ignored, harmless */
+  SCHED_EEXIST = -5,  /* worker id already registered, or a second live trainer */
+  SCHED_ENOMEM = -6,  /* allocation failed */
+  SCHED_ENOTSUP = -7  /* the broadcast mode cannot run on these participants */
+};
+const char *sched_strerror(int code);
+
+/* ---- enums (values equal the rlorch.v1 protobuf enums) --------------------- */
+typedef enum {
+  SCHED_MODE_AUTO = 1,
+  SCHED_MODE_DIRECT = 2,
+  SCHED_MODE_STAGED = 3,
+  SCHED_MODE_HOST = 4
+} sched_mode;
+#define SCHED_MODE_COUNT 5 /* array size for per-mode counters, indexed by mode */
+
+typedef enum {
+  SCHED_RUN_PENDING = 1,
+  SCHED_RUN_RUNNING = 2,
+  SCHED_RUN_STOPPING = 3,
+  SCHED_RUN_STOPPED = 4,
+  SCHED_RUN_SUCCEEDED = 5,
+  SCHED_RUN_FAILED = 6
+} sched_run_state;
+
+typedef enum { SCHED_ROLE_TRAINER = 1, SCHED_ROLE_INFERENCE = 2 } sched_role;
+
+typedef enum {
+  SCHED_WORKER_REGISTERED = 1, /* known, no command stream yet */
+  SCHED_WORKER_READY = 2,      /* attached and idle */
+  SCHED_WORKER_BUSY = 3,       /* attached, executing a command */
+  SCHED_WORKER_LOST = 4        /* heartbeats stopped or stream closed; terminal for the id */
+} sched_worker_state;
+
+const char *sched_mode_name(sched_mode m);            /* "auto", "direct", "staged", "host" */
+int sched_mode_parse(const char *s, sched_mode *out);  /* 0 or SCHED_EINVAL */
+const char *sched_run_state_name(sched_run_state s);   /* "pending", "running", ... */
+const char *sched_worker_state_name(sched_worker_state s);
+const char *sched_role_name(sched_role r);
+
+/* ---- sizes ----------------------------------------------------------------- */
+#define SCHED_RUN_ID_MAX 64   /* run id, NUL included */
+#define SCHED_NAME_MAX 64     /* worker name, NUL included */
+#define SCHED_PLAN_ID_MAX 96  /* "RUN/step-N" or "RUN/step-N-rK", NUL included */
+#define SCHED_TEXT_MAX 256    /* reasons and messages, NUL included */
+#define SCHED_NEVER INT64_MAX /* sched_next_deadline() with nothing to wait for */
+
+/* ---- settings of one run ----------------------------------------------------- */
+typedef struct sched_settings {
+  char run_id[SCHED_RUN_ID_MAX];  /* non-empty; prefixes plan ids */
+  uint64_t steps;                 /* steps to take; 0: until stopped */
+  uint32_t rollouts_per_step;     /* batch size, >= 1 */
+  uint32_t rollouts_per_request;  /* count asked of a worker per request; 0: 1 */
+  uint32_t max_async_level;       /* off-policy bound */
+  uint32_t max_outstanding;       /* K: outstanding requests per inference worker, >= 1 */
+  uint32_t max_buffered;          /* cap on rollouts buffered + requested; 0: default
+                                     2 * rollouts_per_step * (max_async_level + 1) */
+  sched_mode policy;              /* initial broadcast policy */
+  int64_t plan_ack_timeout_ms;    /* build request/plan built -> every ack, > 0 */
+  int64_t broadcast_timeout_ms;   /* trigger -> every broadcast done, > 0 */
+  int64_t heartbeat_timeout_ms;   /* silence after which a worker is lost, > 0 */
+} sched_settings;
+
+/* Defaults: run "run", steps 0, 8 rollouts per step, 1 per request, async 1,
+ * K 2, policy auto, timeouts 30 s ack, 300 s broadcast, 15 s heartbeat. */
+void sched_settings_default(sched_settings *s);
+/* 0, or SCHED_EINVAL with a message naming the field in `err`. */
+int sched_settings_validate(const sched_settings *s, char *err, size_t errlen);
+
+/* ---- what the scheduler keeps about workers ------------------------------------ */
+typedef struct sched_caps {
+  uint32_t cuda_devices;       /* 0: no CUDA on this worker */
+  int nccl;                    /* non-zero when NCCL is present */
+  uint64_t pinned_limit_bytes; /* host memory it may pin */
+} sched_caps;
+
+/* Offload summary of the trainer's manifest: where its tensors live. */
+typedef struct sched_offload {
+  uint32_t gpu_tensors, pinned_tensors, pageable_tensors;
+  uint64_t gpu_bytes, pinned_bytes, pageable_bytes;
+} sched_offload;
+
+typedef struct sched_worker_info {
+  uint32_t id;
+  sched_role role;
+  sched_worker_state state;
+  char name[SCHED_NAME_MAX];
+  sched_caps caps;
+  sched_offload offload;   /* trainer: latest manifest summary */
+  uint32_t outstanding;    /* inference: rollout requests in flight */
+  uint64_t policy_version; /* inference: version it holds; trainer: last produced */
+  int64_t last_seen_ms;    /* last heartbeat or report */
+} sched_worker_info;
+
+/* ---- the step record (maps 1:1 onto rlorch.v1.StepRecord, minus bucket timings) -- */
+typedef struct sched_step_record {
+  char run_id[SCHED_RUN_ID_MAX];
+  uint64_t step;
+  sched_mode mode;
+  char mode_reason[SCHED_TEXT_MAX];
+  char transport[16];            /* "nccl" or "host-tcp", from the sender */
+  uint64_t pcie_bytes, wire_bytes;
+  double h2d_seconds, cast_seconds, wire_seconds, total_seconds;
+  double exposed_staging_seconds;
+  int exposed_measured;
+  double gbps;                   /* wire_bytes / total_seconds / 1e9 */
+  double train_seconds;
+  uint32_t rollouts_used, rollouts_dropped;
+  double step_seconds;           /* TRAIN action -> last broadcast done */
+  double staging_share;          /* exposed_staging_seconds / step_seconds */
+  uint64_t policy_version;       /* after the broadcast: step + 1 */
+  uint32_t buckets;
+  int64_t finished_unix_ms;      /* now_ms of the commit; the caller may overwrite */
+} sched_step_record;
+
+struct Rlorch__V1__StepRecord;
+/* Fills an initialised protobuf message from `r`. String fields point into `r`:
+ * `r` must outlive `out`, and `out` must not be freed with the protobuf-c free. */
+void sched_step_record_to_pb(const sched_step_record *r, struct Rlorch__V1__StepRecord *out);
+
+/* What a participant reports with broadcast done. Only the sender's (rank 0)
+ * figures go into the step record; receivers may pass NULL. */
+typedef struct sched_bcast_report {
+  char transport[16];
+  uint64_t pcie_bytes, wire_bytes;
+  double h2d_seconds, cast_seconds, wire_seconds, total_seconds;
+  double exposed_staging_seconds;
+  int exposed_measured;
+  double gbps; /* 0: computed from wire_bytes and total_seconds */
+  uint32_t buckets;
+} sched_bcast_report;
+
+/* One rollout as an inference worker reports it. Ids are unique within a run. */
+typedef struct sched_rollout {
+  uint64_t id;
+  uint64_t policy_version;
+  uint32_t tokens;
+} sched_rollout;
+
+/* ---- actions --------------------------------------------------------------------- */
+typedef enum {
+  SCHED_ACT_DISPATCH = 1,    /* send RolloutRequest{request_id, count} to `worker` */
+  SCHED_ACT_TRAIN,           /* send TrainStep{step, rollout_ids} to the trainer `worker` */
+  SCHED_ACT_BUILD_PLAN,      /* build plan `plan_id` in `mode` for `participants`
+                                (rank i = participants[i]; trainer is rank 0), send
+                                it to all of them, then call sched_plan_built() */
+  SCHED_ACT_TRIGGER,         /* send TriggerBroadcast{plan_id, hash} to `participants` */
+  SCHED_ACT_ABORT,           /* send AbortCommand{plan_id, text} to `participants` */
+  SCHED_ACT_COMMIT,          /* store and publish `record` */
+  SCHED_ACT_RUN_STATE,       /* the run entered `run_state`; `text` says why */
+  SCHED_ACT_WORKER_STATE     /* `worker` entered `worker_state`; `text` says why */
+} sched_action_kind;
+
+typedef struct sched_action {
+  sched_action_kind kind;
+  uint32_t worker;            /* DISPATCH, TRAIN, WORKER_STATE */
+  uint64_t step;              /* TRAIN, BUILD_PLAN, TRIGGER, ABORT, COMMIT */
+  uint64_t request_id;        /* DISPATCH */
+  uint32_t count;             /* DISPATCH: rollouts asked for */
+  uint64_t policy_version;    /* DISPATCH: version the scheduler believes the worker
+                                 holds; BUILD_PLAN: version the plan publishes */
+  const uint64_t *rollout_ids; /* TRAIN: the batch, oldest first */
+  size_t nrollouts;
+  uint64_t batch_tokens;      /* TRAIN: sum of the batch's tokens */
+  const uint32_t *participants; /* BUILD_PLAN, TRIGGER, ABORT: worker ids by rank */
+  size_t nparticipants;
+  sched_mode mode;            /* BUILD_PLAN */
+  uint64_t plan_hash;         /* TRIGGER */
+  char plan_id[SCHED_PLAN_ID_MAX]; /* BUILD_PLAN, TRIGGER, ABORT */
+  char text[SCHED_TEXT_MAX];  /* BUILD_PLAN: mode reason; ABORT: reason;
+                                 RUN_STATE, WORKER_STATE: why */
+  sched_run_state run_state;  /* RUN_STATE */
+  sched_worker_state worker_state; /* WORKER_STATE */
+  const sched_step_record *record; /* COMMIT */
+} sched_action;
+
+/* ---- counters the caller exports as metrics --------------------------------------- */
+typedef struct sched_counters {
+  uint64_t rollouts_received;   /* accepted from workers */
+  uint64_t rollouts_used;       /* in committed steps */
+  uint64_t rollouts_dropped_stale;
+  uint64_t steps;               /* committed */
+  uint64_t broadcasts[SCHED_MODE_COUNT]; /* committed, by mode (index: sched_mode) */
+  uint64_t aborts;              /* plans aborted, any reason */
+  uint64_t requests_dispatched;
+  int64_t async_level;          /* last batch: step - oldest version used */
+  uint64_t policy_version;      /* published: steps committed */
+  uint32_t rollouts_buffered;   /* received, not yet used or dropped */
+  uint32_t rollouts_requested;  /* asked for, not yet received */
+} sched_counters;
+
+typedef struct sched_run_info {
+  sched_run_state state;
+  char message[SCHED_TEXT_MAX];  /* why it is in that state */
+  sched_mode policy;             /* in force */
+  uint64_t steps_done;
+  uint64_t policy_version;
+  uint32_t trainers, inference;  /* attached and not lost */
+} sched_run_info;
+
+/* ---- the scheduler ----------------------------------------------------------------- */
+typedef struct sched sched;
+
+/* Validates and copies `settings`; 0 or a negative code with `err` filled. */
+int sched_new(const sched_settings *settings, sched **out, char *err, size_t errlen);
+void sched_free(sched *s); /* NULL is fine */
+
+/* Message of the last rejected call (empty after a successful one). */
+const char *sched_last_error(const sched *s);
+
+/* Actions produced since the last clear. Pointers inside (rollout_ids,
+ * participants, record) stay valid until sched_actions_clear() or the next
+ * event call, whichever comes first. */
+size_t sched_actions(sched *s, const sched_action **out);
+void sched_actions_clear(sched *s);
+
+/* Earliest time the caller must call sched_tick() (SCHED_NEVER: none). */
+int64_t sched_next_deadline(const sched *s);
+
+/* ---- events ------------------------------------------------------------------------ */
+/* A worker introduced itself. `name` appears in messages ("inference-2"); empty or
+ * NULL gives "worker-<id>". The trainer passes its manifest summary (NULL: empty).
+ * A lost id may register again; a live one is SCHED_EEXIST, as is a second live
+ * trainer. */
+int sched_worker_registered(sched *s, int64_t now_ms, uint32_t id, sched_role role,
+                            const char *name, const sched_caps *caps,
+                            const sched_offload *offload);
+/* Its command stream opened: REGISTERED -> READY. */
+int sched_worker_attached(sched *s, int64_t now_ms, uint32_t id);
+/* Proof of life; `policy_version` is the version an inference worker holds
+ * (ignored for the trainer). */
+int sched_worker_heartbeat(sched *s, int64_t now_ms, uint32_t id, uint64_t policy_version);
+/* Stream closed or otherwise gone; `reason` may be NULL. SCHED_ESTALE if already lost. */
+int sched_worker_lost(sched *s, int64_t now_ms, uint32_t id, const char *reason);
+
+/* Results of request `request_id`. At most the requested count; versions not
+ * newer than the published one; ids unique. A malformed report closes the
+ * request, keeps none of its rollouts and returns SCHED_EINVAL. */
+int sched_rollouts_done(sched *s, int64_t now_ms, uint32_t worker, uint64_t request_id,
+                        const sched_rollout *rollouts, size_t n);
+
+/* The trainer finished step `step`; `offload` summarises the manifest it will
+ * broadcast (NULL: keep the one from registration). */
+int sched_step_done(sched *s, int64_t now_ms, uint32_t worker, uint64_t step,
+                    double train_seconds, const sched_offload *offload);
+
+/* The caller built the plan asked for and is sending it. `error` non-empty
+ * (build failed) aborts the plan and fails the run. */
+int sched_plan_built(sched *s, int64_t now_ms, const char *plan_id, uint64_t hash,
+                     const char *error);
+
+/* A participant acknowledged `plan_id` with `hash`; `error` non-empty: refused. */
+int sched_plan_acked(sched *s, int64_t now_ms, uint32_t worker, const char *plan_id,
+                     uint64_t hash, const char *error);
+
+/* A participant finished the broadcast. The sender's `report` fills the record. */
+int sched_broadcast_done(sched *s, int64_t now_ms, uint32_t worker, const char *plan_id,
+                         const char *error, const sched_bcast_report *report);
+
+/* The operator's policy; takes effect at the next plan. */
+int sched_set_policy(sched *s, int64_t now_ms, sched_mode policy);
+
+/* No new steps; a pending plan is aborted; STOPPED once the trainer is quiet. */
+int sched_stop(sched *s, int64_t now_ms, const char *reason);
+
+/* Fires what is due at `now_ms`: ack and broadcast timeouts, heartbeat losses. */
+int sched_tick(sched *s, int64_t now_ms);
+
+/* ---- queries ----------------------------------------------------------------------- */
+void sched_get_run(const sched *s, sched_run_info *out);
+void sched_get_counters(const sched *s, sched_counters *out);
+/* 0 or SCHED_ENOENT. */
+int sched_get_worker(const sched *s, uint32_t id, sched_worker_info *out);
+size_t sched_worker_count(const sched *s); /* every id ever registered, lost included */
+/* The i-th worker in id order (0 <= i < sched_worker_count()); 0 or SCHED_ENOENT. */
+int sched_get_worker_at(const sched *s, size_t i, sched_worker_info *out);
+
+/* ---- the mode choice, pure --------------------------------------------------------- */
+typedef struct sched_participant {
+  const char *name;
+  sched_caps caps;
+} sched_participant;
+
+/* Chooses the broadcast mode for `policy` over participants (rank order) and
+ * the trainer's `offload` summary. AUTO: host when CUDA or NCCL is missing on
+ * any participant (the reason names the first one), else staged when any
+ * tensor is host-resident, else direct. DIRECT/STAGED/HOST: the override, or
+ * SCHED_ENOTSUP when it cannot run here (reason names the missing capability
+ * and the worker; direct also needs every tensor on GPU). SCHED_EINVAL for no
+ * participants, no tensors or an unknown policy. `reason` is always filled. */
+int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t n,
+                      const sched_offload *offload, sched_mode *mode, char *reason,
+                      size_t reason_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
