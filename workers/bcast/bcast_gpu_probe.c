@@ -30,7 +30,7 @@ void bcast__gpu_probe(bcast_caps *c) {
   if (count > 0) {
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
-      snprintf(c->gpu_name, sizeof c->gpu_name, "%s", prop.name);
+      snprintf(c->gpu_name, sizeof c->gpu_name, "%.127s", prop.name);
   }
 #else
   snprintf(c->note, sizeof c->note, "built without CUDA: host transport only");
