@@ -1,0 +1,360 @@
+# Helpers for the integration tests (tests/integration/test_*.sh), sourced with
+#
+#   source "$(dirname "$0")/lib.sh"
+#
+# ctest sets RLORCH_BIN, RLORCH_SOURCE_DIR and RLORCH_BUILD_DIR; run by hand, they
+# default to this checkout and its build/ directory.
+#
+# A test script calls assertions (each one records a pass or a failure and goes
+# on), then `finish`, which prints "N passed, M failed" and exits non-zero when
+# anything failed. A script that ends without `finish` (an error, an early exit)
+# still prints the summary and fails. Everything a test starts with serve_start or
+# track_pid is stopped and its temporary directory removed on exit.
+#
+# serve_start and track_pid must run in the test's own shell, not in $(...):
+# the shell that starts a process is the only one that can wait for it.
+
+# ---- locations -----------------------------------------------------------------
+
+if [[ -z "${RLORCH_SOURCE_DIR:-}" ]]; then
+  RLORCH_SOURCE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+fi
+: "${RLORCH_BUILD_DIR:=$RLORCH_SOURCE_DIR/build}"
+: "${RLORCH_BIN:=$RLORCH_BUILD_DIR/rlorch}"
+: "${SERVE_START_TIMEOUT_S:=20}"
+: "${SERVE_STOP_TIMEOUT_S:=15}"
+export RLORCH_BIN RLORCH_SOURCE_DIR RLORCH_BUILD_DIR
+NODE_CLIENT="$RLORCH_SOURCE_DIR/tests/integration/node/client.js"
+TEST_NAME="$(basename "${0%.sh}")"
+
+# ---- bookkeeping ------------------------------------------------------------------
+
+PASS_COUNT=0
+FAIL_COUNT=0
+__LIB_FINISHED=0
+__LIB_PIDS=()
+__LIB_ON_EXIT=()
+__LIB_SERVE_SEQ=0
+
+TEST_TMP="$(mktemp -d -t "rlorch-${TEST_NAME}.XXXXXX")" || {
+  echo "cannot create a temporary directory" >&2
+  exit 1
+}
+export TEST_TMP
+
+pass() {
+  PASS_COUNT=$((PASS_COUNT + 1))
+  printf 'ok   - %s\n' "$*"
+}
+
+fail() {
+  FAIL_COUNT=$((FAIL_COUNT + 1))
+  printf 'FAIL - %s\n' "$*"
+}
+
+# A check that cannot run here (a missing tool); it counts neither way.
+skip() {
+  printf 'skip - %s\n' "$*"
+}
+
+finish() {
+  __LIB_FINISHED=1
+  printf '%d passed, %d failed\n' "$PASS_COUNT" "$FAIL_COUNT"
+  if ((FAIL_COUNT > 0)); then exit 1; fi
+  if ((PASS_COUNT == 0)); then
+    echo "no assertion ran: nothing was tested"
+    exit 1
+  fi
+  exit 0
+}
+
+# Registers a command run on exit, before the temporary directory goes.
+on_exit() {
+  __LIB_ON_EXIT+=("$*")
+}
+
+# Registers a background process started by the test, stopped on exit.
+track_pid() {
+  __LIB_PIDS+=("$1")
+}
+
+__lib_stop_pid() {
+  local pid=$1 i
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null
+  for ((i = 0; i < 50; i++)); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  return 0
+}
+
+__lib_on_exit() {
+  local rc=$? cmd pid
+  trap - EXIT
+  for cmd in "${__LIB_ON_EXIT[@]}"; do eval "$cmd"; done
+  for pid in "${__LIB_PIDS[@]}"; do __lib_stop_pid "$pid"; done
+  if [[ "${KEEP_TEST_TMP:-0}" == 1 || "$FAIL_COUNT" -gt 0 && "${KEEP_TEST_TMP_ON_FAIL:-0}" == 1 ]]; then
+    echo "temporary files kept in $TEST_TMP"
+  else
+    rm -rf "$TEST_TMP"
+  fi
+  if ((__LIB_FINISHED == 0)); then
+    printf '%d passed, %d failed (the script ended before finish, status %d)\n' \
+      "$PASS_COUNT" "$((FAIL_COUNT + 1))" "$rc"
+    exit 1
+  fi
+  exit "$rc"
+}
+trap __lib_on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---- ports and processes --------------------------------------------------------
+
+# Prints N (default 1) distinct free TCP ports on 127.0.0.1, space-separated.
+# All are held open together while chosen, so they differ from each other.
+free_port() {
+  python3 - "${1:-1}" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+# wait_until SECONDS CMD...: runs CMD every 0.2 s until it succeeds; 1 on timeout.
+wait_until() {
+  local limit=$1 deadline
+  shift
+  deadline=$((SECONDS + limit))
+  while ((SECONDS < deadline)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  "$@" >/dev/null 2>&1
+}
+
+# Shows the end of the running daemon's log (for a failure's context).
+serve_log_tail() {
+  [[ -n "${SERVE_LOG:-}" && -f "$SERVE_LOG" ]] || return 0
+  echo "---- last lines of $SERVE_LOG"
+  tail -n "${1:-30}" "$SERVE_LOG"
+  echo "----"
+}
+
+__lib_serving() {
+  local out
+  out="$(node "$NODE_CLIENT" --target "$GRPC_ADDR" --health "" --deadline-ms 1000 2>&1)"
+  [[ "$(json_get message.status <<<"$out" 2>/dev/null)" == SERVING ]]
+}
+
+# serve_start [ARGS...]: starts "$RLORCH_BIN" serve on free loopback ports with a
+# fresh data directory, waits until the gRPC health check says SERVING, and
+# exports SERVE_PID, GRPC_ADDR, METRICS_ADDR, SERVE_DATA_DIR and SERVE_LOG.
+# Extra arguments go to serve after the defaults (so they may override them).
+# Returns 1 (after recording a failure) when the daemon exits or is not serving
+# within SERVE_START_TIMEOUT_S seconds.
+serve_start() {
+  local ports deadline
+  ports="$(free_port 2)" || { fail "serve_start: no free port"; return 1; }
+  __LIB_SERVE_SEQ=$((__LIB_SERVE_SEQ + 1))
+  GRPC_ADDR="127.0.0.1:${ports%% *}"
+  METRICS_ADDR="127.0.0.1:${ports##* }"
+  SERVE_DATA_DIR="$TEST_TMP/data.$__LIB_SERVE_SEQ"
+  SERVE_LOG="$TEST_TMP/serve.$__LIB_SERVE_SEQ.log"
+  export GRPC_ADDR METRICS_ADDR SERVE_DATA_DIR SERVE_LOG
+  mkdir -p "$SERVE_DATA_DIR"
+  "$RLORCH_BIN" serve --listen "$GRPC_ADDR" --metrics-listen "$METRICS_ADDR" \
+    --data-dir "$SERVE_DATA_DIR" "$@" >"$SERVE_LOG" 2>&1 &
+  SERVE_PID=$!
+  export SERVE_PID
+  track_pid "$SERVE_PID"
+  deadline=$((SECONDS + SERVE_START_TIMEOUT_S))
+  while ((SECONDS < deadline)); do
+    if ! kill -0 "$SERVE_PID" 2>/dev/null; then
+      wait "$SERVE_PID"
+      fail "serve_start: rlorch serve exited with status $? before serving"
+      serve_log_tail
+      return 1
+    fi
+    __lib_serving && return 0
+    sleep 0.2
+  done
+  fail "serve_start: rlorch serve not SERVING on $GRPC_ADDR within ${SERVE_START_TIMEOUT_S}s"
+  serve_log_tail
+  return 1
+}
+
+# serve_stop: SIGTERM to the daemon, waits for it, asserts that it exited 0.
+serve_stop() {
+  local rc i
+  if [[ -z "${SERVE_PID:-}" ]]; then
+    fail "serve_stop: no daemon was started"
+    return 1
+  fi
+  kill -TERM "$SERVE_PID" 2>/dev/null
+  for ((i = 0; i < SERVE_STOP_TIMEOUT_S * 10; i++)); do
+    kill -0 "$SERVE_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$SERVE_PID" 2>/dev/null; then
+    fail "serve_stop: rlorch serve still running ${SERVE_STOP_TIMEOUT_S}s after SIGTERM"
+    serve_log_tail
+    kill -KILL "$SERVE_PID" 2>/dev/null
+    wait "$SERVE_PID" 2>/dev/null
+    SERVE_PID=
+    return 1
+  fi
+  wait "$SERVE_PID"
+  rc=$?
+  SERVE_PID=
+  assert_eq 0 "$rc" "rlorch serve exits 0 after SIGTERM" || { serve_log_tail; return 1; }
+}
+
+# ---- clients --------------------------------------------------------------------
+
+# grpc_call ARGS...: the grpc-js client against the running daemon. Prints one
+# JSON line per response message, then the status line. A later --target wins.
+grpc_call() {
+  node "$NODE_CLIENT" --target "$GRPC_ADDR" "$@"
+}
+
+# ctl ARGS...: the project's own CLI against the running daemon.
+ctl() {
+  "$RLORCH_BIN" ctl --target "$GRPC_ADDR" "$@"
+}
+
+# http_get PATH: GET on the daemon's HTTP endpoint; prints the body, fails on >= 400.
+http_get() {
+  curl -fsS --max-time 10 "http://$METRICS_ADDR$1"
+}
+
+# ---- JSON -----------------------------------------------------------------------
+
+# json_get PATH [JSON]: prints the value at PATH ("message.runs.0.id", "status.name")
+# from JSON, or from stdin. For several JSON lines (the client's output) the first
+# line where PATH exists answers. Strings print raw, other values as JSON.
+# Returns 1 when no line has PATH.
+json_get() {
+  local path=$1
+  if (($# > 1)); then
+    printf '%s\n' "$2" | __lib_json_get "$path"
+  else
+    __lib_json_get "$path"
+  fi
+}
+
+__lib_json_get() {
+  python3 -c '
+import json, sys
+path = [p for p in sys.argv[1].split(".") if p]
+for line in sys.stdin:
+    line = line.strip()
+    if not line:
+        continue
+    try:
+        v = json.loads(line)
+    except ValueError:
+        continue
+    try:
+        for p in path:
+            v = v[int(p)] if isinstance(v, list) else v[p]
+    except (KeyError, IndexError, ValueError, TypeError):
+        continue
+    print(v if isinstance(v, str) else json.dumps(v))
+    sys.exit(0)
+sys.exit(1)
+' "$path"
+}
+
+# ---- assertions: each records a pass or a failure and returns 0 or 1 ---------
+
+# assert_eq EXPECTED ACTUAL [WHAT]
+assert_eq() {
+  local what=${3:-"\"$2\" == \"$1\""}
+  if [[ "$1" == "$2" ]]; then
+    pass "$what"
+  else
+    fail "$what: expected \"$1\", got \"$2\""
+    return 1
+  fi
+}
+
+# assert_ne UNEXPECTED ACTUAL [WHAT]
+assert_ne() {
+  local what=${3:-"\"$2\" != \"$1\""}
+  if [[ "$1" != "$2" ]]; then
+    pass "$what"
+  else
+    fail "$what: got \"$2\""
+    return 1
+  fi
+}
+
+# assert_contains HAYSTACK NEEDLE [WHAT]
+assert_contains() {
+  local what=${3:-"output contains \"$2\""}
+  if [[ "$1" == *"$2"* ]]; then
+    pass "$what"
+  else
+    fail "$what: \"$2\" not found in: $(__lib_clip "$1")"
+    return 1
+  fi
+}
+
+# assert_not_contains HAYSTACK NEEDLE [WHAT]
+assert_not_contains() {
+  local what=${3:-"output does not contain \"$2\""}
+  if [[ "$1" != *"$2"* ]]; then
+    pass "$what"
+  else
+    fail "$what: found in: $(__lib_clip "$1")"
+    return 1
+  fi
+}
+
+# assert_status NAME OUTPUT [WHAT]: the grpc-js client's final status is NAME ("OK",
+# "UNAUTHENTICATED", ...).
+assert_status() {
+  local got what=${3:-"gRPC status $1"}
+  got="$(printf '%s\n' "$2" | tail -n 1 | json_get status.name 2>/dev/null)" || got="(no status line)"
+  if [[ "$got" == "$1" ]]; then
+    pass "$what"
+  else
+    fail "$what: status $got; output: $(__lib_clip "$2")"
+    return 1
+  fi
+}
+
+# assert_exit CODE CMD...: runs CMD (output kept in LAST_OUTPUT) and checks its status.
+assert_exit() {
+  local want=$1 rc
+  shift
+  LAST_OUTPUT="$("$@" 2>&1)"
+  rc=$?
+  if [[ "$rc" == "$want" ]]; then
+    pass "exit $want: $*"
+  else
+    fail "exit $want: $*: got $rc; output: $(__lib_clip "$LAST_OUTPUT")"
+    return 1
+  fi
+}
+
+# need_cmd NAME: 0 when NAME is on PATH; otherwise records a failure.
+need_cmd() {
+  if command -v "$1" >/dev/null 2>&1; then return 0; fi
+  fail "required command \"$1\" not found"
+  return 1
+}
+
+__lib_clip() {
+  local s=$1
+  if ((${#s} > 2000)); then s="${s:0:2000}... (${#1} chars)"; fi
+  printf '%s' "$s"
+}
