@@ -6,7 +6,7 @@
  *
  * Errors are negative BCAST_E* codes; functions that can fail also fill a
  * bcast_err whose message names the tensor or bucket at fault.
- * Ownership: every bcast_* object is created by a *_new/*_build function and
+ * Ownership: every bcast_* object is created by a *_new or *_build function and
  * released by the matching *_free; the tensors' memory always stays the caller's. */
 #ifndef RLORCH_BCAST_H
 #define RLORCH_BCAST_H
@@ -58,6 +58,12 @@ typedef enum { BCAST_MODE_DIRECT = 2, BCAST_MODE_STAGED = 3, BCAST_MODE_HOST = 4
 size_t bcast_dtype_size(bcast_dtype d);           /* 0 for an unknown dtype */
 const char *bcast_dtype_name(bcast_dtype d);      /* "fp32", "bf16", "fp16", "u16" */
 const char *bcast_mode_name(bcast_mode m);        /* "direct", "staged", "host" */
+/* 1 when a plan may carry a tensor stored as `from` on the wire as `to`:
+ *   fp32 -> fp32 | bf16 | fp16   (narrowing casts round to nearest even)
+ *   bf16 -> bf16, fp16 -> fp16, u16 -> u16   (bytes copied as they are)
+ * Everything else is refused: u16 never mixes with floats, bf16 <-> fp16 would
+ * round twice, and widening (bf16/fp16 -> fp32) doubles the wire bytes for no
+ * information; receivers that want fp32 widen locally (bcast_cast_cpu can). */
 int bcast_cast_supported(bcast_dtype from, bcast_dtype to);
 
 /* ---- tensors ------------------------------------------------------------ */
@@ -100,9 +106,28 @@ typedef struct bcast_bucket {
 
 typedef enum { BCAST_CHECKSUM_NONE = 1, BCAST_CHECKSUM_XXH3_64 = 2 } bcast_checksum;
 
+/* The plan hash (XXH3 64 over a canonical little-endian serialisation) covers
+ * everything every participant must agree on to move the same bytes to the
+ * same places: id, mode, world_size, root_rank, staging_budget, checksum kind,
+ * policy_version, the NCCL id when present, every tensor's name, layer,
+ * storage dtype (it decides the wire bits), wire dtype and shape, and every
+ * bucket and slice.  It deliberately leaves out what is local or advisory:
+ * residency (where the sender keeps its storage changes how, not what, it
+ * sends), data pointers and devices, deadline_unix_ms, host_endpoint and
+ * mode_reason.  After changing a covered field, recompute `hash`.
+ *
+ * Layout: buckets group one layer and one wire dtype; tensors keep manifest
+ * order within a group, groups run by layer then wire dtype.  Every slice
+ * starts at a 256-byte aligned offset (BCAST_ALIGN); the bytes between the end
+ * of one slice and the next aligned offset are padding, sent as zeros, and
+ * are the only "gaps" a valid plan has.  A tensor larger than the budget is
+ * cut into element ranges over consecutive buckets. */
+#define BCAST_ALIGN 256u
+#define BCAST_MAX_TENSOR_BYTES (1ull << 50)
+
 typedef struct bcast_plan {
   char id[128];
-  uint64_t hash; /* bcast_plan_hash() of everything below */
+  uint64_t hash; /* bcast_plan_hash() of the covered fields (see above) */
   bcast_mode mode;
   bcast_tensor *tensors; /* descriptions only: data pointers are NULL in a plan */
   size_t ntensors;
@@ -143,6 +168,10 @@ uint64_t bcast_plan_wire_bytes(const bcast_plan *p);
 /* A participant's local tensors must match the plan by name, shape and dtype. */
 int bcast_plan_check_local(const bcast_plan *p, const bcast_tensor *local, size_t n,
                            int sender, bcast_err *err);
+/* Sets the NCCL unique id and recomputes the hash (the id is covered). */
+void bcast_plan_set_nccl_id(bcast_plan *p, const uint8_t id[128]);
+/* Deep copy (tensors, buckets, slices); NULL when out of memory. */
+bcast_plan *bcast_plan_dup(const bcast_plan *p);
 
 /* ---- capabilities --------------------------------------------------------- */
 typedef struct bcast_caps {

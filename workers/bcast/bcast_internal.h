@@ -11,6 +11,21 @@
 int bcast__fail(bcast_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 double bcast__now(void); /* monotonic seconds */
 
+/* Matches a participant's local tensors to the plan by name: map[i] is the
+ * index in `local` of plan tensor i (map has p->ntensors entries).  Checks
+ * shape, dtype (sender: storage dtype; receiver: wire dtype) and data. */
+int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender,
+                     uint32_t *map, bcast_err *err);
+/* Casts n elements with up to `threads` threads (1: the calling thread only). */
+int bcast__cast_parallel(void *dst, bcast_dtype dst_dtype, const void *src,
+                         bcast_dtype src_dtype, size_t n, int threads);
+
+/* Casts with one code path: 0 scalar, 1 AVX2+F16C, 2 AVX-512F (ENOTSUP when
+ * the CPU lacks it); the best level this CPU offers. For tests and benches. */
+int bcast__cast_level(int level, void *dst, bcast_dtype dst_dtype, const void *src,
+                      bcast_dtype src_dtype, size_t n);
+int bcast__cast_best_level(void);
+
 /* GPU backend. Without CUDA in the build these return BCAST_ENOTSUP with a message. */
 typedef struct bcast_gpu bcast_gpu;
 void bcast__gpu_probe(bcast_caps *caps); /* fills the CUDA/NCCL fields */

@@ -1,0 +1,506 @@
+/* Bucket plans: build from a manifest, validate, hash, copy, bind to local
+ * tensors.  A plan is plain data; everything here is pure (no I/O, no clock). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "workers/bcast/bcast_internal.h"
+
+#define PLAN_DEFAULT_BUDGET (256ull << 20)
+
+static uint64_t align_up(uint64_t v) { return (v + BCAST_ALIGN - 1) & ~(uint64_t)(BCAST_ALIGN - 1); }
+
+uint64_t bcast_tensor_elems(const bcast_tensor *t) {
+  if (t->ndim == 0 || t->ndim > BCAST_MAX_DIMS) return 0;
+  uint64_t n = 1;
+  for (uint32_t i = 0; i < t->ndim; i++) {
+    if (t->shape[i] == 0) return 0;
+    if (__builtin_mul_overflow(n, t->shape[i], &n)) return 0;
+  }
+  return n;
+}
+
+/* ---- validation of one tensor description ---------------------------------- */
+
+static int name_ok(const char *name) {
+  size_t len = strnlen(name, BCAST_NAME_MAX);
+  return len > 0 && len < BCAST_NAME_MAX;
+}
+
+/* Checks what a manifest entry and a plan tensor share: name, dtypes, shape,
+ * size, residency.  `i` is the tensor's index, for messages. */
+static int tensor_check(const bcast_tensor *t, size_t i, bcast_err *err) {
+  if (!name_ok(t->name))
+    return bcast__fail(err, BCAST_EINVAL, "tensor #%zu: name is empty or not terminated within %d bytes",
+                       i, BCAST_NAME_MAX);
+  const char *nm = t->name;
+  if (t->ndim == 0 || t->ndim > BCAST_MAX_DIMS)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': ndim %u is outside 1..%d", nm, t->ndim,
+                       BCAST_MAX_DIMS);
+  uint64_t elems = 1;
+  for (uint32_t d = 0; d < t->ndim; d++) {
+    if (t->shape[d] == 0)
+      return bcast__fail(err, BCAST_EINVAL, "tensor '%s': dimension %u is 0 (zero elements)", nm, d);
+    if (__builtin_mul_overflow(elems, t->shape[d], &elems))
+      return bcast__fail(err, BCAST_EINVAL, "tensor '%s': element count overflows 64 bits", nm);
+  }
+  size_t ss = bcast_dtype_size(t->storage_dtype), ws = bcast_dtype_size(t->wire_dtype);
+  if (!ss) return bcast__fail(err, BCAST_EINVAL, "tensor '%s': unknown storage dtype %d", nm, (int)t->storage_dtype);
+  if (!ws) return bcast__fail(err, BCAST_EINVAL, "tensor '%s': unknown wire dtype %d", nm, (int)t->wire_dtype);
+  if (!bcast_cast_supported(t->storage_dtype, t->wire_dtype))
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': no cast from %s to %s", nm,
+                       bcast_dtype_name(t->storage_dtype), bcast_dtype_name(t->wire_dtype));
+  uint64_t bytes;
+  if (__builtin_mul_overflow(elems, (uint64_t)(ss > ws ? ss : ws), &bytes) || bytes > BCAST_MAX_TENSOR_BYTES)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': %llu elements exceed the 2^50-byte limit", nm,
+                       (unsigned long long)elems);
+  if (t->residency < BCAST_RES_GPU || t->residency > BCAST_RES_HOST_PAGEABLE)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': unknown residency %d", nm, (int)t->residency);
+  return BCAST_OK;
+}
+
+static int name_cmp(const void *a, const void *b) {
+  const bcast_tensor *x = *(const bcast_tensor *const *)a, *y = *(const bcast_tensor *const *)b;
+  return strncmp(x->name, y->name, BCAST_NAME_MAX);
+}
+
+/* Sorted array of pointers into `t`, for duplicate detection and lookup. */
+static const bcast_tensor **sorted_by_name(const bcast_tensor *t, size_t n) {
+  const bcast_tensor **v = malloc((n ? n : 1) * sizeof *v);
+  if (!v) return NULL;
+  for (size_t i = 0; i < n; i++) v[i] = &t[i];
+  qsort(v, n, sizeof *v, name_cmp);
+  return v;
+}
+
+static int tensors_check(const bcast_tensor *t, size_t n, const char *what, bcast_err *err) {
+  for (size_t i = 0; i < n; i++) {
+    int rc = tensor_check(&t[i], i, err);
+    if (rc) return rc;
+  }
+  const bcast_tensor **v = sorted_by_name(t, n);
+  if (!v) return bcast__fail(err, BCAST_ENOMEM, "out of memory checking %zu tensor names", n);
+  int rc = BCAST_OK;
+  for (size_t i = 1; i < n && !rc; i++)
+    if (name_cmp(&v[i - 1], &v[i]) == 0)
+      rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': duplicate name in the %s", v[i]->name, what);
+  free(v);
+  return rc;
+}
+
+/* ---- building ------------------------------------------------------------- */
+
+typedef struct plan_builder {
+  bcast_plan *p;
+  size_t bcap;
+  size_t scap; /* slice capacity of the open (last) bucket */
+} plan_builder;
+
+static bcast_bucket *builder_open(plan_builder *b, uint32_t layer, bcast_dtype wire) {
+  bcast_plan *p = b->p;
+  if (p->nbuckets == b->bcap) {
+    size_t cap = b->bcap ? b->bcap * 2 : 16;
+    bcast_bucket *nb = realloc(p->buckets, cap * sizeof *nb);
+    if (!nb) return NULL;
+    p->buckets = nb;
+    b->bcap = cap;
+  }
+  bcast_bucket *k = &p->buckets[p->nbuckets];
+  memset(k, 0, sizeof *k);
+  k->index = (uint32_t)p->nbuckets;
+  k->layer = layer;
+  k->wire_dtype = wire;
+  k->source_rank = p->root_rank;
+  k->stage_rank = p->root_rank;
+  p->nbuckets++;
+  b->scap = 0;
+  return k;
+}
+
+static int builder_add(plan_builder *b, bcast_bucket *k, uint32_t tensor, uint64_t eoff, uint64_t count,
+                       uint64_t boff, size_t esz) {
+  if (k->nslices == b->scap) {
+    size_t cap = b->scap ? b->scap * 2 : 8;
+    bcast_slice *ns = realloc(k->slices, cap * sizeof *ns);
+    if (!ns) return BCAST_ENOMEM;
+    k->slices = ns;
+    b->scap = cap;
+  }
+  k->slices[k->nslices++] = (bcast_slice){tensor, eoff, count, boff};
+  k->bytes = boff + count * esz;
+  return BCAST_OK;
+}
+
+/* Places one tensor into the open bucket of its group, opening new ones as
+ * needed.  A tensor that fits a fresh bucket is never split; a larger one
+ * fills the open bucket's remainder, then whole buckets. */
+static int place_tensor(plan_builder *b, bcast_bucket **open, uint32_t ti) {
+  bcast_plan *p = b->p;
+  const bcast_tensor *t = &p->tensors[ti];
+  size_t esz = bcast_dtype_size(t->wire_dtype);
+  uint64_t left = bcast_tensor_elems(t), eoff = 0, budget = p->staging_budget;
+  while (left > 0) {
+    bcast_bucket *k = *open;
+    uint64_t off = k && k->nslices ? align_up(k->bytes) : 0;
+    uint64_t room = k && off < budget ? (budget - off) / esz : 0;
+    int fits_fresh = left * esz <= budget;
+    if (!k || room == 0 || (eoff == 0 && fits_fresh && room < left)) {
+      if (!(k = builder_open(b, t->layer, t->wire_dtype))) return BCAST_ENOMEM;
+      *open = k;
+      continue;
+    }
+    uint64_t take = left < room ? left : room;
+    if (builder_add(b, k, ti, eoff, take, off, esz)) return BCAST_ENOMEM;
+    eoff += take;
+    left -= take;
+  }
+  return BCAST_OK;
+}
+
+typedef struct group_key {
+  uint32_t layer;
+  int wire;
+  size_t index;
+} group_key;
+
+static int group_cmp(const void *a, const void *b) {
+  const group_key *x = a, *y = b;
+  if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
+  if (x->wire != y->wire) return x->wire < y->wire ? -1 : 1;
+  return x->index < y->index ? -1 : x->index > y->index; /* stable: manifest order */
+}
+
+static int opts_check(const bcast_plan_opts *o, uint64_t budget, bcast_err *err) {
+  if (o->mode != BCAST_MODE_DIRECT && o->mode != BCAST_MODE_STAGED && o->mode != BCAST_MODE_HOST)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: unknown mode %d", (int)o->mode);
+  if (o->world_size == 0) return bcast__fail(err, BCAST_EINVAL, "plan options: world_size must be >= 1");
+  if (o->root_rank >= o->world_size)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: root_rank %u >= world_size %u", o->root_rank,
+                       o->world_size);
+  if (budget < BCAST_ALIGN || budget > BCAST_MAX_TENSOR_BYTES)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: staging_budget %llu outside %u..2^50 bytes",
+                       (unsigned long long)budget, BCAST_ALIGN);
+  if (o->checksum && o->checksum != BCAST_CHECKSUM_NONE && o->checksum != BCAST_CHECKSUM_XXH3_64)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: unknown checksum kind %d", (int)o->checksum);
+  if (o->id && strlen(o->id) >= sizeof ((bcast_plan *)0)->id)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: id longer than 127 bytes");
+  if (o->host_endpoint && strlen(o->host_endpoint) >= sizeof ((bcast_plan *)0)->host_endpoint)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: host_endpoint longer than 255 bytes");
+  return BCAST_OK;
+}
+
+static int plan_layout(bcast_plan *p, bcast_err *err) {
+  size_t n = p->ntensors;
+  group_key *keys = malloc((n ? n : 1) * sizeof *keys);
+  if (!keys) return bcast__fail(err, BCAST_ENOMEM, "out of memory planning %zu tensors", n);
+  for (size_t i = 0; i < n; i++) keys[i] = (group_key){p->tensors[i].layer, (int)p->tensors[i].wire_dtype, i};
+  qsort(keys, n, sizeof *keys, group_cmp);
+  plan_builder b = {p, 0, 0};
+  bcast_bucket *open = NULL;
+  int rc = BCAST_OK;
+  for (size_t i = 0; i < n && !rc; i++) {
+    if (i > 0 && (keys[i].layer != keys[i - 1].layer || keys[i].wire != keys[i - 1].wire))
+      open = NULL; /* a new group starts a new bucket */
+    rc = place_tensor(&b, &open, (uint32_t)keys[i].index);
+  }
+  free(keys);
+  if (rc) return bcast__fail(err, rc, "out of memory laying out buckets");
+  return BCAST_OK;
+}
+
+int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opts *o, bcast_plan **out,
+                     bcast_err *err) {
+  if (!out || !o || (n && !tensors)) return bcast__fail(err, BCAST_EINVAL, "plan_build: NULL argument");
+  *out = NULL;
+  uint64_t budget = o->staging_budget ? o->staging_budget : PLAN_DEFAULT_BUDGET;
+  int rc = opts_check(o, budget, err);
+  if (rc) return rc;
+  if (n > UINT32_MAX) return bcast__fail(err, BCAST_EINVAL, "manifest: %zu tensors is too many", n);
+  if ((rc = tensors_check(tensors, n, "manifest", err))) return rc;
+
+  bcast_plan *p = calloc(1, sizeof *p);
+  if (!p || !(p->tensors = calloc(n ? n : 1, sizeof *p->tensors))) {
+    free(p);
+    return bcast__fail(err, BCAST_ENOMEM, "out of memory for a plan of %zu tensors", n);
+  }
+  snprintf(p->id, sizeof p->id, "%s", o->id ? o->id : "");
+  p->mode = o->mode;
+  p->ntensors = n;
+  for (size_t i = 0; i < n; i++) {
+    p->tensors[i] = tensors[i];
+    p->tensors[i].data = NULL; /* a plan describes, it never points */
+    p->tensors[i].device = 0;
+  }
+  p->world_size = o->world_size;
+  p->root_rank = o->root_rank;
+  p->staging_budget = budget;
+  p->deadline_unix_ms = o->deadline_unix_ms;
+  p->policy_version = o->policy_version;
+  snprintf(p->host_endpoint, sizeof p->host_endpoint, "%s", o->host_endpoint ? o->host_endpoint : "");
+  p->checksum = o->checksum ? o->checksum : BCAST_CHECKSUM_XXH3_64;
+  if ((rc = plan_layout(p, err))) {
+    bcast_plan_free(p);
+    return rc;
+  }
+  p->hash = bcast_plan_hash(p);
+  *out = p;
+  return BCAST_OK;
+}
+
+/* ---- validation of a whole plan (e.g. one received over the network) ------ */
+
+static int bucket_check(const bcast_plan *p, const bcast_bucket *k, size_t bi, uint64_t *next,
+                        bcast_err *err) {
+  if (k->index != bi) return bcast__fail(err, BCAST_EINVAL, "bucket %zu: index field is %u", bi, k->index);
+  if (!bcast_dtype_size(k->wire_dtype))
+    return bcast__fail(err, BCAST_EINVAL, "bucket %zu: unknown wire dtype %d", bi, (int)k->wire_dtype);
+  if (k->source_rank >= p->world_size || k->stage_rank >= p->world_size)
+    return bcast__fail(err, BCAST_EINVAL, "bucket %zu (layer %u): source rank %u or stage rank %u >= world size %u",
+                       bi, k->layer, k->source_rank, k->stage_rank, p->world_size);
+  if (k->nslices == 0 || !k->slices)
+    return bcast__fail(err, BCAST_EINVAL, "bucket %zu (layer %u): no slices", bi, k->layer);
+  size_t esz = bcast_dtype_size(k->wire_dtype);
+  uint64_t end = 0;
+  for (size_t s = 0; s < k->nslices; s++) {
+    const bcast_slice *sl = &k->slices[s];
+    if (sl->tensor >= p->ntensors)
+      return bcast__fail(err, BCAST_EINVAL, "bucket %zu slice %zu: tensor index %u out of range", bi, s, sl->tensor);
+    const bcast_tensor *t = &p->tensors[sl->tensor];
+    if (t->layer != k->layer || t->wire_dtype != k->wire_dtype)
+      return bcast__fail(err, BCAST_EINVAL, "tensor '%s': sliced into bucket %zu of layer %u/%s but is layer %u/%s",
+                         t->name, bi, k->layer, bcast_dtype_name(k->wire_dtype), t->layer,
+                         bcast_dtype_name(t->wire_dtype));
+    uint64_t want = s == 0 ? 0 : align_up(end);
+    if (sl->bucket_offset != want)
+      return bcast__fail(err, BCAST_EINVAL, "tensor '%s': slice at bucket %zu offset %llu, expected %llu (%s)",
+                         t->name, bi, (unsigned long long)sl->bucket_offset, (unsigned long long)want,
+                         sl->bucket_offset < want ? "overlap" : "gap");
+    uint64_t elems = bcast_tensor_elems(t);
+    if (sl->elem_count == 0 || sl->elem_offset != next[sl->tensor] || sl->elem_count > elems - sl->elem_offset)
+      return bcast__fail(err, BCAST_EINVAL,
+                         "tensor '%s': slice in bucket %zu covers elements %llu+%llu, expected to start at %llu "
+                         "of %llu (overlap, gap or out of order)",
+                         t->name, bi, (unsigned long long)sl->elem_offset, (unsigned long long)sl->elem_count,
+                         (unsigned long long)next[sl->tensor], (unsigned long long)elems);
+    next[sl->tensor] += sl->elem_count;
+    end = sl->bucket_offset + sl->elem_count * esz;
+  }
+  if (k->bytes != end)
+    return bcast__fail(err, BCAST_EINVAL, "bucket %zu (layer %u): bytes %llu but slices end at %llu", bi, k->layer,
+                       (unsigned long long)k->bytes, (unsigned long long)end);
+  if (k->bytes > p->staging_budget)
+    return bcast__fail(err, BCAST_EINVAL, "bucket %zu (layer %u): %llu bytes exceed the staging budget %llu", bi,
+                       k->layer, (unsigned long long)k->bytes, (unsigned long long)p->staging_budget);
+  return BCAST_OK;
+}
+
+int bcast_plan_validate(const bcast_plan *p, bcast_err *err) {
+  if (!p) return bcast__fail(err, BCAST_EINVAL, "plan: NULL");
+  if (strnlen(p->id, sizeof p->id) == sizeof p->id)
+    return bcast__fail(err, BCAST_EINVAL, "plan: id not terminated");
+  bcast_plan_opts o = {.mode = p->mode, .world_size = p->world_size, .root_rank = p->root_rank,
+                       .checksum = p->checksum};
+  int rc = opts_check(&o, p->staging_budget, err);
+  if (rc) return rc;
+  if (p->checksum != BCAST_CHECKSUM_NONE && p->checksum != BCAST_CHECKSUM_XXH3_64)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': unknown checksum kind %d", p->id, (int)p->checksum);
+  if ((p->ntensors && !p->tensors) || (p->nbuckets && !p->buckets))
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': NULL tensor or bucket array", p->id);
+  if (p->ntensors > UINT32_MAX || p->nbuckets > UINT32_MAX)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': too many tensors or buckets", p->id);
+  if ((rc = tensors_check(p->tensors, p->ntensors, "plan", err))) return rc;
+  uint64_t *next = calloc(p->ntensors ? p->ntensors : 1, sizeof *next);
+  if (!next) return bcast__fail(err, BCAST_ENOMEM, "out of memory validating plan '%s'", p->id);
+  for (size_t b = 0; b < p->nbuckets && !rc; b++) rc = bucket_check(p, &p->buckets[b], b, next, err);
+  for (size_t i = 0; i < p->ntensors && !rc; i++)
+    if (next[i] != bcast_tensor_elems(&p->tensors[i]))
+      rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': slices cover %llu of %llu elements", p->tensors[i].name,
+                       (unsigned long long)next[i], (unsigned long long)bcast_tensor_elems(&p->tensors[i]));
+  free(next);
+  return rc;
+}
+
+/* ---- hash ----------------------------------------------------------------- */
+
+typedef struct hasher {
+  XXH3_state_t *st;
+  uint8_t buf[4096];
+  size_t len;
+} hasher;
+
+static void h_bytes(hasher *h, const void *v, size_t n) {
+  if (h->len + n > sizeof h->buf) {
+    XXH3_64bits_update(h->st, h->buf, h->len);
+    h->len = 0;
+  }
+  if (n > sizeof h->buf) {
+    XXH3_64bits_update(h->st, v, n);
+    return;
+  }
+  memcpy(h->buf + h->len, v, n);
+  h->len += n;
+}
+
+static void h_u64(hasher *h, uint64_t v) {
+  uint8_t b[8];
+  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i)); /* little endian everywhere */
+  h_bytes(h, b, 8);
+}
+
+static void h_str(hasher *h, const char *s, size_t max) {
+  size_t n = strnlen(s, max);
+  h_u64(h, n);
+  h_bytes(h, s, n);
+}
+
+uint64_t bcast_plan_hash(const bcast_plan *p) {
+  hasher h = {.st = XXH3_createState()};
+  if (!h.st) return 0;
+  XXH3_64bits_reset(h.st);
+  h_bytes(&h, "rlorch.bcast.plan/1", 19);
+  h_str(&h, p->id, sizeof p->id);
+  h_u64(&h, (uint64_t)p->mode);
+  h_u64(&h, p->world_size);
+  h_u64(&h, p->root_rank);
+  h_u64(&h, p->staging_budget);
+  h_u64(&h, (uint64_t)p->checksum);
+  h_u64(&h, p->policy_version);
+  h_u64(&h, p->has_nccl_id ? 1 : 0);
+  if (p->has_nccl_id) h_bytes(&h, p->nccl_id, sizeof p->nccl_id);
+  h_u64(&h, p->ntensors);
+  for (size_t i = 0; i < p->ntensors; i++) {
+    const bcast_tensor *t = &p->tensors[i];
+    h_str(&h, t->name, BCAST_NAME_MAX);
+    h_u64(&h, t->layer);
+    h_u64(&h, (uint64_t)t->storage_dtype);
+    h_u64(&h, (uint64_t)t->wire_dtype);
+    uint32_t nd = t->ndim <= BCAST_MAX_DIMS ? t->ndim : BCAST_MAX_DIMS;
+    h_u64(&h, t->ndim);
+    for (uint32_t d = 0; d < nd; d++) h_u64(&h, t->shape[d]);
+  }
+  h_u64(&h, p->nbuckets);
+  for (size_t b = 0; b < p->nbuckets; b++) {
+    const bcast_bucket *k = &p->buckets[b];
+    h_u64(&h, k->index);
+    h_u64(&h, k->layer);
+    h_u64(&h, (uint64_t)k->wire_dtype);
+    h_u64(&h, k->bytes);
+    h_u64(&h, k->source_rank);
+    h_u64(&h, k->stage_rank);
+    h_u64(&h, k->nslices);
+    for (size_t s = 0; s < k->nslices; s++) {
+      h_u64(&h, k->slices[s].tensor);
+      h_u64(&h, k->slices[s].elem_offset);
+      h_u64(&h, k->slices[s].elem_count);
+      h_u64(&h, k->slices[s].bucket_offset);
+    }
+  }
+  XXH3_64bits_update(h.st, h.buf, h.len);
+  uint64_t v = XXH3_64bits_digest(h.st);
+  XXH3_freeState(h.st);
+  return v;
+}
+
+/* ---- small helpers ----------------------------------------------------------- */
+
+void bcast_plan_free(bcast_plan *p) {
+  if (!p) return;
+  for (size_t b = 0; b < p->nbuckets; b++) free(p->buckets[b].slices);
+  free(p->buckets);
+  free(p->tensors);
+  free(p);
+}
+
+uint64_t bcast_plan_wire_bytes(const bcast_plan *p) {
+  uint64_t s = 0;
+  for (size_t b = 0; b < p->nbuckets; b++) s += p->buckets[b].bytes;
+  return s;
+}
+
+void bcast_plan_set_nccl_id(bcast_plan *p, const uint8_t id[128]) {
+  memcpy(p->nccl_id, id, sizeof p->nccl_id);
+  p->has_nccl_id = 1;
+  p->hash = bcast_plan_hash(p);
+}
+
+bcast_plan *bcast_plan_dup(const bcast_plan *p) {
+  bcast_plan *q = calloc(1, sizeof *q);
+  if (!q) return NULL;
+  *q = *p;
+  q->tensors = NULL;
+  q->buckets = NULL;
+  q->nbuckets = 0;
+  if (!(q->tensors = malloc((p->ntensors ? p->ntensors : 1) * sizeof *q->tensors))) goto fail;
+  if (p->ntensors) memcpy(q->tensors, p->tensors, p->ntensors * sizeof *q->tensors);
+  if (!(q->buckets = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *q->buckets))) goto fail;
+  for (size_t b = 0; b < p->nbuckets; b++) {
+    bcast_bucket *k = &q->buckets[b];
+    *k = p->buckets[b];
+    k->slices = malloc((k->nslices ? k->nslices : 1) * sizeof *k->slices);
+    q->nbuckets = b + 1;
+    if (!k->slices) goto fail;
+    if (k->nslices) memcpy(k->slices, p->buckets[b].slices, k->nslices * sizeof *k->slices);
+  }
+  return q;
+fail:
+  bcast_plan_free(q);
+  return NULL;
+}
+
+/* ---- binding local tensors ------------------------------------------------------ */
+
+static const bcast_tensor *find_local(const bcast_tensor **sorted, size_t n, const char *name) {
+  bcast_tensor key;
+  memset(key.name, 0, sizeof key.name);
+  snprintf(key.name, sizeof key.name, "%s", name);
+  const bcast_tensor *kp = &key;
+  const bcast_tensor **hit = bsearch(&kp, sorted, n, sizeof *sorted, name_cmp);
+  return hit ? *hit : NULL;
+}
+
+static int bind_one(const bcast_tensor *pt, const bcast_tensor *lt, int sender, bcast_err *err) {
+  const char *nm = pt->name;
+  if (!lt) return bcast__fail(err, BCAST_EINVAL, "tensor '%s': in the plan but missing from the local tensors", nm);
+  if (lt->ndim != pt->ndim || memcmp(lt->shape, pt->shape, pt->ndim * sizeof pt->shape[0]) != 0)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': local shape differs from the plan's", nm);
+  if (sender && lt->storage_dtype != pt->storage_dtype)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': local storage dtype %s, plan says %s", nm,
+                       bcast_dtype_name(lt->storage_dtype), bcast_dtype_name(pt->storage_dtype));
+  if (!sender && lt->wire_dtype != pt->wire_dtype)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': local buffer dtype %s, plan's wire dtype is %s", nm,
+                       bcast_dtype_name(lt->wire_dtype), bcast_dtype_name(pt->wire_dtype));
+  if (lt->residency < BCAST_RES_GPU || lt->residency > BCAST_RES_HOST_PAGEABLE)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': unknown local residency %d", nm, (int)lt->residency);
+  if (!lt->data) return bcast__fail(err, BCAST_EINVAL, "tensor '%s': local data pointer is NULL", nm);
+  return BCAST_OK;
+}
+
+int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender, uint32_t *map,
+                     bcast_err *err) {
+  if (n && !local) return bcast__fail(err, BCAST_EINVAL, "local tensors: NULL array");
+  if (n > UINT32_MAX) return bcast__fail(err, BCAST_EINVAL, "local tensors: too many");
+  for (size_t i = 0; i < n; i++)
+    if (!name_ok(local[i].name))
+      return bcast__fail(err, BCAST_EINVAL, "local tensor #%zu: name is empty or not terminated", i);
+  const bcast_tensor **v = sorted_by_name(local, n);
+  if (!v) return bcast__fail(err, BCAST_ENOMEM, "out of memory binding %zu tensors", n);
+  int rc = BCAST_OK;
+  for (size_t i = 1; i < n && !rc; i++)
+    if (name_cmp(&v[i - 1], &v[i]) == 0)
+      rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': duplicate name in the local tensors", v[i]->name);
+  for (size_t i = 0; i < p->ntensors && !rc; i++) {
+    const bcast_tensor *lt = find_local(v, n, p->tensors[i].name);
+    rc = bind_one(&p->tensors[i], lt, sender, err);
+    if (!rc && map) map[i] = (uint32_t)(lt - local);
+  }
+  free(v);
+  return rc;
+}
+
+int bcast_plan_check_local(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender,
+                           bcast_err *err) {
+  if (!p) return bcast__fail(err, BCAST_EINVAL, "plan: NULL");
+  return bcast__plan_bind(p, local, n, sender, NULL, err);
+}
