@@ -10,7 +10,9 @@
  * YAML keys are the field names below (snake_case); environment variables are
  * RLORCH_ + the upper-cased field name (RLORCH_METRICS_LISTEN, ...). Unknown
  * YAML keys are errors; unknown RLORCH_* variables are ignored (other parts of
- * the program use the prefix too). Flags:
+ * the program use the prefix too); RLORCH_CONFIG names the file like --config.
+ * An empty variable clears an optional path (token_file, tls_*). Byte sizes
+ * accept a KiB, MiB or GiB suffix. print_config is a flag only. Flags:
  *   --config FILE --listen ADDR --metrics-listen ADDR --data-dir DIR
  *   --token-file FILE --tls-cert FILE --tls-key FILE --log-level LEVEL
  *   --log-format FMT --print-config --help   (also --flag=value)
@@ -73,8 +75,9 @@ void config_print(const config *c, FILE *f);
 /* Frees the strings; c may be reused after config_defaults. */
 void config_free(config *c);
 
-/* Splits "host:port", "[v6]:port" or ":port" (host "" = all interfaces).
- * Port is 0..65535. Returns 0, or -1 when malformed or host does not fit. */
+/* Splits "host:port" or "[v6]:port" (host without the brackets); the host is
+ * a name, an IPv4 or an IPv6 address, port 0..65535 (0: pick one). Returns 0,
+ * or -1 when malformed or when the host does not fit in hl bytes. */
 int config_parse_addr(const char *s, char *host, size_t hl, int *port);
 
 /* "auto", "direct", "staged", "host" <-> enum; parse returns 0 or -1. */
