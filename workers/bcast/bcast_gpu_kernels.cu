@@ -1,8 +1,9 @@
 /* CUDA kernels of the GPU backend: dtype casts into and out of buckets, and the
  * deterministic fill used by presets. The casts are bit-identical to the CPU
  * reference in bcast_cast: round to nearest even on the bit pattern (exact for
- * subnormals and infinities, no FTZ since no float arithmetic is involved) and
- * NaN mapped to a quiet NaN that keeps its sign. */
+ * subnormals and infinities, no FTZ since no float arithmetic is involved);
+ * NaN becomes a quiet NaN that keeps its sign (bf16: 0x7FC0 | sign; fp16: also
+ * the top payload bits, as F16C). */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -19,7 +20,9 @@ __device__ __forceinline__ uint16_t f32_to_bf16(uint32_t u) {
 }
 
 __device__ __forceinline__ uint16_t f32_to_f16(uint32_t u) {
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7E00u);
+  /* NaN stays a quiet NaN with its sign and top payload bits (as F16C). */
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+    return (uint16_t)(((u >> 16) & 0x8000u) | 0x7E00u | ((u >> 13) & 0x3FFu));
   /* IEEE conversion with round to nearest even, subnormals included. */
   return __half_as_ushort(__float2half_rn(__uint_as_float(u)));
 }
