@@ -164,6 +164,8 @@ typedef struct sched_step_record {
   uint64_t policy_version;       /* after the broadcast: step + 1 */
   uint32_t buckets;
   int64_t finished_unix_ms;      /* now_ms of the commit; the caller may overwrite */
+  int weights_verified;          /* every receiver reported the sender's checksum */
+  uint32_t receivers;            /* inference workers in the plan */
 } sched_step_record;
 
 struct Rlorch__V1__StepRecord;
@@ -172,7 +174,8 @@ struct Rlorch__V1__StepRecord;
 void sched_step_record_to_pb(const sched_step_record *r, struct Rlorch__V1__StepRecord *out);
 
 /* What a participant reports with broadcast done. Only the sender's (rank 0)
- * figures go into the step record; receivers may pass NULL. */
+ * figures go into the step record; receivers may pass NULL (then the step's
+ * weights are not verified) or only `weights_checksum`. */
 typedef struct sched_bcast_report {
   char transport[16];
   uint64_t pcie_bytes, wire_bytes;
@@ -181,6 +184,7 @@ typedef struct sched_bcast_report {
   int exposed_measured;
   double gbps; /* 0: computed from wire_bytes and total_seconds */
   uint32_t buckets;
+  uint64_t weights_checksum; /* 0: not computed */
 } sched_bcast_report;
 
 /* One rollout as an inference worker reports it. Ids are unique within a run. */

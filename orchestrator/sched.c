@@ -1,0 +1,1066 @@
+/* The scheduler core: the state machine behind sched.h.
+ *
+ * Every event validates its input, changes state, then calls sched__pump(),
+ * the one place that decides what happens next (run state, next step, next
+ * plan, rollout dispatch). Keeping that decision in one function means an
+ * event never has to know which other transitions it enables. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/sched.h"
+
+typedef enum {
+  SCHED__IDLE = 0,     /* waiting for a batch */
+  SCHED__TRAINING,     /* TRAIN sent, waiting for step done */
+  SCHED__TRAINED,      /* step done, waiting for participants to plan */
+  SCHED__PLANNING,     /* BUILD_PLAN sent, waiting for plan built */
+  SCHED__ACKING,       /* plan sent, waiting for every ack */
+  SCHED__BROADCASTING  /* triggered, waiting for every broadcast done */
+} sched__phase;
+
+typedef struct sched__request {
+  uint64_t id;
+  uint32_t worker;
+  uint32_t count;
+} sched__request;
+
+typedef struct sched__rollout {
+  sched_rollout r;
+  uint64_t seq; /* arrival order: ties between equal versions go oldest first */
+} sched__rollout;
+
+/* The step in progress and its plan. */
+typedef struct sched__step {
+  sched__phase phase;
+  uint32_t attempt;            /* plans built for this step */
+  int64_t start_ms;            /* TRAIN sent */
+  double train_seconds;
+  uint64_t *batch;             /* rollouts_per_step ids */
+  uint32_t nbatch;
+  uint64_t batch_tokens;
+  char plan_id[SCHED_PLAN_ID_MAX];
+  sched_mode mode;
+  char reason[SCHED_TEXT_MAX];
+  uint64_t hash;
+  uint32_t *parts;             /* worker ids by rank */
+  uint8_t *acked, *done;       /* per rank */
+  size_t nparts, nacked, ndone, parts_cap;
+  int64_t deadline_ms;
+  sched_bcast_report sender;   /* rank 0's figures */
+  int have_sender;
+  int checksums_ok;            /* every receiver so far matched or not yet judged */
+  uint64_t *rx_checksums;      /* per rank, 0: none */
+} sched__step;
+
+struct sched {
+  sched_settings cfg;
+  uint32_t per_request, max_buffered;
+  sched_run_state state;
+  char message[SCHED_TEXT_MAX];
+  sched_mode policy;
+  uint64_t steps_done;
+  uint64_t dropped_since_commit;
+  sched_counters c;
+  char err[2 * SCHED_TEXT_MAX];
+
+  sched_worker_info *workers;  /* sorted by id */
+  size_t nworkers, workers_cap;
+
+  sched__request *reqs;        /* sorted by id (ids only grow) */
+  size_t nreqs, reqs_cap;
+  uint64_t next_request_id;
+
+  sched__rollout *pool;        /* arrival order */
+  size_t npool, pool_cap;
+  uint64_t next_seq;
+  sched__rollout *scratch;     /* batch selection */
+
+  sched__step st;
+  sched_step_record record;
+  sched_participant *pscratch; /* sched_choose_mode input */
+  size_t pscratch_cap;
+
+  sched_action *acts;          /* pending actions */
+  size_t *act_off;             /* arena offset per action */
+  size_t off_cap;
+  size_t nacts, acts_cap;
+  uint32_t *a32;               /* participant lists of actions */
+  size_t n32, cap32;
+  uint64_t *a64;               /* rollout ids of actions */
+  size_t n64, cap64;
+};
+
+/* ---- small helpers ---------------------------------------------------------------- */
+
+static int sched__fail_arg(sched *s, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int sched__fail_arg(sched *s, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->err, sizeof s->err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+/* Grows the array `*pp` (a pointer to any element pointer, elements of size
+ * `sz`) to hold at least `need` elements. memcpy keeps this free of type punning. */
+static int sched__grow(void *pp, size_t *cap, size_t need, size_t sz) {
+  if (need <= *cap) return 0;
+  size_t ncap = *cap ? *cap : 16;
+  while (ncap < need) ncap *= 2;
+  void *p;
+  memcpy(&p, pp, sizeof p);
+  void *np = realloc(p, ncap * sz);
+  if (!np) return SCHED_ENOMEM;
+  memcpy(pp, &np, sizeof np);
+  *cap = ncap;
+  return 0;
+}
+
+static int sched__live(const sched_worker_info *w) { return w->state != SCHED_WORKER_LOST; }
+static int sched__attached(const sched_worker_info *w) {
+  return w->state == SCHED_WORKER_READY || w->state == SCHED_WORKER_BUSY;
+}
+static int sched__terminal(const sched *s) {
+  return s->state == SCHED_RUN_STOPPED || s->state == SCHED_RUN_SUCCEEDED ||
+         s->state == SCHED_RUN_FAILED;
+}
+static int sched__plan_pending(const sched *s) {
+  return s->st.phase >= SCHED__PLANNING;
+}
+
+static size_t sched__lower(const sched *s, uint32_t id) {
+  size_t lo = 0, hi = s->nworkers;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (s->workers[mid].id < id) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static sched_worker_info *sched__worker(sched *s, uint32_t id) {
+  size_t i = sched__lower(s, id);
+  return i < s->nworkers && s->workers[i].id == id ? &s->workers[i] : NULL;
+}
+
+static const char *sched__name(sched *s, uint32_t id) {
+  sched_worker_info *w = sched__worker(s, id);
+  return w ? w->name : "?";
+}
+
+/* The live trainer, if any (attached or not). */
+static sched_worker_info *sched__trainer(sched *s) {
+  for (size_t i = 0; i < s->nworkers; i++)
+    if (s->workers[i].role == SCHED_ROLE_TRAINER && sched__live(&s->workers[i]))
+      return &s->workers[i];
+  return NULL;
+}
+
+/* ---- actions ------------------------------------------------------------------------ */
+
+static sched_action *sched__act(sched *s, sched_action_kind kind) {
+  if (sched__grow(&s->acts, &s->acts_cap, s->nacts + 1, sizeof *s->acts)) return NULL;
+  if (sched__grow(&s->act_off, &s->off_cap, s->nacts + 1, sizeof *s->act_off)) return NULL;
+  sched_action *a = &s->acts[s->nacts];
+  memset(a, 0, sizeof *a);
+  a->kind = kind;
+  s->act_off[s->nacts] = 0;
+  s->nacts++;
+  return a;
+}
+
+/* Attaches the current plan's participant list (the live ones) to action `a`. */
+static void sched__act_parts(sched *s, sched_action *a) {
+  size_t n = 0;
+  if (sched__grow(&s->a32, &s->cap32, s->n32 + s->st.nparts, sizeof *s->a32)) return;
+  size_t off = s->n32;
+  for (size_t i = 0; i < s->st.nparts; i++) {
+    sched_worker_info *w = sched__worker(s, s->st.parts[i]);
+    /* Lost workers cannot receive anything; telling the shell to send to them is noise. */
+    if (a->kind == SCHED_ACT_ABORT && (!w || !sched__live(w))) continue;
+    s->a32[off + n++] = s->st.parts[i];
+  }
+  s->n32 += n;
+  a->nparticipants = n;
+  s->act_off[a - s->acts] = off;
+}
+
+static void sched__emit_worker(sched *s, const sched_worker_info *w, const char *why) {
+  sched_action *a = sched__act(s, SCHED_ACT_WORKER_STATE);
+  if (!a) return;
+  a->worker = w->id;
+  a->worker_state = w->state;
+  snprintf(a->text, sizeof a->text, "%s", why ? why : "");
+}
+
+static void sched__set_worker_state(sched *s, sched_worker_info *w, sched_worker_state st,
+                                    const char *why) {
+  if (w->state == st) return;
+  w->state = st;
+  sched__emit_worker(s, w, why);
+}
+
+static void sched__set_run_state(sched *s, sched_run_state st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void sched__set_run_state(sched *s, sched_run_state st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->message, sizeof s->message, fmt, ap);
+  va_end(ap);
+  if (s->state == st) return;
+  s->state = st;
+  sched_action *a = sched__act(s, SCHED_ACT_RUN_STATE);
+  if (!a) return;
+  a->run_state = st;
+  snprintf(a->text, sizeof a->text, "%s", s->message);
+}
+
+/* ---- plan abort and run failure ------------------------------------------------------- */
+
+/* Aborts the pending plan, if any; the trained weights stay with the trainer,
+ * so the step goes back to TRAINED and may be planned again. */
+static void sched__abort_plan(sched *s, const char *reason) {
+  if (!sched__plan_pending(s)) return;
+  sched_action *a = sched__act(s, SCHED_ACT_ABORT);
+  if (a) {
+    a->step = s->steps_done;
+    snprintf(a->plan_id, sizeof a->plan_id, "%s", s->st.plan_id);
+    snprintf(a->text, sizeof a->text, "%s", reason);
+    sched__act_parts(s, a);
+  }
+  s->c.aborts++;
+  s->st.phase = SCHED__TRAINED;
+  s->st.deadline_ms = SCHED_NEVER;
+}
+
+static void sched__fail_run(sched *s, const char *msg) {
+  sched__abort_plan(s, msg);
+  sched__set_run_state(s, SCHED_RUN_FAILED, "%s", msg);
+}
+
+/* ---- rollouts: requests, pool, batch ---------------------------------------------------- */
+
+static size_t sched__req_find(const sched *s, uint64_t id) {
+  size_t lo = 0, hi = s->nreqs;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (s->reqs[mid].id < id) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static void sched__req_remove(sched *s, size_t i) {
+  sched_worker_info *w = sched__worker(s, s->reqs[i].worker);
+  s->c.rollouts_requested -= s->reqs[i].count;
+  memmove(&s->reqs[i], &s->reqs[i + 1], (s->nreqs - i - 1) * sizeof *s->reqs);
+  s->nreqs--;
+  if (w && w->outstanding > 0) {
+    w->outstanding--;
+    if (w->outstanding == 0 && w->state == SCHED_WORKER_BUSY)
+      sched__set_worker_state(s, w, SCHED_WORKER_READY, "no rollout request in flight");
+  }
+}
+
+/* Forgets every request in flight on worker `id`. */
+static void sched__forget_requests(sched *s, uint32_t id) {
+  size_t j = 0;
+  for (size_t i = 0; i < s->nreqs; i++) {
+    if (s->reqs[i].worker == id) s->c.rollouts_requested -= s->reqs[i].count;
+    else s->reqs[j++] = s->reqs[i];
+  }
+  s->nreqs = j;
+  sched_worker_info *w = sched__worker(s, id);
+  if (w) w->outstanding = 0;
+}
+
+/* Drops buffered rollouts older than the bound of step `n`: versions only go
+ * up, so a rollout stale for step n is stale for every later step. */
+static void sched__prune(sched *s, uint64_t n) {
+  int64_t bound = (int64_t)n - (int64_t)s->cfg.max_async_level;
+  size_t j = 0;
+  for (size_t i = 0; i < s->npool; i++) {
+    if ((int64_t)s->pool[i].r.policy_version >= bound) s->pool[j++] = s->pool[i];
+  }
+  uint64_t dropped = s->npool - j;
+  s->npool = j;
+  s->c.rollouts_dropped_stale += dropped;
+  s->dropped_since_commit += dropped;
+  s->c.rollouts_buffered = (uint32_t)s->npool;
+}
+
+static int sched__cmp_rollout(const void *a, const void *b) {
+  const sched__rollout *x = a, *y = b;
+  if (x->r.policy_version != y->r.policy_version)
+    return x->r.policy_version < y->r.policy_version ? -1 : 1;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Moves the rollouts_per_step oldest valid rollouts into the step's batch. */
+static void sched__take_batch(sched *s, uint64_t n) {
+  uint32_t need = s->cfg.rollouts_per_step;
+  memcpy(s->scratch, s->pool, s->npool * sizeof *s->pool);
+  qsort(s->scratch, s->npool, sizeof *s->scratch, sched__cmp_rollout);
+  uint64_t cut_version = s->scratch[need - 1].r.policy_version;
+  uint64_t cut_seq = s->scratch[need - 1].seq;
+  s->st.nbatch = need;
+  s->st.batch_tokens = 0;
+  for (uint32_t i = 0; i < need; i++) {
+    s->st.batch[i] = s->scratch[i].r.id;
+    s->st.batch_tokens += s->scratch[i].r.tokens;
+  }
+  s->c.async_level = (int64_t)n - (int64_t)s->scratch[0].r.policy_version;
+  /* Keep, in arrival order, exactly those after the cut in (version, seq) order. */
+  size_t j = 0;
+  for (size_t i = 0; i < s->npool; i++) {
+    const sched__rollout *r = &s->pool[i];
+    int taken = r->r.policy_version < cut_version ||
+                (r->r.policy_version == cut_version && r->seq <= cut_seq);
+    if (!taken) s->pool[j++] = *r;
+  }
+  s->npool = j;
+  s->c.rollouts_buffered = (uint32_t)s->npool;
+}
+
+static void sched__start_step(sched *s, int64_t now) {
+  uint64_t n = s->steps_done;
+  sched__prune(s, n);
+  if (s->npool < s->cfg.rollouts_per_step) return;
+  sched_worker_info *t = sched__trainer(s);
+  sched__take_batch(s, n);
+  sched_action *a = sched__act(s, SCHED_ACT_TRAIN);
+  if (a) {
+    a->worker = t->id;
+    a->step = n;
+    a->nrollouts = s->st.nbatch;
+    a->batch_tokens = s->st.batch_tokens;
+    if (!sched__grow(&s->a64, &s->cap64, s->n64 + s->st.nbatch, sizeof *s->a64)) {
+      memcpy(s->a64 + s->n64, s->st.batch, s->st.nbatch * sizeof *s->a64);
+      s->act_off[a - s->acts] = s->n64;
+      s->n64 += s->st.nbatch;
+    } else {
+      a->nrollouts = 0;
+    }
+  }
+  s->st.phase = SCHED__TRAINING;
+  s->st.attempt = 0;
+  s->st.start_ms = now;
+  sched__set_worker_state(s, t, SCHED_WORKER_BUSY, "training");
+}
+
+/* Least loaded attached inference worker with room; ties: lowest id. */
+static sched_worker_info *sched__least_loaded(sched *s) {
+  sched_worker_info *best = NULL;
+  for (size_t i = 0; i < s->nworkers; i++) {
+    sched_worker_info *w = &s->workers[i];
+    if (w->role != SCHED_ROLE_INFERENCE || !sched__attached(w)) continue;
+    if (w->outstanding >= s->cfg.max_outstanding) continue;
+    if (!best || w->outstanding < best->outstanding) best = w;
+  }
+  return best;
+}
+
+static void sched__dispatch(sched *s) {
+  for (;;) {
+    uint64_t used = (uint64_t)s->npool + s->c.rollouts_requested;
+    if (used >= s->max_buffered) return;
+    sched_worker_info *w = sched__least_loaded(s);
+    if (!w) return;
+    if (sched__grow(&s->reqs, &s->reqs_cap, s->nreqs + 1, sizeof *s->reqs)) return;
+    uint64_t room = s->max_buffered - used;
+    uint32_t count = room < s->per_request ? (uint32_t)room : s->per_request;
+    sched_action *a = sched__act(s, SCHED_ACT_DISPATCH);
+    if (!a) return;
+    uint64_t id = s->next_request_id++;
+    a->worker = w->id;
+    a->request_id = id;
+    a->count = count;
+    a->policy_version = w->policy_version;
+    s->reqs[s->nreqs++] = (sched__request){.id = id, .worker = w->id, .count = count};
+    s->c.rollouts_requested += count;
+    s->c.requests_dispatched++;
+    w->outstanding++;
+    sched__set_worker_state(s, w, SCHED_WORKER_BUSY, "generating rollouts");
+  }
+}
+
+/* ---- planning ------------------------------------------------------------------------------ */
+
+static int sched__plan_reserve(sched *s, size_t n) {
+  if (n <= s->st.parts_cap) return 0;
+  size_t cap = s->st.parts_cap;
+  if (sched__grow(&s->st.parts, &cap, n, sizeof *s->st.parts)) return SCHED_ENOMEM;
+  uint8_t *a = realloc(s->st.acked, cap);
+  if (!a) return SCHED_ENOMEM;
+  s->st.acked = a;
+  uint8_t *d = realloc(s->st.done, cap);
+  if (!d) return SCHED_ENOMEM;
+  s->st.done = d;
+  uint64_t *c = realloc(s->st.rx_checksums, cap * sizeof *c);
+  if (!c) return SCHED_ENOMEM;
+  s->st.rx_checksums = c;
+  if (sched__grow(&s->pscratch, &s->pscratch_cap, cap, sizeof *s->pscratch))
+    return SCHED_ENOMEM;
+  s->st.parts_cap = cap;
+  return 0;
+}
+
+static void sched__start_plan(sched *s, int64_t now) {
+  sched_worker_info *t = sched__trainer(s);
+  sched__step *st = &s->st;
+  if (sched__plan_reserve(s, s->nworkers + 1)) {
+    sched__fail_run(s, "out of memory while planning the broadcast");
+    return;
+  }
+  st->nparts = 0;
+  st->parts[st->nparts++] = t->id;
+  for (size_t i = 0; i < s->nworkers; i++) {
+    const sched_worker_info *w = &s->workers[i];
+    if (w->role == SCHED_ROLE_INFERENCE && sched__attached(w)) st->parts[st->nparts++] = w->id;
+  }
+  for (size_t i = 0; i < st->nparts; i++) {
+    const sched_worker_info *w = sched__worker(s, st->parts[i]);
+    s->pscratch[i] = (sched_participant){.name = w->name, .caps = w->caps};
+  }
+  st->attempt++;
+  if (st->attempt == 1)
+    snprintf(st->plan_id, sizeof st->plan_id, "%s/step-%" PRIu64, s->cfg.run_id, s->steps_done);
+  else
+    snprintf(st->plan_id, sizeof st->plan_id, "%s/step-%" PRIu64 "-r%" PRIu32, s->cfg.run_id,
+             s->steps_done, st->attempt);
+  int rc = sched_choose_mode(s->policy, s->pscratch, st->nparts, &t->offload, &st->mode,
+                             st->reason, sizeof st->reason);
+  st->phase = SCHED__PLANNING; /* so that a refusal below is an abort of this plan */
+  st->nacked = st->ndone = 0;
+  memset(st->acked, 0, st->nparts);
+  memset(st->done, 0, st->nparts);
+  memset(st->rx_checksums, 0, st->nparts * sizeof *st->rx_checksums);
+  st->have_sender = 0;
+  st->checksums_ok = 1;
+  st->hash = 0;
+  if (rc != SCHED_OK) {
+    char msg[SCHED_TEXT_MAX];
+    snprintf(msg, sizeof msg, "broadcast of step %" PRIu64 " refused: %.200s", s->steps_done,
+             st->reason);
+    sched__fail_run(s, msg);
+    return;
+  }
+  sched_action *a = sched__act(s, SCHED_ACT_BUILD_PLAN);
+  if (a) {
+    a->step = s->steps_done;
+    a->mode = st->mode;
+    a->policy_version = s->steps_done + 1;
+    snprintf(a->plan_id, sizeof a->plan_id, "%s", st->plan_id);
+    snprintf(a->text, sizeof a->text, "%s", st->reason);
+    sched__act_parts(s, a);
+  }
+  st->deadline_ms = now + s->cfg.plan_ack_timeout_ms;
+}
+
+/* ---- the pump -------------------------------------------------------------------------------- */
+
+static void sched__update_run_state(sched *s) {
+  if (s->state != SCHED_RUN_PENDING && s->state != SCHED_RUN_RUNNING) return;
+  sched_worker_info *t = sched__trainer(s);
+  uint32_t ninf = 0;
+  for (size_t i = 0; i < s->nworkers; i++)
+    if (s->workers[i].role == SCHED_ROLE_INFERENCE && sched__attached(&s->workers[i])) ninf++;
+  if (t && sched__attached(t) && ninf > 0) {
+    sched__set_run_state(s, SCHED_RUN_RUNNING, "1 trainer and %" PRIu32 " inference workers attached",
+                         ninf);
+  } else if (s->state == SCHED_RUN_RUNNING) {
+    sched__set_run_state(s, SCHED_RUN_PENDING, "waiting for %s",
+                         !t || !sched__attached(t) ? "a trainer" : "an inference worker");
+  }
+}
+
+static void sched__pump(sched *s, int64_t now) {
+  if (sched__terminal(s)) return;
+  sched__update_run_state(s);
+  if (s->state == SCHED_RUN_STOPPING) {
+    if (s->st.phase != SCHED__TRAINING)
+      sched__set_run_state(s, SCHED_RUN_STOPPED, "%s", s->message);
+    return;
+  }
+  if (s->state != SCHED_RUN_RUNNING) return;
+  if (s->st.phase == SCHED__IDLE) sched__start_step(s, now);
+  if (s->st.phase == SCHED__TRAINED) sched__start_plan(s, now);
+  if (s->state == SCHED_RUN_RUNNING) sched__dispatch(s);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------- */
+
+int sched_new(const sched_settings *settings, sched **out, char *err, size_t errlen) {
+  if (!out) {
+    if (err && errlen) snprintf(err, errlen, "out: NULL");
+    return SCHED_EINVAL;
+  }
+  *out = NULL;
+  int rc = sched_settings_validate(settings, err, errlen);
+  if (rc) return rc;
+  sched *s = calloc(1, sizeof *s);
+  if (!s) goto nomem;
+  s->cfg = *settings;
+  s->per_request = settings->rollouts_per_request ? settings->rollouts_per_request : 1;
+  uint64_t mb = settings->max_buffered;
+  if (!mb) mb = 2ull * settings->rollouts_per_step * ((uint64_t)settings->max_async_level + 1);
+  if (mb > UINT32_MAX) mb = UINT32_MAX;
+  s->max_buffered = (uint32_t)mb;
+  s->state = SCHED_RUN_PENDING;
+  snprintf(s->message, sizeof s->message, "waiting for workers");
+  s->policy = settings->policy;
+  s->next_request_id = 1;
+  s->st.deadline_ms = SCHED_NEVER;
+  s->pool_cap = s->max_buffered;
+  s->pool = malloc(s->pool_cap * sizeof *s->pool);
+  s->scratch = malloc(s->pool_cap * sizeof *s->scratch);
+  s->st.batch = malloc(settings->rollouts_per_step * sizeof *s->st.batch);
+  if (!s->pool || !s->scratch || !s->st.batch) goto nomem;
+  *out = s;
+  return SCHED_OK;
+nomem:
+  sched_free(s);
+  if (err && errlen) snprintf(err, errlen, "out of memory");
+  return SCHED_ENOMEM;
+}
+
+void sched_free(sched *s) {
+  if (!s) return;
+  free(s->workers);
+  free(s->reqs);
+  free(s->pool);
+  free(s->scratch);
+  free(s->st.batch);
+  free(s->st.parts);
+  free(s->st.acked);
+  free(s->st.done);
+  free(s->st.rx_checksums);
+  free(s->pscratch);
+  free(s->acts);
+  free(s->act_off);
+  free(s->a32);
+  free(s->a64);
+  free(s);
+}
+
+const char *sched_last_error(const sched *s) { return s->err; }
+
+size_t sched_actions(sched *s, const sched_action **out) {
+  /* Arena pointers are resolved only now: the arenas may move while an event grows them. */
+  for (size_t i = 0; i < s->nacts; i++) {
+    sched_action *a = &s->acts[i];
+    if (a->kind == SCHED_ACT_TRAIN) a->rollout_ids = a->nrollouts ? s->a64 + s->act_off[i] : NULL;
+    if (a->kind == SCHED_ACT_BUILD_PLAN || a->kind == SCHED_ACT_TRIGGER ||
+        a->kind == SCHED_ACT_ABORT)
+      a->participants = a->nparticipants ? s->a32 + s->act_off[i] : NULL;
+    if (a->kind == SCHED_ACT_COMMIT) a->record = &s->record;
+  }
+  if (out) *out = s->acts;
+  return s->nacts;
+}
+
+void sched_actions_clear(sched *s) { s->nacts = s->n32 = s->n64 = 0; }
+
+int64_t sched_next_deadline(const sched *s) {
+  if (sched__terminal(s)) return SCHED_NEVER;
+  int64_t d = sched__plan_pending(s) ? s->st.deadline_ms : SCHED_NEVER;
+  for (size_t i = 0; i < s->nworkers; i++) {
+    const sched_worker_info *w = &s->workers[i];
+    if (!sched__live(w)) continue;
+    int64_t due = w->last_seen_ms + s->cfg.heartbeat_timeout_ms;
+    if (due < d) d = due;
+  }
+  return d;
+}
+
+/* Every event starts here: a clean error message. */
+static void sched__begin(sched *s) { s->err[0] = '\0'; }
+
+/* A known, live worker, or an error naming the id. */
+static int sched__get_live(sched *s, uint32_t id, sched_worker_info **out) {
+  sched_worker_info *w = sched__worker(s, id);
+  if (!w) return sched__fail_arg(s, SCHED_ENOENT, "worker %" PRIu32 ": not registered", id);
+  if (!sched__live(w))
+    return sched__fail_arg(s, SCHED_ESTALE, "worker %s: lost, ignored", w->name);
+  *out = w;
+  return SCHED_OK;
+}
+
+/* ---- worker events ---------------------------------------------------------------------------- */
+
+int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
+                            const char *name, const sched_caps *caps,
+                            const sched_offload *offload) {
+  sched__begin(s);
+  if (role != SCHED_ROLE_TRAINER && role != SCHED_ROLE_INFERENCE)
+    return sched__fail_arg(s, SCHED_EINVAL, "worker %" PRIu32 ": role %d is not trainer or inference",
+                           id, (int)role);
+  sched_worker_info *w = sched__worker(s, id);
+  if (w && sched__live(w))
+    return sched__fail_arg(s, SCHED_EEXIST, "worker %" PRIu32 ": already registered as %s", id,
+                           w->name);
+  sched_worker_info *t = sched__trainer(s);
+  if (role == SCHED_ROLE_TRAINER && t)
+    return sched__fail_arg(s, SCHED_EEXIST, "worker %" PRIu32 ": the run already has trainer %s",
+                           id, t->name);
+  if (!w) {
+    if (sched__grow(&s->workers, &s->workers_cap, s->nworkers + 1, sizeof *s->workers))
+      return sched__fail_arg(s, SCHED_ENOMEM, "out of memory registering worker %" PRIu32, id);
+    size_t i = sched__lower(s, id);
+    memmove(&s->workers[i + 1], &s->workers[i], (s->nworkers - i) * sizeof *s->workers);
+    s->nworkers++;
+    w = &s->workers[i];
+  }
+  memset(w, 0, sizeof *w);
+  w->id = id;
+  w->role = role;
+  w->state = SCHED_WORKER_REGISTERED;
+  if (name && name[0]) snprintf(w->name, sizeof w->name, "%s", name);
+  else snprintf(w->name, sizeof w->name, "worker-%" PRIu32, id);
+  if (caps) w->caps = *caps;
+  if (offload && role == SCHED_ROLE_TRAINER) w->offload = *offload;
+  w->policy_version = role == SCHED_ROLE_TRAINER ? s->steps_done : 0;
+  w->last_seen_ms = now;
+  sched__emit_worker(s, w, "registered");
+  sched__pump(s, now);
+  return SCHED_OK;
+}
+
+int sched_worker_attached(sched *s, int64_t now, uint32_t id) {
+  sched__begin(s);
+  sched_worker_info *w = NULL;
+  int rc = sched__get_live(s, id, &w);
+  if (rc) return rc;
+  if (w->state != SCHED_WORKER_REGISTERED)
+    return sched__fail_arg(s, SCHED_ESTATE, "worker %s: already attached", w->name);
+  w->last_seen_ms = now;
+  sched__set_worker_state(s, w, SCHED_WORKER_READY, "command stream open");
+  sched__pump(s, now);
+  return SCHED_OK;
+}
+
+int sched_worker_heartbeat(sched *s, int64_t now, uint32_t id, uint64_t policy_version) {
+  sched__begin(s);
+  sched_worker_info *w = NULL;
+  int rc = sched__get_live(s, id, &w);
+  if (rc) return rc;
+  if (w->role == SCHED_ROLE_INFERENCE) {
+    if (policy_version > s->steps_done)
+      return sched__fail_arg(s, SCHED_EINVAL,
+                             "worker %s: heartbeat policy_version %" PRIu64
+                             " is newer than the published %" PRIu64,
+                             w->name, policy_version, s->steps_done);
+    w->policy_version = policy_version;
+  }
+  w->last_seen_ms = now;
+  return SCHED_OK;
+}
+
+static void sched__lose(sched *s, sched_worker_info *w, const char *reason) {
+  char why[SCHED_TEXT_MAX];
+  snprintf(why, sizeof why, "%s", reason && reason[0] ? reason : "connection lost");
+  uint32_t id = w->id;
+  int trainer = w->role == SCHED_ROLE_TRAINER;
+  sched__forget_requests(s, id);
+  sched__set_worker_state(s, w, SCHED_WORKER_LOST, why);
+  int in_plan = 0;
+  for (size_t i = 0; sched__plan_pending(s) && i < s->st.nparts; i++)
+    if (s->st.parts[i] == id) in_plan = 1;
+  if (in_plan) {
+    char msg[SCHED_TEXT_MAX];
+    snprintf(msg, sizeof msg, "%s %s lost: %.150s", trainer ? "trainer" : "inference worker",
+             w->name, why);
+    sched__abort_plan(s, msg);
+  }
+  /* Without its trainer the step's weights are gone: redo it with a fresh batch. */
+  if (trainer && !sched__terminal(s)) s->st.phase = SCHED__IDLE;
+}
+
+int sched_worker_lost(sched *s, int64_t now, uint32_t id, const char *reason) {
+  sched__begin(s);
+  sched_worker_info *w = NULL;
+  int rc = sched__get_live(s, id, &w);
+  if (rc) return rc;
+  sched__lose(s, w, reason);
+  sched__pump(s, now);
+  return SCHED_OK;
+}
+
+/* ---- rollouts --------------------------------------------------------------------------------- */
+
+static int sched__pool_has(const sched *s, uint64_t id) {
+  for (size_t i = 0; i < s->npool; i++)
+    if (s->pool[i].r.id == id) return 1;
+  return 0;
+}
+
+/* Checks a report before anything is kept: all or nothing. */
+static int sched__check_rollouts(sched *s, const sched_worker_info *w, const sched__request *q,
+                                 const sched_rollout *r, size_t n) {
+  if (n && !r)
+    return sched__fail_arg(s, SCHED_EINVAL, "worker %s: request %" PRIu64 ": rollouts: NULL",
+                           w->name, q->id);
+  if (n > q->count)
+    return sched__fail_arg(s, SCHED_EINVAL,
+                           "worker %s: request %" PRIu64 " asked for %" PRIu32
+                           " rollouts, got %zu",
+                           w->name, q->id, q->count, n);
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].policy_version > s->steps_done)
+      return sched__fail_arg(s, SCHED_EINVAL,
+                             "worker %s: rollout %" PRIu64 ": policy_version %" PRIu64
+                             " is newer than the published %" PRIu64,
+                             w->name, r[i].id, r[i].policy_version, s->steps_done);
+    if (sched__pool_has(s, r[i].id))
+      return sched__fail_arg(s, SCHED_EINVAL, "worker %s: rollout %" PRIu64 ": duplicate id",
+                             w->name, r[i].id);
+    for (size_t j = 0; j < i; j++)
+      if (r[j].id == r[i].id)
+        return sched__fail_arg(s, SCHED_EINVAL,
+                               "worker %s: rollout %" PRIu64 ": duplicate id in the report",
+                               w->name, r[i].id);
+  }
+  return SCHED_OK;
+}
+
+int sched_rollouts_done(sched *s, int64_t now, uint32_t worker, uint64_t request_id,
+                        const sched_rollout *rollouts, size_t n) {
+  sched__begin(s);
+  sched_worker_info *w = NULL;
+  int rc = sched__get_live(s, worker, &w);
+  if (rc) return rc;
+  w->last_seen_ms = now;
+  size_t qi = sched__req_find(s, request_id);
+  if (qi >= s->nreqs || s->reqs[qi].id != request_id)
+    return sched__fail_arg(s, SCHED_ENOENT, "worker %s: request %" PRIu64 ": not in flight",
+                           w->name, request_id);
+  if (s->reqs[qi].worker != worker)
+    return sched__fail_arg(s, SCHED_EINVAL, "worker %s: request %" PRIu64 " was sent to %s",
+                           w->name, request_id, sched__name(s, s->reqs[qi].worker));
+  sched__request q = s->reqs[qi];
+  rc = sched__check_rollouts(s, w, &q, rollouts, n);
+  sched__req_remove(s, qi); /* frees the reservation: the pool has room for n <= count */
+  if (rc == SCHED_OK) {
+    for (size_t i = 0; i < n; i++)
+      s->pool[s->npool++] = (sched__rollout){.r = rollouts[i], .seq = s->next_seq++};
+    s->c.rollouts_received += n;
+    s->c.rollouts_buffered = (uint32_t)s->npool;
+  }
+  sched__pump(s, now);
+  return rc;
+}
+
+/* ---- the step and its broadcast -------------------------------------------------------------------- */
+
+static int sched__is_trainer(sched *s, uint32_t worker, sched_worker_info **out) {
+  int rc = sched__get_live(s, worker, out);
+  if (rc) return rc;
+  if ((*out)->role != SCHED_ROLE_TRAINER)
+    return sched__fail_arg(s, SCHED_EINVAL, "worker %s: not the trainer", (*out)->name);
+  return SCHED_OK;
+}
+
+int sched_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
+                    double train_seconds, const sched_offload *offload) {
+  sched__begin(s);
+  sched_worker_info *t = NULL;
+  int rc = sched__is_trainer(s, worker, &t);
+  if (rc) return rc;
+  t->last_seen_ms = now;
+  if (s->st.phase != SCHED__TRAINING || step < s->steps_done)
+    return sched__fail_arg(s, step < s->steps_done ? SCHED_ESTALE : SCHED_ESTATE,
+                           "trainer %s: step %" PRIu64 " done, but no such step is training",
+                           t->name, step);
+  if (step != s->steps_done)
+    return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: step %" PRIu64 " done, training step %" PRIu64,
+                           t->name, step, s->steps_done);
+  if (!(train_seconds >= 0))
+    return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: train_seconds %g: must be >= 0",
+                           t->name, train_seconds);
+  if (offload) t->offload = *offload;
+  t->policy_version = step + 1;
+  s->st.train_seconds = train_seconds;
+  s->st.phase = SCHED__TRAINED;
+  sched__set_worker_state(s, t, SCHED_WORKER_READY, "step done");
+  sched__pump(s, now);
+  return SCHED_OK;
+}
+
+/* The current plan's rank of `worker`, or an error; plan id checked first. */
+static int sched__plan_rank(sched *s, sched__phase want, uint32_t worker, const char *plan_id,
+                            size_t *rank) {
+  if (!plan_id) return sched__fail_arg(s, SCHED_EINVAL, "plan_id: NULL");
+  if (!sched__plan_pending(s) || strcmp(plan_id, s->st.plan_id) != 0)
+    return sched__fail_arg(s, SCHED_ESTALE, "plan %s: not the pending plan", plan_id);
+  if (s->st.phase != want)
+    return sched__fail_arg(s, SCHED_ESTATE, "plan %s: not expected in this phase", plan_id);
+  for (size_t i = 0; i < s->st.nparts; i++) {
+    if (s->st.parts[i] == worker) {
+      *rank = i;
+      return SCHED_OK;
+    }
+  }
+  return sched__fail_arg(s, SCHED_EINVAL, "worker %s: not a participant of plan %s",
+                         sched__name(s, worker), plan_id);
+}
+
+int sched_plan_built(sched *s, int64_t now, const char *plan_id, uint64_t hash,
+                     const char *error) {
+  sched__begin(s);
+  if (!plan_id) return sched__fail_arg(s, SCHED_EINVAL, "plan_id: NULL");
+  if (!sched__plan_pending(s) || strcmp(plan_id, s->st.plan_id) != 0)
+    return sched__fail_arg(s, SCHED_ESTALE, "plan %s: not the pending plan", plan_id);
+  if (s->st.phase != SCHED__PLANNING)
+    return sched__fail_arg(s, SCHED_ESTATE, "plan %s: already built", plan_id);
+  if (error && error[0]) {
+    char msg[SCHED_TEXT_MAX];
+    snprintf(msg, sizeof msg, "plan %s could not be built: %s", plan_id, error);
+    sched__fail_run(s, msg);
+    return SCHED_OK;
+  }
+  s->st.hash = hash;
+  s->st.phase = SCHED__ACKING;
+  s->st.deadline_ms = now + s->cfg.plan_ack_timeout_ms;
+  return SCHED_OK;
+}
+
+int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id, uint64_t hash,
+                     const char *error) {
+  sched__begin(s);
+  sched_worker_info *w = NULL;
+  int rc = sched__get_live(s, worker, &w);
+  if (rc) return rc;
+  w->last_seen_ms = now;
+  size_t rank;
+  rc = sched__plan_rank(s, SCHED__ACKING, worker, plan_id, &rank);
+  if (rc) return rc;
+  char msg[SCHED_TEXT_MAX];
+  if (error && error[0]) {
+    snprintf(msg, sizeof msg, "%s refused plan %s: %s", w->name, plan_id, error);
+    sched__fail_run(s, msg);
+    return SCHED_OK;
+  }
+  if (hash != s->st.hash) {
+    snprintf(msg, sizeof msg, "%s acked plan %s with hash %016" PRIx64 ", expected %016" PRIx64,
+             w->name, plan_id, hash, s->st.hash);
+    sched__fail_run(s, msg);
+    return SCHED_OK;
+  }
+  if (s->st.acked[rank]) return SCHED_OK; /* a repeated ack changes nothing */
+  s->st.acked[rank] = 1;
+  if (++s->st.nacked < s->st.nparts) return SCHED_OK;
+  sched_action *a = sched__act(s, SCHED_ACT_TRIGGER);
+  if (a) {
+    a->step = s->steps_done;
+    a->plan_hash = s->st.hash;
+    snprintf(a->plan_id, sizeof a->plan_id, "%s", s->st.plan_id);
+    sched__act_parts(s, a);
+  }
+  s->st.phase = SCHED__BROADCASTING;
+  s->st.deadline_ms = now + s->cfg.broadcast_timeout_ms;
+  return SCHED_OK;
+}
+
+static void sched__commit(sched *s, int64_t now) {
+  sched__step *st = &s->st;
+  sched_step_record *r = &s->record;
+  const sched_bcast_report *b = &st->sender;
+  memset(r, 0, sizeof *r);
+  snprintf(r->run_id, sizeof r->run_id, "%s", s->cfg.run_id);
+  r->step = s->steps_done;
+  r->mode = st->mode;
+  snprintf(r->mode_reason, sizeof r->mode_reason, "%s", st->reason);
+  snprintf(r->transport, sizeof r->transport, "%s", b->transport);
+  r->pcie_bytes = b->pcie_bytes;
+  r->wire_bytes = b->wire_bytes;
+  r->h2d_seconds = b->h2d_seconds;
+  r->cast_seconds = b->cast_seconds;
+  r->wire_seconds = b->wire_seconds;
+  r->total_seconds = b->total_seconds;
+  r->exposed_staging_seconds = b->exposed_staging_seconds;
+  r->exposed_measured = b->exposed_measured;
+  r->gbps = b->gbps > 0 ? b->gbps
+            : b->total_seconds > 0 ? (double)b->wire_bytes / b->total_seconds / 1e9 : 0;
+  r->train_seconds = st->train_seconds;
+  r->rollouts_used = st->nbatch;
+  r->rollouts_dropped = (uint32_t)s->dropped_since_commit;
+  r->step_seconds = (double)(now - st->start_ms) / 1000.0;
+  r->staging_share = r->step_seconds > 0 ? r->exposed_staging_seconds / r->step_seconds : 0;
+  r->policy_version = s->steps_done + 1;
+  r->buckets = b->buckets;
+  r->finished_unix_ms = now;
+  r->receivers = (uint32_t)(st->nparts - 1);
+  r->weights_verified = b->weights_checksum != 0 && st->checksums_ok;
+  for (size_t i = 1; i < st->nparts; i++)
+    if (st->rx_checksums[i] != b->weights_checksum) r->weights_verified = 0;
+
+  s->steps_done++;
+  s->c.steps = s->steps_done;
+  s->c.policy_version = s->steps_done;
+  s->c.rollouts_used += st->nbatch;
+  s->c.broadcasts[st->mode]++;
+  s->dropped_since_commit = 0;
+  for (size_t i = 0; i < st->nparts; i++) {
+    sched_worker_info *w = sched__worker(s, st->parts[i]);
+    if (w) w->policy_version = s->steps_done;
+  }
+  sched_action *a = sched__act(s, SCHED_ACT_COMMIT);
+  if (a) a->step = r->step;
+  st->phase = SCHED__IDLE;
+  st->deadline_ms = SCHED_NEVER;
+  if (s->cfg.steps && s->steps_done >= s->cfg.steps)
+    sched__set_run_state(s, SCHED_RUN_SUCCEEDED, "%" PRIu64 " steps done", s->steps_done);
+}
+
+int sched_broadcast_done(sched *s, int64_t now, uint32_t worker, const char *plan_id,
+                         const char *error, const sched_bcast_report *report) {
+  sched__begin(s);
+  sched_worker_info *w = NULL;
+  int rc = sched__get_live(s, worker, &w);
+  if (rc) return rc;
+  w->last_seen_ms = now;
+  size_t rank;
+  rc = sched__plan_rank(s, SCHED__BROADCASTING, worker, plan_id, &rank);
+  if (rc) return rc;
+  if (error && error[0]) {
+    char msg[SCHED_TEXT_MAX];
+    snprintf(msg, sizeof msg, "broadcast of plan %s failed on %s: %s", plan_id, w->name, error);
+    sched__fail_run(s, msg);
+    return SCHED_OK;
+  }
+  if (rank == 0 && !report)
+    return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: broadcast done without figures",
+                           w->name);
+  if (s->st.done[rank]) return SCHED_OK;
+  s->st.done[rank] = 1;
+  if (rank == 0) {
+    s->st.sender = *report;
+    s->st.sender.transport[sizeof s->st.sender.transport - 1] = '\0';
+    s->st.have_sender = 1;
+  } else {
+    s->st.rx_checksums[rank] = report ? report->weights_checksum : 0;
+    if (!report || !report->weights_checksum) s->st.checksums_ok = 0;
+  }
+  if (++s->st.ndone < s->st.nparts) return SCHED_OK;
+  sched__commit(s, now);
+  sched__pump(s, now);
+  return SCHED_OK;
+}
+
+/* ---- operator ------------------------------------------------------------------------------------------ */
+
+int sched_set_policy(sched *s, int64_t now, sched_mode policy) {
+  sched__begin(s);
+  if (policy < SCHED_MODE_AUTO || policy > SCHED_MODE_HOST)
+    return sched__fail_arg(s, SCHED_EINVAL, "policy %d: not auto, direct, staged or host",
+                           (int)policy);
+  if (sched__terminal(s))
+    return sched__fail_arg(s, SCHED_ESTATE, "run %s: already %s", s->cfg.run_id,
+                           sched_run_state_name(s->state));
+  s->policy = policy;
+  (void)now;
+  return SCHED_OK;
+}
+
+int sched_stop(sched *s, int64_t now, const char *reason) {
+  sched__begin(s);
+  if (sched__terminal(s) || s->state == SCHED_RUN_STOPPING)
+    return sched__fail_arg(s, SCHED_ESTATE, "run %s: already %s", s->cfg.run_id,
+                           sched_run_state_name(s->state));
+  char msg[SCHED_TEXT_MAX];
+  snprintf(msg, sizeof msg, "stop requested: %s", reason && reason[0] ? reason : "no reason given");
+  sched__abort_plan(s, msg);
+  sched__set_run_state(s, SCHED_RUN_STOPPING, "%s", msg);
+  sched__pump(s, now);
+  return SCHED_OK;
+}
+
+/* ---- time ------------------------------------------------------------------------------------------------ */
+
+/* Names the first participant that has not yet done what the phase waits for. */
+static const char *sched__laggard(sched *s, size_t *count) {
+  const uint8_t *flags = s->st.phase == SCHED__ACKING ? s->st.acked : s->st.done;
+  const char *first = NULL;
+  *count = 0;
+  for (size_t i = 0; i < s->st.nparts; i++) {
+    if (flags[i]) continue;
+    if (!first) first = sched__name(s, s->st.parts[i]);
+    (*count)++;
+  }
+  return first ? first : "?";
+}
+
+static void sched__plan_timeout(sched *s) {
+  char msg[SCHED_TEXT_MAX];
+  size_t late = 0;
+  if (s->st.phase == SCHED__PLANNING) {
+    snprintf(msg, sizeof msg, "plan %s was not built within %" PRId64 " ms", s->st.plan_id,
+             s->cfg.plan_ack_timeout_ms);
+  } else {
+    const char *who = sched__laggard(s, &late);
+    int acking = s->st.phase == SCHED__ACKING;
+    snprintf(msg, sizeof msg, "plan %s: %s timed out after %" PRId64 " ms waiting for %s%s",
+             s->st.plan_id, acking ? "ack" : "broadcast",
+             acking ? s->cfg.plan_ack_timeout_ms : s->cfg.broadcast_timeout_ms, who,
+             late > 1 ? " and others" : "");
+  }
+  sched__fail_run(s, msg);
+}
+
+int sched_tick(sched *s, int64_t now) {
+  sched__begin(s);
+  if (sched__terminal(s)) return SCHED_OK;
+  /* Losses first: a silent participant re-plans the step rather than failing the run. */
+  for (size_t i = 0; i < s->nworkers && !sched__terminal(s); i++) {
+    sched_worker_info *w = &s->workers[i];
+    if (!sched__live(w) || now < w->last_seen_ms + s->cfg.heartbeat_timeout_ms) continue;
+    char why[SCHED_TEXT_MAX];
+    snprintf(why, sizeof why, "no heartbeat for %" PRId64 " ms", now - w->last_seen_ms);
+    sched__lose(s, w, why);
+  }
+  if (!sched__terminal(s) && sched__plan_pending(s) && now >= s->st.deadline_ms)
+    sched__plan_timeout(s);
+  sched__pump(s, now);
+  return SCHED_OK;
+}
+
+/* ---- queries ---------------------------------------------------------------------------------------------- */
+
+void sched_get_run(const sched *s, sched_run_info *out) {
+  memset(out, 0, sizeof *out);
+  out->state = s->state;
+  snprintf(out->message, sizeof out->message, "%s", s->message);
+  out->policy = s->policy;
+  out->steps_done = s->steps_done;
+  out->policy_version = s->steps_done;
+  for (size_t i = 0; i < s->nworkers; i++) {
+    const sched_worker_info *w = &s->workers[i];
+    if (!sched__attached(w)) continue;
+    if (w->role == SCHED_ROLE_TRAINER) out->trainers++;
+    else out->inference++;
+  }
+}
+
+void sched_get_counters(const sched *s, sched_counters *out) {
+  *out = s->c;
+  out->policy_version = s->steps_done;
+}
+
+int sched_get_worker(const sched *s, uint32_t id, sched_worker_info *out) {
+  sched_worker_info *w = sched__worker((sched *)s, id);
+  if (!w) return SCHED_ENOENT;
+  *out = *w;
+  return SCHED_OK;
+}
+
+size_t sched_worker_count(const sched *s) { return s->nworkers; }
+
+int sched_get_worker_at(const sched *s, size_t i, sched_worker_info *out) {
+  if (i >= s->nworkers) return SCHED_ENOENT;
+  *out = s->workers[i];
+  return SCHED_OK;
+}
