@@ -32,6 +32,7 @@ typedef struct rpc_client rpc_client;
 
 typedef enum { RPC_UNARY = 1, RPC_SERVER_STREAM = 2 } rpc_kind;
 
+/* `req` is freed when the handler returns: copy what outlives it. */
 typedef void (*rpc_handler)(rpc_call *call, const ProtobufCMessage *req, void *ud);
 
 typedef struct rpc_method {
@@ -63,7 +64,7 @@ int rpc_server_new(uv_loop_t *loop, const rpc_server_opts *o, const rpc_method *
 int rpc_server_port(const rpc_server *s); /* the port actually bound */
 /* Health of a service ("" is the whole server): SERVING (1) or NOT_SERVING (2).
  * Watch streams see every change. */
-void rpc_server_set_health(rpc_server *s, const char *service, int status);
+void rpc_server_set_health(rpc_server *s, const char *service, int status); /* loop thread */
 /* Graceful: stop accepting, let unary calls finish within the grace period,
  * end open streams with UNAVAILABLE, then call done(ud) on the loop thread. */
 void rpc_server_shutdown(rpc_server *s, void (*done)(void *ud), void *ud);
@@ -75,6 +76,7 @@ const char *rpc_call_method(const rpc_call *c);
 const char *rpc_call_peer(const rpc_call *c);
 double rpc_call_deadline_remaining(const rpc_call *c); /* seconds; INFINITY if none */
 int rpc_call_cancelled(const rpc_call *c);
+rpc_server *rpc_call_server(const rpc_call *c);
 void rpc_call_set_cancel_cb(rpc_call *c, void (*on_cancel)(rpc_call *c, void *ud), void *ud);
 int rpc_call_reply(rpc_call *c, const ProtobufCMessage *resp);
 int rpc_call_fail(rpc_call *c, grpc_status_code code, const char *fmt, ...)
@@ -111,7 +113,8 @@ grpc_status_code rpc_client_stream(rpc_client *c, const char *method,
                                    const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
                                    int (*on_message)(ProtobufCMessage *m, void *ud), void *ud,
                                    rpc_status *st);
-/* Cancels a blocking stream from another thread (for shutdown). Safe to call
+/* Cancels the open blocking streams from another thread (for shutdown); streams
+ * started on this client afterwards end at once with CANCELLED. Safe to call
  * when no stream is open. */
 void rpc_client_cancel_streams(rpc_client *c);
 

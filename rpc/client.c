@@ -1,0 +1,333 @@
+/* rpc client: blocking calls, one pluck completion queue per call, so any
+ * thread may call and several threads may share a client (one channel). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "rpc/rpc_internal.h"
+
+#define RPC__CLIENT_MAX_MSG (64u << 20)
+
+typedef struct rpc__open {
+  grpc_call *call;
+  struct rpc__open *next;
+} rpc__open;
+
+struct rpc_client {
+  grpc_channel *ch;
+  grpc_slice auth_key, auth_value;
+  int has_auth;
+  uv_mutex_t mu;
+  rpc__open *streams; /* open blocking streams, for rpc_client_cancel_streams */
+  int streams_cancelled;
+};
+
+int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!o || !o->target || !*o->target) {
+    snprintf(err, errlen, "client target is empty");
+    return -1;
+  }
+  char *roots = NULL;
+  if (o->tls_ca_file && *o->tls_ca_file) {
+    roots = rpc__read_pem(o->tls_ca_file, err, errlen);
+    if (!roots) return -1;
+  }
+  rpc_client *c = calloc(1, sizeof *c);
+  if (!c) {
+    free(roots);
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  grpc_init();
+  uv_mutex_init(&c->mu);
+  size_t max = o->max_message_bytes ? o->max_message_bytes : RPC__CLIENT_MAX_MSG;
+  if (max > 0x7fffffff) max = 0x7fffffff;
+  grpc_arg args[1];
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[0].value.integer = (int)max;
+  grpc_channel_args ca = {1, args};
+  grpc_channel_credentials *cr =
+      roots ? grpc_ssl_credentials_create(roots, NULL, NULL, NULL) : grpc_insecure_credentials_create();
+  free(roots);
+  if (!cr) {
+    snprintf(err, errlen, "bad TLS roots in %s", o->tls_ca_file);
+    rpc_client_free(c);
+    return -1;
+  }
+  c->ch = grpc_channel_create(o->target, cr, &ca);
+  grpc_channel_credentials_release(cr);
+  if (o->token && *o->token) {
+    char *v = malloc(strlen(o->token) + 8);
+    if (!v) {
+      snprintf(err, errlen, "out of memory");
+      rpc_client_free(c);
+      return -1;
+    }
+    sprintf(v, "Bearer %s", o->token);
+    c->auth_key = grpc_slice_from_static_string("authorization");
+    c->auth_value = grpc_slice_from_copied_string(v);
+    c->has_auth = 1;
+    free(v);
+  }
+  *out = c;
+  return 0;
+}
+
+void rpc_client_free(rpc_client *c) {
+  if (!c) return;
+  if (c->ch) grpc_channel_destroy(c->ch);
+  if (c->has_auth) {
+    grpc_slice_unref(c->auth_key);
+    grpc_slice_unref(c->auth_value);
+  }
+  uv_mutex_destroy(&c->mu);
+  free(c);
+  grpc_shutdown();
+}
+
+/* What one blocking call needs, kept together so every path cleans up alike. */
+typedef struct rpc__ccall {
+  grpc_completion_queue *cq;
+  grpc_call *call;
+  grpc_metadata auth;
+  grpc_metadata_array initial, trailing;
+  grpc_status_code code;
+  grpc_slice details;
+  grpc_byte_buffer *resp;
+} rpc__ccall;
+
+static void rpc__status_set(rpc_status *st, grpc_status_code code, const char *msg) {
+  if (!st) return;
+  st->code = code;
+  snprintf(st->message, sizeof st->message, "%s", msg);
+}
+
+static int rpc__ccall_start(rpc_client *cl, rpc__ccall *k, const char *method, double timeout_s) {
+  memset(k, 0, sizeof *k);
+  k->cq = grpc_completion_queue_create_for_pluck(NULL);
+  grpc_slice m = grpc_slice_from_copied_string(method);
+  k->call = grpc_channel_create_call(cl->ch, NULL, GRPC_PROPAGATE_DEFAULTS, k->cq, m, NULL,
+                                     rpc__deadline(timeout_s), NULL);
+  grpc_slice_unref(m);
+  grpc_metadata_array_init(&k->initial);
+  grpc_metadata_array_init(&k->trailing);
+  k->details = grpc_empty_slice();
+  if (cl->has_auth) {
+    k->auth.key = cl->auth_key;
+    k->auth.value = cl->auth_value;
+  }
+  return k->call ? 0 : -1;
+}
+
+static grpc_event rpc__pluck(rpc__ccall *k, void *tag) {
+  return grpc_completion_queue_pluck(k->cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+}
+
+static void rpc__ccall_end(rpc__ccall *k, rpc_status *st) {
+  if (st) {
+    char *d = grpc_slice_to_c_string(k->details);
+    rpc__status_set(st, k->code, d);
+    gpr_free(d);
+  }
+  if (k->resp) grpc_byte_buffer_destroy(k->resp);
+  grpc_slice_unref(k->details);
+  grpc_metadata_array_destroy(&k->initial);
+  grpc_metadata_array_destroy(&k->trailing);
+  if (k->call) grpc_call_unref(k->call);
+  grpc_completion_queue_shutdown(k->cq);
+  grpc_completion_queue_destroy(k->cq);
+}
+
+/* Sends the request and half-closes; `all` adds the receive side of a unary
+ * call to the same batch. */
+static grpc_call_error rpc__ccall_send(rpc_client *cl, rpc__ccall *k, grpc_byte_buffer *req,
+                                       int unary, void *tag) {
+  grpc_op ops[6];
+  size_t n = 0;
+  memset(ops, 0, sizeof ops);
+  ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[n].data.send_initial_metadata.count = cl->has_auth ? 1 : 0;
+  ops[n++].data.send_initial_metadata.metadata = cl->has_auth ? &k->auth : NULL;
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n++].data.send_message.send_message = req;
+  ops[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[n++].data.recv_initial_metadata.recv_initial_metadata = &k->initial;
+  if (unary) {
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n++].data.recv_message.recv_message = &k->resp;
+  }
+  ops[n].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[n].data.recv_status_on_client.trailing_metadata = &k->trailing;
+  ops[n].data.recv_status_on_client.status = &k->code;
+  ops[n++].data.recv_status_on_client.status_details = &k->details;
+  return grpc_call_start_batch(k->call, ops, n, tag, NULL);
+}
+
+/* One unary exchange of raw byte buffers; *resp is set on OK. */
+static grpc_status_code rpc__unary(rpc_client *cl, const char *method, grpc_byte_buffer *req,
+                                   double timeout_s, grpc_byte_buffer **resp, rpc_status *st) {
+  rpc__ccall k;
+  *resp = NULL;
+  if (rpc__ccall_start(cl, &k, method, timeout_s) < 0) {
+    k.code = GRPC_STATUS_INTERNAL;
+    k.details = grpc_slice_from_static_string("cannot create call");
+  } else if (rpc__ccall_send(cl, &k, req, 1, &k) != GRPC_CALL_OK) {
+    k.code = GRPC_STATUS_INTERNAL;
+    k.details = grpc_slice_from_static_string("cannot start call");
+  } else {
+    rpc__pluck(&k, &k);
+    if (k.code == GRPC_STATUS_OK && !k.resp) {
+      k.code = GRPC_STATUS_INTERNAL;
+      grpc_slice_unref(k.details);
+      k.details = grpc_slice_from_static_string("no response message");
+    }
+  }
+  grpc_status_code code = k.code;
+  if (code == GRPC_STATUS_OK) {
+    *resp = k.resp;
+    k.resp = NULL;
+  }
+  rpc__ccall_end(&k, st);
+  return code;
+}
+
+grpc_status_code rpc_client_call(rpc_client *c, const char *method, const ProtobufCMessage *req,
+                                 const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                                 ProtobufCMessage **resp, rpc_status *st) {
+  grpc_byte_buffer *out = NULL, *in = rpc__encode(req);
+  *resp = NULL;
+  grpc_status_code code = rpc__unary(c, method, in, timeout_s, &out, st);
+  grpc_byte_buffer_destroy(in);
+  if (code != GRPC_STATUS_OK) return code;
+  *resp = rpc__decode(out, resp_desc);
+  grpc_byte_buffer_destroy(out);
+  if (!*resp) {
+    rpc__status_set(st, GRPC_STATUS_INTERNAL, "cannot decode the response");
+    if (st) snprintf(st->message, sizeof st->message, "cannot decode %s", resp_desc->name);
+    return GRPC_STATUS_INTERNAL;
+  }
+  return GRPC_STATUS_OK;
+}
+
+grpc_status_code rpc_client_call_raw(rpc_client *c, const char *method, const void *req,
+                                     size_t len, double timeout_s, uint8_t **resp,
+                                     size_t *resp_len, rpc_status *st) {
+  grpc_slice sl = grpc_slice_from_copied_buffer(req, len);
+  grpc_byte_buffer *out = NULL, *in = grpc_raw_byte_buffer_create(&sl, 1);
+  grpc_slice_unref(sl);
+  *resp = NULL;
+  *resp_len = 0;
+  grpc_status_code code = rpc__unary(c, method, in, timeout_s, &out, st);
+  grpc_byte_buffer_destroy(in);
+  if (code != GRPC_STATUS_OK) return code;
+  int rc = rpc__flatten(out, resp, resp_len);
+  grpc_byte_buffer_destroy(out);
+  if (rc < 0) {
+    rpc__status_set(st, GRPC_STATUS_INTERNAL, "cannot read the response");
+    return GRPC_STATUS_INTERNAL;
+  }
+  return GRPC_STATUS_OK;
+}
+
+static int rpc__stream_open(rpc_client *c, rpc__open *o) {
+  uv_mutex_lock(&c->mu);
+  int cancelled = c->streams_cancelled;
+  if (!cancelled) {
+    o->next = c->streams;
+    c->streams = o;
+  }
+  uv_mutex_unlock(&c->mu);
+  return cancelled ? -1 : 0;
+}
+
+static void rpc__stream_close(rpc_client *c, rpc__open *o) {
+  uv_mutex_lock(&c->mu);
+  for (rpc__open **p = &c->streams; *p; p = &(*p)->next)
+    if (*p == o) {
+      *p = o->next;
+      break;
+    }
+  uv_mutex_unlock(&c->mu);
+}
+
+/* The status batch (tag k) completes once the stream is over; messages are
+ * read one at a time with their own tag. */
+grpc_status_code rpc_client_stream(rpc_client *c, const char *method,
+                                   const ProtobufCMessage *req,
+                                   const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                                   int (*on_message)(ProtobufCMessage *m, void *ud), void *ud,
+                                   rpc_status *st) {
+  rpc__ccall k;
+  rpc__open o = {0};
+  int tag_msg = 0;
+  if (rpc__ccall_start(c, &k, method, timeout_s) < 0) {
+    k.code = GRPC_STATUS_INTERNAL;
+    k.details = grpc_slice_from_static_string("cannot create call");
+    rpc__ccall_end(&k, st);
+    return GRPC_STATUS_INTERNAL;
+  }
+  o.call = k.call;
+  if (rpc__stream_open(c, &o) < 0) {
+    k.code = GRPC_STATUS_CANCELLED;
+    k.details = grpc_slice_from_static_string("client is shutting down");
+    rpc__ccall_end(&k, st);
+    return GRPC_STATUS_CANCELLED;
+  }
+  grpc_byte_buffer *in = rpc__encode(req);
+  grpc_call_error err = rpc__ccall_send(c, &k, in, 0, &k);
+  grpc_byte_buffer_destroy(in);
+  if (err != GRPC_CALL_OK) {
+    rpc__stream_close(c, &o);
+    k.code = GRPC_STATUS_INTERNAL;
+    k.details = grpc_slice_from_static_string("cannot start call");
+    rpc__ccall_end(&k, st);
+    return GRPC_STATUS_INTERNAL;
+  }
+  int local_error = 0;
+  for (;;) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &k.resp;
+    if (grpc_call_start_batch(k.call, &op, 1, &tag_msg, NULL) != GRPC_CALL_OK) break;
+    grpc_event ev = rpc__pluck(&k, &tag_msg);
+    if (!ev.success || !k.resp) break; /* end of stream (or failure): status says */
+    ProtobufCMessage *m = rpc__decode(k.resp, resp_desc);
+    grpc_byte_buffer_destroy(k.resp);
+    k.resp = NULL;
+    if (!m) {
+      local_error = 1;
+      grpc_call_cancel(k.call, NULL);
+      break;
+    }
+    if (on_message(m, ud) != 0) {
+      grpc_call_cancel(k.call, NULL);
+      break;
+    }
+  }
+  rpc__pluck(&k, &k);
+  rpc__stream_close(c, &o);
+  grpc_status_code code = k.code;
+  if (local_error) {
+    code = GRPC_STATUS_INTERNAL;
+    grpc_slice_unref(k.details);
+    k.details = grpc_slice_from_copied_string("cannot decode a stream message");
+    k.code = code;
+  }
+  rpc__ccall_end(&k, st);
+  return code;
+}
+
+void rpc_client_cancel_streams(rpc_client *c) {
+  uv_mutex_lock(&c->mu);
+  c->streams_cancelled = 1;
+  for (rpc__open *o = c->streams; o; o = o->next) grpc_call_cancel(o->call, NULL);
+  uv_mutex_unlock(&c->mu);
+}

@@ -1,0 +1,160 @@
+/* rpc codec: protobuf-c <-> grpc byte buffers, the method table, bearer
+ * tokens, clocks and status names. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/support/time.h>
+
+#include "rpc/rpc_internal.h"
+
+grpc_byte_buffer *rpc__encode(const ProtobufCMessage *msg) {
+  size_t len = protobuf_c_message_get_packed_size(msg);
+  grpc_slice sl = grpc_slice_malloc(len);
+  protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(sl));
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+  grpc_slice_unref(sl);
+  return bb;
+}
+
+int rpc__flatten(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {
+  grpc_byte_buffer_reader rd;
+  *out = NULL;
+  *len = 0;
+  if (!bb || !grpc_byte_buffer_reader_init(&rd, bb)) return -1;
+  grpc_slice sl = grpc_byte_buffer_reader_readall(&rd);
+  grpc_byte_buffer_reader_destroy(&rd);
+  size_t n = GRPC_SLICE_LENGTH(sl);
+  uint8_t *p = malloc(n ? n : 1);
+  if (!p) {
+    grpc_slice_unref(sl);
+    return -1;
+  }
+  if (n) memcpy(p, GRPC_SLICE_START_PTR(sl), n);
+  grpc_slice_unref(sl);
+  *out = p;
+  *len = n;
+  return 0;
+}
+
+ProtobufCMessage *rpc__decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc) {
+  uint8_t *p;
+  size_t n;
+  if (rpc__flatten(bb, &p, &n) < 0) return NULL;
+  ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, n, p);
+  free(p);
+  return m;
+}
+
+/* The comparison runs over the whole presented value whatever the token, so
+ * its duration says nothing about how many leading bytes matched. */
+int rpc__check_bearer(const char *value, size_t len, const char *token) {
+  static const char prefix[] = "Bearer ";
+  size_t plen = sizeof prefix - 1, tlen = strlen(token);
+  if (len < plen || strncasecmp(value, prefix, plen) != 0) return -1;
+  value += plen;
+  len -= plen;
+  unsigned char diff = (unsigned char)(len != tlen);
+  for (size_t i = 0; i < len; i++) diff |= (unsigned char)(value[i] ^ token[tlen ? i % tlen : 0]);
+  return diff == 0 && tlen > 0 ? 0 : -1;
+}
+
+double rpc__now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+gpr_timespec rpc__deadline(double timeout_s) {
+  if (timeout_s <= 0) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  int64_t ms = (int64_t)(timeout_s * 1e3);
+  if (ms < 1) ms = 1;
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+/* ---- method table ------------------------------------------------------------ */
+
+static int rpc__entry_cmp(const void *a, const void *b) {
+  return strcmp(((const rpc__entry *)a)->m.name, ((const rpc__entry *)b)->m.name);
+}
+
+/* "/pkg.Service/Method": a leading slash, a service, a slash, a method. */
+static int rpc__name_valid(const char *name) {
+  if (!name || name[0] != '/') return 0;
+  const char *slash = strrchr(name, '/');
+  return slash > name + 1 && slash[1] != '\0';
+}
+
+int rpc__table_init(rpc__table *t, const rpc_method *m, size_t n, char *err, size_t errlen) {
+  t->n = 0;
+  t->e = calloc(n ? n : 1, sizeof *t->e);
+  if (!t->e) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (!rpc__name_valid(m[i].name)) {
+      snprintf(err, errlen, "method %zu: bad name '%s' (want /package.Service/Method)", i,
+               m[i].name ? m[i].name : "(null)");
+      goto fail;
+    }
+    if (!m[i].request || !m[i].response || !m[i].handler ||
+        (m[i].kind != RPC_UNARY && m[i].kind != RPC_SERVER_STREAM)) {
+      snprintf(err, errlen, "method %s: needs request, response, handler and a kind", m[i].name);
+      goto fail;
+    }
+    t->e[i].m = m[i];
+    t->e[i].m.name = strdup(m[i].name);
+    t->n++;
+    if (!t->e[i].m.name) {
+      snprintf(err, errlen, "out of memory");
+      goto fail;
+    }
+  }
+  qsort(t->e, t->n, sizeof *t->e, rpc__entry_cmp);
+  for (size_t i = 1; i < t->n; i++)
+    if (!strcmp(t->e[i].m.name, t->e[i - 1].m.name)) {
+      snprintf(err, errlen, "method %s registered twice", t->e[i].m.name);
+      goto fail;
+    }
+  return 0;
+fail:
+  rpc__table_free(t);
+  return -1;
+}
+
+rpc__entry *rpc__table_find(const rpc__table *t, const char *name, size_t len) {
+  size_t lo = 0, hi = t->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    const char *k = t->e[mid].m.name;
+    size_t klen = strlen(k);
+    int c = memcmp(k, name, klen < len ? klen : len);
+    if (c == 0) c = klen < len ? -1 : klen > len ? 1 : 0;
+    if (c == 0) return &t->e[mid];
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return NULL;
+}
+
+void rpc__table_free(rpc__table *t) {
+  for (size_t i = 0; i < t->n; i++) free((char *)t->e[i].m.name);
+  free(t->e);
+  t->e = NULL;
+  t->n = 0;
+}
+
+const char *rpc_status_name(grpc_status_code code) {
+  static const char *const names[] = {
+      "OK",           "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",      "UNAVAILABLE",       "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  if ((int)code >= 0 && (size_t)code < sizeof names / sizeof names[0]) return names[code];
+  return "INVALID_STATUS";
+}

@@ -1,0 +1,890 @@
+/* rpc server: gRPC C core served from a libuv loop.
+ *
+ * One thread blocks in grpc_completion_queue_next and appends (tag, ok) to a
+ * locked list, then uv_async_send; async sends coalesce, so the loop drains
+ * the whole list each time it wakes. Everything else (call state, every
+ * grpc_call_start_batch, handlers, health) runs on the loop thread.
+ *
+ * Known methods are registered with gRPC so that the request message arrives
+ * together with the new call (one hand-off instead of two); anything else
+ * arrives through the generic grpc_server_request_call and is answered
+ * UNIMPLEMENTED here, so that the hook sees it too. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "rpc/rpc_internal.h"
+
+#define RPC__ARM_PER_METHOD 24 /* > 16 concurrent clients on one method */
+#define RPC__ARM_GENERIC 8
+#define RPC__DEFAULT_MAX_MSG (4u << 20)
+
+typedef enum {
+  RPC__T_NEW = 1, /* a requested call arrived (or the request failed) */
+  RPC__T_RECV,    /* request message of a generically received call */
+  RPC__T_CLOSE,   /* RECV_CLOSE_ON_SERVER: the call is over or cancelled */
+  RPC__T_SEND,    /* one stream message went out */
+  RPC__T_STATUS,  /* the final batch (status) completed */
+  RPC__T_SHUTDOWN /* grpc_server_shutdown_and_notify completed */
+} rpc__tag_kind;
+
+typedef struct rpc__tag {
+  rpc__tag_kind kind;
+  rpc_call *c;
+} rpc__tag;
+
+typedef struct rpc__event {
+  rpc__tag *tag;
+  int ok;
+} rpc__event;
+
+typedef struct rpc__evlist {
+  rpc__event *v;
+  size_t n, cap;
+} rpc__evlist;
+
+struct rpc_call {
+  rpc_server *s;
+  rpc__entry *e; /* NULL until the method is known */
+  grpc_call *call;
+  grpc_call_details details; /* generic calls only */
+  grpc_metadata_array md;
+  gpr_timespec deadline;
+  grpc_byte_buffer *payload;
+  rpc__tag t_new, t_recv, t_close, t_send, t_status;
+  int generic;
+  int started;      /* arrived: counted in the hook, lives in `live` */
+  int pending;      /* batches in flight */
+  int cancelled;    /* RECV_CLOSE_ON_SERVER said so, or a send failed */
+  int client_cancelled; /* value written by RECV_CLOSE_ON_SERVER */
+  int close_done;
+  int ended;        /* final batch started */
+  int status_done, status_ok;
+  int md_sent;
+  int finish_pending; /* stream ended by the handler, queue still draining */
+  int zombie;         /* ended by the server at shutdown: memory kept until free */
+  int released;       /* gRPC resources given back */
+  double cancel_deadline_left; /* deadline seconds left when cancelled */
+  grpc_status_code code;
+  char *finish_msg;
+  grpc_slice status_slice;
+  int has_status_slice;
+  grpc_byte_buffer *reply_bb; /* unary reply, or the stream message in flight */
+  grpc_byte_buffer **q;       /* queued stream messages */
+  size_t qhead, qlen, qcap;
+  void (*on_cancel)(rpc_call *, void *);
+  void *cancel_ud;
+  char *method; /* as the client sent it (generic) */
+  char *peer;
+  double t0;
+  rpc_call *prev, *next; /* s->live (started, not ended) or s->zombies */
+};
+
+struct rpc_server {
+  uv_loop_t *loop;
+  rpc_server_opts o;
+  char *token;
+  rpc__table table;
+  rpc__health *health;
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  int port;
+  int generic_armed;
+
+  uv_thread_t thread;
+  int thread_started;
+  uv_mutex_t mu;
+  rpc__evlist in, work; /* in: filled by the cq thread; work: being drained */
+  uv_async_t async;
+  uv_timer_t grace;
+  int handles_open;
+
+  size_t ncalls;   /* allocated call objects that gRPC still knows (slots included) */
+  rpc_call *live;  /* started and not yet ended */
+  rpc_call *zombies;
+  rpc__tag t_shutdown;
+  int shutting_down, notified, cancelled_all, finishing, closed;
+  void (*done)(void *);
+  void *done_ud;
+};
+
+static void rpc__on_event(rpc_server *s, rpc__tag *tag, int ok);
+static void rpc__check_shutdown(rpc_server *s);
+
+/* ---- completion-queue thread and hand-off ------------------------------------ */
+
+static int rpc__evlist_push(rpc__evlist *l, rpc__tag *tag, int ok) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 64;
+    rpc__event *v = realloc(l->v, cap * sizeof *v);
+    if (!v) return -1;
+    l->v = v;
+    l->cap = cap;
+  }
+  l->v[l->n++] = (rpc__event){tag, ok};
+  return 0;
+}
+
+static void rpc__cq_thread(void *arg) {
+  rpc_server *s = arg;
+  for (;;) {
+    grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+    if (ev.type != GRPC_OP_COMPLETE) continue;
+    uv_mutex_lock(&s->mu);
+    int wake = s->in.n == 0; /* a wake-up is already on its way otherwise */
+    while (rpc__evlist_push(&s->in, ev.tag, ev.success) < 0) {
+      /* Dropping an event would leak a call forever; memory comes back. */
+      uv_mutex_unlock(&s->mu);
+      uv_sleep(1);
+      uv_mutex_lock(&s->mu);
+    }
+    uv_mutex_unlock(&s->mu);
+    if (wake) uv_async_send(&s->async);
+  }
+}
+
+/* Swap the lists under the lock, then run the events without it. */
+static void rpc__drain(rpc_server *s) {
+  for (;;) {
+    uv_mutex_lock(&s->mu);
+    rpc__evlist t = s->in;
+    s->in = s->work;
+    s->work = t;
+    s->in.n = 0;
+    uv_mutex_unlock(&s->mu);
+    if (s->work.n == 0) return;
+    for (size_t i = 0; i < s->work.n; i++) rpc__on_event(s, s->work.v[i].tag, s->work.v[i].ok);
+    s->work.n = 0;
+  }
+}
+
+static void rpc__finish(rpc_server *s);
+
+static void rpc__on_async(uv_async_t *a) {
+  rpc_server *s = a->data;
+  rpc__drain(s);
+  if (s->finishing && !s->closed) rpc__finish(s);
+}
+
+/* ---- call objects ------------------------------------------------------------ */
+
+static void rpc__list_add(rpc_call **head, rpc_call *c) {
+  c->prev = NULL;
+  c->next = *head;
+  if (*head) (*head)->prev = c;
+  *head = c;
+}
+
+static void rpc__list_del(rpc_call **head, rpc_call *c) {
+  if (c->prev)
+    c->prev->next = c->next;
+  else if (*head == c)
+    *head = c->next;
+  if (c->next) c->next->prev = c->prev;
+  c->prev = c->next = NULL;
+}
+
+static rpc_call *rpc__call_alloc(rpc_server *s, rpc__entry *e) {
+  rpc_call *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->s = s;
+  c->e = e;
+  c->generic = e == NULL;
+  c->t_new = (rpc__tag){RPC__T_NEW, c};
+  c->t_recv = (rpc__tag){RPC__T_RECV, c};
+  c->t_close = (rpc__tag){RPC__T_CLOSE, c};
+  c->t_send = (rpc__tag){RPC__T_SEND, c};
+  c->t_status = (rpc__tag){RPC__T_STATUS, c};
+  grpc_metadata_array_init(&c->md);
+  grpc_call_details_init(&c->details);
+  return c;
+}
+
+static void rpc__call_release(rpc_call *c) {
+  if (c->released) return;
+  c->released = 1;
+  if (c->call) grpc_call_unref(c->call);
+  c->call = NULL;
+  grpc_metadata_array_destroy(&c->md);
+  grpc_call_details_destroy(&c->details);
+  if (c->payload) grpc_byte_buffer_destroy(c->payload);
+  if (c->reply_bb) grpc_byte_buffer_destroy(c->reply_bb);
+  for (size_t i = 0; i < c->qlen; i++) grpc_byte_buffer_destroy(c->q[(c->qhead + i) % c->qcap]);
+  c->payload = c->reply_bb = NULL;
+  c->qlen = 0;
+  free(c->q);
+  c->q = NULL;
+  if (c->has_status_slice) grpc_slice_unref(c->status_slice);
+  c->has_status_slice = 0;
+  free(c->finish_msg);
+  c->finish_msg = NULL;
+  if (c->peer) gpr_free(c->peer);
+  c->peer = NULL;
+}
+
+static void rpc__call_free(rpc_call *c) {
+  rpc__call_release(c);
+  free(c->method);
+  free(c);
+}
+
+static void rpc__arm(rpc_server *s, rpc__entry *e) {
+  rpc_call *c = rpc__call_alloc(s, e);
+  if (!c) return;
+  grpc_call_error err;
+  if (e)
+    err = grpc_server_request_registered_call(s->server, e->registered, &c->call, &c->deadline,
+                                              &c->md, &c->payload, s->cq, s->cq, &c->t_new);
+  else
+    err = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, s->cq, s->cq,
+                                   &c->t_new);
+  if (err != GRPC_CALL_OK) {
+    rpc__call_free(c);
+    return;
+  }
+  s->ncalls++;
+  if (e)
+    e->armed++;
+  else
+    s->generic_armed++;
+}
+
+static void rpc__rearm(rpc_server *s) {
+  if (s->shutting_down) return;
+  for (size_t i = 0; i < s->table.n; i++)
+    while (s->table.e[i].armed < RPC__ARM_PER_METHOD) {
+      int before = s->table.e[i].armed;
+      rpc__arm(s, &s->table.e[i]);
+      if (s->table.e[i].armed == before) break;
+    }
+  while (s->generic_armed < RPC__ARM_GENERIC) {
+    int before = s->generic_armed;
+    rpc__arm(s, NULL);
+    if (s->generic_armed == before) break;
+  }
+}
+
+static int rpc__batch(rpc_call *c, const grpc_op *ops, size_t n, rpc__tag *tag) {
+  grpc_call_error err = grpc_call_start_batch(c->call, ops, n, tag, NULL);
+  if (err != GRPC_CALL_OK) return -1;
+  c->pending++;
+  return 0;
+}
+
+static grpc_status_code rpc__effective_code(const rpc_call *c) {
+  if (c->status_ok && !c->client_cancelled) return c->code;
+  /* The client's deadline passes a little before the server's (the server
+   * counts from arrival), so a cancel just before it is the deadline too. */
+  if (c->cancelled && c->cancel_deadline_left < 0.1) return GRPC_STATUS_DEADLINE_EXCEEDED;
+  return c->code == GRPC_STATUS_UNAVAILABLE ? c->code : GRPC_STATUS_CANCELLED;
+}
+
+/* gRPC is done with the call once its final batch and RECV_CLOSE_ON_SERVER
+ * have completed; only then can its memory go. */
+static void rpc__maybe_free(rpc_call *c) {
+  if (!c->ended || !c->status_done || c->pending > 0 || c->released) return;
+  rpc_server *s = c->s;
+  if (s->o.on_call_done)
+    s->o.on_call_done(rpc_call_method(c), rpc__effective_code(c), rpc__now() - c->t0,
+                      s->o.hook_ud);
+  s->ncalls--;
+  if (c->zombie) {
+    rpc__call_release(c); /* the handler may still hold the pointer */
+  } else {
+    rpc__call_free(c);
+  }
+  rpc__check_shutdown(s);
+}
+
+/* Starts the final batch: initial metadata if not sent, the unary reply if
+ * any, the status. */
+static int rpc__end(rpc_call *c, grpc_status_code code, const char *msg,
+                    grpc_byte_buffer *reply) {
+  grpc_op ops[3];
+  size_t n = 0;
+  memset(ops, 0, sizeof ops);
+  c->ended = 1;
+  c->finish_pending = 0;
+  c->code = code;
+  if (c->started) rpc__list_del(&c->s->live, c);
+  if (c->zombie) rpc__list_add(&c->s->zombies, c);
+  if (!c->md_sent) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->md_sent = 1;
+  }
+  if (reply) {
+    c->reply_bb = reply;
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = reply;
+  }
+  c->status_slice = grpc_slice_from_copied_string(msg ? msg : "");
+  c->has_status_slice = 1;
+  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.status = code;
+  ops[n++].data.send_status_from_server.status_details = &c->status_slice;
+  if (rpc__batch(c, ops, n, &c->t_status) < 0) {
+    c->status_done = 1; /* nothing will complete: behave as if it had */
+    rpc__maybe_free(c);
+  }
+  if (c->s->shutting_down) rpc__check_shutdown(c->s);
+  return 0;
+}
+
+static void rpc__fail_now(rpc_call *c, grpc_status_code code, const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  rpc__end(c, code, buf, NULL);
+}
+
+static const grpc_metadata *rpc__find_md(const grpc_metadata_array *md, const char *key) {
+  for (size_t i = 0; i < md->count; i++)
+    if (!grpc_slice_str_cmp(md->metadata[i].key, key)) return &md->metadata[i];
+  return NULL;
+}
+
+/* Auth, decode, handler. The request message is freed when the handler
+ * returns. */
+static void rpc__dispatch(rpc_call *c) {
+  rpc_server *s = c->s;
+  const rpc_method *m = &c->e->m;
+  if (m->requires_auth && s->token) {
+    const grpc_metadata *a = rpc__find_md(&c->md, "authorization");
+    if (!a) {
+      rpc__fail_now(c, GRPC_STATUS_UNAUTHENTICATED, "missing bearer token");
+      return;
+    }
+    if (rpc__check_bearer((const char *)GRPC_SLICE_START_PTR(a->value),
+                          GRPC_SLICE_LENGTH(a->value), s->token) < 0) {
+      rpc__fail_now(c, GRPC_STATUS_UNAUTHENTICATED, "invalid bearer token");
+      return;
+    }
+  }
+  if (!c->payload) {
+    rpc__fail_now(c, GRPC_STATUS_INVALID_ARGUMENT, "missing request message %s",
+                  m->request->name);
+    return;
+  }
+  ProtobufCMessage *req = rpc__decode(c->payload, m->request);
+  grpc_byte_buffer_destroy(c->payload);
+  c->payload = NULL;
+  if (!req) {
+    rpc__fail_now(c, GRPC_STATUS_INVALID_ARGUMENT, "cannot decode %s", m->request->name);
+    return;
+  }
+  m->handler(c, req, m->ud);
+  protobuf_c_message_free_unpacked(req, NULL);
+}
+
+/* A requested call arrived: re-arm first, so the next client never waits,
+ * then watch for cancellation and dispatch. */
+static void rpc__on_new(rpc_server *s, rpc_call *c, int ok) {
+  if (c->e)
+    c->e->armed--;
+  else
+    s->generic_armed--;
+  if (!ok || !c->call) { /* the server is shutting down */
+    s->ncalls--;
+    rpc__call_free(c);
+    rpc__check_shutdown(s);
+    return;
+  }
+  rpc__rearm(s);
+  c->t0 = rpc__now();
+  c->started = 1;
+  rpc__list_add(&s->live, c);
+  if (c->generic) {
+    c->deadline = c->details.deadline;
+    c->method = grpc_slice_to_c_string(c->details.method);
+  }
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->client_cancelled;
+  if (rpc__batch(c, &op, 1, &c->t_close) < 0) c->close_done = 1;
+  if (c->generic) {
+    c->e = rpc__table_find(&s->table, (const char *)GRPC_SLICE_START_PTR(c->details.method),
+                           GRPC_SLICE_LENGTH(c->details.method));
+    if (!c->e) {
+      rpc__fail_now(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", c->method);
+      return;
+    }
+    /* A known method that gRPC did not match (another host): read the
+     * request ourselves. */
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->payload;
+    if (rpc__batch(c, &op, 1, &c->t_recv) < 0)
+      rpc__fail_now(c, GRPC_STATUS_INTERNAL, "cannot read the request");
+    return;
+  }
+  rpc__dispatch(c);
+}
+
+static void rpc__pump(rpc_call *c);
+
+static void rpc__notice_cancel(rpc_call *c) {
+  if (c->cancelled) return;
+  c->cancelled = 1;
+  c->cancel_deadline_left = rpc_call_deadline_remaining(c);
+  /* Queued stream messages will never go out. */
+  for (size_t i = 0; i < c->qlen; i++) grpc_byte_buffer_destroy(c->q[(c->qhead + i) % c->qcap]);
+  c->qlen = 0;
+  if (!c->ended && !c->finish_pending && c->on_cancel) {
+    void (*cb)(rpc_call *, void *) = c->on_cancel;
+    c->on_cancel = NULL;
+    cb(c, c->cancel_ud);
+  } else if (c->finish_pending) {
+    rpc__pump(c);
+  }
+  /* At shutdown a call the handler does not end would hold the server
+   * forever: end it here and keep its memory for the handler's pointer. */
+  if (c->s->shutting_down && c->started && !c->ended && !c->finish_pending) {
+    c->zombie = 1;
+    rpc__end(c, GRPC_STATUS_UNAVAILABLE, "server shutting down", NULL);
+  }
+}
+
+static void rpc__on_event(rpc_server *s, rpc__tag *tag, int ok) {
+  rpc_call *c = tag->c;
+  switch (tag->kind) {
+  case RPC__T_NEW:
+    rpc__on_new(s, c, ok);
+    return;
+  case RPC__T_RECV:
+    c->pending--;
+    if (!ok) {
+      rpc__notice_cancel(c);
+      if (!c->ended) rpc__fail_now(c, GRPC_STATUS_CANCELLED, "request not received");
+    } else if (!c->ended) {
+      rpc__dispatch(c);
+    }
+    break;
+  case RPC__T_CLOSE:
+    c->pending--;
+    c->close_done = 1;
+    if (c->client_cancelled) rpc__notice_cancel(c);
+    break;
+  case RPC__T_SEND:
+    c->pending--;
+    if (c->reply_bb) grpc_byte_buffer_destroy(c->reply_bb);
+    c->reply_bb = NULL;
+    if (!ok) rpc__notice_cancel(c);
+    rpc__pump(c);
+    break;
+  case RPC__T_STATUS:
+    c->pending--;
+    c->status_done = 1;
+    c->status_ok = ok;
+    break;
+  case RPC__T_SHUTDOWN:
+    s->notified = 1;
+    rpc__check_shutdown(s);
+    return;
+  }
+  rpc__maybe_free(c);
+}
+
+/* ---- streams ------------------------------------------------------------------ */
+
+/* One SEND_MESSAGE in flight at a time keeps the order and bounds what gRPC
+ * buffers; the status follows the last queued message. */
+static void rpc__pump(rpc_call *c) {
+  if (c->ended || c->reply_bb) return;
+  if (c->qlen && !c->cancelled) {
+    grpc_op ops[2];
+    size_t n = 0;
+    memset(ops, 0, sizeof ops);
+    if (!c->md_sent) {
+      ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+      c->md_sent = 1;
+    }
+    c->reply_bb = c->q[c->qhead];
+    c->qhead = (c->qhead + 1) % c->qcap;
+    c->qlen--;
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = c->reply_bb;
+    if (rpc__batch(c, ops, n, &c->t_send) < 0) {
+      grpc_byte_buffer_destroy(c->reply_bb);
+      c->reply_bb = NULL;
+      rpc__notice_cancel(c);
+    }
+    return;
+  }
+  if (c->finish_pending) rpc__end(c, c->code, c->finish_msg, NULL);
+}
+
+int rpc_call_send(rpc_call *c, const ProtobufCMessage *msg) {
+  if (c->ended || c->finish_pending || c->cancelled) return -1;
+  if (c->qlen == c->qcap) {
+    size_t cap = c->qcap ? c->qcap * 2 : 8;
+    grpc_byte_buffer **q = malloc(cap * sizeof *q);
+    if (!q) return -1;
+    for (size_t i = 0; i < c->qlen; i++) q[i] = c->q[(c->qhead + i) % c->qcap];
+    free(c->q);
+    c->q = q;
+    c->qcap = cap;
+    c->qhead = 0;
+  }
+  c->q[(c->qhead + c->qlen) % c->qcap] = rpc__encode(msg);
+  c->qlen++;
+  rpc__pump(c);
+  return 0;
+}
+
+int rpc_call_finish(rpc_call *c, grpc_status_code code, const char *msg) {
+  if (c->ended || c->finish_pending) return -1;
+  if (c->reply_bb || c->qlen) {
+    c->finish_pending = 1;
+    c->code = code;
+    c->finish_msg = strdup(msg ? msg : "");
+    return 0;
+  }
+  return rpc__end(c, code, msg, NULL);
+}
+
+int rpc_call_reply(rpc_call *c, const ProtobufCMessage *resp) {
+  if (c->ended || c->finish_pending) return -1;
+  return rpc__end(c, GRPC_STATUS_OK, "", rpc__encode(resp));
+}
+
+int rpc_call_fail(rpc_call *c, grpc_status_code code, const char *fmt, ...) {
+  if (c->ended || c->finish_pending) return -1;
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (c->reply_bb || c->qlen) return rpc_call_finish(c, code, buf);
+  return rpc__end(c, code, buf, NULL);
+}
+
+const char *rpc_call_method(const rpc_call *c) {
+  if (c->method) return c->method;
+  return c->e ? c->e->m.name : "";
+}
+
+const char *rpc_call_peer(const rpc_call *c) {
+  if (!c->peer && c->call) ((rpc_call *)c)->peer = grpc_call_get_peer(c->call);
+  return c->peer ? c->peer : "";
+}
+
+double rpc_call_deadline_remaining(const rpc_call *c) {
+  gpr_timespec d = gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC);
+  if (gpr_time_cmp(d, gpr_inf_future(GPR_CLOCK_MONOTONIC)) >= 0) return INFINITY;
+  double r = gpr_timespec_to_micros(gpr_time_sub(d, gpr_now(GPR_CLOCK_MONOTONIC))) * 1e-6;
+  return r > 0 ? r : 0;
+}
+
+int rpc_call_cancelled(const rpc_call *c) { return c->cancelled; }
+
+void rpc_call_set_cancel_cb(rpc_call *c, void (*on_cancel)(rpc_call *c, void *ud), void *ud) {
+  c->on_cancel = on_cancel;
+  c->cancel_ud = ud;
+}
+
+rpc_server *rpc_call_server(const rpc_call *c) { return c->s; }
+
+/* ---- server lifetime ---------------------------------------------------------- */
+
+static char *rpc__read_file(const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot read %s", path);
+    return NULL;
+  }
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap);
+  for (;;) {
+    if (!buf) break;
+    n += fread(buf + n, 1, cap - n - 1, f);
+    if (n < cap - 1) break;
+    char *nb = realloc(buf, cap * 2);
+    if (!nb) {
+      free(buf);
+      buf = NULL;
+      break;
+    }
+    buf = nb;
+    cap *= 2;
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (!buf || bad) {
+    free(buf);
+    snprintf(err, errlen, "cannot read %s", path);
+    return NULL;
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
+char *rpc__read_pem(const char *path, char *err, size_t errlen) {
+  return rpc__read_file(path, err, errlen);
+}
+
+static grpc_server_credentials *rpc__server_creds(const rpc_server_opts *o, char *err,
+                                                  size_t errlen) {
+  int has_cert = o->tls_cert_file && *o->tls_cert_file;
+  int has_key = o->tls_key_file && *o->tls_key_file;
+  if (!has_cert && !has_key) return grpc_insecure_server_credentials_create();
+  if (!has_cert || !has_key) {
+    snprintf(err, errlen, "TLS needs both tls_cert_file and tls_key_file");
+    return NULL;
+  }
+  char *cert = rpc__read_file(o->tls_cert_file, err, errlen);
+  if (!cert) return NULL;
+  char *key = rpc__read_file(o->tls_key_file, err, errlen);
+  if (!key) {
+    free(cert);
+    return NULL;
+  }
+  grpc_ssl_pem_key_cert_pair pair = {key, cert};
+  grpc_server_credentials *cr = grpc_ssl_server_credentials_create(NULL, &pair, 1, 0, NULL);
+  free(cert);
+  free(key);
+  if (!cr) snprintf(err, errlen, "bad TLS certificate %s or key %s", o->tls_cert_file,
+                    o->tls_key_file);
+  return cr;
+}
+
+/* Service names of the table ("/a.B/C" -> "a.B") start SERVING. */
+static void rpc__health_defaults(rpc_server *s) {
+  rpc__health_set(s->health, "", 1);
+  for (size_t i = 0; i < s->table.n; i++) {
+    const char *name = s->table.e[i].m.name;
+    const char *slash = strrchr(name, '/');
+    char svc[256];
+    size_t len = (size_t)(slash - name - 1);
+    if (len >= sizeof svc) continue;
+    memcpy(svc, name + 1, len);
+    svc[len] = '\0';
+    if (strcmp(svc, "grpc.health.v1.Health")) rpc__health_set(s->health, svc, 1);
+  }
+}
+
+static int rpc__setup(rpc_server *s, const rpc_method *methods, size_t n, char *err,
+                      size_t errlen) {
+  rpc_method *all = calloc(n + 2, sizeof *all);
+  if (!all) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  if (n) memcpy(all, methods, n * sizeof *all);
+  rpc__health_methods(s->health, all + n);
+  int rc = rpc__table_init(&s->table, all, n + 2, err, errlen);
+  free(all);
+  if (rc < 0) return -1;
+  rpc__health_defaults(s);
+
+  size_t max = s->o.max_message_bytes ? s->o.max_message_bytes : RPC__DEFAULT_MAX_MSG;
+  if (max > 0x7fffffff) max = 0x7fffffff;
+  grpc_arg args[2];
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[0].value.integer = (int)max;
+  /* Without this a second server on a taken port silently "succeeds". */
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = GRPC_ARG_ALLOW_REUSEPORT;
+  args[1].value.integer = 0;
+  grpc_channel_args ca = {2, args};
+  s->server = grpc_server_create(&ca, NULL);
+  s->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(s->server, s->cq, NULL);
+  for (size_t i = 0; i < s->table.n; i++) {
+    s->table.e[i].registered = grpc_server_register_method(
+        s->server, s->table.e[i].m.name, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+    if (!s->table.e[i].registered) {
+      snprintf(err, errlen, "cannot register method %s", s->table.e[i].m.name);
+      return -1;
+    }
+  }
+  grpc_server_credentials *cr = rpc__server_creds(&s->o, err, errlen);
+  if (!cr) return -1;
+  s->port = grpc_server_add_http2_port(s->server, s->o.listen, cr);
+  grpc_server_credentials_release(cr);
+  if (s->port <= 0) {
+    snprintf(err, errlen, "cannot listen on %s (address in use or invalid)", s->o.listen);
+    return -1;
+  }
+  return 0;
+}
+
+static void rpc__destroy(rpc_server *s) {
+  if (s->server) grpc_server_destroy(s->server);
+  if (s->cq) {
+    if (!s->thread_started) {
+      grpc_completion_queue_shutdown(s->cq);
+      while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+             GRPC_QUEUE_SHUTDOWN) {
+      }
+    }
+    grpc_completion_queue_destroy(s->cq);
+  }
+  for (rpc_call *c = s->zombies, *nx; c; c = nx) {
+    nx = c->next;
+    rpc__call_free(c);
+  }
+  rpc__table_free(&s->table);
+  if (s->health) rpc__health_free(s->health);
+  uv_mutex_destroy(&s->mu);
+  free(s->in.v);
+  free(s->work.v);
+  free(s->token);
+  free((char *)s->o.listen);
+  free(s);
+  grpc_shutdown();
+}
+
+int rpc_server_new(uv_loop_t *loop, const rpc_server_opts *o, const rpc_method *methods,
+                   size_t n, rpc_server **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!o || !o->listen || !*o->listen) {
+    snprintf(err, errlen, "listen address is empty");
+    return -1;
+  }
+  grpc_init();
+  rpc_server *s = calloc(1, sizeof *s);
+  if (!s) {
+    grpc_shutdown();
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  uv_mutex_init(&s->mu);
+  s->loop = loop;
+  s->o = *o;
+  s->o.listen = strdup(o->listen);
+  s->token = o->token && *o->token ? strdup(o->token) : NULL;
+  s->health = rpc__health_new();
+  s->t_shutdown = (rpc__tag){RPC__T_SHUTDOWN, NULL};
+  if (!s->o.listen || !s->health || rpc__setup(s, methods, n, err, errlen) < 0) {
+    if (!s->o.listen || !s->health) snprintf(err, errlen, "out of memory");
+    rpc__destroy(s);
+    return -1;
+  }
+  grpc_server_start(s->server);
+  uv_async_init(loop, &s->async, rpc__on_async);
+  s->async.data = s;
+  uv_timer_init(loop, &s->grace);
+  s->grace.data = s;
+  s->handles_open = 2;
+  if (uv_thread_create(&s->thread, rpc__cq_thread, s) != 0) {
+    snprintf(err, errlen, "cannot start the completion-queue thread");
+    /* Handles are open on the loop: shut down through the normal path. */
+    s->shutting_down = 1;
+    grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
+    grpc_server_cancel_all_calls(s->server);
+    uv_close((uv_handle_t *)&s->async, NULL);
+    uv_close((uv_handle_t *)&s->grace, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);
+    rpc__destroy(s);
+    return -1;
+  }
+  s->thread_started = 1;
+  rpc__rearm(s);
+  *out = s;
+  return 0;
+}
+
+int rpc_server_port(const rpc_server *s) { return s->port; }
+
+void rpc_server_set_health(rpc_server *s, const char *service, int status) {
+  rpc__health_set(s->health, service ? service : "", status);
+}
+
+static void rpc__on_handle_closed(uv_handle_t *h) {
+  rpc_server *s = h->data;
+  if (--s->handles_open == 0 && s->done) s->done(s->done_ud);
+}
+
+static int rpc__unary_live(rpc_server *s) {
+  for (rpc_call *c = s->live; c; c = c->next)
+    if (!c->e || c->e->m.kind == RPC_UNARY) return 1;
+  return 0;
+}
+
+static void rpc__cancel_all(rpc_server *s) {
+  if (s->cancelled_all) return;
+  s->cancelled_all = 1;
+  uv_timer_stop(&s->grace);
+  grpc_server_cancel_all_calls(s->server);
+}
+
+/* Everything is over once gRPC has notified the shutdown and no call object
+ * is left: stop the cq thread, then close the loop handles. */
+static void rpc__check_shutdown(rpc_server *s) {
+  if (!s->shutting_down || s->finishing) return;
+  /* The unary calls are over before the grace period: no need to wait. */
+  if (!s->cancelled_all && !rpc__unary_live(s)) uv_timer_stop(&s->grace);
+  if (!s->notified || s->ncalls > 0) return;
+  /* Finish from the async callback: this may run inside rpc__drain. */
+  s->finishing = 1;
+  uv_async_send(&s->async);
+}
+
+static void rpc__finish(rpc_server *s) {
+  s->closed = 1;
+  grpc_completion_queue_shutdown(s->cq);
+  uv_thread_join(&s->thread);
+  s->thread_started = 0;
+  rpc__drain(s); /* nothing should be left; run it anyway */
+  uv_close((uv_handle_t *)&s->async, rpc__on_handle_closed);
+  uv_close((uv_handle_t *)&s->grace, rpc__on_handle_closed);
+}
+
+static void rpc__on_grace(uv_timer_t *t) {
+  rpc_server *s = t->data;
+  rpc__cancel_all(s);
+}
+
+/* Ends one open stream the handler has not ended; returns 0 when none is left. */
+static int rpc__end_one_stream(rpc_server *s) {
+  for (rpc_call *c = s->live; c; c = c->next) {
+    if (!c->e || c->e->m.kind != RPC_SERVER_STREAM || c->ended || c->finish_pending) continue;
+    void (*cb)(rpc_call *, void *) = c->on_cancel;
+    c->on_cancel = NULL;
+    c->zombie = 1;
+    for (size_t i = 0; i < c->qlen; i++) grpc_byte_buffer_destroy(c->q[(c->qhead + i) % c->qcap]);
+    c->qlen = 0;
+    c->cancelled = 1; /* sends fail from now on */
+    c->cancel_deadline_left = INFINITY;
+    if (c->reply_bb) { /* the status follows the message in flight */
+      c->finish_pending = 1;
+      c->code = GRPC_STATUS_UNAVAILABLE;
+      c->finish_msg = strdup("server shutting down");
+    } else {
+      rpc__end(c, GRPC_STATUS_UNAVAILABLE, "server shutting down", NULL);
+    }
+    if (cb) cb(c, c->cancel_ud);
+    return 1;
+  }
+  return 0;
+}
+
+void rpc_server_shutdown(rpc_server *s, void (*done)(void *ud), void *ud) {
+  if (s->shutting_down) return;
+  s->shutting_down = 1;
+  s->done = done;
+  s->done_ud = ud;
+  grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
+  while (rpc__end_one_stream(s)) {
+  }
+  double grace = s->o.shutdown_grace_s > 0 ? s->o.shutdown_grace_s : 5.0;
+  if (rpc__unary_live(s))
+    uv_timer_start(&s->grace, rpc__on_grace, (uint64_t)(grace * 1e3), 0);
+  rpc__check_shutdown(s);
+}
+
+void rpc_server_free(rpc_server *s) {
+  if (!s) return;
+  rpc__destroy(s);
+}

@@ -1,0 +1,128 @@
+/* rpc codec, method table, bearer check and status names: no sockets. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "rlorch/v1/control.pb-c.h"
+#include "rpc/rpc_internal.h"
+
+static void noop_handler(rpc_call *c, const ProtobufCMessage *req, void *ud) {}
+
+Test(rpc_codec, round_trip_keeps_every_field) {
+  grpc_init();
+  Rlorch__V1__RunSpec spec = RLORCH__V1__RUN_SPEC__INIT;
+  spec.name = "run-a";
+  spec.preset = "1b";
+  spec.steps = 42;
+  spec.staging_budget_bytes = 1ull << 33;
+  Rlorch__V1__Run run = RLORCH__V1__RUN__INIT;
+  run.id = "r-17";
+  run.spec = &spec;
+  run.steps_done = 9;
+  run.message = "ok";
+  grpc_byte_buffer *bb = rpc__encode(&run.base);
+  cr_assert_eq(grpc_byte_buffer_length(bb), protobuf_c_message_get_packed_size(&run.base));
+  Rlorch__V1__Run *back = (Rlorch__V1__Run *)rpc__decode(bb, &rlorch__v1__run__descriptor);
+  cr_assert_not_null(back);
+  cr_assert_str_eq(back->id, "r-17");
+  cr_assert_str_eq(back->message, "ok");
+  cr_assert_eq(back->steps_done, 9);
+  cr_assert_not_null(back->spec);
+  cr_assert_str_eq(back->spec->name, "run-a");
+  cr_assert_str_eq(back->spec->preset, "1b");
+  cr_assert_eq(back->spec->steps, 42);
+  cr_assert_eq(back->spec->staging_budget_bytes, 1ull << 33);
+  protobuf_c_message_free_unpacked(&back->base, NULL);
+  grpc_byte_buffer_destroy(bb);
+  grpc_shutdown_blocking();
+}
+
+Test(rpc_codec, garbage_does_not_decode) {
+  grpc_init();
+  static const uint8_t bad[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+  grpc_slice sl = grpc_slice_from_copied_buffer((const char *)bad, sizeof bad);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+  grpc_slice_unref(sl);
+  cr_assert_null(rpc__decode(bb, &rlorch__v1__run_spec__descriptor));
+  grpc_byte_buffer_destroy(bb);
+  /* A length-delimited field that claims more bytes than there are. */
+  static const uint8_t trunc[] = {0x0a, 0x40, 'a', 'b'};
+  sl = grpc_slice_from_copied_buffer((const char *)trunc, sizeof trunc);
+  bb = grpc_raw_byte_buffer_create(&sl, 1);
+  grpc_slice_unref(sl);
+  cr_assert_null(rpc__decode(bb, &rlorch__v1__run_spec__descriptor));
+  grpc_byte_buffer_destroy(bb);
+  cr_assert_null(rpc__decode(NULL, &rlorch__v1__run_spec__descriptor));
+  grpc_shutdown_blocking();
+}
+
+#define M(name, kind) \
+  { name, kind, &rlorch__v1__get_run_request__descriptor, &rlorch__v1__run__descriptor, 0, noop_handler, NULL }
+
+Test(rpc_table, lookup_finds_exact_names_only) {
+  rpc_method ms[] = {M("/rlorch.v1.Control/StopRun", RPC_UNARY),
+                     M("/rlorch.v1.Control/GetRun", RPC_UNARY),
+                     M("/rlorch.v1.Control/WatchRun", RPC_SERVER_STREAM),
+                     M("/rlorch.v1.Control/Get", RPC_UNARY)};
+  rpc__table t;
+  char err[256];
+  cr_assert_eq(rpc__table_init(&t, ms, 4, err, sizeof err), 0, "%s", err);
+  const char *n = "/rlorch.v1.Control/GetRun";
+  rpc__entry *e = rpc__table_find(&t, n, strlen(n));
+  cr_assert_not_null(e);
+  cr_assert_str_eq(e->m.name, n);
+  e = rpc__table_find(&t, "/rlorch.v1.Control/Get", 22);
+  cr_assert_not_null(e);
+  cr_assert_str_eq(e->m.name, "/rlorch.v1.Control/Get");
+  /* A prefix of a longer name, and a name not NUL-terminated at len. */
+  cr_assert_not_null(rpc__table_find(&t, "/rlorch.v1.Control/GetRunXYZ", 25));
+  cr_assert_null(rpc__table_find(&t, "/rlorch.v1.Control/GetRu", 24));
+  cr_assert_null(rpc__table_find(&t, "/rlorch.v1.Control/GetRuns", 26));
+  cr_assert_null(rpc__table_find(&t, "", 0));
+  e = rpc__table_find(&t, "/rlorch.v1.Control/WatchRun", 27);
+  cr_assert_not_null(e);
+  cr_assert_eq(e->m.kind, RPC_SERVER_STREAM);
+  rpc__table_free(&t);
+}
+
+Test(rpc_table, rejects_duplicates_and_bad_names) {
+  rpc__table t;
+  char err[256];
+  rpc_method dup[] = {M("/a.B/C", RPC_UNARY), M("/a.B/C", RPC_UNARY)};
+  cr_assert_eq(rpc__table_init(&t, dup, 2, err, sizeof err), -1);
+  cr_assert(strstr(err, "/a.B/C") && strstr(err, "twice"), "%s", err);
+  rpc_method bad[] = {M("a.B/C", RPC_UNARY)};
+  cr_assert_eq(rpc__table_init(&t, bad, 1, err, sizeof err), -1);
+  cr_assert(strstr(err, "a.B/C"), "%s", err);
+  rpc_method nohandler[] = {M("/a.B/C", RPC_UNARY)};
+  nohandler[0].handler = NULL;
+  cr_assert_eq(rpc__table_init(&t, nohandler, 1, err, sizeof err), -1);
+  rpc_method badkind[] = {M("/a.B/C", 7)};
+  cr_assert_eq(rpc__table_init(&t, badkind, 1, err, sizeof err), -1);
+}
+
+Test(rpc_status, names_follow_grpc) {
+  cr_assert_str_eq(rpc_status_name(GRPC_STATUS_OK), "OK");
+  cr_assert_str_eq(rpc_status_name(GRPC_STATUS_NOT_FOUND), "NOT_FOUND");
+  cr_assert_str_eq(rpc_status_name(GRPC_STATUS_INVALID_ARGUMENT), "INVALID_ARGUMENT");
+  cr_assert_str_eq(rpc_status_name(GRPC_STATUS_RESOURCE_EXHAUSTED), "RESOURCE_EXHAUSTED");
+  cr_assert_str_eq(rpc_status_name(GRPC_STATUS_FAILED_PRECONDITION), "FAILED_PRECONDITION");
+  cr_assert_str_eq(rpc_status_name(GRPC_STATUS_UNIMPLEMENTED), "UNIMPLEMENTED");
+  cr_assert_str_eq(rpc_status_name(GRPC_STATUS_UNAVAILABLE), "UNAVAILABLE");
+  cr_assert_str_eq(rpc_status_name(GRPC_STATUS_UNAUTHENTICATED), "UNAUTHENTICATED");
+  cr_assert_str_eq(rpc_status_name(GRPC_STATUS_DEADLINE_EXCEEDED), "DEADLINE_EXCEEDED");
+  cr_assert_str_eq(rpc_status_name((grpc_status_code)17), "INVALID_STATUS");
+  cr_assert_str_eq(rpc_status_name((grpc_status_code)-1), "INVALID_STATUS");
+}
+
+Test(rpc_auth, bearer_check) {
+  const char *ok = "Bearer s3cret";
+  cr_assert_eq(rpc__check_bearer(ok, strlen(ok), "s3cret"), 0);
+  const char *lower = "bearer s3cret";
+  cr_assert_eq(rpc__check_bearer(lower, strlen(lower), "s3cret"), 0);
+  const char *bad[] = {"Bearer s3cre", "Bearer s3cret!", "Bearer S3cret", "s3cret", "Bearer ", "",
+                       "Basic s3cret"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    cr_assert_eq(rpc__check_bearer(bad[i], strlen(bad[i]), "s3cret"), -1, "%s", bad[i]);
+  /* An empty configured token never matches. */
+  cr_assert_eq(rpc__check_bearer("Bearer ", 7, ""), -1);
+}
