@@ -9,9 +9,10 @@ static int not_yet(const char *name) {
   return 2;
 }
 
-int cmd_serve(int argc, char **argv) { (void)argc; (void)argv; return not_yet("serve"); }
-int cmd_ctl(int argc, char **argv) { (void)argc; (void)argv; return not_yet("ctl"); }
+
+
 int cmd_trainer(int argc, char **argv) { (void)argc; (void)argv; return not_yet("trainer"); }
 int cmd_inference(int argc, char **argv) { (void)argc; (void)argv; return not_yet("inference"); }
-int cmd_run(int argc, char **argv) { (void)argc; (void)argv; return not_yet("run"); }
 
+
+int cmd_serve(int argc, char **argv) { (void)argc; (void)argv; return not_yet("serve"); }

@@ -1,0 +1,109 @@
+#include "orchestrator/ctl_format.h"
+
+#include <inttypes.h>
+#include <time.h>
+
+#include "orchestrator/pbjson.h"
+
+const char *ctl_enum(const ProtobufCEnumDescriptor *d, int v, char *buf, size_t len) {
+  return pbjson_enum_short(d, v, buf, len);
+}
+
+const char *ctl_bytes(uint64_t b, char *buf, size_t len) {
+  if (b >= 1000000000ull) snprintf(buf, len, "%.2f GB", (double)b / 1e9);
+  else if (b >= 1000000ull) snprintf(buf, len, "%.1f MB", (double)b / 1e6);
+  else if (b >= 1000ull) snprintf(buf, len, "%.1f kB", (double)b / 1e3);
+  else snprintf(buf, len, "%" PRIu64 " B", b);
+  return buf;
+}
+
+static const char *when(int64_t ms, char *buf, size_t len) {
+  time_t t = (time_t)(ms / 1000);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void ctl_print_runs(FILE *f, const Rlorch__V1__Run *const *runs, size_t n) {
+  fprintf(f, "%-12s %-16s %-10s %-7s %-6s %8s %8s %-20s %s\n", "ID", "NAME", "STATE", "POLICY",
+          "PRESET", "STEPS", "VERSION", "CREATED", "MESSAGE");
+  for (size_t i = 0; i < n; i++) {
+    const Rlorch__V1__Run *r = runs[i];
+    char s[32], p[32], c[32], steps[32];
+    const Rlorch__V1__RunSpec *spec = r->spec;
+    if (spec && spec->steps)
+      snprintf(steps, sizeof steps, "%" PRIu64 "/%u", r->steps_done, spec->steps);
+    else
+      snprintf(steps, sizeof steps, "%" PRIu64, r->steps_done);
+    fprintf(f, "%-12s %-16s %-10s %-7s %-6s %8s %8" PRIu64 " %-20s %s\n", r->id,
+            spec && spec->name[0] ? spec->name : "-",
+            ctl_enum(&rlorch__v1__run_state__descriptor, r->state, s, sizeof s),
+            ctl_enum(&rlorch__v1__broadcast_mode__descriptor, r->policy, p, sizeof p),
+            spec && spec->preset[0] ? spec->preset : "-", steps, r->policy_version,
+            when(r->created_unix_ms, c, sizeof c), r->message);
+  }
+}
+
+void ctl_print_workers(FILE *f, const Rlorch__V1__WorkerInfo *const *w, size_t n) {
+  fprintf(f, "%-12s %-9s %-10s %-18s %-10s %7s %5s %-8s %-8s %s\n", "ID", "ROLE", "STATE", "NAME",
+          "RUN", "VERSION", "GPUS", "CUDA", "NCCL", "DATA");
+  for (size_t i = 0; i < n; i++) {
+    char r[32], s[32];
+    const Rlorch__V1__Capabilities *c = w[i]->capabilities;
+    fprintf(f, "%-12s %-9s %-10s %-18s %-10s %7" PRIu64 " %5u %-8s %-8s %s\n", w[i]->id,
+            ctl_enum(&rlorch__v1__worker_role__descriptor, w[i]->role, r, sizeof r),
+            ctl_enum(&rlorch__v1__worker_state__descriptor, w[i]->state, s, sizeof s), w[i]->name,
+            w[i]->run_id[0] ? w[i]->run_id : "-", w[i]->policy_version, c ? c->cuda_devices : 0,
+            c && c->cuda_version[0] ? c->cuda_version : "-",
+            c && c->nccl_version[0] ? c->nccl_version : "-",
+            w[i]->data_address[0] ? w[i]->data_address : "-");
+  }
+}
+
+void ctl_print_step_header(FILE *f) {
+  fprintf(f, "%5s %5s %7s %8s %-7s %10s %9s %9s %9s %8s %7s\n", "STEP", "USED", "DROPPED",
+          "TRAIN_S", "MODE", "BYTES", "STAGING_S", "WIRE_S", "TOTAL_S", "GB/S", "STAGE%");
+}
+
+void ctl_print_step(FILE *f, const Rlorch__V1__StepRecord *s) {
+  char m[32], b[32];
+  fprintf(f, "%5" PRIu64 " %5u %7u %8.3f %-7s %10s %9.4f %9.4f %9.4f %8.2f %6.1f%%\n", s->step,
+          s->rollouts_used, s->rollouts_dropped, s->train_seconds,
+          ctl_enum(&rlorch__v1__broadcast_mode__descriptor, s->mode, m, sizeof m),
+          ctl_bytes(s->wire_bytes, b, sizeof b), s->exposed_staging_seconds, s->wire_seconds,
+          s->total_seconds, s->gbps, 100.0 * s->staging_share);
+}
+
+void ctl_print_event(FILE *f, const Rlorch__V1__RunEvent *e, int *header_done) {
+  char a[32], b[32];
+  switch (e->event_case) {
+  case RLORCH__V1__RUN_EVENT__EVENT_STEP:
+    if (!*header_done) {
+      ctl_print_step_header(f);
+      *header_done = 1;
+    }
+    ctl_print_step(f, e->step);
+    break;
+  case RLORCH__V1__RUN_EVENT__EVENT_WORKER:
+    if (e->worker->worker)
+      fprintf(f, "# worker %s (%s) %s\n", e->worker->worker->name,
+              ctl_enum(&rlorch__v1__worker_role__descriptor, e->worker->worker->role, a, sizeof a),
+              ctl_enum(&rlorch__v1__worker_state__descriptor, e->worker->worker->state, b,
+                       sizeof b));
+    break;
+  case RLORCH__V1__RUN_EVENT__EVENT_BROADCAST:
+    fprintf(f, "# broadcast %s %s %s%s%s\n", e->broadcast->plan_id,
+            ctl_enum(&rlorch__v1__broadcast_event__phase__descriptor, e->broadcast->phase, a,
+                     sizeof a),
+            ctl_enum(&rlorch__v1__broadcast_mode__descriptor, e->broadcast->mode, b, sizeof b),
+            e->broadcast->reason[0] ? ": " : "", e->broadcast->reason);
+    break;
+  case RLORCH__V1__RUN_EVENT__EVENT_RUN:
+    fprintf(f, "# run %s %s%s%s\n", e->run->id,
+            ctl_enum(&rlorch__v1__run_state__descriptor, e->run->state, a, sizeof a),
+            e->run->message[0] ? ": " : "", e->run->message);
+    break;
+  default: break;
+  }
+}

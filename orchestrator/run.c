@@ -1,0 +1,600 @@
+/* `rlorch run`: the whole loop on one machine. Starts `rlorch serve`, one
+ * trainer and N inference workers as child processes on loopback, starts a
+ * run, prints one line per step from WatchRun, ends with a summary, and stops
+ * every process cleanly (also on Ctrl-C). */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "orchestrator/commands.h"
+#include "orchestrator/config.h"
+#include "orchestrator/ctl_format.h"
+#include "orchestrator/pbjson.h"
+#include "rlorch/v1/control.pb-c.h"
+#include "rpc/rpc.h"
+#include "workers/bcast/bcast.h"
+#include "workers/bcast/bcast_preset.h"
+
+extern char **environ;
+
+#define MAX_CHILDREN 66
+#define MAX_INFERENCE 64
+
+typedef struct child {
+  pid_t pid;
+  char name[32];
+  int exited, status;
+} child;
+
+typedef struct run_opts {
+  uint32_t steps, inference, max_async, rollouts_per_step;
+  const char *preset, *offload, *policy, *listen, *metrics_listen, *data_dir, *log_level;
+  int json;
+} run_opts;
+
+typedef struct run_ctx {
+  run_opts o;
+  char exe[PATH_MAX];
+  char grpc_addr[128], metrics_addr[128], log_dir[PATH_MAX];
+  child kids[MAX_CHILDREN];
+  size_t nkids;
+  pthread_mutex_t mu;
+  int interrupted;   /* Ctrl-C or SIGTERM */
+  char child_failed[160];
+  rpc_client *client;
+  char run_id[64];
+  Rlorch__V1__StepRecord **steps;
+  size_t nsteps, capsteps;
+  Rlorch__V1__RunState final_state;
+  char final_message[256];
+  int header_done;
+} run_ctx;
+
+static int usage(FILE *f) {
+  fprintf(f,
+          "usage: rlorch run [--steps N] [--preset P] [--inference-workers N]\n"
+          "                  [--offload none|params|params+optimizer] [--max-async-level N]\n"
+          "                  [--policy auto|direct|staged|host] [--rollouts-per-step N]\n"
+          "                  [--listen ADDR] [--metrics-listen ADDR] [--data-dir DIR]\n"
+          "                  [--log-level LEVEL] [--json]\n\n"
+          "Starts the orchestrator, 1 trainer and N inference workers on this machine,\n"
+          "runs N steps and prints one line per step. Defaults: 5 steps, preset 100m,\n"
+          "2 inference workers, offload params, policy auto, loopback ports picked\n"
+          "at random, data under ./rlorch-run.\n");
+  return f == stdout ? 0 : 2;
+}
+
+static int parse_u32(const char *flag, const char *s, uint32_t max, uint32_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || *end || !*s || s[0] == '-' || v > max) {
+    fprintf(stderr, "rlorch run: %s: want an integer from 0 to %u, got '%s'\n", flag, max, s);
+    return -1;
+  }
+  *out = (uint32_t)v;
+  return 0;
+}
+
+/* A free loopback port: bind to 0, read it back, close. */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+static int resolve_addr(const char *flag, const char *in, char *out, size_t len) {
+  char host[64];
+  int port;
+  if (config_parse_addr(in, host, sizeof host, &port) != 0) {
+    fprintf(stderr, "rlorch run: %s: invalid address '%s' (want HOST:PORT)\n", flag, in);
+    return -1;
+  }
+  if (port == 0 && (port = free_port()) < 0) {
+    fprintf(stderr, "rlorch run: %s: no free port: %s\n", flag, strerror(errno));
+    return -1;
+  }
+  snprintf(out, len, "%s:%d", host[0] ? host : "127.0.0.1", port);
+  return 0;
+}
+
+static int mkdirs(const char *path) {
+  char tmp[PATH_MAX];
+  snprintf(tmp, sizeof tmp, "%s", path);
+  for (char *p = tmp + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    *p = '/';
+  }
+  return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Children get their own process group, so a terminal Ctrl-C reaches only this
+ * process, which then stops them in order: run first, workers, orchestrator. */
+static int spawn(run_ctx *c, const char *name, char *const argv[]) {
+  char logpath[PATH_MAX + 64];
+  snprintf(logpath, sizeof logpath, "%s/%s.log", c->log_dir, name);
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t at;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, logpath, O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawnattr_init(&at);
+  sigset_t none, dfl;
+  sigemptyset(&none);
+  sigemptyset(&dfl);
+  sigaddset(&dfl, SIGINT);
+  sigaddset(&dfl, SIGTERM);
+  sigaddset(&dfl, SIGCHLD);
+  sigaddset(&dfl, SIGPIPE);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setsigdefault(&at, &dfl);
+  posix_spawnattr_setpgroup(&at, 0);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                    POSIX_SPAWN_SETPGROUP);
+  pid_t pid;
+  int rc = posix_spawn(&pid, c->exe, &fa, &at, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  if (rc != 0) {
+    fprintf(stderr, "rlorch run: cannot start %s: %s\n", name, strerror(rc));
+    return -1;
+  }
+  pthread_mutex_lock(&c->mu);
+  child *k = &c->kids[c->nkids++];
+  k->pid = pid;
+  snprintf(k->name, sizeof k->name, "%s", name);
+  k->exited = 0;
+  pthread_mutex_unlock(&c->mu);
+  return 0;
+}
+
+/* Reaps exited children; an exit before we asked for it is a failure of the run. */
+static void reap(run_ctx *c, int expected) {
+  int status;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->nkids; i++) {
+      if (c->kids[i].pid != pid) continue;
+      c->kids[i].exited = 1;
+      c->kids[i].status = status;
+      if (!expected && !c->child_failed[0])
+        snprintf(c->child_failed, sizeof c->child_failed, "%s exited unexpectedly (%s %d)",
+                 c->kids[i].name, WIFEXITED(status) ? "status" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    }
+    pthread_mutex_unlock(&c->mu);
+  }
+}
+
+static void *signal_thread(void *arg) {
+  run_ctx *c = arg;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGCHLD);
+  sigaddset(&set, SIGUSR1);
+  for (;;) {
+    int sig;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (sig == SIGUSR1) return NULL; /* main thread is done */
+    if (sig == SIGCHLD) {
+      pthread_mutex_lock(&c->mu);
+      int quiet = c->interrupted;
+      pthread_mutex_unlock(&c->mu);
+      reap(c, quiet);
+      pthread_mutex_lock(&c->mu);
+      int failed = c->child_failed[0] != 0;
+      pthread_mutex_unlock(&c->mu);
+      if (failed && c->client) rpc_client_cancel_streams(c->client);
+      continue;
+    }
+    pthread_mutex_lock(&c->mu);
+    int again = c->interrupted++;
+    pthread_mutex_unlock(&c->mu);
+    fprintf(stderr, "\nrlorch run: %s, stopping%s\n", sig == SIGINT ? "interrupted" : "terminated",
+            again ? " (again: stopping harder)" : "");
+    if (c->client) rpc_client_cancel_streams(c->client);
+  }
+}
+
+static int wait_serving(run_ctx *c) {
+  Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  req.service = "";
+  for (int i = 0; i < 200; i++) {
+    pthread_mutex_lock(&c->mu);
+    int stop = c->interrupted || c->child_failed[0];
+    pthread_mutex_unlock(&c->mu);
+    if (stop) return -1;
+    ProtobufCMessage *resp = NULL;
+    rpc_status st;
+    if (rpc_client_call(c->client, "/grpc.health.v1.Health/Check", &req.base,
+                        &grpc__health__v1__health_check_response__descriptor, 1.0, &resp,
+                        &st) == GRPC_STATUS_OK) {
+      int ok = ((Grpc__Health__V1__HealthCheckResponse *)resp)->status ==
+               GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+      protobuf_c_message_free_unpacked(resp, NULL);
+      if (ok) return 0;
+    }
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  snprintf(c->child_failed, sizeof c->child_failed, "orchestrator not serving after 20 s");
+  return -1;
+}
+
+static int on_event(ProtobufCMessage *m, void *ud) {
+  run_ctx *c = ud;
+  const Rlorch__V1__RunEvent *e = (const Rlorch__V1__RunEvent *)m;
+  if (c->o.json) {
+    pbjson_write(stdout, m);
+    fputc('\n', stdout);
+  }
+  if (e->event_case == RLORCH__V1__RUN_EVENT__EVENT_STEP) {
+    if (!c->o.json) ctl_print_event(stdout, e, &c->header_done);
+    if (c->nsteps == c->capsteps) {
+      size_t cap = c->capsteps ? 2 * c->capsteps : 64;
+      void *p = realloc(c->steps, cap * sizeof *c->steps);
+      if (!p) return 1;
+      c->steps = p;
+      c->capsteps = cap;
+    }
+    c->steps[c->nsteps++] = e->step;
+    ((Rlorch__V1__RunEvent *)e)->step = NULL;
+    ((Rlorch__V1__RunEvent *)e)->event_case = RLORCH__V1__RUN_EVENT__EVENT__NOT_SET;
+  } else if (e->event_case == RLORCH__V1__RUN_EVENT__EVENT_RUN) {
+    c->final_state = e->run->state;
+    snprintf(c->final_message, sizeof c->final_message, "%s", e->run->message);
+    if (!c->o.json && e->run->state != RLORCH__V1__RUN_STATE__RUN_STATE_RUNNING &&
+        e->run->state != RLORCH__V1__RUN_STATE__RUN_STATE_PENDING)
+      ctl_print_event(stdout, e, &c->header_done);
+  } else if (e->event_case == RLORCH__V1__RUN_EVENT__EVENT_BROADCAST && !c->o.json &&
+             e->broadcast->phase == RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_ABORTED) {
+    ctl_print_event(stdout, e, &c->header_done);
+  } else if (e->event_case == RLORCH__V1__RUN_EVENT__EVENT_WORKER && !c->o.json && e->worker->worker &&
+             e->worker->worker->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) {
+    ctl_print_event(stdout, e, &c->header_done);
+  }
+  fflush(stdout);
+  protobuf_c_message_free_unpacked(m, NULL);
+  return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void summary(run_ctx *c) {
+  size_t n = c->nsteps;
+  char st[32], mode[32], b[32];
+  printf("\nsummary: run %s %s%s%s\n", c->run_id,
+         ctl_enum(&rlorch__v1__run_state__descriptor, c->final_state, st, sizeof st),
+         c->final_message[0] ? ": " : "", c->final_message);
+  if (n == 0) {
+    printf("  no step completed\n");
+    return;
+  }
+  double train = 0, bcast = 0, exposed = 0, wire = 0, h2d = 0, cast = 0, stepw = 0, gbps = 0;
+  uint64_t used = 0, dropped = 0, bytes = 0, pcie = 0;
+  size_t verified = 0;
+  double *tot = malloc(n * sizeof *tot);
+  for (size_t i = 0; i < n; i++) {
+    const Rlorch__V1__StepRecord *s = c->steps[i];
+    train += s->train_seconds, bcast += s->total_seconds, exposed += s->exposed_staging_seconds;
+    wire += s->wire_seconds, h2d += s->h2d_seconds, cast += s->cast_seconds;
+    stepw += s->step_seconds, gbps += s->gbps;
+    used += s->rollouts_used, dropped += s->rollouts_dropped;
+    bytes += s->wire_bytes, pcie += s->pcie_bytes;
+    verified += s->weights_verified != 0;
+    if (tot) tot[i] = s->total_seconds;
+  }
+  double p50 = 0, mx = 0;
+  if (tot) {
+    qsort(tot, n, sizeof *tot, cmp_double);
+    p50 = tot[n / 2];
+    mx = tot[n - 1];
+    free(tot);
+  }
+  const Rlorch__V1__StepRecord *last = c->steps[n - 1];
+  printf("  %-28s %zu\n", "steps", n);
+  printf("  %-28s %s via %s (%s)\n", "broadcast mode",
+         ctl_enum(&rlorch__v1__broadcast_mode__descriptor, last->mode, mode, sizeof mode),
+         last->transport, last->mode_reason);
+  printf("  %-28s %" PRIu64 " used, %" PRIu64 " dropped as stale\n", "rollouts", used, dropped);
+  printf("  %-28s %.4f s\n", "train step (mean)", train / (double)n);
+  printf("  %-28s mean %.4f s, p50 %.4f s, max %.4f s\n", "broadcast", bcast / (double)n, p50,
+         mx);
+  printf("  %-28s h2d %.4f s, cast %.4f s, wire %.4f s\n", "stages (mean)", h2d / (double)n,
+         cast / (double)n, wire / (double)n);
+  printf("  %-28s %.4f s (%.1f%% of the step)\n", "exposed staging (mean)", exposed / (double)n,
+         stepw > 0 ? 100.0 * exposed / stepw : 0.0);
+  printf("  %-28s %s on the wire, %s over PCIe per step\n", "bytes",
+         ctl_bytes(bytes / n, b, sizeof b), ctl_bytes(pcie / n, st, sizeof st));
+  printf("  %-28s %.2f GB/s\n", "throughput (mean)", gbps / (double)n);
+  printf("  %-28s %zu of %zu steps\n", "receivers verified", verified, n);
+  printf("  %-28s %" PRIu64 "\n", "policy version", last->policy_version);
+}
+
+static void stop_children(run_ctx *c) {
+  pthread_mutex_lock(&c->mu);
+  c->interrupted++;
+  pthread_mutex_unlock(&c->mu);
+  /* Workers first (index 1..), then the orchestrator (index 0). */
+  for (int pass = 0; pass < 2; pass++) {
+    for (size_t i = 0; i < c->nkids; i++) {
+      int is_serve = i == 0;
+      if ((pass == 0) == is_serve || c->kids[i].exited) continue;
+      kill(c->kids[i].pid, SIGTERM);
+    }
+    for (int t = 0; t < 100; t++) {
+      int left = 0;
+      reap(c, 1);
+      pthread_mutex_lock(&c->mu);
+      for (size_t i = 0; i < c->nkids; i++)
+        if (((pass == 0) != (i == 0)) && !c->kids[i].exited) left++;
+      pthread_mutex_unlock(&c->mu);
+      if (!left) break;
+      struct timespec ts = {0, 100 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+    for (size_t i = 0; i < c->nkids; i++) {
+      if (((pass == 0) != (i == 0)) && !c->kids[i].exited) {
+        fprintf(stderr, "rlorch run: %s did not stop in 10 s, killing it\n", c->kids[i].name);
+        kill(c->kids[i].pid, SIGKILL);
+        waitpid(c->kids[i].pid, &c->kids[i].status, 0);
+        c->kids[i].exited = 1;
+      }
+    }
+  }
+  for (size_t i = 0; i < c->nkids; i++) {
+    int s = c->kids[i].status;
+    if (WIFEXITED(s) && WEXITSTATUS(s) == 0) continue;
+    fprintf(stderr, "rlorch run: %s ended with %s %d (log: %s/%s.log)\n", c->kids[i].name,
+            WIFEXITED(s) ? "status" : "signal", WIFEXITED(s) ? WEXITSTATUS(s) : WTERMSIG(s),
+            c->log_dir, c->kids[i].name);
+  }
+}
+
+static int start_processes(run_ctx *c) {
+  const run_opts *o = &c->o;
+  char *serve_argv[] = {c->exe, "serve", "--listen", c->grpc_addr, "--metrics-listen",
+                        c->metrics_addr, "--data-dir", (char *)o->data_dir, "--log-level",
+                        (char *)o->log_level, NULL};
+  if (spawn(c, "serve", serve_argv) != 0) return -1;
+  if (wait_serving(c) != 0) return -1;
+  char *tr_argv[] = {c->exe, "trainer", "--orchestrator", c->grpc_addr, "--preset",
+                     (char *)o->preset, "--offload", (char *)o->offload, "--name", "trainer-0",
+                     "--log-level", (char *)o->log_level, NULL};
+  if (spawn(c, "trainer-0", tr_argv) != 0) return -1;
+  for (uint32_t i = 0; i < o->inference; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "inference-%u", i);
+    char *in_argv[] = {c->exe, "inference", "--orchestrator", c->grpc_addr, "--name", name,
+                       "--log-level", (char *)o->log_level, NULL};
+    if (spawn(c, name, in_argv) != 0) return -1;
+  }
+  return 0;
+}
+
+static int start_and_watch(run_ctx *c) {
+  Rlorch__V1__RunSpec spec = RLORCH__V1__RUN_SPEC__INIT;
+  int e;
+  spec.name = "rlorch-run";
+  spec.preset = (char *)c->o.preset;
+  spec.steps = c->o.steps;
+  spec.max_async_level = c->o.max_async;
+  spec.rollouts_per_step = c->o.rollouts_per_step;
+  pbjson_enum_parse(&rlorch__v1__broadcast_mode__descriptor, c->o.policy, &e);
+  spec.policy = (Rlorch__V1__BroadcastMode)e;
+  pbjson_enum_parse(&rlorch__v1__offload__descriptor, c->o.offload, &e);
+  spec.offload = (Rlorch__V1__Offload)e;
+  ProtobufCMessage *resp = NULL;
+  rpc_status st;
+  if (rpc_client_call(c->client, "/rlorch.v1.Control/StartRun", &spec.base,
+                      &rlorch__v1__run__descriptor, 10.0, &resp, &st) != GRPC_STATUS_OK) {
+    fprintf(stderr, "rlorch run: StartRun: %s: %s\n", rpc_status_name(st.code), st.message);
+    return -1;
+  }
+  snprintf(c->run_id, sizeof c->run_id, "%s", ((Rlorch__V1__Run *)resp)->id);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  Rlorch__V1__WatchRunRequest wr = RLORCH__V1__WATCH_RUN_REQUEST__INIT;
+  wr.run_id = c->run_id;
+  wr.from_step = -1;
+  grpc_status_code code = rpc_client_stream(c->client, "/rlorch.v1.Control/WatchRun", &wr.base,
+                                            &rlorch__v1__run_event__descriptor, 0, on_event, c,
+                                            &st);
+  if (code != GRPC_STATUS_OK && code != GRPC_STATUS_CANCELLED)
+    fprintf(stderr, "rlorch run: WatchRun: %s: %s\n", rpc_status_name(st.code), st.message);
+  return 0;
+}
+
+static void stop_run(run_ctx *c) {
+  if (!c->run_id[0] || c->final_state == RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED ||
+      c->final_state == RLORCH__V1__RUN_STATE__RUN_STATE_FAILED ||
+      c->final_state == RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED)
+    return;
+  Rlorch__V1__StopRunRequest req = RLORCH__V1__STOP_RUN_REQUEST__INIT;
+  req.run_id = c->run_id;
+  req.reason = c->child_failed[0] ? c->child_failed : "interrupted";
+  ProtobufCMessage *resp = NULL;
+  rpc_status st;
+  if (rpc_client_call(c->client, "/rlorch.v1.Control/StopRun", &req.base,
+                      &rlorch__v1__run__descriptor, 5.0, &resp, &st) == GRPC_STATUS_OK) {
+    Rlorch__V1__Run *r = (Rlorch__V1__Run *)resp;
+    c->final_state = r->state;
+    snprintf(c->final_message, sizeof c->final_message, "%s", r->message);
+    protobuf_c_message_free_unpacked(resp, NULL);
+  }
+}
+
+int cmd_run(int argc, char **argv) {
+  run_ctx *c = calloc(1, sizeof *c);
+  if (!c) return 1;
+  c->o = (run_opts){.steps = 5, .inference = 2, .max_async = 1, .rollouts_per_step = 8,
+                    .preset = "100m", .offload = "params", .policy = "auto",
+                    .listen = "127.0.0.1:0", .metrics_listen = "127.0.0.1:0",
+                    .data_dir = "rlorch-run", .log_level = "info"};
+  static const struct option opts[] = {
+      {"steps", required_argument, 0, 's'},        {"preset", required_argument, 0, 'p'},
+      {"inference-workers", required_argument, 0, 'i'}, {"offload", required_argument, 0, 'o'},
+      {"max-async-level", required_argument, 0, 'a'}, {"policy", required_argument, 0, 'P'},
+      {"rollouts-per-step", required_argument, 0, 'r'}, {"listen", required_argument, 0, 'l'},
+      {"metrics-listen", required_argument, 0, 'm'}, {"data-dir", required_argument, 0, 'd'},
+      {"log-level", required_argument, 0, 'L'},    {"json", no_argument, 0, 'j'},
+      {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+  int ch, rc = 2, e;
+  optind = 1;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (ch) {
+    case 's': if (parse_u32("--steps", optarg, 1000000, &c->o.steps)) goto out; break;
+    case 'i': if (parse_u32("--inference-workers", optarg, MAX_INFERENCE, &c->o.inference)) goto out; break;
+    case 'a': if (parse_u32("--max-async-level", optarg, 64, &c->o.max_async)) goto out; break;
+    case 'r': if (parse_u32("--rollouts-per-step", optarg, 65536, &c->o.rollouts_per_step)) goto out; break;
+    case 'p': c->o.preset = optarg; break;
+    case 'o': c->o.offload = optarg; break;
+    case 'P': c->o.policy = optarg; break;
+    case 'l': c->o.listen = optarg; break;
+    case 'm': c->o.metrics_listen = optarg; break;
+    case 'd': c->o.data_dir = optarg; break;
+    case 'L': c->o.log_level = optarg; break;
+    case 'j': c->o.json = 1; break;
+    case 'h': rc = usage(stdout); goto out;
+    default: rc = usage(stderr); goto out;
+    }
+  }
+  if (optind != argc) {
+    fprintf(stderr, "rlorch run: unexpected argument '%s'\n", argv[optind]);
+    goto out;
+  }
+  if (c->o.steps == 0) {
+    fprintf(stderr, "rlorch run: --steps: want at least 1\n");
+    goto out;
+  }
+  if (c->o.inference == 0) {
+    fprintf(stderr, "rlorch run: --inference-workers: want at least 1\n");
+    goto out;
+  }
+  if (!bcast_preset_find(c->o.preset)) {
+    fprintf(stderr, "rlorch run: --preset: unknown preset '%s'\n", c->o.preset);
+    goto out;
+  }
+  if (pbjson_enum_parse(&rlorch__v1__offload__descriptor, c->o.offload, &e) != 0) {
+    fprintf(stderr, "rlorch run: --offload: want none, params or params+optimizer\n");
+    goto out;
+  }
+  if (pbjson_enum_parse(&rlorch__v1__broadcast_mode__descriptor, c->o.policy, &e) != 0) {
+    fprintf(stderr, "rlorch run: --policy: want auto, direct, staged or host\n");
+    goto out;
+  }
+  log_level lvl;
+  if (log_level_parse(c->o.log_level, &lvl) != 0) {
+    fprintf(stderr, "rlorch run: --log-level: want debug, info, warn or error\n");
+    goto out;
+  }
+  if (resolve_addr("--listen", c->o.listen, c->grpc_addr, sizeof c->grpc_addr) ||
+      resolve_addr("--metrics-listen", c->o.metrics_listen, c->metrics_addr,
+                   sizeof c->metrics_addr))
+    goto out;
+  snprintf(c->log_dir, sizeof c->log_dir, "%s/logs", c->o.data_dir);
+  if (mkdirs(c->log_dir) != 0) {
+    fprintf(stderr, "rlorch run: --data-dir: cannot create %s: %s\n", c->log_dir,
+            strerror(errno));
+    goto out;
+  }
+  ssize_t n = readlink("/proc/self/exe", c->exe, sizeof c->exe - 1);
+  if (n <= 0) {
+    fprintf(stderr, "rlorch run: cannot find my own executable: %s\n", strerror(errno));
+    rc = 1;
+    goto out;
+  }
+  c->exe[n] = 0;
+  rc = 1;
+  pthread_mutex_init(&c->mu, NULL);
+
+  /* Signals go to one thread only; block them everywhere before threads exist. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGCHLD);
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  pthread_t sig_thr;
+  pthread_create(&sig_thr, NULL, signal_thread, c);
+
+  rpc_client_opts co = {.target = c->grpc_addr};
+  char err[256];
+  if (rpc_client_new(&co, &c->client, err, sizeof err) != 0) {
+    fprintf(stderr, "rlorch run: %s\n", err);
+    goto stop_thread;
+  }
+  bcast_caps caps;
+  bcast_caps_probe(&caps);
+  const bcast_preset *pr = bcast_preset_find(c->o.preset);
+  bcast_preset_opts po = {0};
+  if (!c->o.json) {
+    printf("rlorch run: preset %s (%.0fM parameters), 1 trainer + %u inference workers, "
+           "offload %s, policy %s, %u steps\n",
+           c->o.preset, (double)bcast_preset_params(pr, &po) / 1e6, c->o.inference, c->o.offload,
+           c->o.policy, c->o.steps);
+    if (caps.cuda_devices > 0 && caps.nccl_version[0])
+      printf("transport:  CUDA (%d device%s, %s) and NCCL %s\n", caps.cuda_devices,
+             caps.cuda_devices > 1 ? "s" : "", caps.gpu_name, caps.nccl_version);
+    else
+      printf("transport:  HOST TCP ONLY - %s\n", caps.note[0] ? caps.note : "no GPU");
+    printf("grpc:       %s\nmetrics:    http://%s/metrics\nlogs:       %s/\n\n", c->grpc_addr,
+           c->metrics_addr, c->log_dir);
+    fflush(stdout);
+  }
+  if (start_processes(c) == 0) start_and_watch(c);
+  stop_run(c);
+  if (!c->o.json) summary(c);
+  if (c->child_failed[0]) fprintf(stderr, "rlorch run: %s\n", c->child_failed);
+  pthread_mutex_lock(&c->mu);
+  int user_stop = c->interrupted > 0;
+  pthread_mutex_unlock(&c->mu);
+  stop_children(c);
+  if (c->final_state == RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED && !c->child_failed[0])
+    rc = 0;
+  else if (user_stop)
+    rc = 130;
+  rpc_client_free(c->client);
+stop_thread:
+  pthread_kill(sig_thr, SIGUSR1);
+  pthread_join(sig_thr, NULL);
+  pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+  pthread_mutex_destroy(&c->mu);
+out:
+  for (size_t i = 0; i < c->nsteps; i++) protobuf_c_message_free_unpacked(&c->steps[i]->base, NULL);
+  free(c->steps);
+  free(c);
+  return rc;
+}
