@@ -64,6 +64,8 @@ struct rpc_call {
   int cancelled;    /* RECV_CLOSE_ON_SERVER said so, or a send failed */
   int client_cancelled; /* value written by RECV_CLOSE_ON_SERVER */
   int close_done;
+  int close_started;
+  int close_merged; /* RECV_CLOSE_ON_SERVER started (alone or in the final batch) */
   int ended;        /* final batch started */
   int status_done, status_ok;
   int md_sent;
@@ -307,7 +309,7 @@ static void rpc__maybe_free(rpc_call *c) {
  * any, the status. */
 static int rpc__end(rpc_call *c, grpc_status_code code, const char *msg,
                     grpc_byte_buffer *reply) {
-  grpc_op ops[3];
+  grpc_op ops[4];
   size_t n = 0;
   memset(ops, 0, sizeof ops);
   c->ended = 1;
@@ -329,6 +331,12 @@ static int rpc__end(rpc_call *c, grpc_status_code code, const char *msg,
   ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
   ops[n].data.send_status_from_server.status = code;
   ops[n++].data.send_status_from_server.status_details = &c->status_slice;
+  if (!c->close_started) { /* ended at once: one batch, one hand-off */
+    c->close_started = 1;
+    c->close_merged = 1;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n++].data.recv_close_on_server.cancelled = &c->client_cancelled;
+  }
   if (rpc__batch(c, ops, n, &c->t_status) < 0) {
     c->status_done = 1; /* nothing will complete: behave as if it had */
     rpc__maybe_free(c);
@@ -387,6 +395,30 @@ static void rpc__dispatch(rpc_call *c) {
 
 /* A requested call arrived: re-arm first, so the next client never waits,
  * then watch for cancellation and dispatch. */
+/* Watches for cancellation of a call the handler did not end at once. */
+static void rpc__watch_close(rpc_call *c) {
+  if (c->close_started || c->ended) return;
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->client_cancelled;
+  c->close_started = 1;
+  if (rpc__batch(c, &op, 1, &c->t_close) < 0) c->close_done = 1;
+}
+
+/* The extra pending count keeps the call alive through the handler, which
+ * may end it; the caller runs rpc__maybe_free afterwards. */
+static void rpc__dispatch_guarded(rpc_call *c) {
+  c->pending++;
+  rpc__dispatch(c);
+  rpc__watch_close(c);
+  c->pending--;
+}
+
+/* A requested call arrived. RECV_CLOSE_ON_SERVER is started right after the
+ * handler unless the handler ended the call at once, in which case it rides
+ * in the final batch. Re-arming comes after the handler: it is off the
+ * latency path and enough calls stay requested meanwhile. */
 static void rpc__on_new(rpc_server *s, rpc_call *c, int ok) {
   if (c->e)
     c->e->armed--;
@@ -398,36 +430,32 @@ static void rpc__on_new(rpc_server *s, rpc_call *c, int ok) {
     rpc__check_shutdown(s);
     return;
   }
-  rpc__rearm(s);
   c->t0 = rpc__now();
   c->started = 1;
   rpc__list_add(&s->live, c);
-  if (c->generic) {
+  if (!c->generic) {
+    rpc__dispatch_guarded(c);
+  } else {
     c->deadline = c->details.deadline;
     c->method = grpc_slice_to_c_string(c->details.method);
-  }
-  grpc_op op;
-  memset(&op, 0, sizeof op);
-  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-  op.data.recv_close_on_server.cancelled = &c->client_cancelled;
-  if (rpc__batch(c, &op, 1, &c->t_close) < 0) c->close_done = 1;
-  if (c->generic) {
     c->e = rpc__table_find(&s->table, (const char *)GRPC_SLICE_START_PTR(c->details.method),
                            GRPC_SLICE_LENGTH(c->details.method));
     if (!c->e) {
       rpc__fail_now(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", c->method);
-      return;
+    } else {
+      /* A known method that gRPC did not match (another host): read the
+       * request ourselves. */
+      grpc_op op;
+      memset(&op, 0, sizeof op);
+      op.op = GRPC_OP_RECV_MESSAGE;
+      op.data.recv_message.recv_message = &c->payload;
+      rpc__watch_close(c);
+      if (rpc__batch(c, &op, 1, &c->t_recv) < 0)
+        rpc__fail_now(c, GRPC_STATUS_INTERNAL, "cannot read the request");
     }
-    /* A known method that gRPC did not match (another host): read the
-     * request ourselves. */
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &c->payload;
-    if (rpc__batch(c, &op, 1, &c->t_recv) < 0)
-      rpc__fail_now(c, GRPC_STATUS_INTERNAL, "cannot read the request");
-    return;
   }
-  rpc__dispatch(c);
+  rpc__maybe_free(c);
+  rpc__rearm(s);
 }
 
 static void rpc__pump(rpc_call *c);
@@ -466,7 +494,7 @@ static void rpc__on_event(rpc_server *s, rpc__tag *tag, int ok) {
       rpc__notice_cancel(c);
       if (!c->ended) rpc__fail_now(c, GRPC_STATUS_CANCELLED, "request not received");
     } else if (!c->ended) {
-      rpc__dispatch(c);
+      rpc__dispatch_guarded(c);
     }
     break;
   case RPC__T_CLOSE:
@@ -485,6 +513,7 @@ static void rpc__on_event(rpc_server *s, rpc__tag *tag, int ok) {
     c->pending--;
     c->status_done = 1;
     c->status_ok = ok;
+    if (c->close_merged) c->close_done = 1;
     break;
   case RPC__T_SHUTDOWN:
     s->notified = 1;
