@@ -207,10 +207,12 @@ static void sched__set_worker_state(sched *s, sched_worker_info *w, sched_worker
 static void sched__set_run_state(sched *s, sched_run_state st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void sched__set_run_state(sched *s, sched_run_state st, const char *fmt, ...) {
+  char msg[SCHED_TEXT_MAX]; /* the arguments may point at s->message itself */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(s->message, sizeof s->message, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(s->message, msg, sizeof msg);
   if (s->state == st) return;
   s->state = st;
   sched_action *a = sched__act(s, SCHED_ACT_RUN_STATE);
@@ -798,11 +800,17 @@ static int sched__plan_rank(sched *s, sched__phase want, uint32_t worker, const 
     return sched__fail_arg(s, SCHED_ESTALE, "plan %s: not the pending plan", plan_id);
   if (s->st.phase != want)
     return sched__fail_arg(s, SCHED_ESTATE, "plan %s: not expected in this phase", plan_id);
-  for (size_t i = 0; i < s->st.nparts; i++) {
-    if (s->st.parts[i] == worker) {
-      *rank = i;
-      return SCHED_OK;
-    }
+  /* Rank 0 is the trainer; ranks 1.. are inference workers in id order. */
+  size_t lo = 1, hi = s->st.nparts;
+  if (s->st.parts[0] == worker) lo = hi = 0;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (s->st.parts[mid] < worker) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo < s->st.nparts && s->st.parts[lo] == worker) {
+    *rank = lo;
+    return SCHED_OK;
   }
   return sched__fail_arg(s, SCHED_EINVAL, "worker %s: not a participant of plan %s",
                          sched__name(s, worker), plan_id);
