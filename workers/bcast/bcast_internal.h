@@ -26,6 +26,20 @@ int bcast__cast_level(int level, void *dst, bcast_dtype dst_dtype, const void *s
                       bcast_dtype src_dtype, size_t n);
 int bcast__cast_best_level(void);
 
+/* Absolute monotonic deadline: now + timeout_s, capped by the plan's Unix
+ * deadline when it has one (deadline_unix_ms > 0). */
+double bcast__deadline(double timeout_s, int64_t deadline_unix_ms);
+
+/* Host transport (bcast_host.c): TCP between processes, casts on the CPU.
+ * The root listens on a socket the engine owns and reuses across plans;
+ * receivers connect to plan->host_endpoint once per plan. `map` is the output
+ * of bcast__plan_bind. */
+int bcast__host_listen(const char *addr, int *fd, char *bound, size_t boundlen, bcast_err *err);
+int bcast__host_send(int listen_fd, const bcast_plan *p, const bcast_tensor *local, const uint32_t *map,
+                     double timeout_s, int cast_threads, bcast_stats *stats, bcast_err *err);
+int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
+                     double timeout_s, bcast_stats *stats, bcast_err *err);
+
 /* GPU backend. Without CUDA in the build these return BCAST_ENOTSUP with a message. */
 typedef struct bcast_gpu bcast_gpu;
 void bcast__gpu_probe(bcast_caps *caps); /* fills the CUDA/NCCL fields */

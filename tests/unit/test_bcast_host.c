@@ -1,0 +1,452 @@
+/* Host transport end to end between processes on loopback. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "workers/bcast/bcast.h"
+#include "workers/bcast/bcast_internal.h"
+
+/* ---- a manifest with every dtype pair, several layers, one oversized tensor --- */
+
+typedef struct fixture {
+  bcast_tensor src[6];
+  size_t n;
+} fixture;
+
+static uint32_t rng = 0x9e3779b9u;
+static uint32_t rnd(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 17;
+  rng ^= rng << 5;
+  return rng;
+}
+
+static void add(fixture *f, const char *name, uint32_t layer, bcast_dtype st, bcast_dtype wt, uint64_t d0,
+                uint64_t d1) {
+  bcast_tensor *t = &f->src[f->n++];
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->layer = layer;
+  t->storage_dtype = st;
+  t->wire_dtype = wt;
+  t->ndim = 2;
+  t->shape[0] = d0;
+  t->shape[1] = d1;
+  t->residency = (f->n & 1) ? BCAST_RES_HOST_PAGEABLE : BCAST_RES_HOST_PINNED;
+  uint64_t n = d0 * d1;
+  size_t sz = bcast_dtype_size(st);
+  t->data = malloc(n * sz);
+  for (uint64_t i = 0; i < n; i++) {
+    uint32_t v = rnd();
+    if (st == BCAST_DTYPE_FP32) {
+      if (i % 97 == 0) v = (i & 1) ? 0x7fc12345u : 0xff800001u; /* NaNs */
+      else if (i % 89 == 0) v = 0x00018000u;                  /* subnormal */
+      else v = (v & 0x8fffffffu) | 0x30000000u;               /* mostly finite, near fp16 range */
+      ((uint32_t *)t->data)[i] = v;
+    } else {
+      ((uint16_t *)t->data)[i] = (uint16_t)v;
+    }
+  }
+}
+
+static void fixture_init(fixture *f) {
+  memset(f, 0, sizeof *f);
+  add(f, "embed", 0, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 300, 257); /* larger than the budget */
+  add(f, "l1.attn", 1, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 64, 33);
+  add(f, "l1.experts", 1, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 128, 65);
+  add(f, "l1.router_ids", 1, BCAST_DTYPE_U16, BCAST_DTYPE_U16, 31, 7);
+  add(f, "l2.norm", 2, BCAST_DTYPE_FP32, BCAST_DTYPE_FP16, 5, 999);
+  add(f, "l2.bf", 2, BCAST_DTYPE_BF16, BCAST_DTYPE_BF16, 17, 3);
+}
+
+static void fixture_free(fixture *f) {
+  for (size_t i = 0; i < f->n; i++) free(f->src[i].data);
+}
+
+/* Reference wire bytes of one tensor: scalar casts, element by element. */
+static void *reference(const bcast_tensor *t) {
+  uint64_t n = bcast_tensor_elems(t);
+  uint16_t *w = malloc(n * 2);
+  for (uint64_t i = 0; i < n; i++) {
+    if (t->storage_dtype != BCAST_DTYPE_FP32) {
+      w[i] = ((const uint16_t *)t->data)[i];
+      continue;
+    }
+    float x = ((const float *)t->data)[i];
+    w[i] = t->wire_dtype == BCAST_DTYPE_BF16 ? bcast_f32_to_bf16(x) : bcast_f32_to_f16(x);
+  }
+  return w;
+}
+
+static bcast_plan *make_plan(const fixture *f, uint32_t world, const char *endpoint, uint64_t budget) {
+  bcast_plan_opts o = {.id = "test/step-1", .mode = BCAST_MODE_HOST, .staging_budget = budget,
+                       .world_size = world, .root_rank = 0, .host_endpoint = endpoint};
+  bcast_plan *p = NULL;
+  bcast_err err = {0};
+  cr_assert_eq(bcast_plan_build(f->src, f->n, &o, &p, &err), BCAST_OK, "%s", err.msg);
+  return p;
+}
+
+static bcast_engine *engine(uint32_t rank, const char *listen, double timeout) {
+  bcast_engine_opts o = {.rank = rank, .device = -1, .timeout_s = timeout, .host_listen = listen};
+  bcast_engine *e = NULL;
+  bcast_err err = {0};
+  cr_assert_eq(bcast_engine_new(&o, &e, &err), BCAST_OK, "%s", err.msg);
+  return e;
+}
+
+/* ---- the receiver child ------------------------------------------------------- */
+
+#define CHILD_FAIL(...)                 \
+  do {                                  \
+    fprintf(stderr, "rank %u: ", rank); \
+    fprintf(stderr, __VA_ARGS__);       \
+    fputc('\n', stderr);                \
+    _exit(1);                           \
+  } while (0)
+
+/* Receives the plan, checks every tensor bit for bit against the reference
+ * and every bucket, rebuilt from the tensors, against the reference checksum. */
+static void receiver_child(const fixture *f, const bcast_plan *p, uint32_t rank) {
+  bcast_engine *e = engine(rank, NULL, 20);
+  bcast_tensor dst[6];
+  for (size_t i = 0; i < f->n; i++) {
+    dst[f->n - 1 - i] = f->src[i]; /* other order: matching is by name */
+    dst[f->n - 1 - i].data = calloc(bcast_tensor_elems(&f->src[i]), 2);
+    dst[f->n - 1 - i].residency = BCAST_RES_HOST_PAGEABLE;
+  }
+  bcast_stats st;
+  bcast_err err = {0};
+  int rc = bcast_engine_execute(e, p, dst, f->n, &st, &err);
+  if (rc) CHILD_FAIL("execute: %d %s", rc, err.msg);
+  if (strcmp(st.transport, "host-tcp") || st.nbuckets != p->nbuckets || st.wire_bytes != bcast_plan_wire_bytes(p))
+    CHILD_FAIL("stats: transport %s, %u buckets", st.transport, st.nbuckets);
+  void *ref[6];
+  for (size_t i = 0; i < f->n; i++) {
+    ref[i] = reference(&f->src[i]);
+    if (memcmp(ref[i], dst[f->n - 1 - i].data, bcast_tensor_elems(&f->src[i]) * 2))
+      CHILD_FAIL("tensor %s differs from the reference cast", f->src[i].name);
+  }
+  uint8_t *a = malloc(p->staging_budget), *b = malloc(p->staging_budget);
+  for (size_t k = 0; k < p->nbuckets; k++) {
+    const bcast_bucket *bk = &p->buckets[k];
+    memset(a, 0, bk->bytes);
+    memset(b, 0, bk->bytes);
+    for (size_t s = 0; s < bk->nslices; s++) {
+      const bcast_slice *sl = &bk->slices[s];
+      memcpy(a + sl->bucket_offset, (uint8_t *)ref[sl->tensor] + sl->elem_offset * 2, sl->elem_count * 2);
+      memcpy(b + sl->bucket_offset, (uint8_t *)dst[f->n - 1 - sl->tensor].data + sl->elem_offset * 2,
+             sl->elem_count * 2);
+    }
+    if (bcast_checksum64(a, bk->bytes) != bcast_checksum64(b, bk->bytes)) CHILD_FAIL("bucket %zu checksum", k);
+  }
+  bcast_stats_free(&st);
+  bcast_engine_free(e);
+  _exit(0);
+}
+
+static void wait_children(pid_t *pids, int n) {
+  for (int i = 0; i < n; i++) {
+    int status = 0;
+    cr_assert_eq(waitpid(pids[i], &status, 0), pids[i]);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "receiver %d failed (status %d)", i + 1, status);
+  }
+}
+
+static void run_end_to_end(uint32_t receivers) {
+  fixture f;
+  fixture_init(&f);
+  bcast_engine *root = engine(0, "127.0.0.1:0", 20);
+  const char *addr = bcast_engine_data_address(root);
+  cr_assert_not_null(addr);
+  bcast_plan *p = make_plan(&f, receivers + 1, addr, 64 << 10);
+  cr_assert_geq(p->nbuckets, 4);
+  for (int round = 0; round < 2; round++) { /* the listening socket serves plan after plan */
+    pid_t pids[8];
+    for (uint32_t r = 1; r <= receivers; r++)
+      if ((pids[r - 1] = fork()) == 0) receiver_child(&f, p, r);
+    bcast_stats st;
+    bcast_err err = {0};
+    cr_assert_eq(bcast_engine_execute(root, p, f.src, f.n, &st, &err), BCAST_OK, "%s", err.msg);
+    cr_assert_str_eq(st.transport, "host-tcp");
+    cr_assert_eq(st.mode, BCAST_MODE_HOST);
+    cr_assert_eq(st.nbuckets, p->nbuckets);
+    cr_assert_eq(st.wire_bytes, bcast_plan_wire_bytes(p));
+    cr_assert_gt(st.total_s, 0);
+    cr_assert_geq(st.exposed_s, 0);
+    cr_assert(st.exposed_measured);
+    cr_assert_gt(st.gbps, 0);
+    for (uint32_t k = 0; k < st.nbuckets; k++) cr_assert_eq(st.buckets[k].bucket, k);
+    bcast_stats_free(&st);
+    wait_children(pids, (int)receivers);
+  }
+  bcast_plan_free(p);
+  bcast_engine_free(root);
+  fixture_free(&f);
+}
+
+Test(bcast_host, one_receiver_bit_exact) { run_end_to_end(1); }
+Test(bcast_host, three_receivers_bit_exact) { run_end_to_end(3); }
+
+Test(bcast_host, receiver_with_another_plan_is_refused) {
+  fixture f;
+  fixture_init(&f);
+  bcast_engine *root = engine(0, "127.0.0.1:0", 10);
+  bcast_plan *p = make_plan(&f, 2, bcast_engine_data_address(root), 64 << 10);
+  pid_t pid = fork();
+  if (pid == 0) {
+    uint32_t rank = 1;
+    bcast_plan *q = bcast_plan_dup(p);
+    q->policy_version = 99; /* the receiver believes another version */
+    q->hash = bcast_plan_hash(q);
+    bcast_engine *e = engine(1, NULL, 10);
+    bcast_tensor dst[6];
+    memcpy(dst, f.src, sizeof dst);
+    bcast_err err = {0};
+    int rc = bcast_engine_execute(e, q, dst, f.n, NULL, &err);
+    if (rc != BCAST_EMISMATCH || !strstr(err.msg, "root refused rank 1")) CHILD_FAIL("got %d: %s", rc, err.msg);
+    _exit(0);
+  }
+  bcast_err err = {0};
+  double t0 = bcast__now();
+  cr_assert_eq(bcast_engine_execute(root, p, f.src, f.n, NULL, &err), BCAST_EMISMATCH, "%s", err.msg);
+  cr_assert(strstr(err.msg, "receiver rank 1 holds plan 'test/step-1'"), "%s", err.msg);
+  cr_assert_lt(bcast__now() - t0, 5.0);
+  wait_children(&pid, 1);
+  bcast_plan_free(p);
+  bcast_engine_free(root);
+  fixture_free(&f);
+}
+
+Test(bcast_host, missing_receiver_times_out) {
+  fixture f;
+  fixture_init(&f);
+  bcast_engine *root = engine(0, "127.0.0.1:0", 1.0);
+  bcast_plan *p = make_plan(&f, 3, bcast_engine_data_address(root), 64 << 10);
+  pid_t pid = fork();
+  if (pid == 0) { /* rank 1 comes; rank 2 never does */
+    uint32_t rank = 1;
+    bcast_engine *e = engine(1, NULL, 5);
+    bcast_tensor dst[6];
+    memcpy(dst, f.src, sizeof dst);
+    for (size_t i = 0; i < f.n; i++) dst[i].data = calloc(bcast_tensor_elems(&f.src[i]), 2);
+    bcast_err err = {0};
+    int rc = bcast_engine_execute(e, p, dst, f.n, NULL, &err);
+    if (rc != BCAST_EPEER && rc != BCAST_ETIMEDOUT) CHILD_FAIL("got %d: %s", rc, err.msg);
+    _exit(0);
+  }
+  bcast_err err = {0};
+  double t0 = bcast__now();
+  cr_assert_eq(bcast_engine_execute(root, p, f.src, f.n, NULL, &err), BCAST_ETIMEDOUT, "%s", err.msg);
+  double dt = bcast__now() - t0;
+  cr_assert(strstr(err.msg, "missing rank(s) 2"), "%s", err.msg);
+  cr_assert(dt > 0.9 && dt < 4.0, "took %.2f s", dt);
+  wait_children(&pid, 1);
+  bcast_plan_free(p);
+  bcast_engine_free(root);
+  fixture_free(&f);
+}
+
+Test(bcast_host, receiver_without_root_times_out) {
+  fixture f;
+  fixture_init(&f);
+  bcast_engine *tmp = engine(0, "127.0.0.1:0", 1);
+  char addr[96];
+  snprintf(addr, sizeof addr, "%s", bcast_engine_data_address(tmp));
+  bcast_engine_free(tmp); /* nobody listens there now */
+  bcast_plan *p = make_plan(&f, 2, addr, 64 << 10);
+  bcast_engine *e = engine(1, NULL, 0.5);
+  bcast_tensor dst[6];
+  memcpy(dst, f.src, sizeof dst);
+  bcast_err err = {0};
+  double t0 = bcast__now();
+  cr_assert_eq(bcast_engine_execute(e, p, dst, f.n, NULL, &err), BCAST_ETIMEDOUT, "%s", err.msg);
+  cr_assert_lt(bcast__now() - t0, 3.0);
+  cr_assert(strstr(err.msg, "not reachable"), "%s", err.msg);
+  bcast_engine_free(e);
+  bcast_plan_free(p);
+  fixture_free(&f);
+}
+
+/* ---- raw peers speaking the documented protocol --------------------------------- */
+
+static void put32(uint8_t *b, uint32_t v) {
+  for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *b, uint64_t v) {
+  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+
+static int tcp_connect(const char *addr) {
+  char host[64];
+  snprintf(host, sizeof host, "%s", addr);
+  char *colon = strrchr(host, ':');
+  *colon = 0;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+  inet_pton(AF_INET, host, &sa.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) return -1;
+  return fd;
+}
+
+static int read_full(int fd, void *buf, size_t n) {
+  uint8_t *p = buf;
+  while (n) {
+    ssize_t r = read(fd, p, n);
+    if (r <= 0) return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+Test(bcast_host, receiver_killed_mid_transfer_fails_the_sender_fast) {
+  /* 48 MiB of raw u16 on the wire, far more than the socket buffers hold. */
+  fixture f;
+  memset(&f, 0, sizeof f);
+  add(&f, "ids", 3, BCAST_DTYPE_U16, BCAST_DTYPE_U16, 6144, 4096);
+  bcast_engine *root = engine(0, "127.0.0.1:0", 20);
+  bcast_plan *p = make_plan(&f, 3, bcast_engine_data_address(root), 1 << 20);
+  pid_t pids[2];
+  if ((pids[0] = fork()) == 0) receiver_child(&f, p, 1) /* a healthy receiver */;
+  if ((pids[1] = fork()) == 0) {
+    int fd = tcp_connect(bcast_engine_data_address(root));
+    uint8_t h[24 + 128], buf[1 << 16];
+    size_t idlen = strlen(p->id);
+    put32(h, 0x48424c52u);
+    put32(h + 4, 1);
+    put32(h + 8, 2);
+    put32(h + 12, (uint32_t)idlen);
+    put64(h + 16, p->hash);
+    memcpy(h + 24, p->id, idlen);
+    if (fd < 0 || write(fd, h, 24 + idlen) != (ssize_t)(24 + idlen)) _exit(3);
+    for (int i = 0; i < 40; i++) /* reply, then about 2.5 MiB: a few buckets */
+      if (read_full(fd, buf, sizeof buf)) _exit(4);
+    raise(SIGKILL);
+  }
+  bcast_err err = {0};
+  double t0 = bcast__now();
+  cr_assert_eq(bcast_engine_execute(root, p, f.src, f.n, NULL, &err), BCAST_EPEER, "%s", err.msg);
+  double dt = bcast__now() - t0;
+  cr_assert(strstr(err.msg, "receiver rank 2 closed the connection at bucket"), "%s", err.msg);
+  cr_assert(strstr(err.msg, "(layer 3)"), "%s", err.msg);
+  cr_assert_lt(dt, 5.0, "took %.2f s with a 20 s timeout", dt);
+  int status;
+  waitpid(pids[1], &status, 0);
+  cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  waitpid(pids[0], &status, 0); /* the healthy one sees the root go away: exits 1 */
+  cr_assert(WIFEXITED(status));
+  bcast_plan_free(p);
+  bcast_engine_free(root);
+  fixture_free(&f);
+}
+
+Test(bcast_host, corrupted_bucket_is_refused_by_the_receiver) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  add(&f, "w", 7, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 64, 64);
+  /* A fake root: listens, accepts, sends bucket 0 with a wrong checksum. */
+  int lfd = -1;
+  char addr[96];
+  bcast_err err = {0};
+  cr_assert_eq(bcast__host_listen("127.0.0.1:0", &lfd, addr, sizeof addr, &err), BCAST_OK, "%s", err.msg);
+  bcast_plan *p = make_plan(&f, 2, addr, 64 << 10);
+  pid_t pid = fork();
+  if (pid == 0) {
+    uint32_t rank = 1;
+    bcast_engine *e = engine(1, NULL, 10);
+    bcast_tensor dst = f.src[0];
+    dst.data = calloc(64 * 64, 2);
+    int rc = bcast_engine_execute(e, p, &dst, 1, NULL, &err);
+    if (rc != BCAST_ECHECKSUM || !strstr(err.msg, "bucket 0 (layer 7)")) CHILD_FAIL("got %d: %s", rc, err.msg);
+    _exit(0);
+  }
+  int fl = 0;
+  int fd = -1;
+  for (int i = 0; i < 500 && fd < 0; i++) {
+    fd = accept(lfd, NULL, NULL);
+    if (fd < 0) usleep(10000);
+  }
+  cr_assert_geq(fd, 0);
+  (void)fl;
+  uint8_t hello[24 + 128], msg[12];
+  cr_assert_eq(read_full(fd, hello, 24 + strlen(p->id)), 0);
+  put32(msg, 0x52424c52u);
+  put32(msg + 4, 0);
+  put32(msg + 8, 0);
+  cr_assert_eq(write(fd, msg, 12), 12);
+  uint8_t hdr[24];
+  uint64_t bytes = p->buckets[0].bytes;
+  uint8_t *payload = calloc(1, bytes);
+  put32(hdr, 0x4b424c52u);
+  put32(hdr + 4, 0);
+  put64(hdr + 8, bytes);
+  put64(hdr + 16, bcast_checksum64(payload, bytes) ^ 1);
+  cr_assert_eq(write(fd, hdr, 24), 24);
+  cr_assert_eq(write(fd, payload, bytes), (ssize_t)bytes);
+  uint8_t ack[12];
+  cr_assert_eq(read_full(fd, ack, 12), 0);
+  int32_t status = (int32_t)(ack[4] | ack[5] << 8 | ack[6] << 16 | (uint32_t)ack[7] << 24);
+  cr_assert_eq(status, BCAST_ECHECKSUM);
+  wait_children(&pid, 1);
+  free(payload);
+  close(fd);
+  close(lfd);
+  bcast_plan_free(p);
+  fixture_free(&f);
+}
+
+Test(bcast_host, unsupported_requests_say_why) {
+  fixture f;
+  fixture_init(&f);
+  bcast_engine *root = engine(0, "127.0.0.1:0", 1);
+  bcast_plan *p = make_plan(&f, 2, bcast_engine_data_address(root), 64 << 10);
+  bcast_err err = {0};
+  bcast_plan *q = bcast_plan_dup(p);
+  q->buckets[1].source_rank = 1;
+  q->hash = bcast_plan_hash(q);
+  cr_assert_eq(bcast_engine_execute(root, q, f.src, f.n, NULL, &err), BCAST_ENOTSUP);
+  cr_assert(strstr(err.msg, "bucket 1"), "%s", err.msg);
+  bcast_plan_free(q);
+
+  q = bcast_plan_dup(p);
+  q->buckets[0].bytes += 0; /* tampered contents, stale hash */
+  q->policy_version = 5;
+  cr_assert_eq(bcast_engine_execute(root, q, f.src, f.n, NULL, &err), BCAST_EMISMATCH);
+  cr_assert(strstr(err.msg, "does not match its contents"), "%s", err.msg);
+  bcast_plan_free(q);
+
+  bcast_tensor loc[6];
+  memcpy(loc, f.src, sizeof loc);
+  loc[2].residency = BCAST_RES_GPU;
+  cr_assert_eq(bcast_engine_execute(root, p, loc, f.n, NULL, &err), BCAST_ENOTSUP);
+  cr_assert(strstr(err.msg, "'l1.experts': GPU-resident"), "%s", err.msg);
+
+  bcast_caps caps;
+  bcast_caps_probe(&caps);
+  char why[256];
+  if (!bcast_mode_available(&caps, BCAST_MODE_STAGED, why, sizeof why)) {
+    q = bcast_plan_dup(p);
+    q->mode = BCAST_MODE_STAGED;
+    q->hash = bcast_plan_hash(q);
+    cr_assert_eq(bcast_engine_execute(root, q, f.src, f.n, NULL, &err), BCAST_ENOTSUP);
+    cr_assert(strstr(err.msg, why), "'%s' lacks '%s'", err.msg, why);
+    bcast_plan_free(q);
+  }
+  bcast_engine *recv = engine(1, NULL, 1);
+  memcpy(loc, f.src, sizeof loc);
+  loc[0].data = NULL;
+  cr_assert_eq(bcast_engine_execute(recv, p, loc, f.n, NULL, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "'embed': local data pointer is NULL"), "%s", err.msg);
+  bcast_engine_free(recv);
+  bcast_plan_free(p);
+  bcast_engine_free(root);
+  fixture_free(&f);
+}
