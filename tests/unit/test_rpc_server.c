@@ -678,3 +678,38 @@ Test(rpc_server, bind_failure_names_the_address) {
   uv_loop_close(&loop);
   stop();
 }
+
+/* TLS with a throw-away self-signed certificate (skipped without openssl). */
+Test(rpc_server, tls_round_trip) {
+  const char *tmp = getenv("TMPDIR");
+  char dir[256];
+  snprintf(dir, sizeof dir, "%s/rpc-tls-XXXXXX", tmp && *tmp ? tmp : P_tmpdir);
+  cr_assert_not_null(mkdtemp(dir));
+  char cmd[1024], cert[300], key[300];
+  snprintf(cert, sizeof cert, "%s/cert.pem", dir);
+  snprintf(key, sizeof key, "%s/key.pem", dir);
+  snprintf(cmd, sizeof cmd,
+           "openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=localhost -days 1 "
+           "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout %s -out %s >/dev/null 2>&1",
+           key, cert);
+  if (system(cmd) != 0) cr_skip_test("openssl cannot make a certificate here");
+  start_opts((rpc_server_opts){.tls_cert_file = cert, .tls_key_file = key});
+  rpc_client *c = NULL;
+  char err[256];
+  rpc_client_opts o = {.target = F.target, .tls_ca_file = cert};
+  cr_assert_eq(rpc_client_new(&o, &c, err, sizeof err), 0, "%s", err);
+  rpc_status st;
+  cr_assert_eq(getrun(c, "r1", 10, &st, NULL), GRPC_STATUS_OK, "%s", st.message);
+  rpc_client_free(c);
+  /* A plaintext client cannot talk to it. */
+  c = client(NULL);
+  cr_assert_neq(getrun(c, "r1", 2, &st, NULL), GRPC_STATUS_OK);
+  rpc_client_free(c);
+  o.tls_ca_file = "/nonexistent/ca.pem";
+  cr_assert_eq(rpc_client_new(&o, &c, err, sizeof err), -1);
+  cr_assert(strstr(err, "/nonexistent/ca.pem"), "%s", err);
+  stop();
+  unlink(cert);
+  unlink(key);
+  rmdir(dir);
+}
