@@ -233,7 +233,7 @@ static int store__next_run_seq(store *s, int64_t *seq) {
 int store_run_create(store *s, const Rlorch__V1__RunSpec *spec, int64_t now_ms, Rlorch__V1__Run **out) {
   if (!s || !spec || !out) return s ? store__fail(s, STORE_EINVAL, "store: run_create: NULL argument") : STORE_EINVAL;
   *out = NULL;
-  int64_t seq;
+  int64_t seq = 0;
   char id[32];
   int rc = store__exec(s, "BEGIN IMMEDIATE", "create run");
   if (rc) return rc;
