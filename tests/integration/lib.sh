@@ -180,14 +180,14 @@ serve_start() {
     if ! kill -0 "$SERVE_PID" 2>/dev/null; then
       wait "$SERVE_PID"
       fail "serve_start: rlorch serve exited with status $? before serving"
-      serve_log_tail
+      serve_log_tail 30
       return 1
     fi
     __lib_serving && return 0
     sleep 0.2
   done
   fail "serve_start: rlorch serve not SERVING on $GRPC_ADDR within ${SERVE_START_TIMEOUT_S}s"
-  serve_log_tail
+  serve_log_tail 30
   return 1
 }
 
@@ -205,7 +205,7 @@ serve_stop() {
   done
   if kill -0 "$SERVE_PID" 2>/dev/null; then
     fail "serve_stop: rlorch serve still running ${SERVE_STOP_TIMEOUT_S}s after SIGTERM"
-    serve_log_tail
+    serve_log_tail 30
     kill -KILL "$SERVE_PID" 2>/dev/null
     wait "$SERVE_PID" 2>/dev/null
     SERVE_PID=
@@ -214,7 +214,7 @@ serve_stop() {
   wait "$SERVE_PID"
   rc=$?
   SERVE_PID=
-  assert_eq 0 "$rc" "rlorch serve exits 0 after SIGTERM" || { serve_log_tail; return 1; }
+  assert_eq 0 "$rc" "rlorch serve exits 0 after SIGTERM" || { serve_log_tail 30; return 1; }
 }
 
 # ---- clients --------------------------------------------------------------------
