@@ -592,6 +592,12 @@ static int sched__get_live(sched *s, uint32_t id, sched_worker_info **out) {
   return SCHED_OK;
 }
 
+/* Newest version a worker may hold: the published one, or the next while its
+ * broadcast is under way (a receiver that is done holds it before the commit). */
+static uint64_t sched__max_version(const sched *s) {
+  return s->steps_done + (s->st.phase >= SCHED__TRAINED ? 1 : 0);
+}
+
 /* ---- worker events ---------------------------------------------------------------------------- */
 
 int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
@@ -651,7 +657,7 @@ int sched_worker_heartbeat(sched *s, int64_t now, uint32_t id, uint64_t policy_v
   int rc = sched__get_live(s, id, &w);
   if (rc) return rc;
   if (w->role == SCHED_ROLE_INFERENCE) {
-    if (policy_version > s->steps_done)
+    if (policy_version > sched__max_version(s))
       return sched__fail_arg(s, SCHED_EINVAL,
                              "worker %s: heartbeat policy_version %" PRIu64
                              " is newer than the published %" PRIu64,
@@ -712,7 +718,7 @@ static int sched__check_rollouts(sched *s, const sched_worker_info *w, const sch
                            " rollouts, got %zu",
                            w->name, q->id, q->count, n);
   for (size_t i = 0; i < n; i++) {
-    if (r[i].policy_version > s->steps_done)
+    if (r[i].policy_version > sched__max_version(s))
       return sched__fail_arg(s, SCHED_EINVAL,
                              "worker %s: rollout %" PRIu64 ": policy_version %" PRIu64
                              " is newer than the published %" PRIu64,

@@ -1,0 +1,102 @@
+/* sched_choose_mode as a table: every policy against every kind of
+ * participants and manifest. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "orchestrator/sched.h"
+
+#define GPU_OK {.cuda_devices = 1, .nccl = 1}
+#define NO_NCCL {.cuda_devices = 1, .nccl = 0}
+#define NO_CUDA {.cuda_devices = 0, .nccl = 1}
+
+static const sched_offload ALL_GPU = {.gpu_tensors = 8, .gpu_bytes = 800};
+static const sched_offload MIXED = {.gpu_tensors = 6, .pinned_tensors = 1, .pageable_tensors = 1,
+                                    .gpu_bytes = 600, .pinned_bytes = 100, .pageable_bytes = 100};
+static const sched_offload HOST_ONLY = {.pinned_tensors = 8, .pinned_bytes = 800};
+static const sched_offload EMPTY = {0};
+
+typedef struct row {
+  const char *what;
+  sched_mode policy;
+  sched_caps caps[3]; /* trainer, inference-1, inference-2 */
+  const sched_offload *off;
+  int rc;
+  sched_mode mode;
+  const char *reason; /* substring the reason must contain */
+} row;
+
+static const row ROWS[] = {
+    {"auto, all on GPU", SCHED_MODE_AUTO, {GPU_OK, GPU_OK, GPU_OK}, &ALL_GPU, SCHED_OK,
+     SCHED_MODE_DIRECT, "all 8 tensors on GPU"},
+    {"auto, mixed residency", SCHED_MODE_AUTO, {GPU_OK, GPU_OK, GPU_OK}, &MIXED, SCHED_OK,
+     SCHED_MODE_STAGED, "2 of 8 tensors host-resident (1 pinned, 1 pageable, 200 bytes)"},
+    {"auto, host only", SCHED_MODE_AUTO, {GPU_OK, GPU_OK, GPU_OK}, &HOST_ONLY, SCHED_OK,
+     SCHED_MODE_STAGED, "8 of 8 tensors host-resident"},
+    {"auto, NCCL missing on one worker", SCHED_MODE_AUTO, {GPU_OK, GPU_OK, NO_NCCL}, &ALL_GPU,
+     SCHED_OK, SCHED_MODE_HOST, "NCCL missing on inference-2"},
+    {"auto, CUDA missing on the trainer", SCHED_MODE_AUTO, {NO_CUDA, GPU_OK, GPU_OK}, &MIXED,
+     SCHED_OK, SCHED_MODE_HOST, "CUDA missing on trainer"},
+    {"auto, several missing", SCHED_MODE_AUTO, {GPU_OK, NO_CUDA, NO_NCCL}, &ALL_GPU, SCHED_OK,
+     SCHED_MODE_HOST, "CUDA missing on inference-1 (and 1 more)"},
+    {"direct override", SCHED_MODE_DIRECT, {GPU_OK, GPU_OK, GPU_OK}, &ALL_GPU, SCHED_OK,
+     SCHED_MODE_DIRECT, "operator override: direct"},
+    {"staged override, all on GPU", SCHED_MODE_STAGED, {GPU_OK, GPU_OK, GPU_OK}, &ALL_GPU,
+     SCHED_OK, SCHED_MODE_STAGED, "operator override: staged"},
+    {"host override, all capable", SCHED_MODE_HOST, {GPU_OK, GPU_OK, GPU_OK}, &ALL_GPU, SCHED_OK,
+     SCHED_MODE_HOST, "operator override: host"},
+    {"host override, nothing capable", SCHED_MODE_HOST, {NO_CUDA, NO_CUDA, NO_CUDA}, &HOST_ONLY,
+     SCHED_OK, SCHED_MODE_HOST, "operator override: host"},
+    {"direct override without NCCL", SCHED_MODE_DIRECT, {GPU_OK, NO_NCCL, GPU_OK}, &ALL_GPU,
+     SCHED_ENOTSUP, SCHED_MODE_DIRECT, "NCCL missing on inference-1"},
+    {"staged override without CUDA", SCHED_MODE_STAGED, {GPU_OK, GPU_OK, NO_CUDA}, &MIXED,
+     SCHED_ENOTSUP, SCHED_MODE_STAGED, "CUDA missing on inference-2"},
+    {"direct override with host tensors", SCHED_MODE_DIRECT, {GPU_OK, GPU_OK, GPU_OK}, &MIXED,
+     SCHED_ENOTSUP, SCHED_MODE_DIRECT, "2 of 8 tensors are host-resident"},
+    {"empty manifest", SCHED_MODE_AUTO, {GPU_OK, GPU_OK, GPU_OK}, &EMPTY, SCHED_EINVAL,
+     SCHED_MODE_AUTO, "no tensors"},
+    {"no manifest", SCHED_MODE_AUTO, {GPU_OK, GPU_OK, GPU_OK}, NULL, SCHED_EINVAL,
+     SCHED_MODE_AUTO, "no tensors"},
+    {"unknown policy", (sched_mode)9, {GPU_OK, GPU_OK, GPU_OK}, &ALL_GPU, SCHED_EINVAL,
+     (sched_mode)9, "unknown broadcast policy 9"},
+};
+
+Test(sched_mode, table) {
+  static const char *names[3] = {"trainer", "inference-1", "inference-2"};
+  for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++) {
+    const row *r = &ROWS[i];
+    sched_participant p[3];
+    for (int k = 0; k < 3; k++) p[k] = (sched_participant){.name = names[k], .caps = r->caps[k]};
+    sched_mode m = 0;
+    char reason[SCHED_TEXT_MAX] = "unset";
+    int rc = sched_choose_mode(r->policy, p, 3, r->off, &m, reason, sizeof reason);
+    cr_expect_eq(rc, r->rc, "%s: rc %d, want %d (%s)", r->what, rc, r->rc, reason);
+    cr_expect_eq(m, r->mode, "%s: mode %s, want %s", r->what, sched_mode_name(m),
+                 sched_mode_name(r->mode));
+    cr_expect(strstr(reason, r->reason), "%s: reason \"%s\" lacks \"%s\"", r->what, reason,
+              r->reason);
+  }
+}
+
+Test(sched_mode, no_participants_and_short_reason_buffer) {
+  sched_mode m;
+  char reason[8];
+  cr_assert_eq(sched_choose_mode(SCHED_MODE_AUTO, NULL, 0, &ALL_GPU, &m, reason, sizeof reason),
+               SCHED_EINVAL);
+  cr_assert_eq(strlen(reason), sizeof reason - 1, "truncated, still terminated");
+  sched_participant p = {.name = NULL, .caps = GPU_OK};
+  cr_assert_eq(sched_choose_mode(SCHED_MODE_AUTO, &p, 1, &ALL_GPU, &m, NULL, 0), SCHED_OK);
+  cr_assert_eq(m, SCHED_MODE_DIRECT);
+}
+
+Test(sched_mode, names_parse_back) {
+  for (int m = SCHED_MODE_AUTO; m <= SCHED_MODE_HOST; m++) {
+    sched_mode back;
+    cr_assert_eq(sched_mode_parse(sched_mode_name((sched_mode)m), &back), SCHED_OK);
+    cr_assert_eq(back, (sched_mode)m);
+  }
+  sched_mode x;
+  cr_assert_eq(sched_mode_parse("nccl", &x), SCHED_EINVAL);
+  cr_assert_eq(sched_mode_parse(NULL, &x), SCHED_EINVAL);
+  cr_assert_str_eq(sched_run_state_name(SCHED_RUN_SUCCEEDED), "succeeded");
+  cr_assert_str_eq(sched_strerror(SCHED_ENOTSUP), "mode not supported by the participants");
+}

@@ -1,0 +1,311 @@
+/* Simulation: 1 trainer and 1000 inference workers with random latencies,
+ * driven through 50 steps in one process, time advanced by the test. A few
+ * workers fall silent on the way. Invariants are checked after every event. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/sched.h"
+
+#define NINF 1000
+#define TRAINER 0
+#define STEPS 50
+#define PER_STEP 64
+#define ASYNC 2
+#define K 2
+#define MAX_ROLLOUTS 200000
+#define NDEAD 5
+
+enum { EV_ROLLOUT, EV_STEP_DONE, EV_BUILT, EV_ACK, EV_BDONE, EV_HEARTBEAT };
+
+typedef struct ev {
+  int64_t t;
+  uint64_t seq;
+  int type;
+  uint32_t worker;
+  uint64_t a;        /* request id, step */
+  uint64_t version;  /* rollout version */
+  char plan[SCHED_PLAN_ID_MAX];
+} ev;
+
+typedef struct sim {
+  sched *s;
+  int64_t now;
+  uint64_t rng;
+  ev *heap;
+  size_t nheap, capheap;
+  uint64_t seq;
+  uint64_t held[NINF + 1];     /* version each worker holds */
+  uint32_t outstanding[NINF + 1];
+  int dead[NINF + 1];
+  int64_t dies_at[NINF + 1];
+  uint64_t next_rollout;
+  uint64_t *version_of;        /* rollout id -> version */
+  uint8_t *used;               /* rollout id -> used in a batch */
+  uint64_t last_version, commits, events;
+  uint64_t plan_parts[NINF + 1];
+  size_t nplan_parts;
+  char plan_id[SCHED_PLAN_ID_MAX];
+  uint64_t plan_step;
+} sim;
+
+static uint64_t rnd(sim *m, uint64_t lo, uint64_t hi) {
+  m->rng ^= m->rng << 13;
+  m->rng ^= m->rng >> 7;
+  m->rng ^= m->rng << 17;
+  return lo + m->rng % (hi - lo + 1);
+}
+
+static int before(const ev *a, const ev *b) {
+  return a->t < b->t || (a->t == b->t && a->seq < b->seq);
+}
+
+static void push(sim *m, ev e) {
+  if (m->nheap == m->capheap) {
+    m->capheap = m->capheap ? m->capheap * 2 : 1024;
+    m->heap = realloc(m->heap, m->capheap * sizeof *m->heap);
+    cr_assert_not_null(m->heap);
+  }
+  e.seq = m->seq++;
+  size_t i = m->nheap++;
+  while (i > 0 && before(&e, &m->heap[(i - 1) / 2])) {
+    m->heap[i] = m->heap[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  m->heap[i] = e;
+}
+
+static ev pop(sim *m) {
+  ev top = m->heap[0], last = m->heap[--m->nheap];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= m->nheap) break;
+    if (c + 1 < m->nheap && before(&m->heap[c + 1], &m->heap[c])) c++;
+    if (!before(&m->heap[c], &last)) break;
+    m->heap[i] = m->heap[c];
+    i = c;
+  }
+  if (m->nheap) m->heap[i] = last;
+  return top;
+}
+
+/* The simulated agents react to what the scheduler asks. */
+static void react(sim *m) {
+  const sched_action *a;
+  size_t n = sched_actions(m->s, &a);
+  for (size_t i = 0; i < n; i++) {
+    ev e = {0};
+    switch (a[i].kind) {
+    case SCHED_ACT_DISPATCH:
+      cr_assert_eq(a[i].count, 1);
+      m->outstanding[a[i].worker]++;
+      cr_assert_leq(m->outstanding[a[i].worker], K, "worker %" PRIu32 " over K", a[i].worker);
+      e = (ev){.t = m->now + (int64_t)rnd(m, 20, 400), .type = EV_ROLLOUT,
+               .worker = a[i].worker, .a = a[i].request_id, .version = m->held[a[i].worker]};
+      push(m, e);
+      break;
+    case SCHED_ACT_TRAIN: {
+      int64_t bound = (int64_t)a[i].step - ASYNC;
+      cr_assert_eq(a[i].nrollouts, PER_STEP);
+      for (size_t k = 0; k < a[i].nrollouts; k++) {
+        uint64_t id = a[i].rollout_ids[k];
+        cr_assert_lt(id, m->next_rollout);
+        cr_assert_not(m->used[id], "rollout %" PRIu64 " used twice", id);
+        m->used[id] = 1;
+        cr_assert_geq((int64_t)m->version_of[id], bound, "rollout %" PRIu64 " beyond the bound", id);
+        if (k) cr_assert_geq(m->version_of[id], m->version_of[a[i].rollout_ids[k - 1]]);
+      }
+      e = (ev){.t = m->now + (int64_t)rnd(m, 150, 350), .type = EV_STEP_DONE,
+               .worker = a[i].worker, .a = a[i].step};
+      push(m, e);
+      break;
+    }
+    case SCHED_ACT_BUILD_PLAN:
+      cr_assert_eq(a[i].participants[0], TRAINER);
+      for (size_t k = 2; k < a[i].nparticipants; k++)
+        cr_assert_gt(a[i].participants[k], a[i].participants[k - 1], "ranks in id order");
+      snprintf(m->plan_id, sizeof m->plan_id, "%s", a[i].plan_id);
+      m->plan_step = a[i].step;
+      m->nplan_parts = a[i].nparticipants;
+      for (size_t k = 0; k < a[i].nparticipants; k++) m->plan_parts[k] = a[i].participants[k];
+      e = (ev){.t = m->now + 5, .type = EV_BUILT};
+      snprintf(e.plan, sizeof e.plan, "%s", a[i].plan_id);
+      push(m, e);
+      for (size_t k = 0; k < a[i].nparticipants; k++) {
+        ev ack = {.t = m->now + (int64_t)rnd(m, 6, 40), .type = EV_ACK,
+                  .worker = a[i].participants[k]};
+        snprintf(ack.plan, sizeof ack.plan, "%s", a[i].plan_id);
+        push(m, ack);
+      }
+      break;
+    case SCHED_ACT_TRIGGER:
+      for (size_t k = 0; k < a[i].nparticipants; k++) {
+        ev d = {.t = m->now + (int64_t)rnd(m, 20, 80), .type = EV_BDONE,
+                .worker = a[i].participants[k], .a = a[i].step};
+        snprintf(d.plan, sizeof d.plan, "%s", a[i].plan_id);
+        push(m, d);
+      }
+      break;
+    case SCHED_ACT_COMMIT:
+      cr_assert_eq(a[i].record->policy_version, m->last_version + 1, "versions monotonic");
+      m->last_version = a[i].record->policy_version;
+      m->commits++;
+      cr_assert_eq(a[i].record->rollouts_used, PER_STEP);
+      break;
+    case SCHED_ACT_WORKER_STATE:
+      if (a[i].worker_state == SCHED_WORKER_LOST) {
+        cr_assert(m->dead[a[i].worker], "live worker %" PRIu32 " lost: %s", a[i].worker, a[i].text);
+        m->outstanding[a[i].worker] = 0;
+      }
+      break;
+    case SCHED_ACT_RUN_STATE:
+      cr_assert_neq(a[i].run_state, SCHED_RUN_FAILED, "run failed: %s", a[i].text);
+      break;
+    default: break;
+    }
+  }
+  sched_actions_clear(m->s);
+}
+
+/* Accepts only what a correct shell may see in a world with losses. */
+static void ok(sim *m, int rc) {
+  cr_assert(rc == SCHED_OK || rc == SCHED_ESTALE, "rc %d: %s", rc, sched_last_error(m->s));
+}
+
+static void deliver(sim *m, const ev *e) {
+  if (m->dead[e->worker] && e->type != EV_BUILT) return;
+  switch (e->type) {
+  case EV_ROLLOUT: {
+    sched_rollout r = {.id = m->next_rollout, .policy_version = e->version, .tokens = 100};
+    cr_assert_lt(m->next_rollout, MAX_ROLLOUTS);
+    m->version_of[m->next_rollout++] = e->version;
+    if (m->outstanding[e->worker]) m->outstanding[e->worker]--;
+    ok(m, sched_rollouts_done(m->s, m->now, e->worker, e->a, &r, 1));
+    break;
+  }
+  case EV_STEP_DONE: {
+    sched_offload off = {.gpu_tensors = 100, .pinned_tensors = 20, .gpu_bytes = 1 << 20,
+                         .pinned_bytes = 1 << 18};
+    ok(m, sched_step_done(m->s, m->now, e->worker, e->a, 0.2, &off));
+    break;
+  }
+  case EV_BUILT: ok(m, sched_plan_built(m->s, m->now, e->plan, 0x1234, NULL)); break;
+  case EV_ACK: {
+    int rc = sched_plan_acked(m->s, m->now, e->worker, e->plan, 0x1234, NULL);
+    cr_assert(rc == SCHED_OK || rc == SCHED_ESTALE || rc == SCHED_ESTATE, "ack rc %d: %s", rc,
+              sched_last_error(m->s));
+    if (rc == SCHED_ESTATE) { /* sent before the plan-built report: retry shortly */
+      ev again = *e;
+      again.t = m->now + 1;
+      push(m, again);
+    }
+    break;
+  }
+  case EV_BDONE: {
+    sched_bcast_report rep = {.transport = "nccl", .wire_bytes = 1 << 20, .total_seconds = 0.05,
+                              .exposed_staging_seconds = 0.01, .weights_checksum = 9};
+    if (e->worker != TRAINER) m->held[e->worker] = e->a + 1;
+    ok(m, sched_broadcast_done(m->s, m->now, e->worker, e->plan, NULL, &rep));
+    break;
+  }
+  case EV_HEARTBEAT:
+    if (m->now >= m->dies_at[e->worker]) {
+      m->dead[e->worker] = 1;
+      break;
+    }
+    ok(m, sched_worker_heartbeat(m->s, m->now, e->worker, m->held[e->worker]));
+    push(m, (ev){.t = m->now + 1000, .type = EV_HEARTBEAT, .worker = e->worker});
+    break;
+  }
+}
+
+static void check_all_workers(sim *m) {
+  sched_worker_info w;
+  for (size_t i = 0; i < sched_worker_count(m->s); i++) {
+    cr_assert_eq(sched_get_worker_at(m->s, i, &w), SCHED_OK);
+    cr_assert_leq(w.outstanding, K);
+    if (w.role == SCHED_ROLE_INFERENCE && w.state != SCHED_WORKER_LOST)
+      cr_assert_eq(w.outstanding, m->outstanding[w.id], "worker %" PRIu32, w.id);
+  }
+}
+
+Test(sched_sim, thousand_workers_fifty_steps, .timeout = 240) {
+  sim *m = calloc(1, sizeof *m);
+  m->version_of = calloc(MAX_ROLLOUTS, sizeof *m->version_of);
+  m->used = calloc(MAX_ROLLOUTS, 1);
+  m->rng = 0x9e3779b97f4a7c15ull;
+  sched_settings c;
+  sched_settings_default(&c);
+  snprintf(c.run_id, sizeof c.run_id, "sim");
+  c.steps = STEPS;
+  c.rollouts_per_step = PER_STEP;
+  c.max_async_level = ASYNC;
+  c.max_outstanding = K;
+  c.heartbeat_timeout_ms = 3500;
+  /* Longer than the heartbeat timeout: a dead participant is lost (and the
+   * step re-planned) before its missing ack could fail the run. */
+  c.plan_ack_timeout_ms = 5000;
+  c.broadcast_timeout_ms = 5000;
+  char err[256];
+  cr_assert_eq(sched_new(&c, &m->s, err, sizeof err), SCHED_OK, "%s", err);
+  sched_caps gpu = {.cuda_devices = 1, .nccl = 1};
+  for (uint32_t id = 0; id <= NINF; id++) {
+    sched_role role = id == TRAINER ? SCHED_ROLE_TRAINER : SCHED_ROLE_INFERENCE;
+    char name[32];
+    snprintf(name, sizeof name, id ? "inference-%u" : "trainer", id);
+    m->dies_at[id] = INT64_MAX;
+    cr_assert_eq(sched_worker_registered(m->s, m->now, id, role, name, &gpu, NULL), SCHED_OK);
+    cr_assert_eq(sched_worker_attached(m->s, m->now, id), SCHED_OK);
+    react(m);
+    push(m, (ev){.t = m->now + (int64_t)rnd(m, 1, 1000), .type = EV_HEARTBEAT, .worker = id});
+  }
+  for (int i = 0; i < NDEAD; i++) m->dies_at[rnd(m, 1, NINF)] = (int64_t)rnd(m, 2000, 15000);
+
+  sched_run_info ri;
+  for (;;) {
+    sched_get_run(m->s, &ri);
+    if (ri.state == SCHED_RUN_SUCCEEDED || ri.state == SCHED_RUN_FAILED) break;
+    cr_assert_gt(m->nheap, 0, "simulation ran dry in state %s", sched_run_state_name(ri.state));
+    int64_t due = sched_next_deadline(m->s);
+    if (due <= m->heap[0].t) {
+      cr_assert_geq(due, m->now, "deadline in the past");
+      m->now = due;
+      ok(m, sched_tick(m->s, m->now));
+    } else {
+      ev e = pop(m);
+      cr_assert_geq(e.t, m->now);
+      m->now = e.t;
+      deliver(m, &e);
+    }
+    react(m);
+    if (++m->events % 512 == 0) check_all_workers(m);
+    sched_counters k;
+    sched_get_counters(m->s, &k);
+    cr_assert_geq(k.policy_version, m->last_version);
+    cr_assert_leq(k.rollouts_buffered + k.rollouts_requested, 2u * PER_STEP * (ASYNC + 1));
+  }
+  cr_assert_eq(ri.state, SCHED_RUN_SUCCEEDED, "%s", ri.message);
+  cr_assert_eq(m->commits, STEPS);
+  sched_counters k;
+  sched_get_counters(m->s, &k);
+  cr_assert_eq(k.steps, STEPS);
+  cr_assert_eq(k.rollouts_used, (uint64_t)STEPS * PER_STEP);
+  cr_assert_eq(k.broadcasts[SCHED_MODE_STAGED], STEPS);
+  cr_assert_eq(k.rollouts_received, k.rollouts_used + k.rollouts_dropped_stale + k.rollouts_buffered);
+  int lost = 0;
+  for (uint32_t id = 1; id <= NINF; id++) {
+    sched_worker_info w;
+    sched_get_worker(m->s, id, &w);
+    lost += w.state == SCHED_WORKER_LOST;
+  }
+  cr_assert_gt(lost, 0, "some workers should have died on the way");
+  cr_assert_eq(ri.inference, NINF - lost);
+  sched_free(m->s);
+  free(m->heap);
+  free(m->version_of);
+  free(m->used);
+  free(m);
+}
