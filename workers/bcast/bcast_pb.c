@@ -1,0 +1,345 @@
+/* bcast structs <-> rlorch.v1 protobuf messages. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "workers/bcast/bcast_internal.h"
+#include "workers/bcast/bcast_pb.h"
+
+/* ---- tensors ------------------------------------------------------------------ */
+
+static void spec_free(Rlorch__V1__TensorSpec *s) {
+  if (!s) return;
+  free(s->name);
+  free(s->shape);
+  free(s);
+}
+
+static Rlorch__V1__TensorSpec *spec_new(const bcast_tensor *t) {
+  Rlorch__V1__TensorSpec *s = malloc(sizeof *s);
+  if (!s) return NULL;
+  rlorch__v1__tensor_spec__init(s);
+  uint32_t nd = t->ndim <= BCAST_MAX_DIMS ? t->ndim : BCAST_MAX_DIMS;
+  s->name = strndup(t->name, BCAST_NAME_MAX - 1);
+  s->shape = malloc((nd ? nd : 1) * sizeof *s->shape);
+  if (!s->name || !s->shape) {
+    spec_free(s);
+    return NULL;
+  }
+  s->layer = t->layer;
+  s->storage_dtype = (Rlorch__V1__DType)t->storage_dtype;
+  s->wire_dtype = (Rlorch__V1__DType)t->wire_dtype;
+  s->n_shape = nd;
+  memcpy(s->shape, t->shape, nd * sizeof *s->shape);
+  s->residency = (Rlorch__V1__Residency)t->residency;
+  return s;
+}
+
+/* Structural checks only; dtypes, sizes and names are validated by the plan. */
+static int spec_to_tensor(const Rlorch__V1__TensorSpec *s, size_t i, bcast_tensor *t, bcast_err *err) {
+  memset(t, 0, sizeof *t);
+  if (!s) return bcast__fail(err, BCAST_EINVAL, "tensor #%zu: missing", i);
+  const char *nm = s->name ? s->name : "";
+  if (strlen(nm) >= BCAST_NAME_MAX)
+    return bcast__fail(err, BCAST_EINVAL, "tensor #%zu '%.64s...': name longer than %d bytes", i, nm,
+                       BCAST_NAME_MAX - 1);
+  if (s->n_shape == 0 || s->n_shape > BCAST_MAX_DIMS)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': ndim %zu is outside 1..%d", nm, s->n_shape, BCAST_MAX_DIMS);
+  memcpy(t->name, nm, strlen(nm) + 1);
+  t->layer = s->layer;
+  t->storage_dtype = (bcast_dtype)s->storage_dtype;
+  t->wire_dtype = (bcast_dtype)s->wire_dtype;
+  t->ndim = (uint32_t)s->n_shape;
+  memcpy(t->shape, s->shape, s->n_shape * sizeof *t->shape);
+  t->residency = (bcast_residency)s->residency;
+  return BCAST_OK;
+}
+
+/* ---- plan ------------------------------------------------------------------------ */
+
+static void bucket_free(Rlorch__V1__Bucket *b) {
+  if (!b) return;
+  for (size_t s = 0; b->slices && s < b->n_slices; s++) free(b->slices[s]);
+  free(b->slices);
+  free(b);
+}
+
+static Rlorch__V1__Bucket *bucket_new(const bcast_bucket *k) {
+  Rlorch__V1__Bucket *b = malloc(sizeof *b);
+  if (!b) return NULL;
+  rlorch__v1__bucket__init(b);
+  b->index = k->index;
+  b->layer = k->layer;
+  b->wire_dtype = (Rlorch__V1__DType)k->wire_dtype;
+  b->bytes = k->bytes;
+  b->source_rank = k->source_rank;
+  b->stage_rank = k->stage_rank;
+  if (!(b->slices = calloc(k->nslices ? k->nslices : 1, sizeof *b->slices))) {
+    free(b);
+    return NULL;
+  }
+  for (size_t s = 0; s < k->nslices; s++) {
+    Rlorch__V1__BucketSlice *sl = malloc(sizeof *sl);
+    if (!sl) {
+      bucket_free(b);
+      return NULL;
+    }
+    rlorch__v1__bucket_slice__init(sl);
+    sl->tensor = k->slices[s].tensor;
+    sl->element_offset = k->slices[s].elem_offset;
+    sl->element_count = k->slices[s].elem_count;
+    sl->bucket_offset = k->slices[s].bucket_offset;
+    b->slices[s] = sl;
+    b->n_slices = s + 1;
+  }
+  return b;
+}
+
+static void plan_msg_free(Rlorch__V1__BroadcastPlan *m) {
+  free(m->plan_id);
+  free(m->host_endpoint);
+  free(m->mode_reason);
+  free(m->nccl_unique_id.data);
+  for (size_t i = 0; m->tensors && i < m->n_tensors; i++) spec_free(m->tensors[i]);
+  free(m->tensors);
+  for (size_t i = 0; m->buckets && i < m->n_buckets; i++) bucket_free(m->buckets[i]);
+  free(m->buckets);
+  free(m);
+}
+
+int bcast_plan_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan **out, bcast_err *err) {
+  if (!p || !out) return bcast__fail(err, BCAST_EINVAL, "plan_to_pb: NULL argument");
+  *out = NULL;
+  Rlorch__V1__BroadcastPlan *m = calloc(1, sizeof *m);
+  if (!m) return bcast__fail(err, BCAST_ENOMEM, "plan_to_pb: out of memory");
+  rlorch__v1__broadcast_plan__init(m);
+  m->plan_id = strndup(p->id, sizeof p->id - 1);
+  m->host_endpoint = strndup(p->host_endpoint, sizeof p->host_endpoint - 1);
+  m->mode_reason = strndup(p->mode_reason, sizeof p->mode_reason - 1);
+  m->tensors = calloc(p->ntensors ? p->ntensors : 1, sizeof *m->tensors);
+  m->buckets = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *m->buckets);
+  int ok = m->plan_id && m->host_endpoint && m->mode_reason && m->tensors && m->buckets;
+  for (size_t i = 0; ok && i < p->ntensors; i++) {
+    ok = (m->tensors[i] = spec_new(&p->tensors[i])) != NULL;
+    m->n_tensors = i + 1;
+  }
+  for (size_t b = 0; ok && b < p->nbuckets; b++) {
+    ok = (m->buckets[b] = bucket_new(&p->buckets[b])) != NULL;
+    m->n_buckets = b + 1;
+  }
+  if (ok && p->has_nccl_id) {
+    ok = (m->nccl_unique_id.data = malloc(sizeof p->nccl_id)) != NULL;
+    if (ok) {
+      memcpy(m->nccl_unique_id.data, p->nccl_id, sizeof p->nccl_id);
+      m->nccl_unique_id.len = sizeof p->nccl_id;
+    }
+  }
+  if (!ok) {
+    plan_msg_free(m);
+    return bcast__fail(err, BCAST_ENOMEM, "plan_to_pb: out of memory");
+  }
+  m->hash = p->hash;
+  m->mode = (Rlorch__V1__BroadcastMode)p->mode;
+  m->world_size = p->world_size;
+  m->root_rank = p->root_rank;
+  m->staging_budget_bytes = p->staging_budget;
+  m->deadline_unix_ms = p->deadline_unix_ms;
+  m->policy_version = p->policy_version;
+  m->checksum = (Rlorch__V1__Checksum)p->checksum;
+  *out = m;
+  return BCAST_OK;
+}
+
+static int bucket_from_pb(const Rlorch__V1__Bucket *b, size_t i, bcast_bucket *k, bcast_err *err) {
+  if (!b) return bcast__fail(err, BCAST_EINVAL, "bucket %zu: missing", i);
+  k->index = b->index;
+  k->layer = b->layer;
+  k->wire_dtype = (bcast_dtype)b->wire_dtype;
+  k->bytes = b->bytes;
+  k->source_rank = b->source_rank;
+  k->stage_rank = b->stage_rank;
+  k->slices = calloc(b->n_slices ? b->n_slices : 1, sizeof *k->slices);
+  if (!k->slices) return bcast__fail(err, BCAST_ENOMEM, "bucket %zu: out of memory", i);
+  k->nslices = b->n_slices;
+  for (size_t s = 0; s < b->n_slices; s++) {
+    const Rlorch__V1__BucketSlice *sl = b->slices[s];
+    if (!sl) return bcast__fail(err, BCAST_EINVAL, "bucket %zu slice %zu: missing", i, s);
+    k->slices[s] = (bcast_slice){sl->tensor, sl->element_offset, sl->element_count, sl->bucket_offset};
+  }
+  return BCAST_OK;
+}
+
+static int plan_fields_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan *p, bcast_err *err) {
+  const char *id = m->plan_id ? m->plan_id : "";
+  if (strlen(id) >= sizeof p->id) return bcast__fail(err, BCAST_EINVAL, "plan: id longer than 127 bytes");
+  memcpy(p->id, id, strlen(id) + 1);
+  const char *ep = m->host_endpoint ? m->host_endpoint : "";
+  if (strlen(ep) >= sizeof p->host_endpoint)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': host_endpoint longer than 255 bytes", p->id);
+  memcpy(p->host_endpoint, ep, strlen(ep) + 1);
+  snprintf(p->mode_reason, sizeof p->mode_reason, "%s", m->mode_reason ? m->mode_reason : "");
+  if (m->nccl_unique_id.len != 0 && m->nccl_unique_id.len != sizeof p->nccl_id)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': NCCL id of %zu bytes, expected 0 or 128", p->id,
+                       m->nccl_unique_id.len);
+  if (m->nccl_unique_id.len) {
+    memcpy(p->nccl_id, m->nccl_unique_id.data, sizeof p->nccl_id);
+    p->has_nccl_id = 1;
+  }
+  p->hash = m->hash;
+  p->mode = (bcast_mode)m->mode;
+  p->world_size = m->world_size;
+  p->root_rank = m->root_rank;
+  p->staging_budget = m->staging_budget_bytes;
+  p->deadline_unix_ms = m->deadline_unix_ms;
+  p->policy_version = m->policy_version;
+  p->checksum = (bcast_checksum)m->checksum;
+  return BCAST_OK;
+}
+
+int bcast_plan_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan **out, bcast_err *err) {
+  if (!m || !out) return bcast__fail(err, BCAST_EINVAL, "plan_from_pb: NULL argument");
+  *out = NULL;
+  bcast_plan *p = calloc(1, sizeof *p);
+  if (!p) return bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
+  int rc = plan_fields_from_pb(m, p, err);
+  if (!rc && (!(p->tensors = calloc(m->n_tensors ? m->n_tensors : 1, sizeof *p->tensors)) ||
+              !(p->buckets = calloc(m->n_buckets ? m->n_buckets : 1, sizeof *p->buckets))))
+    rc = bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
+  for (size_t i = 0; !rc && i < m->n_tensors; i++) {
+    rc = spec_to_tensor(m->tensors[i], i, &p->tensors[i], err);
+    p->ntensors = i + 1;
+  }
+  for (size_t b = 0; !rc && b < m->n_buckets; b++) {
+    p->nbuckets = b + 1;
+    rc = bucket_from_pb(m->buckets[b], b, &p->buckets[b], err);
+  }
+  if (!rc) rc = bcast_plan_validate(p, err);
+  if (!rc && bcast_plan_hash(p) != p->hash)
+    rc = bcast__fail(err, BCAST_EMISMATCH, "plan '%s': hash %016llx does not match its contents (%016llx)", p->id,
+                     (unsigned long long)p->hash, (unsigned long long)bcast_plan_hash(p));
+  if (rc) {
+    bcast_plan_free(p);
+    return rc;
+  }
+  *out = p;
+  return BCAST_OK;
+}
+
+int bcast_plan_pack(const bcast_plan *p, uint8_t **buf, size_t *len, bcast_err *err) {
+  Rlorch__V1__BroadcastPlan *m;
+  int rc = bcast_plan_to_pb(p, &m, err);
+  if (rc) return rc;
+  *len = rlorch__v1__broadcast_plan__get_packed_size(m);
+  *buf = malloc(*len ? *len : 1);
+  if (*buf) rlorch__v1__broadcast_plan__pack(m, *buf);
+  plan_msg_free(m);
+  return *buf ? BCAST_OK : bcast__fail(err, BCAST_ENOMEM, "plan_pack: out of memory");
+}
+
+int bcast_plan_unpack(const uint8_t *buf, size_t len, bcast_plan **out, bcast_err *err) {
+  if (out) *out = NULL;
+  Rlorch__V1__BroadcastPlan *m = rlorch__v1__broadcast_plan__unpack(NULL, len, buf);
+  if (!m) return bcast__fail(err, BCAST_EINVAL, "plan: %zu bytes are not a BroadcastPlan message", len);
+  int rc = bcast_plan_from_pb(m, out, err);
+  rlorch__v1__broadcast_plan__free_unpacked(m, NULL);
+  return rc;
+}
+
+/* ---- manifest ---------------------------------------------------------------------- */
+
+static void manifest_msg_free(Rlorch__V1__WeightManifest *m) {
+  for (size_t i = 0; m->tensors && i < m->n_tensors; i++) spec_free(m->tensors[i]);
+  free(m->tensors);
+  if (m->preset != protobuf_c_empty_string) free(m->preset);
+  free(m);
+}
+
+int bcast_manifest_to_pb(const bcast_tensor *t, size_t n, Rlorch__V1__WeightManifest **out, bcast_err *err) {
+  if (!out || (n && !t)) return bcast__fail(err, BCAST_EINVAL, "manifest_to_pb: NULL argument");
+  *out = NULL;
+  Rlorch__V1__WeightManifest *m = calloc(1, sizeof *m);
+  if (!m) return bcast__fail(err, BCAST_ENOMEM, "manifest_to_pb: out of memory");
+  rlorch__v1__weight_manifest__init(m);
+  int ok = (m->tensors = calloc(n ? n : 1, sizeof *m->tensors)) != NULL;
+  for (size_t i = 0; ok && i < n; i++) {
+    ok = (m->tensors[i] = spec_new(&t[i])) != NULL;
+    m->n_tensors = i + 1;
+    uint64_t e = bcast_tensor_elems(&t[i]);
+    m->storage_bytes += e * bcast_dtype_size(t[i].storage_dtype);
+    m->wire_bytes += e * bcast_dtype_size(t[i].wire_dtype);
+  }
+  if (!ok) {
+    manifest_msg_free(m);
+    return bcast__fail(err, BCAST_ENOMEM, "manifest_to_pb: out of memory");
+  }
+  *out = m;
+  return BCAST_OK;
+}
+
+int bcast_manifest_from_pb(const Rlorch__V1__WeightManifest *m, bcast_tensor **out, size_t *n, bcast_err *err) {
+  if (!m || !out || !n) return bcast__fail(err, BCAST_EINVAL, "manifest_from_pb: NULL argument");
+  *out = NULL;
+  *n = 0;
+  bcast_tensor *t = calloc(m->n_tensors ? m->n_tensors : 1, sizeof *t);
+  if (!t) return bcast__fail(err, BCAST_ENOMEM, "manifest_from_pb: out of memory");
+  for (size_t i = 0; i < m->n_tensors; i++) {
+    int rc = spec_to_tensor(m->tensors[i], i, &t[i], err);
+    if (rc) {
+      free(t);
+      return rc;
+    }
+  }
+  *out = t;
+  *n = m->n_tensors;
+  return BCAST_OK;
+}
+
+/* ---- step record ----------------------------------------------------------------------- */
+
+int bcast_stats_to_step_record(const bcast_stats *s, Rlorch__V1__StepRecord *rec, bcast_err *err) {
+  if (!s || !rec) return bcast__fail(err, BCAST_EINVAL, "stats_to_step_record: NULL argument");
+  Rlorch__V1__BucketTiming **v = NULL;
+  if (s->nbuckets && s->buckets) {
+    /* one block: the pointer array followed by the messages */
+    v = malloc(s->nbuckets * (sizeof *v + sizeof **v));
+    if (!v) return bcast__fail(err, BCAST_ENOMEM, "stats_to_step_record: out of memory");
+    Rlorch__V1__BucketTiming *bt = (Rlorch__V1__BucketTiming *)(v + s->nbuckets);
+    for (uint32_t i = 0; i < s->nbuckets; i++) {
+      rlorch__v1__bucket_timing__init(&bt[i]);
+      bt[i].bucket = s->buckets[i].bucket;
+      bt[i].h2d_seconds = s->buckets[i].h2d_s;
+      bt[i].cast_seconds = s->buckets[i].cast_s;
+      bt[i].wire_seconds = s->buckets[i].wire_s;
+      v[i] = &bt[i];
+    }
+  }
+  rec->mode = (Rlorch__V1__BroadcastMode)s->mode;
+  rec->transport = (char *)(s->transport ? s->transport : ""); /* static string */
+  rec->pcie_bytes = s->pcie_bytes;
+  rec->wire_bytes = s->wire_bytes;
+  rec->h2d_seconds = s->h2d_s;
+  rec->cast_seconds = s->cast_s;
+  rec->wire_seconds = s->wire_s;
+  rec->total_seconds = s->total_s;
+  rec->exposed_staging_seconds = s->exposed_s;
+  rec->exposed_measured = s->exposed_measured ? 1 : 0;
+  rec->gbps = s->gbps;
+  rec->buckets = s->nbuckets;
+  rec->n_bucket_timings = v ? s->nbuckets : 0;
+  rec->bucket_timings = v;
+  return BCAST_OK;
+}
+
+void bcast_pb_step_record_clear(Rlorch__V1__StepRecord *rec) {
+  if (!rec) return;
+  free(rec->bucket_timings);
+  rec->bucket_timings = NULL;
+  rec->n_bucket_timings = 0;
+}
+
+void bcast_pb_free(ProtobufCMessage *m) {
+  if (!m) return;
+  if (m->descriptor == &rlorch__v1__broadcast_plan__descriptor) plan_msg_free((Rlorch__V1__BroadcastPlan *)m);
+  else if (m->descriptor == &rlorch__v1__weight_manifest__descriptor)
+    manifest_msg_free((Rlorch__V1__WeightManifest *)m);
+}
