@@ -693,3 +693,15 @@ Test(sched_input, settings_are_validated) {
   cr_assert(strstr(err, "policy"));
   sched_free(NULL);
 }
+
+Test(sched_plan, build_failure_fails_the_run) {
+  harness h;
+  to_plan(&h);
+  cr_assert_eq(sched_plan_built(h.s, h.now, h.plan_id, 0, "tensor layers.2.w: shape mismatch"),
+               SCHED_OK);
+  drain(&h);
+  cr_assert_eq(h.nabort, 1);
+  cr_assert_eq(h.run_state, SCHED_RUN_FAILED);
+  cr_assert(strstr(h.run_msg, "layers.2.w"), "%s", h.run_msg);
+  sched_free(h.s);
+}

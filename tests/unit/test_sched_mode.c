@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "orchestrator/sched.h"
+#include "rlorch/v1/broadcast.pb-c.h"
 
 #define GPU_OK {.cuda_devices = 1, .nccl = 1}
 #define NO_NCCL {.cuda_devices = 1, .nccl = 0}
@@ -99,4 +100,35 @@ Test(sched_mode, names_parse_back) {
   cr_assert_eq(sched_mode_parse(NULL, &x), SCHED_EINVAL);
   cr_assert_str_eq(sched_run_state_name(SCHED_RUN_SUCCEEDED), "succeeded");
   cr_assert_str_eq(sched_strerror(SCHED_ENOTSUP), "mode not supported by the participants");
+}
+
+Test(sched_record, converts_to_protobuf_and_round_trips) {
+  sched_step_record r = {.run_id = "r9", .step = 4, .mode = SCHED_MODE_STAGED,
+                         .mode_reason = "2 of 8 tensors host-resident", .transport = "nccl",
+                         .pcie_bytes = 10, .wire_bytes = 20, .h2d_seconds = 0.5,
+                         .total_seconds = 2, .exposed_staging_seconds = 0.25,
+                         .exposed_measured = 1, .gbps = 1e-8, .rollouts_used = 64,
+                         .rollouts_dropped = 3, .step_seconds = 4, .staging_share = 0.0625,
+                         .policy_version = 5, .buckets = 7, .finished_unix_ms = 123,
+                         .weights_verified = 1, .receivers = 2};
+  Rlorch__V1__StepRecord pb = RLORCH__V1__STEP_RECORD__INIT;
+  sched_step_record_to_pb(&r, &pb);
+  uint8_t buf[1024];
+  size_t len = rlorch__v1__step_record__pack(&pb, buf);
+  cr_assert_lt(len, sizeof buf);
+  Rlorch__V1__StepRecord *back = rlorch__v1__step_record__unpack(NULL, len, buf);
+  cr_assert_not_null(back);
+  cr_assert_str_eq(back->run_id, "r9");
+  cr_assert_eq(back->step, 4);
+  cr_assert_eq(back->mode, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED);
+  cr_assert_str_eq(back->mode_reason, r.mode_reason);
+  cr_assert_str_eq(back->transport, "nccl");
+  cr_assert_eq(back->rollouts_dropped, 3);
+  cr_assert_float_eq(back->staging_share, 0.0625, 1e-15);
+  cr_assert_eq(back->policy_version, 5);
+  cr_assert(back->exposed_measured);
+  cr_assert(back->weights_verified);
+  cr_assert_eq(back->receivers, 2);
+  cr_assert_eq(back->finished_unix_ms, 123);
+  rlorch__v1__step_record__free_unpacked(back, NULL);
 }
