@@ -1,0 +1,594 @@
+/* The worker protocol: register, attach, heartbeat, command queue, signals. */
+#include "workers/agent/agent_core.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "orchestrator/log.h"
+#include "rpc/rpc.h"
+
+#define AGENT__M_REGISTER "/rlorch.v1.Worker/Register"
+#define AGENT__M_ATTACH "/rlorch.v1.Worker/Attach"
+#define AGENT__M_REPORT "/rlorch.v1.Worker/Report"
+#define AGENT__CALL_TIMEOUT_S 10.0
+#define AGENT__BACKOFF_MIN_S 0.1
+#define AGENT__BACKOFF_MAX_S 5.0
+#define AGENT__REPORT_GIVE_UP_S 120.0
+
+typedef enum { AGENT__CONN_UNKNOWN = 0, AGENT__CONN_UP, AGENT__CONN_DOWN } agent__conn;
+
+typedef struct agent__item {
+  Rlorch__V1__Command *cmd;
+  struct agent__item *next;
+} agent__item;
+
+struct agent {
+  agent_opts opts;
+  Rlorch__V1__RegisterRequest *reg;
+  char name[256];
+  char token[1024];
+  agent_command_fn fn;
+  void *ud;
+  rpc_client *rpc;
+
+  pthread_mutex_t mu; /* guards everything below, and the queue */
+  pthread_cond_t cond; /* queue grew, registration changed, or stop */
+  char worker_id[128];
+  uint32_t rank;
+  uint32_t hb_ms;
+  uint64_t gen;        /* bumped by every successful registration */
+  agent__conn conn;
+  agent__item *head, *tail;
+  size_t queued;
+
+  pthread_mutex_t reg_mu; /* one registration at a time */
+  atomic_int stop;
+  atomic_uint_fast64_t policy_version;
+  int signo;   /* the signal that stopped the agent, 0 if none */
+  int refused; /* registration refused for good: exit 1 */
+
+  pthread_t attach_tid, hb_tid, sig_tid;
+  int attach_started, hb_started, sig_started;
+  atomic_int sig_exit;
+};
+
+/* ---- small helpers ------------------------------------------------------- */
+
+double agent_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int agent_stopping(const agent *a) { return atomic_load(&a->stop); }
+uint64_t agent_policy_version(const agent *a) { return atomic_load(&a->policy_version); }
+void agent_set_policy_version(agent *a, uint64_t v) { atomic_store(&a->policy_version, v); }
+
+uint32_t agent_rank(const agent *a) {
+  agent *m = (agent *)a;
+  pthread_mutex_lock(&m->mu);
+  uint32_t r = m->rank;
+  pthread_mutex_unlock(&m->mu);
+  return r;
+}
+
+/* Waits on the agent's condition for up to s seconds; mu must be held. */
+static void agent__timedwait(agent *a, double s) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double end = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + s;
+  ts.tv_sec = (time_t)end;
+  ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+  pthread_cond_timedwait(&a->cond, &a->mu, &ts);
+}
+
+void agent_sleep(agent *a, double s) {
+  double end = agent_now() + s;
+  pthread_mutex_lock(&a->mu);
+  for (double left = s; left > 0 && !atomic_load(&a->stop); left = end - agent_now())
+    agent__timedwait(a, left);
+  pthread_mutex_unlock(&a->mu);
+}
+
+static double agent__backoff_next(double b) {
+  b *= 2;
+  return b > AGENT__BACKOFF_MAX_S ? AGENT__BACKOFF_MAX_S : b;
+}
+
+static void agent__wake(agent *a) {
+  pthread_mutex_lock(&a->mu);
+  pthread_cond_broadcast(&a->cond);
+  pthread_mutex_unlock(&a->mu);
+}
+
+/* Requests a stop from any thread: wakes sleepers and the blocked stream. */
+static void agent__request_stop(agent *a) {
+  atomic_store(&a->stop, 1);
+  if (a->rpc) rpc_client_cancel_streams(a->rpc);
+  agent__wake(a);
+}
+
+/* Logs connectivity once per change, not once per attempt. */
+static void agent__set_conn(agent *a, agent__conn c, const rpc_status *st) {
+  pthread_mutex_lock(&a->mu);
+  agent__conn was = a->conn;
+  a->conn = c;
+  pthread_mutex_unlock(&a->mu);
+  if (was == c) return;
+  if (c == AGENT__CONN_UP)
+    log_info("orchestrator_reachable", "addr=%s", a->opts.orchestrator);
+  else
+    log_warn("orchestrator_unreachable", "addr=%s code=%s msg=\"%s\" retry=backoff max_s=%.0f",
+             a->opts.orchestrator, rpc_status_name(st->code), st->message, AGENT__BACKOFF_MAX_S);
+}
+
+static uint64_t agent__snapshot(agent *a, char *id, size_t idlen) {
+  pthread_mutex_lock(&a->mu);
+  snprintf(id, idlen, "%s", a->worker_id);
+  uint64_t g = a->gen;
+  pthread_mutex_unlock(&a->mu);
+  return g;
+}
+
+/* ---- registration -------------------------------------------------------- */
+
+static int agent__register_once(agent *a, rpc_status *st) {
+  ProtobufCMessage *resp = NULL;
+  grpc_status_code code =
+      rpc_client_call(a->rpc, AGENT__M_REGISTER, &a->reg->base,
+                      &rlorch__v1__register_response__descriptor, AGENT__CALL_TIMEOUT_S, &resp, st);
+  if (code != GRPC_STATUS_OK) return -1;
+  Rlorch__V1__RegisterResponse *r = (Rlorch__V1__RegisterResponse *)resp;
+  pthread_mutex_lock(&a->mu);
+  snprintf(a->worker_id, sizeof a->worker_id, "%s", r->worker_id ? r->worker_id : "");
+  a->rank = r->rank;
+  a->hb_ms = r->heartbeat_interval_ms ? r->heartbeat_interval_ms : 1000;
+  if (a->hb_ms < 50) a->hb_ms = 50;
+  a->gen++;
+  pthread_cond_broadcast(&a->cond);
+  pthread_mutex_unlock(&a->mu);
+  log_info("registered", "worker_id=%s rank=%u heartbeat_ms=%u name=%s", r->worker_id, r->rank,
+           r->heartbeat_interval_ms, a->name);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return 0;
+}
+
+/* Registers unless someone already did since generation `seen`. Retries with
+ * backoff until it succeeds or the agent stops; returns 0 or -1 (stopping).
+ * Fatal refusals (bad arguments, authentication) stop the agent. */
+static int agent__register(agent *a, uint64_t seen) {
+  pthread_mutex_lock(&a->reg_mu);
+  pthread_mutex_lock(&a->mu);
+  int done = a->gen != seen;
+  pthread_mutex_unlock(&a->mu);
+  double backoff = AGENT__BACKOFF_MIN_S;
+  while (!done && !atomic_load(&a->stop)) {
+    rpc_status st;
+    if (agent__register_once(a, &st) == 0) {
+      agent__set_conn(a, AGENT__CONN_UP, &st);
+      done = 1;
+      break;
+    }
+    if (st.code == GRPC_STATUS_INVALID_ARGUMENT || st.code == GRPC_STATUS_UNAUTHENTICATED ||
+        st.code == GRPC_STATUS_PERMISSION_DENIED || st.code == GRPC_STATUS_FAILED_PRECONDITION) {
+      log_error("register_refused", "code=%s msg=\"%s\"", rpc_status_name(st.code), st.message);
+      pthread_mutex_unlock(&a->reg_mu);
+      pthread_mutex_lock(&a->mu);
+      a->refused = 1;
+      pthread_mutex_unlock(&a->mu);
+      agent__request_stop(a);
+      return -1;
+    }
+    agent__set_conn(a, AGENT__CONN_DOWN, &st);
+    agent_sleep(a, backoff);
+    backoff = agent__backoff_next(backoff);
+  }
+  pthread_mutex_unlock(&a->reg_mu);
+  return done ? 0 : -1;
+}
+
+/* The orchestrator forgot the worker: register again, then make the attach
+ * thread re-open its stream under the new id. */
+static void agent__reregister(agent *a, uint64_t seen, const char *why) {
+  log_warn("worker_unknown", "reason=\"%s\" action=register", why);
+  if (agent__register(a, seen) == 0 && !atomic_load(&a->stop)) rpc_client_cancel_streams(a->rpc);
+}
+
+/* ---- attach thread ------------------------------------------------------- */
+
+typedef struct agent__attach_ctx {
+  agent *a;
+  uint64_t count;
+} agent__attach_ctx;
+
+static int agent__on_command(ProtobufCMessage *m, void *ud) {
+  agent__attach_ctx *c = ud;
+  agent *a = c->a;
+  agent__item *it = malloc(sizeof *it);
+  if (!it) {
+    log_error("command_dropped", "reason=\"no memory\"");
+    protobuf_c_message_free_unpacked(m, NULL);
+    return 1;
+  }
+  it->cmd = (Rlorch__V1__Command *)m;
+  it->next = NULL;
+  c->count++;
+  pthread_mutex_lock(&a->mu);
+  if (a->tail) a->tail->next = it;
+  else a->head = it;
+  a->tail = it;
+  a->queued++;
+  pthread_cond_broadcast(&a->cond);
+  pthread_mutex_unlock(&a->mu);
+  return atomic_load(&a->stop) ? 1 : 0;
+}
+
+static void *agent__attach_main(void *arg) {
+  agent *a = arg;
+  double backoff = AGENT__BACKOFF_MIN_S;
+  while (!atomic_load(&a->stop)) {
+    char id[128];
+    uint64_t gen = agent__snapshot(a, id, sizeof id);
+    Rlorch__V1__AttachRequest req = RLORCH__V1__ATTACH_REQUEST__INIT;
+    req.worker_id = id;
+    agent__attach_ctx ctx = {a, 0};
+    rpc_status st;
+    log_debug("attach", "worker_id=%s", id);
+    grpc_status_code code = rpc_client_stream(a->rpc, AGENT__M_ATTACH, &req.base,
+                                              &rlorch__v1__command__descriptor, 0,
+                                              agent__on_command, &ctx, &st);
+    if (atomic_load(&a->stop)) break;
+    if (ctx.count > 0) backoff = AGENT__BACKOFF_MIN_S;
+    char now_id[128];
+    if (agent__snapshot(a, now_id, sizeof now_id) != gen) continue; /* re-registered: re-attach */
+    if (code == GRPC_STATUS_NOT_FOUND) {
+      agent__reregister(a, gen, st.message);
+      continue;
+    }
+    if (code == GRPC_STATUS_OK) {
+      log_info("attach_closed", "worker_id=%s commands=%llu", id, (unsigned long long)ctx.count);
+    } else {
+      log_debug("attach_failed", "code=%s msg=\"%s\"", rpc_status_name(code), st.message);
+      if (code != GRPC_STATUS_CANCELLED) agent__set_conn(a, AGENT__CONN_DOWN, &st);
+    }
+    agent_sleep(a, backoff);
+    backoff = agent__backoff_next(backoff);
+  }
+  return NULL;
+}
+
+/* ---- heartbeat thread ------------------------------------------------------ */
+
+/* One report under the current id. Returns the gRPC code; *known is false
+ * when the orchestrator answered that it does not know the worker. */
+static grpc_status_code agent__report_once(agent *a, Rlorch__V1__ReportRequest *req, char *id,
+                                           uint64_t *gen, int *known, rpc_status *st) {
+  *gen = agent__snapshot(a, id, 128);
+  req->worker_id = id;
+  ProtobufCMessage *resp = NULL;
+  grpc_status_code code =
+      rpc_client_call(a->rpc, AGENT__M_REPORT, &req->base,
+                      &rlorch__v1__report_response__descriptor, AGENT__CALL_TIMEOUT_S, &resp, st);
+  *known = code != GRPC_STATUS_NOT_FOUND;
+  if (code == GRPC_STATUS_OK) {
+    *known = ((Rlorch__V1__ReportResponse *)resp)->known;
+    protobuf_c_message_free_unpacked(resp, NULL);
+  }
+  return code;
+}
+
+static void *agent__heartbeat_main(void *arg) {
+  agent *a = arg;
+  double backoff = 0;
+  while (!atomic_load(&a->stop)) {
+    pthread_mutex_lock(&a->mu);
+    double wait = backoff > 0 ? backoff : a->hb_ms / 1000.0;
+    pthread_mutex_unlock(&a->mu);
+    agent_sleep(a, wait);
+    if (atomic_load(&a->stop)) break;
+    Rlorch__V1__Heartbeat hb = RLORCH__V1__HEARTBEAT__INIT;
+    hb.policy_version = agent_policy_version(a);
+    Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
+    req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_HEARTBEAT;
+    req.heartbeat = &hb;
+    char id[128];
+    uint64_t gen;
+    int known;
+    rpc_status st;
+    grpc_status_code code = agent__report_once(a, &req, id, &gen, &known, &st);
+    if (!known) {
+      agent__set_conn(a, AGENT__CONN_UP, &st);
+      agent__reregister(a, gen, code == GRPC_STATUS_OK ? "heartbeat: known=false" : st.message);
+      backoff = 0;
+    } else if (code == GRPC_STATUS_OK) {
+      agent__set_conn(a, AGENT__CONN_UP, &st);
+      backoff = 0;
+    } else {
+      agent__set_conn(a, AGENT__CONN_DOWN, &st);
+      backoff = backoff > 0 ? agent__backoff_next(backoff) : AGENT__BACKOFF_MIN_S * 2;
+    }
+  }
+  return NULL;
+}
+
+int agent_report(agent *a, Rlorch__V1__ReportRequest *req) {
+  double backoff = AGENT__BACKOFF_MIN_S, start = agent_now();
+  while (!atomic_load(&a->stop)) {
+    char id[128];
+    uint64_t gen;
+    int known;
+    rpc_status st;
+    grpc_status_code code = agent__report_once(a, req, id, &gen, &known, &st);
+    req->worker_id = NULL;
+    if (!known) {
+      log_warn("report_dropped", "kind=%d reason=\"orchestrator forgot the worker\"",
+               (int)req->kind_case);
+      agent__reregister(a, gen, code == GRPC_STATUS_OK ? "report: known=false" : st.message);
+      return -1;
+    }
+    if (code == GRPC_STATUS_OK) return 0;
+    if (code == GRPC_STATUS_INVALID_ARGUMENT || code == GRPC_STATUS_FAILED_PRECONDITION ||
+        code == GRPC_STATUS_PERMISSION_DENIED || code == GRPC_STATUS_UNAUTHENTICATED) {
+      log_error("report_refused", "kind=%d code=%s msg=\"%s\"", (int)req->kind_case,
+                rpc_status_name(code), st.message);
+      return -1;
+    }
+    agent__set_conn(a, AGENT__CONN_DOWN, &st);
+    if (agent_now() - start > AGENT__REPORT_GIVE_UP_S) {
+      log_error("report_dropped", "kind=%d reason=\"unreachable for %.0f s\"", (int)req->kind_case,
+                AGENT__REPORT_GIVE_UP_S);
+      return -1;
+    }
+    agent_sleep(a, backoff);
+    backoff = agent__backoff_next(backoff);
+  }
+  return -1;
+}
+
+/* ---- signals ---------------------------------------------------------------- */
+
+void agent_block_signals(void) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+static void *agent__signal_main(void *arg) {
+  agent *a = arg;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (atomic_load(&a->sig_exit)) return NULL; /* agent_run is done: our own wake-up */
+    log_info("signal", "signal=%s action=stop", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    pthread_mutex_lock(&a->mu);
+    if (!a->signo) a->signo = sig;
+    pthread_mutex_unlock(&a->mu);
+    agent__request_stop(a);
+    return NULL;
+  }
+}
+
+/* ---- lifecycle -------------------------------------------------------------- */
+
+int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_command_fn fn,
+              void *ud, agent **out, char *err, size_t errlen) {
+  agent *a = calloc(1, sizeof *a);
+  if (!a) {
+    snprintf(err, errlen, "no memory");
+    return -1;
+  }
+  a->opts = *o;
+  a->reg = reg;
+  a->fn = fn;
+  a->ud = ud;
+  if (o->name) snprintf(a->name, sizeof a->name, "%s", o->name);
+  else agent_default_name(o->role, a->name, sizeof a->name);
+  if (!reg->name || !*reg->name) reg->name = a->name;
+  if (o->token_file && agent_read_token(o->token_file, a->token, sizeof a->token, err, errlen)) {
+    free(a);
+    return -1;
+  }
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&a->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&a->mu, NULL);
+  pthread_mutex_init(&a->reg_mu, NULL);
+  a->hb_ms = 1000;
+  rpc_client_opts co = {.target = o->orchestrator, .token = a->token[0] ? a->token : NULL};
+  if (rpc_client_new(&co, &a->rpc, err, errlen) != 0) {
+    agent_free(a);
+    return -1;
+  }
+  *out = a;
+  return 0;
+}
+
+static Rlorch__V1__Command *agent__pop(agent *a) {
+  pthread_mutex_lock(&a->mu);
+  while (!a->head && !atomic_load(&a->stop)) pthread_cond_wait(&a->cond, &a->mu);
+  Rlorch__V1__Command *cmd = NULL;
+  if (a->head && !atomic_load(&a->stop)) {
+    agent__item *it = a->head;
+    a->head = it->next;
+    if (!a->head) a->tail = NULL;
+    a->queued--;
+    cmd = it->cmd;
+    free(it);
+  }
+  pthread_mutex_unlock(&a->mu);
+  return cmd;
+}
+
+static void agent__join(agent *a) {
+  agent__request_stop(a);
+  if (a->attach_started) pthread_join(a->attach_tid, NULL);
+  if (a->hb_started) pthread_join(a->hb_tid, NULL);
+  a->attach_started = a->hb_started = 0;
+  if (a->sig_started) {
+    atomic_store(&a->sig_exit, 1);
+    pthread_kill(a->sig_tid, SIGTERM);
+    pthread_join(a->sig_tid, NULL);
+    a->sig_started = 0;
+  }
+}
+
+int agent_run(agent *a) {
+  a->sig_started = pthread_create(&a->sig_tid, NULL, agent__signal_main, a) == 0;
+  int status = 0;
+  if (agent__register(a, 0) != 0) goto out;
+  a->attach_started = pthread_create(&a->attach_tid, NULL, agent__attach_main, a) == 0;
+  a->hb_started = pthread_create(&a->hb_tid, NULL, agent__heartbeat_main, a) == 0;
+  if (!a->attach_started || !a->hb_started) {
+    log_error("fatal", "reason=\"cannot start threads\"");
+    status = 1;
+    goto out;
+  }
+  for (;;) {
+    Rlorch__V1__Command *cmd = agent__pop(a);
+    if (!cmd) break;
+    log_debug("command", "seq=%llu kind=%d rank=%u", (unsigned long long)cmd->seq,
+              (int)cmd->kind_case, cmd->rank);
+    int rc = a->fn(a, cmd, a->ud);
+    protobuf_c_message_free_unpacked(&cmd->base, NULL);
+    if (rc < 0) {
+      status = 1;
+      break;
+    }
+    if (rc > 0) break;
+  }
+out:
+  agent__join(a);
+  pthread_mutex_lock(&a->mu);
+  if (a->refused) status = 1;
+  pthread_mutex_unlock(&a->mu);
+  return status;
+}
+
+void agent_free(agent *a) {
+  if (!a) return;
+  agent__join(a);
+  while (a->head) {
+    agent__item *it = a->head;
+    a->head = it->next;
+    protobuf_c_message_free_unpacked(&it->cmd->base, NULL);
+    free(it);
+  }
+  if (a->rpc) rpc_client_free(a->rpc);
+  pthread_mutex_destroy(&a->mu);
+  pthread_mutex_destroy(&a->reg_mu);
+  pthread_cond_destroy(&a->cond);
+  memset(a->token, 0, sizeof a->token);
+  free(a);
+}
+
+/* ---- helpers for both roles ------------------------------------------------- */
+
+void agent_caps_to_pb(const bcast_caps *caps, int device, Rlorch__V1__Capabilities *out) {
+  rlorch__v1__capabilities__init(out);
+  out->cuda_devices = device >= 0 ? (uint32_t)caps->cuda_devices : 0;
+  out->cuda_version = (char *)caps->cuda_version;
+  out->nccl_version = (char *)caps->nccl_version;
+  out->pinned_limit_bytes = caps->pinned_limit_bytes;
+  out->cpu_threads = (uint32_t)caps->cpu_threads;
+  out->gpu_name = device >= 0 ? (char *)caps->gpu_name : "";
+}
+
+void agent_default_name(agent_role role, char *buf, size_t len) {
+  char host[128] = "localhost";
+  if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "localhost");
+  host[sizeof host - 1] = 0;
+  snprintf(buf, len, "%s-%s-%ld", role == AGENT_ROLE_TRAINER ? "trainer" : "inference", host,
+           (long)getpid());
+}
+
+int agent_read_token(const char *path, char *buf, size_t len, char *err, size_t errlen) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    snprintf(err, errlen, "--token-file %s: %s", path, strerror(errno));
+    return -1;
+  }
+  size_t n = fread(buf, 1, len - 1, f);
+  int big = n == len - 1 && fgetc(f) != EOF;
+  fclose(f);
+  buf[n] = 0;
+  if (big) {
+    snprintf(err, errlen, "--token-file %s: longer than %zu bytes", path, len - 2);
+    return -1;
+  }
+  while (n > 0 && isspace((unsigned char)buf[n - 1])) buf[--n] = 0;
+  size_t s = 0;
+  while (buf[s] && isspace((unsigned char)buf[s])) s++;
+  memmove(buf, buf + s, n - s + 1);
+  if (!buf[0]) {
+    snprintf(err, errlen, "--token-file %s: empty", path);
+    return -1;
+  }
+  return 0;
+}
+
+int agent_pick_device(const agent_opts *o, const bcast_caps *caps, int *device, char *err,
+                      size_t errlen) {
+  if (!o->device_set) {
+    *device = caps->cuda_devices > 0 ? 0 : -1;
+    return 0;
+  }
+  if (o->device >= 0 && o->device >= caps->cuda_devices) {
+    snprintf(err, errlen, "--device %d: no such CUDA device (%d visible%s%s)", o->device,
+             caps->cuda_devices, caps->cuda_built ? "" : "; built without CUDA",
+             caps->note[0] ? "; " : "");
+    if (caps->note[0]) {
+      size_t l = strlen(err);
+      snprintf(err + l, errlen - l, "%s", caps->note);
+    }
+    return -1;
+  }
+  *device = o->device;
+  return 0;
+}
+
+/* Parses flags and sets up logging; returns -1 to go on, else the exit status. */
+int agent_start(agent_role role, int argc, char **argv, agent_opts *o) {
+  char err[512];
+  int rc = agent_opts_parse(role, argc, argv, o, err, sizeof err);
+  const char *cmd = role == AGENT_ROLE_TRAINER ? "trainer" : "inference";
+  if (rc == 1) {
+    fputs(agent_opts_usage(role), stdout);
+    return 0;
+  }
+  if (rc < 0) {
+    fprintf(stderr, "rlorch %s: %s\n\n%s", cmd, err, agent_opts_usage(role));
+    return 2;
+  }
+  log_setup(o->log_level, o->log_format, cmd);
+  agent_block_signals();
+  return -1;
+}
+
+/* Logs what the agent runs on; the host transport is said loudly. */
+void agent_log_devices(const bcast_caps *caps, int device) {
+  if (device >= 0)
+    log_info("devices", "device=%d gpu=\"%s\" cuda=%s driver=%s nccl=%s transport=%s", device,
+             caps->gpu_name, caps->cuda_version, caps->driver_version,
+             caps->nccl_version[0] ? caps->nccl_version : "none",
+             caps->nccl_built ? "nccl (host-tcp when the plan says host)" : "host-tcp");
+  else
+    log_warn("devices", "device=none transport=host-tcp cpu_threads=%d msg=\"NO GPU: weights "
+             "move over the HOST TCP transport with CPU casts%s%s\"",
+             caps->cpu_threads, caps->note[0] ? "; " : "", caps->note);
+}

@@ -1,0 +1,71 @@
+/* agent_core: what the trainer and inference agents share, the worker
+ * protocol with the orchestrator.
+ *
+ * Threads: the caller's thread runs agent_run and executes commands one at a
+ * time, in order; an attach thread reads the Attach stream and queues
+ * commands; a heartbeat thread reports liveness every heartbeat interval; a
+ * signal thread turns SIGINT/SIGTERM into a stop. Either background thread
+ * re-registers when the orchestrator no longer knows the worker (once per
+ * loss), and every retry backs off: the agent never spins on a dead server.
+ * Internal to the agents. */
+#ifndef RLORCH_AGENT_CORE_H
+#define RLORCH_AGENT_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlorch/v1/worker.pb-c.h"
+#include "workers/agent/agent_opts.h"
+#include "workers/bcast/bcast.h"
+
+typedef struct agent agent;
+
+/* Executes one command; returns 0 to go on, 1 to leave after it (shutdown),
+ * or -1 for a fatal error (already logged; the process exits 1). */
+typedef int (*agent_command_fn)(agent *a, const Rlorch__V1__Command *cmd, void *ud);
+
+/* Blocks SIGINT and SIGTERM in the calling thread; call first thing, before
+ * any thread exists, so every later thread inherits the mask and the signal
+ * thread alone receives them. */
+void agent_block_signals(void);
+
+/* reg: the Register request (role, capabilities, manifest, data address),
+ * owned by the caller and left unchanged while the agent lives; the worker
+ * name is filled in here when empty. */
+int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_command_fn fn,
+              void *ud, agent **out, char *err, size_t errlen);
+/* Registers, attaches and executes commands until shutdown, a signal or a
+ * fatal error. Returns the exit status: 0, or 1 after a fatal error. */
+int agent_run(agent *a);
+void agent_free(agent *a);
+
+/* Sends a report (worker_id is filled in here), retrying with backoff while the
+ * orchestrator is unreachable. 0 when delivered; -1 when dropped (stopping, or
+ * the orchestrator forgot the worker: the report is then stale anyway). */
+int agent_report(agent *a, Rlorch__V1__ReportRequest *req);
+
+int agent_stopping(const agent *a);
+uint64_t agent_policy_version(const agent *a);
+void agent_set_policy_version(agent *a, uint64_t v);
+uint32_t agent_rank(const agent *a); /* rank from the last registration */
+/* Sleeps up to `s` seconds, waking early when the agent stops. */
+void agent_sleep(agent *a, double s);
+
+/* Fills the Capabilities message (strings point into caps). */
+void agent_caps_to_pb(const bcast_caps *caps, int device, Rlorch__V1__Capabilities *out);
+/* The default worker name: "host-pid" (role-prefixed). */
+void agent_default_name(agent_role role, char *buf, size_t len);
+/* Reads a bearer token file, trimming surrounding white space. 0 or -1. */
+int agent_read_token(const char *path, char *buf, size_t len, char *err, size_t errlen);
+/* Resolves --device against what the machine offers; -1 with a message when
+ * the requested device does not exist. */
+int agent_pick_device(const agent_opts *o, const bcast_caps *caps, int *device, char *err,
+                      size_t errlen);
+double agent_now(void); /* monotonic seconds */
+/* Parses flags, sets up logging and blocks the stop signals. Returns -1 to go
+ * on, else the exit status (0 after --help, 2 for bad flags). */
+int agent_start(agent_role role, int argc, char **argv, agent_opts *o);
+/* Logs the device and transport the agent uses; the host transport loudly. */
+void agent_log_devices(const bcast_caps *caps, int device);
+
+#endif

@@ -1,0 +1,207 @@
+/* `rlorch inference`: synthetic rollouts with the policy version held, the
+ * receiving side of the broadcast. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "orchestrator/log.h"
+#include "workers/agent/agent.h"
+#include "workers/agent/agent_core.h"
+#include "workers/agent/agent_rollout.h"
+#include "workers/agent/agent_weights.h"
+#include "workers/agent/agent_xfer.h"
+#include "workers/bcast/bcast_preset.h"
+
+#ifdef RLORCH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/* Rollouts per report: bounds the message (about 30 bytes each) whatever
+ * count the orchestrator asks for. */
+#define AGENT__ROLLOUTS_PER_REPORT 65536u
+
+typedef struct agent__inference {
+  agent_opts o;
+  bcast_caps caps;
+  int device;
+  agent_rollout_gen gen;
+  agent *a;
+  bcast_tensor *t; /* receive buffers in wire dtype, from the first plan */
+  size_t n;
+  bcast_storage *storage;
+  agent_xfer xfer;
+  Rlorch__V1__Capabilities caps_pb;
+  Rlorch__V1__RegisterRequest reg;
+} agent__inference;
+
+static void inference__free_buffers(agent__inference *in) {
+  bcast_storage_free(in->storage);
+  free(in->t);
+  in->storage = NULL;
+  in->t = NULL;
+  in->n = 0;
+}
+
+/* Allocates receive buffers shaped like the plan's tensors (GPU memory with a
+ * device, host memory otherwise), or reuses the ones it already has. */
+static int inference__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
+                           bcast_err *err) {
+  agent__inference *in = ud;
+  if (in->t && bcast_plan_check_local(p, in->t, in->n, 0, err) == 0) {
+    *local = in->t;
+    *n = in->n;
+    return 0;
+  }
+  if (in->t) log_info("receive_buffers_realloc", "reason=\"%s\"", err->msg);
+  inference__free_buffers(in);
+  in->t = calloc(p->ntensors ? p->ntensors : 1, sizeof *in->t);
+  if (!in->t) {
+    err->code = BCAST_ENOMEM;
+    snprintf(err->msg, sizeof err->msg, "receive buffers: no memory");
+    return BCAST_ENOMEM;
+  }
+  memcpy(in->t, p->tensors, p->ntensors * sizeof *in->t);
+  in->n = p->ntensors;
+  for (size_t i = 0; i < in->n; i++) {
+    in->t[i].residency = in->device >= 0 ? BCAST_RES_GPU : BCAST_RES_HOST_PAGEABLE;
+    in->t[i].device = in->device;
+    in->t[i].data = NULL;
+  }
+  int rc = bcast_storage_alloc(in->t, in->n, BCAST_FILL_RECEIVER, 0, &in->storage, err);
+  if (!rc) rc = bcast_plan_check_local(p, in->t, in->n, 0, err);
+  if (rc) {
+    inference__free_buffers(in);
+    return rc;
+  }
+  log_info("receive_buffers", "tensors=%zu bytes=%llu where=%s", in->n,
+           (unsigned long long)bcast_storage_bytes(in->storage),
+           in->device >= 0 ? "gpu" : "host");
+  *local = in->t;
+  *n = in->n;
+  return 0;
+}
+
+/* The checksum of the received weights, in plan order (the plan's tensors are
+ * the buffers' order); on success the policy version of the plan. */
+static int inference__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, char *err,
+                           size_t errlen) {
+  agent__inference *in = ud;
+  if (!ok) return 0;
+  if (agent_weights_checksum(in->t, in->n, AGENT_WEIGHTS_WIRE, checksum, err, errlen)) return -1;
+  agent_set_policy_version(in->a, p->policy_version);
+  log_info("policy_version", "version=%llu", (unsigned long long)p->policy_version);
+  return 0;
+}
+
+static int inference__stop(void *ud) { return agent_stopping(ud); }
+
+static int inference__rollout(agent__inference *in, agent *a, const Rlorch__V1__RolloutRequest *r) {
+  uint32_t left = r->count;
+  uint32_t rank = agent_rank(a);
+  do {
+    uint32_t k = left < AGENT__ROLLOUTS_PER_REPORT ? left : AGENT__ROLLOUTS_PER_REPORT;
+    agent_rollout *ro = calloc(k ? k : 1, sizeof *ro);
+    Rlorch__V1__Rollout *msgs = calloc(k ? k : 1, sizeof *msgs);
+    Rlorch__V1__Rollout **ptrs = calloc(k ? k : 1, sizeof *ptrs);
+    if (!ro || !msgs || !ptrs) {
+      free(ro);
+      free(msgs);
+      free(ptrs);
+      log_error("fatal", "reason=\"no memory for %u rollouts\"", k);
+      return -1;
+    }
+    uint64_t version = agent_policy_version(a);
+    size_t made = agent_rollout_run(&in->gen, rank, version, ro, k, inference__stop, a);
+    uint64_t tokens = 0;
+    for (size_t i = 0; i < made; i++) {
+      rlorch__v1__rollout__init(&msgs[i]);
+      msgs[i].id = ro[i].id;
+      msgs[i].policy_version = ro[i].policy_version;
+      msgs[i].tokens = ro[i].tokens;
+      msgs[i].seconds = ro[i].seconds;
+      ptrs[i] = &msgs[i];
+      tokens += ro[i].tokens;
+    }
+    Rlorch__V1__RolloutResult res = RLORCH__V1__ROLLOUT_RESULT__INIT;
+    res.request_id = r->request_id;
+    res.n_rollouts = made;
+    res.rollouts = ptrs;
+    Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
+    req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS;
+    req.rollouts = &res;
+    log_debug("rollouts", "request_id=%llu count=%zu tokens=%llu version=%llu",
+              (unsigned long long)r->request_id, made, (unsigned long long)tokens,
+              (unsigned long long)version);
+    if (made > 0 || r->count == 0) agent_report(a, &req);
+    free(ro);
+    free(msgs);
+    free(ptrs);
+    left -= k;
+    if (made < k) break; /* stopping */
+  } while (left > 0);
+  return 0;
+}
+
+static int inference__command(agent *a, const Rlorch__V1__Command *cmd, void *ud) {
+  agent__inference *in = ud;
+  switch (cmd->kind_case) {
+  case RLORCH__V1__COMMAND__KIND_ROLLOUT: return inference__rollout(in, a, cmd->rollout);
+  case RLORCH__V1__COMMAND__KIND_PLAN: agent_xfer_on_plan(&in->xfer, a, cmd); return 0;
+  case RLORCH__V1__COMMAND__KIND_TRIGGER: agent_xfer_on_trigger(&in->xfer, a, cmd); return 0;
+  case RLORCH__V1__COMMAND__KIND_ABORT: agent_xfer_on_abort(&in->xfer, cmd); return 0;
+  case RLORCH__V1__COMMAND__KIND_SHUTDOWN:
+    log_info("shutdown", "reason=\"%s\"", cmd->shutdown->reason ? cmd->shutdown->reason : "");
+    return 1;
+  case RLORCH__V1__COMMAND__KIND_TRAIN:
+    log_warn("command_ignored", "kind=train reason=\"an inference worker does not train\"");
+    return 0;
+  default:
+    log_warn("command_ignored", "kind=%d reason=\"unknown command\"", (int)cmd->kind_case);
+    return 0;
+  }
+}
+
+int agent_inference_main(int argc, char **argv) {
+  agent__inference in;
+  memset(&in, 0, sizeof in);
+  int rc = agent_start(AGENT_ROLE_INFERENCE, argc, argv, &in.o);
+  if (rc >= 0) return rc;
+  char err[1024];
+  bcast_caps_probe(&in.caps);
+  if (agent_pick_device(&in.o, &in.caps, &in.device, err, sizeof err)) {
+    log_error("fatal", "reason=\"%s\"", err);
+    return 1;
+  }
+#ifdef RLORCH_HAVE_CUDA
+  if (in.device >= 0) cudaSetDevice(in.device);
+#endif
+  agent_log_devices(&in.caps, in.device);
+  uint64_t seed = in.o.seed_set ? in.o.seed : (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
+  agent_rollout_gen_init(&in.gen, &in.o.rollout, seed);
+  int status = 1;
+  agent *a = NULL;
+  agent_xfer_init(&in.xfer, 0, in.device, NULL, inference__bind, inference__done, &in, err,
+                  sizeof err);
+  rlorch__v1__register_request__init(&in.reg);
+  agent_caps_to_pb(&in.caps, in.device, &in.caps_pb);
+  in.reg.role = RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE;
+  in.reg.capabilities = &in.caps_pb;
+  if (agent_new(&in.o, &in.reg, inference__command, &in, &a, err, sizeof err)) {
+    log_error("fatal", "reason=\"%s\"", err);
+    goto out;
+  }
+  in.a = a;
+  log_info("inference_ready", "distribution=%s tokens_mean=%g tokens_std=%g latency_ms_mean=%g "
+           "latency_ms_std=%g device=%d",
+           in.o.rollout.dist == AGENT_DIST_NORMAL ? "normal" : "lognormal",
+           in.o.rollout.tokens_mean, in.o.rollout.tokens_std, in.o.rollout.latency_ms_mean,
+           in.o.rollout.latency_ms_std, in.device);
+  status = agent_run(a);
+out:
+  agent_free(a);
+  agent_xfer_free(&in.xfer);
+  inference__free_buffers(&in);
+  log_info("exit", "status=%d", status);
+  return status;
+}

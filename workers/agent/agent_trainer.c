@@ -1,0 +1,282 @@
+/* `rlorch trainer`: fp32 master weights of a preset, a real AdamW step per
+ * train command, the sending side of the broadcast. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/log.h"
+#include "workers/agent/agent.h"
+#include "workers/agent/agent_adamw.h"
+#include "workers/agent/agent_core.h"
+#include "workers/agent/agent_pb.h"
+#include "workers/agent/agent_weights.h"
+#include "workers/agent/agent_xfer.h"
+#include "workers/bcast/bcast_preset.h"
+
+#ifdef RLORCH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+typedef struct agent__trainer {
+  agent_opts o;
+  bcast_caps caps;
+  int device;
+  bcast_residency residency; /* of the master weights */
+  int opt_gpu;               /* optimizer state and step on the GPU */
+  bcast_tensor *t;
+  size_t n;
+  bcast_storage *storage;
+  float *m, *v; /* optimizer state, total elements each */
+  agent_adamw_span *spans;
+  uint64_t total;
+  uint64_t steps; /* optimizer steps taken: the bias-correction count */
+  agent_adamw_hparams hp;
+  uint64_t checksum;
+  agent_xfer xfer;
+  Rlorch__V1__WeightManifest *manifest;
+  Rlorch__V1__Capabilities caps_pb;
+  Rlorch__V1__RegisterRequest reg;
+} agent__trainer;
+
+static void trainer__free(agent__trainer *tr) {
+  agent_xfer_free(&tr->xfer);
+#ifdef RLORCH_HAVE_CUDA
+  if (tr->opt_gpu) {
+    cudaFree(tr->m);
+    cudaFree(tr->v);
+    tr->m = tr->v = NULL;
+  }
+#endif
+  free(tr->m);
+  free(tr->v);
+  free(tr->spans);
+  bcast_storage_free(tr->storage);
+  free(tr->t);
+  agent_pb_manifest_free(tr->manifest);
+}
+
+/* Where weights and optimizer live for --offload on this machine. */
+static void trainer__placement(agent__trainer *tr) {
+  int gpu = tr->device >= 0;
+  switch (tr->o.offload) {
+  case AGENT_OFFLOAD_NONE:
+    tr->residency = gpu ? BCAST_RES_GPU : BCAST_RES_HOST_PAGEABLE;
+    tr->opt_gpu = gpu;
+    break;
+  case AGENT_OFFLOAD_PARAMS:
+    tr->residency = gpu ? BCAST_RES_HOST_PINNED : BCAST_RES_HOST_PAGEABLE;
+    tr->opt_gpu = gpu;
+    break;
+  case AGENT_OFFLOAD_PARAMS_OPTIMIZER:
+    tr->residency = gpu ? BCAST_RES_HOST_PINNED : BCAST_RES_HOST_PAGEABLE;
+    tr->opt_gpu = 0;
+    break;
+  }
+  if (!gpu)
+    log_warn("no_gpu", "offload=%s msg=\"no GPU: master weights and optimizer state in host "
+             "memory, optimizer on CPU; manifest says host-pageable\"",
+             agent_offload_name(tr->o.offload));
+}
+
+static int trainer__alloc_optimizer(agent__trainer *tr, char *err, size_t errlen) {
+  size_t bytes = (size_t)tr->total * sizeof(float);
+  if (tr->opt_gpu) {
+#ifdef RLORCH_HAVE_CUDA
+    cudaError_t e = cudaMalloc((void **)&tr->m, bytes ? bytes : 4);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&tr->v, bytes ? bytes : 4);
+    if (e == cudaSuccess) e = cudaMemset(tr->m, 0, bytes);
+    if (e == cudaSuccess) e = cudaMemset(tr->v, 0, bytes);
+    if (e != cudaSuccess) {
+      snprintf(err, errlen, "optimizer state: 2 x %zu bytes on GPU %d: %s", bytes, tr->device,
+               cudaGetErrorString(e));
+      return -1;
+    }
+#endif
+  } else {
+    tr->m = calloc(tr->total ? tr->total : 1, sizeof(float));
+    tr->v = calloc(tr->total ? tr->total : 1, sizeof(float));
+    if (!tr->m || !tr->v) {
+      snprintf(err, errlen, "optimizer state: 2 x %zu bytes of host memory", bytes);
+      return -1;
+    }
+  }
+  tr->spans = calloc(tr->n ? tr->n : 1, sizeof *tr->spans);
+  if (!tr->spans) {
+    snprintf(err, errlen, "no memory");
+    return -1;
+  }
+  uint64_t off = 0;
+  for (size_t i = 0; i < tr->n; i++) {
+    uint64_t e = bcast_tensor_elems(&tr->t[i]);
+    tr->spans[i] = (agent_adamw_span){tr->t[i].data, tr->m + off, tr->v + off, e, off};
+    off += e;
+  }
+  return 0;
+}
+
+static int trainer__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
+                         bcast_err *err) {
+  agent__trainer *tr = ud;
+  int rc = bcast_plan_check_local(p, tr->t, tr->n, 1, err);
+  if (rc) return rc;
+  *local = tr->t;
+  *n = tr->n;
+  return 0;
+}
+
+static int trainer__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, char *err,
+                         size_t errlen) {
+  agent__trainer *tr = ud;
+  (void)p, (void)ok, (void)err, (void)errlen;
+  *checksum = tr->checksum; /* weights have not changed since the step */
+  return 0;
+}
+
+static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
+  bcast_preset_opts po = {.storage_dtype = BCAST_DTYPE_FP32, .wire_dtype = BCAST_DTYPE_BF16,
+                          .residency = tr->residency, .device = tr->device,
+                          .max_layers = tr->o.max_layers};
+  bcast_err be = {0};
+  if (bcast_preset_manifest(tr->o.preset, &po, &tr->t, &tr->n, &be)) {
+    snprintf(err, errlen, "--preset %s: %s", tr->o.preset, be.msg);
+    return -1;
+  }
+  for (size_t i = 0; i < tr->n; i++) tr->total += bcast_tensor_elems(&tr->t[i]);
+  if (bcast_storage_alloc(tr->t, tr->n, BCAST_FILL_SENDER, tr->o.seed, &tr->storage, &be)) {
+    snprintf(err, errlen, "master weights: %s", be.msg);
+    return -1;
+  }
+  if (trainer__alloc_optimizer(tr, err, errlen)) return -1;
+  if (agent_weights_checksum(tr->t, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err, errlen))
+    return -1;
+  tr->manifest = agent_pb_manifest(tr->t, tr->n, tr->o.preset, (int)tr->o.offload);
+  if (!tr->manifest) {
+    snprintf(err, errlen, "no memory");
+    return -1;
+  }
+  if (agent_xfer_init(&tr->xfer, 1, tr->device, tr->o.data_listen, trainer__bind, trainer__done,
+                      tr, err, errlen))
+    return -1;
+  log_info("trainer_ready",
+           "preset=%s tensors=%zu params=%llu offload=%s weights=%s optimizer=%s device=%d "
+           "gpu=\"%s\" data_address=%s checksum=%016llx",
+           tr->o.preset, tr->n, (unsigned long long)tr->total, agent_offload_name(tr->o.offload),
+           tr->residency == BCAST_RES_GPU ? "gpu"
+           : tr->residency == BCAST_RES_HOST_PINNED ? "host-pinned" : "host-pageable",
+           tr->opt_gpu ? "gpu" : "cpu", tr->device, tr->device >= 0 ? tr->caps.gpu_name : "",
+           agent_xfer_data_address(&tr->xfer), (unsigned long long)tr->checksum);
+  return 0;
+}
+
+static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainStep *ts) {
+  char err[512];
+  agent_adamw_coef c;
+  double t0 = agent_now();
+  if (agent_adamw_coef_for_step(&tr->hp, tr->steps + 1, ts->seed, &c)) {
+    log_error("fatal", "reason=\"AdamW hyperparameters out of range\"");
+    return -1;
+  }
+  tr->steps++;
+  if (tr->opt_gpu) {
+    if (agent_adamw_gpu(&c, tr->spans, tr->n, err, sizeof err)) {
+      log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
+      return -1;
+    }
+  } else if (agent_adamw_cpu(&c, tr->spans, tr->n, tr->o.threads) != 0) {
+    log_warn("adamw_threads", "msg=\"could not start every thread; the step ran on fewer\"");
+  }
+  double train_s = agent_now() - t0;
+  double c0 = agent_now();
+  if (agent_weights_checksum(tr->t, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err,
+                             sizeof err)) {
+    log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
+    return -1;
+  }
+  double checksum_s = agent_now() - c0;
+  Rlorch__V1__StepDone d = RLORCH__V1__STEP_DONE__INIT;
+  d.step = ts->step;
+  d.train_seconds = train_s;
+  d.manifest = tr->manifest;
+  d.weights_checksum = tr->checksum;
+  uint8_t id[128];
+  if (ts->want_nccl_id) {
+    bcast_err be = {0};
+    if (tr->caps.nccl_built && tr->device >= 0 &&
+        bcast_engine_nccl_id(agent_xfer_engine(&tr->xfer), id, &be) == 0) {
+      d.nccl_unique_id.data = id;
+      d.nccl_unique_id.len = sizeof id;
+    } else {
+      log_warn("nccl_id_unavailable", "step=%llu reason=\"%s\"", (unsigned long long)ts->step,
+               be.msg[0] ? be.msg : "no NCCL or no GPU here");
+    }
+  }
+  agent_set_policy_version(a, ts->step + 1);
+  log_info("step_done", "step=%llu train_s=%.4f checksum_s=%.4f optimizer=%s checksum=%016llx",
+           (unsigned long long)ts->step, train_s, checksum_s, tr->opt_gpu ? "gpu" : "cpu",
+           (unsigned long long)tr->checksum);
+  Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
+  req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_STEP_DONE;
+  req.step_done = &d;
+  agent_report(a, &req);
+  return 0;
+}
+
+static int trainer__command(agent *a, const Rlorch__V1__Command *cmd, void *ud) {
+  agent__trainer *tr = ud;
+  switch (cmd->kind_case) {
+  case RLORCH__V1__COMMAND__KIND_TRAIN: return trainer__train(tr, a, cmd->train);
+  case RLORCH__V1__COMMAND__KIND_PLAN: agent_xfer_on_plan(&tr->xfer, a, cmd); return 0;
+  case RLORCH__V1__COMMAND__KIND_TRIGGER: agent_xfer_on_trigger(&tr->xfer, a, cmd); return 0;
+  case RLORCH__V1__COMMAND__KIND_ABORT: agent_xfer_on_abort(&tr->xfer, cmd); return 0;
+  case RLORCH__V1__COMMAND__KIND_SHUTDOWN:
+    log_info("shutdown", "reason=\"%s\"", cmd->shutdown->reason ? cmd->shutdown->reason : "");
+    return 1;
+  case RLORCH__V1__COMMAND__KIND_ROLLOUT:
+    log_warn("command_ignored", "kind=rollout reason=\"a trainer makes no rollouts\"");
+    return 0;
+  default:
+    log_warn("command_ignored", "kind=%d reason=\"unknown command\"", (int)cmd->kind_case);
+    return 0;
+  }
+}
+
+int agent_trainer_main(int argc, char **argv) {
+  agent__trainer tr;
+  memset(&tr, 0, sizeof tr);
+  int rc = agent_start(AGENT_ROLE_TRAINER, argc, argv, &tr.o);
+  if (rc >= 0) return rc;
+  char err[1024];
+  bcast_caps_probe(&tr.caps);
+  if (agent_pick_device(&tr.o, &tr.caps, &tr.device, err, sizeof err)) {
+    log_error("fatal", "reason=\"%s\"", err);
+    return 1;
+  }
+#ifdef RLORCH_HAVE_CUDA
+  if (tr.device >= 0) cudaSetDevice(tr.device); /* the command thread's device */
+#endif
+  agent_log_devices(&tr.caps, tr.device);
+  agent_adamw_defaults(&tr.hp);
+  trainer__placement(&tr);
+  agent *a = NULL;
+  int status = 1;
+  if (trainer__setup(&tr, err, sizeof err)) {
+    log_error("fatal", "reason=\"%s\"", err);
+    goto out;
+  }
+  rlorch__v1__register_request__init(&tr.reg);
+  agent_caps_to_pb(&tr.caps, tr.device, &tr.caps_pb);
+  tr.reg.role = RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER;
+  tr.reg.capabilities = &tr.caps_pb;
+  tr.reg.manifest = tr.manifest;
+  tr.reg.data_address = (char *)agent_xfer_data_address(&tr.xfer);
+  if (agent_new(&tr.o, &tr.reg, trainer__command, &tr, &a, err, sizeof err)) {
+    log_error("fatal", "reason=\"%s\"", err);
+    goto out;
+  }
+  status = agent_run(a);
+out:
+  agent_free(a);
+  trainer__free(&tr);
+  log_info("exit", "status=%d", status);
+  return status;
+}

@@ -1,0 +1,185 @@
+/* Plan, trigger and abort: the same protocol for sender and receivers. */
+#include "workers/agent/agent_xfer.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "orchestrator/log.h"
+#include "workers/agent/agent_pb.h"
+
+static int agent__engine(agent_xfer *x, uint32_t rank, bcast_err *err) {
+  if (x->engine && x->rank == rank) return 0;
+  if (x->engine) {
+    log_info("engine_rank_changed", "from=%u to=%u", x->rank, rank);
+    bcast_engine_free(x->engine);
+    x->engine = NULL;
+  }
+  bcast_engine_opts eo = {.rank = rank, .device = x->device,
+                          .host_listen = x->sender ? x->listen : NULL};
+  int rc = bcast_engine_new(&eo, &x->engine, err);
+  if (rc) return rc;
+  x->rank = rank;
+  if (x->sender)
+    log_info("engine", "rank=%u device=%d data_address=%s", rank, x->device,
+             bcast_engine_data_address(x->engine));
+  return 0;
+}
+
+int agent_xfer_init(agent_xfer *x, int sender, int device, const char *listen,
+                    agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
+                    size_t errlen) {
+  memset(x, 0, sizeof *x);
+  x->sender = sender;
+  x->device = device;
+  snprintf(x->listen, sizeof x->listen, "%s", listen ? listen : "127.0.0.1:0");
+  x->bind = bind;
+  x->done = done;
+  x->ud = ud;
+  if (!sender) return 0;
+  bcast_err be = {0};
+  if (agent__engine(x, 0, &be)) {
+    snprintf(err, errlen, "broadcast engine (listen %s): %s", x->listen, be.msg);
+    return -1;
+  }
+  return 0;
+}
+
+static void agent__drop_plan(agent_xfer *x) {
+  bcast_plan_free(x->plan);
+  x->plan = NULL;
+  x->local = NULL;
+  x->nlocal = 0;
+}
+
+void agent_xfer_free(agent_xfer *x) {
+  agent__drop_plan(x);
+  bcast_engine_free(x->engine);
+  x->engine = NULL;
+}
+
+const char *agent_xfer_data_address(const agent_xfer *x) {
+  const char *s = x->engine ? bcast_engine_data_address(x->engine) : NULL;
+  return s ? s : "";
+}
+
+bcast_engine *agent_xfer_engine(agent_xfer *x) { return x->engine; }
+
+static void agent__ack(agent *a, const char *id, uint64_t hash, const char *error) {
+  Rlorch__V1__PlanAck ack = RLORCH__V1__PLAN_ACK__INIT;
+  ack.plan_id = (char *)id;
+  ack.plan_hash = hash;
+  ack.error = (char *)error;
+  Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
+  req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK;
+  req.plan_ack = &ack;
+  if (error[0]) log_warn("plan_refused", "plan_id=%s error=\"%s\"", id, error);
+  else log_info("plan_acked", "plan_id=%s hash=%016llx", id, (unsigned long long)hash);
+  agent_report(a, &req);
+}
+
+void agent_xfer_on_plan(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd) {
+  const Rlorch__V1__BroadcastPlan *pb = cmd->plan;
+  const char *id = pb->plan_id ? pb->plan_id : "";
+  agent__drop_plan(x); /* a new plan replaces an untriggered one */
+  bcast_plan *p = NULL;
+  bcast_err be = {0};
+  char msg[600];
+  if (agent_pb_plan(pb, &p, &be)) {
+    agent__ack(a, id, pb->hash, be.msg);
+    return;
+  }
+  uint64_t hash = bcast_plan_hash(p);
+  if (hash != pb->hash) {
+    snprintf(msg, sizeof msg, "plan hash mismatch: carried %016llx, computed %016llx",
+             (unsigned long long)pb->hash, (unsigned long long)hash);
+    bcast_plan_free(p);
+    agent__ack(a, id, hash, msg);
+    return;
+  }
+  if (cmd->rank >= p->world_size) {
+    snprintf(msg, sizeof msg, "rank %u does not fit the plan (world size %u)", cmd->rank,
+             p->world_size);
+    bcast_plan_free(p);
+    agent__ack(a, id, hash, msg);
+    return;
+  }
+  bcast_tensor *local = NULL;
+  size_t n = 0;
+  if (x->bind(x->ud, p, &local, &n, &be)) {
+    bcast_plan_free(p);
+    agent__ack(a, id, hash, be.msg);
+    return;
+  }
+  x->plan = p;
+  x->local = local;
+  x->nlocal = n;
+  agent__ack(a, id, hash, "");
+}
+
+static void agent__done(agent *a, const char *id, const char *error, Rlorch__V1__StepRecord *rec,
+                        uint64_t checksum) {
+  Rlorch__V1__BroadcastDone d = RLORCH__V1__BROADCAST_DONE__INIT;
+  d.plan_id = (char *)id;
+  d.error = (char *)error;
+  d.record = rec;
+  d.weights_checksum = checksum;
+  Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
+  req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE;
+  req.broadcast_done = &d;
+  agent_report(a, &req);
+}
+
+void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd) {
+  const Rlorch__V1__TriggerBroadcast *tg = cmd->trigger;
+  const char *id = tg->plan_id ? tg->plan_id : "";
+  char msg[600];
+  if (!x->plan || strcmp(x->plan->id, id) != 0 || x->plan->hash != tg->plan_hash) {
+    snprintf(msg, sizeof msg, "trigger for plan %s/%016llx, but the acknowledged plan is %s/%016llx",
+             id, (unsigned long long)tg->plan_hash, x->plan ? x->plan->id : "(none)",
+             (unsigned long long)(x->plan ? x->plan->hash : 0));
+    log_warn("trigger_refused", "plan_id=%s error=\"%s\"", id, msg);
+    agent__done(a, id, msg, NULL, 0);
+    return;
+  }
+  bcast_err be = {0};
+  bcast_stats st;
+  memset(&st, 0, sizeof st);
+  int rc = agent__engine(x, cmd->rank, &be);
+  if (!rc) {
+    log_info("broadcast_start", "plan_id=%s mode=%s rank=%u world=%u buckets=%zu bytes=%llu", id,
+             bcast_mode_name(x->plan->mode), cmd->rank, x->plan->world_size, x->plan->nbuckets,
+             (unsigned long long)bcast_plan_wire_bytes(x->plan));
+    rc = bcast_engine_execute(x->engine, x->plan, x->local, x->nlocal, &st, &be);
+  }
+  uint64_t checksum = 0;
+  char cerr[512] = "";
+  int crc = x->done(x->ud, x->plan, rc == 0, &checksum, cerr, sizeof cerr);
+  if (rc) {
+    snprintf(msg, sizeof msg, "%s: %s", bcast_strerror(rc), be.msg);
+    log_error("broadcast_failed", "plan_id=%s error=\"%s\"", id, msg);
+  } else if (crc) {
+    snprintf(msg, sizeof msg, "%s", cerr);
+    log_error("broadcast_checksum_failed", "plan_id=%s error=\"%s\"", id, msg);
+  } else {
+    msg[0] = 0;
+    log_info("broadcast_done", "plan_id=%s transport=%s seconds=%.3f gbps=%.2f exposed_s=%.3f checksum=%016llx",
+             id, st.transport ? st.transport : "?", st.total_s, st.gbps, st.exposed_s,
+             (unsigned long long)checksum);
+  }
+  Rlorch__V1__StepRecord *rec = agent_pb_record(rc ? NULL : &st, x->plan);
+  agent__done(a, id, msg, rec, checksum);
+  agent_pb_record_free(rec);
+  bcast_stats_free(&st);
+  agent__drop_plan(x);
+}
+
+void agent_xfer_on_abort(agent_xfer *x, const Rlorch__V1__Command *cmd) {
+  const char *id = cmd->abort->plan_id ? cmd->abort->plan_id : "";
+  const char *why = cmd->abort->reason ? cmd->abort->reason : "";
+  if (x->plan && (!id[0] || !strcmp(id, x->plan->id))) {
+    log_info("plan_aborted", "plan_id=%s reason=\"%s\"", x->plan->id, why);
+    agent__drop_plan(x);
+  } else {
+    log_debug("abort_ignored", "plan_id=%s reason=\"%s\"", id, why);
+  }
+}

@@ -1,0 +1,46 @@
+/* agent_xfer: the broadcast side of an agent, shared by both roles: keeps
+ * the engine and the acknowledged plan, answers plan, trigger and abort
+ * commands. Internal to the agents. */
+#ifndef RLORCH_AGENT_XFER_H
+#define RLORCH_AGENT_XFER_H
+
+#include "workers/agent/agent_core.h"
+#include "workers/bcast/bcast.h"
+
+/* Binds the local tensors to a plan: 0 and *local / *n, or a BCAST_E* code
+ * with the reason in err (the plan is then refused). */
+typedef int (*agent_xfer_bind_fn)(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
+                                  bcast_err *err);
+/* After a broadcast: the checksum of the weights now held; on success the
+ * receiver also adopts the plan's policy version. 0 or -1 with err set. */
+typedef int (*agent_xfer_done_fn)(void *ud, const bcast_plan *p, int ok, uint64_t *checksum,
+                                  char *err, size_t errlen);
+
+typedef struct agent_xfer {
+  int sender;
+  int device;
+  char listen[256];      /* host-transport listen address (sender) */
+  bcast_engine *engine;  /* rank `rank` */
+  uint32_t rank;
+  bcast_plan *plan;      /* acknowledged, not yet triggered */
+  bcast_tensor *local;   /* bound to `plan` */
+  size_t nlocal;
+  agent_xfer_bind_fn bind;
+  agent_xfer_done_fn done;
+  void *ud;
+} agent_xfer;
+
+/* The sender's engine exists from the start (its data address goes into
+ * Register); receivers create theirs on the first trigger, with its rank. */
+int agent_xfer_init(agent_xfer *x, int sender, int device, const char *listen,
+                    agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
+                    size_t errlen);
+void agent_xfer_free(agent_xfer *x);
+const char *agent_xfer_data_address(const agent_xfer *x); /* "" when none */
+bcast_engine *agent_xfer_engine(agent_xfer *x);
+
+void agent_xfer_on_plan(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd);
+void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd);
+void agent_xfer_on_abort(agent_xfer *x, const Rlorch__V1__Command *cmd);
+
+#endif
