@@ -33,6 +33,10 @@ typedef struct gpu_reg {
   size_t bytes;
 } gpu_reg;
 
+typedef struct bucket_ev {
+  cudaEvent_t h2d0, h2d1, cast0, cast1, wire0, wire1;
+} bucket_ev;
+
 struct bcast_gpu {
   int device;
   uint32_t rank;
@@ -50,6 +54,8 @@ struct bcast_gpu {
   uint8_t comm_id[128];
   uint32_t comm_world, comm_rank;
 #endif
+  bucket_ev *ev; /* per-bucket timing events, kept across steps (creation is not free) */
+  size_t nev;
   uint64_t calib_sig; /* plan bucket layout the broadcast-alone time belongs to */
   double calib_s;
 };
@@ -146,6 +152,8 @@ static void comm_drop(bcast_gpu *g, int abort) {
 }
 #endif
 
+static void ev_destroy(bucket_ev *e);
+
 static void free_slots(bcast_gpu *g, void **bufs, int host) {
   for (uint32_t i = 0; bufs && i < g->nslots; i++) {
     if (bufs[i]) host ? cudaFreeHost(bufs[i]) : cudaFree(bufs[i]);
@@ -166,6 +174,8 @@ void bcast__gpu_close(bcast_gpu *g) {
   free_slots(g, g->raw, 0);
   free_slots(g, g->bounce, 1);
   for (size_t i = 0; i < g->nregs; i++) cudaHostUnregister(g->regs[i].ptr);
+  for (size_t i = 0; i < g->nev; i++) ev_destroy(&g->ev[i]);
+  free(g->ev);
   if (g->s_copy) cudaStreamDestroy(g->s_copy);
   if (g->s_cast) cudaStreamDestroy(g->s_cast);
   if (g->s_comm) cudaStreamDestroy(g->s_comm);
@@ -308,10 +318,6 @@ static int host_access(bcast_gpu *g, void *ptr, size_t bytes) {
 
 /* ---- execution --------------------------------------------------------------------- */
 
-typedef struct bucket_ev {
-  cudaEvent_t h2d0, h2d1, cast0, cast1, wire0, wire1;
-} bucket_ev;
-
 typedef struct exec_ctx {
   bcast_gpu *g;
   const bcast_plan *p;
@@ -412,6 +418,22 @@ static void ev_destroy(bucket_ev *e) {
   cudaEvent_t all[6] = {e->h2d0, e->h2d1, e->cast0, e->cast1, e->wire0, e->wire1};
   for (int i = 0; i < 6; i++)
     if (all[i]) cudaEventDestroy(all[i]);
+}
+
+static int ev_ensure(bcast_gpu *g, size_t n, bcast_err *err) {
+  if (n <= g->nev) return BCAST_OK;
+  bucket_ev *e = realloc(g->ev, n * sizeof *e);
+  if (!e) return bcast__fail(err, BCAST_ENOMEM, "gpu execute: no memory for events");
+  g->ev = e;
+  for (; g->nev < n; g->nev++) {
+    memset(&g->ev[g->nev], 0, sizeof *e);
+    int rc = ev_create(&g->ev[g->nev], err);
+    if (rc) {
+      ev_destroy(&g->ev[g->nev]);
+      return rc;
+    }
+  }
+  return BCAST_OK;
 }
 
 /* Waits for one event on the host, polling NCCL and the deadline. */
@@ -741,9 +763,8 @@ int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank, const b
   x.deadline_s = deadline_from(g->timeout_s, p->deadline_unix_ms);
   x.loc = calloc(p->ntensors ? p->ntensors : 1, sizeof *x.loc);
   x.access = calloc(p->ntensors ? p->ntensors : 1, 1);
-  x.ev = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *x.ev);
   int rc = BCAST_OK;
-  if (!x.loc || !x.access || !x.ev) {
+  if (!x.loc || !x.access) {
     rc = bcast__fail(err, BCAST_ENOMEM, "gpu execute: no memory");
     goto out;
   }
@@ -754,8 +775,8 @@ int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank, const b
   rc = bcast__fail(err, BCAST_ENOTSUP, "built without NCCL: direct and staged unavailable");
   goto out;
 #endif
-  for (size_t k = 0; k < p->nbuckets; k++)
-    if ((rc = ev_create(&x.ev[k], err))) goto out;
+  if ((rc = ev_ensure(g, p->nbuckets, err))) goto out;
+  x.ev = g->ev;
   x.deadline_s = deadline_from(g->timeout_s, p->deadline_unix_ms);
   t0 = bcast__now();
   for (uint32_t k = 0; k < p->nbuckets && !rc; k++)
@@ -779,9 +800,6 @@ out:
   cudaStreamSynchronize(g->s_cast);
   cudaStreamSynchronize(g->s_comm);
   (void)cudaGetLastError();
-  if (x.ev)
-    for (size_t k = 0; k < p->nbuckets; k++) ev_destroy(&x.ev[k]);
-  free(x.ev);
   free(x.loc);
   free(x.access);
   return rc;
