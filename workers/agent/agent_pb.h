@@ -14,9 +14,8 @@ Rlorch__V1__WeightManifest *agent_pb_manifest(const bcast_tensor *t, size_t n, c
                                               int offload);
 void agent_pb_manifest_free(Rlorch__V1__WeightManifest *m);
 
-/* A plan from its message, validated (bcast_plan_validate); plan->hash is the
- * hash the message carried (compare with bcast_plan_hash). BCAST_EINVAL with
- * the field named in err. */
+/* A plan from its message (bcast_plan_from_pb: validated, hash checked);
+ * BCAST_E* with the field named in err. */
 int agent_pb_plan(const Rlorch__V1__BroadcastPlan *pb, bcast_plan **out, bcast_err *err);
 
 /* A step record from the engine's stats (NULL stats: an empty record). */
