@@ -12,7 +12,7 @@
 static char tmpdir[64];
 
 static void setup(void) {
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/rlorch_cfg_XXXXXX");
+  snprintf(tmpdir, sizeof tmpdir, "%s/rlorch_cfg_XXXXXX", P_tmpdir);
   cr_assert_not_null(mkdtemp(tmpdir));
 }
 

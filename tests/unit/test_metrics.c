@@ -229,7 +229,8 @@ Test(metrics, promtool_accepts_every_kind) {
   metrics_gauge_set(odd, (const char *[]){"inf"}, INFINITY);
   metrics_gauge_set(odd, (const char *[]){"-inf"}, -INFINITY);
   char *t = render(r);
-  char path[] = "/tmp/rlorch_metrics_XXXXXX";
+  char path[64];
+  snprintf(path, sizeof path, "%s/rlorch_metrics_XXXXXX", P_tmpdir);
   int fd = mkstemp(path);
   cr_assert(fd >= 0);
   cr_assert_eq(write(fd, t, strlen(t)), (ssize_t)strlen(t));

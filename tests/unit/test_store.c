@@ -12,7 +12,7 @@
 static char dir[64];
 
 static void setup(void) {
-  snprintf(dir, sizeof dir, "/tmp/rlorch_store_XXXXXX");
+  snprintf(dir, sizeof dir, "%s/rlorch_store_XXXXXX", P_tmpdir);
   cr_assert_not_null(mkdtemp(dir));
 }
 
