@@ -411,6 +411,7 @@ static int start_and_watch(run_ctx *c) {
   spec.preset = (char *)c->o.preset;
   spec.steps = c->o.steps;
   spec.max_async_level = c->o.max_async;
+ 
   spec.rollouts_per_step = c->o.rollouts_per_step;
   pbjson_enum_parse(&rlorch__v1__broadcast_mode__descriptor, c->o.policy, &e);
   spec.policy = (Rlorch__V1__BroadcastMode)e;

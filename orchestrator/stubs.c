@@ -15,4 +15,3 @@ int cmd_trainer(int argc, char **argv) { (void)argc; (void)argv; return not_yet(
 int cmd_inference(int argc, char **argv) { (void)argc; (void)argv; return not_yet("inference"); }
 
 
-int cmd_serve(int argc, char **argv) { (void)argc; (void)argv; return not_yet("serve"); }

@@ -1,0 +1,359 @@
+/* The Control API: what operators and tooling call. Validation happens here;
+ * the run itself is driven by the runner (worker_svc.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/log.h"
+#include "orchestrator/orch.h"
+#include "orchestrator/pbjson.h"
+#include "workers/bcast/bcast_preset.h"
+
+#define MAX_STEPS 10000000u
+#define MAX_ROLLOUTS_PER_STEP 65536u
+#define MIN_STAGING_BUDGET (1u << 20)
+
+int orch_run_is_final(Rlorch__V1__RunState s) {
+  return s == RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED ||
+         s == RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED ||
+         s == RLORCH__V1__RUN_STATE__RUN_STATE_FAILED;
+}
+
+static int enum_known(const ProtobufCEnumDescriptor *d, int v) {
+  return protobuf_c_enum_descriptor_get_value(d, v) != NULL;
+}
+
+/* Fills defaults into spec and checks every field; returns 0 or -1 with a
+ * message naming the field. */
+static int spec_validate(orch *o, Rlorch__V1__RunSpec *s, char *err, size_t len) {
+  const config *c = o->cfg;
+  if (strlen(s->name) > 128) return snprintf(err, len, "name: longer than 128 bytes"), -1;
+  if (!s->preset[0]) s->preset = "100m";
+  if (!bcast_preset_find(s->preset)) {
+    char names[128] = "";
+    for (const char *const *n = bcast_preset_names(); *n; n++)
+      snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+               names[0] ? "|" : "", *n);
+    return snprintf(err, len, "preset: unknown preset '%s' (want %s)", s->preset, names), -1;
+  }
+  if (s->steps > MAX_STEPS)
+    return snprintf(err, len, "steps: %u is over the limit of %u", s->steps, MAX_STEPS), -1;
+  if (s->max_async_level > 64)
+    return snprintf(err, len, "max_async_level: %u is over the limit of 64", s->max_async_level),
+           -1;
+  if (s->rollouts_per_step == 0) s->rollouts_per_step = c->rollouts_per_step;
+  if (s->rollouts_per_step > MAX_ROLLOUTS_PER_STEP)
+    return snprintf(err, len, "rollouts_per_step: %u is over the limit of %u",
+                    s->rollouts_per_step, MAX_ROLLOUTS_PER_STEP),
+           -1;
+  if (s->policy == RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_UNSPECIFIED)
+    s->policy = c->default_policy;
+  if (!enum_known(&rlorch__v1__broadcast_mode__descriptor, s->policy))
+    return snprintf(err, len, "policy: unknown value %d", (int)s->policy), -1;
+  if (s->offload == RLORCH__V1__OFFLOAD__OFFLOAD_UNSPECIFIED)
+    s->offload = RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS;
+  if (!enum_known(&rlorch__v1__offload__descriptor, s->offload))
+    return snprintf(err, len, "offload: unknown value %d", (int)s->offload), -1;
+  if (s->staging_budget_bytes == 0) s->staging_budget_bytes = c->staging_budget_bytes;
+  if (s->staging_budget_bytes < MIN_STAGING_BUDGET)
+    return snprintf(err, len, "staging_budget_bytes: %llu is below the minimum of 1 MiB",
+                    (unsigned long long)s->staging_budget_bytes),
+           -1;
+  return 0;
+}
+
+static int run_id_ok(rpc_call *call, const char *id) {
+  if (!id || !id[0]) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "run_id: required");
+    return 0;
+  }
+  if (strlen(id) >= 64) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "run_id: longer than 63 bytes");
+    return 0;
+  }
+  return 1;
+}
+
+/* Loads a run or answers NOT_FOUND / INTERNAL; returns NULL when answered. */
+static Rlorch__V1__Run *load_run(orch *o, rpc_call *call, const char *id) {
+  if (!run_id_ok(call, id)) return NULL;
+  Rlorch__V1__Run *run = NULL;
+  int rc = store_run_get(o->db, id, &run);
+  if (rc == STORE_ENOTFOUND) {
+    rpc_call_fail(call, GRPC_STATUS_NOT_FOUND, "run '%s' not found", id);
+    return NULL;
+  }
+  if (rc != 0) {
+    rpc_call_fail(call, GRPC_STATUS_INTERNAL, "store: %s", store_errmsg(o->db));
+    return NULL;
+  }
+  return run;
+}
+
+static void reply_run(rpc_call *call, Rlorch__V1__Run *run) {
+  rpc_call_reply(call, &run->base);
+  protobuf_c_message_free_unpacked(&run->base, NULL);
+}
+
+static void h_start_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  orch *o = ud;
+  /* A shallow copy: defaults are filled in with static strings, and the
+   * request itself is freed by the rpc layer. */
+  Rlorch__V1__RunSpec filled = *(const Rlorch__V1__RunSpec *)req;
+  Rlorch__V1__RunSpec *spec = &filled;
+  char err[256];
+  if (o->shutting_down) {
+    rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
+    return;
+  }
+  if (spec_validate(o, spec, err, sizeof err) != 0) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s", err);
+    return;
+  }
+  const Rlorch__V1__Run *active = orch_runner_active(o->runner);
+  if (active) {
+    rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION,
+                  "run '%s' is active (%s); stop it first", active->id,
+                  protobuf_c_enum_descriptor_get_value(&rlorch__v1__run_state__descriptor,
+                                                       active->state)->name);
+    return;
+  }
+  Rlorch__V1__Run *run = NULL;
+  if (store_run_create(o->db, spec, orch_now_ms(), &run) != 0) {
+    rpc_call_fail(call, GRPC_STATUS_INTERNAL, "store: %s", store_errmsg(o->db));
+    return;
+  }
+  log_info("run_created", "run=%s preset=%s steps=%u policy=%d", run->id, spec->preset,
+           spec->steps, (int)spec->policy);
+  /* Reply with the stored run before the runner may change it. */
+  rpc_call_reply(call, &run->base);
+  if (orch_runner_start(o->runner, run, err, sizeof err) != 0)
+    log_error("run_start_failed", "run=%s error=\"%s\"", run->id, err);
+}
+
+static void h_get_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  const Rlorch__V1__GetRunRequest *r = (const void *)req;
+  Rlorch__V1__Run *run = load_run(ud, call, r->run_id);
+  if (run) reply_run(call, run);
+}
+
+static void h_stop_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  orch *o = ud;
+  const Rlorch__V1__StopRunRequest *r = (const void *)req;
+  Rlorch__V1__Run *run = load_run(o, call, r->run_id);
+  if (!run) return;
+  if (orch_run_is_final(run->state)) {
+    rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "run '%s' already ended (%s)", run->id,
+                  protobuf_c_enum_descriptor_get_value(&rlorch__v1__run_state__descriptor,
+                                                       run->state)->name);
+    protobuf_c_message_free_unpacked(&run->base, NULL);
+    return;
+  }
+  protobuf_c_message_free_unpacked(&run->base, NULL);
+  char err[256];
+  if (orch_runner_stop(o->runner, r->run_id, r->reason[0] ? r->reason : "stopped by operator",
+                       err, sizeof err) != 0) {
+    rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "%s", err);
+    return;
+  }
+  run = load_run(o, call, r->run_id);
+  if (run) reply_run(call, run);
+}
+
+static void h_list_runs(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  orch *o = ud;
+  const Rlorch__V1__ListRunsRequest *r = (const void *)req;
+  if (r->state && !enum_known(&rlorch__v1__run_state__descriptor, r->state)) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "state: unknown value %d", (int)r->state);
+    return;
+  }
+  if (r->limit > 10000) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "limit: %u is over the limit of 10000",
+                  r->limit);
+    return;
+  }
+  Rlorch__V1__ListRunsResponse resp = RLORCH__V1__LIST_RUNS_RESPONSE__INIT;
+  Rlorch__V1__Run **runs = NULL;
+  size_t n = 0;
+  if (store_run_list(o->db, r->state, r->limit, &runs, &n) != 0) {
+    rpc_call_fail(call, GRPC_STATUS_INTERNAL, "store: %s", store_errmsg(o->db));
+    return;
+  }
+  resp.runs = runs;
+  resp.n_runs = n;
+  rpc_call_reply(call, &resp.base);
+  store_runs_free(runs, n);
+}
+
+static void h_list_workers(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  orch *o = ud;
+  const Rlorch__V1__ListWorkersRequest *r = (const void *)req;
+  if (r->run_id[0]) {
+    Rlorch__V1__Run *run = load_run(o, call, r->run_id);
+    if (!run) return;
+    protobuf_c_message_free_unpacked(&run->base, NULL);
+  }
+  Rlorch__V1__ListWorkersResponse resp = RLORCH__V1__LIST_WORKERS_RESPONSE__INIT;
+  Rlorch__V1__WorkerInfo **w = NULL;
+  size_t n = orch_runner_workers(o->runner, r->run_id, &w);
+  resp.workers = w;
+  resp.n_workers = n;
+  rpc_call_reply(call, &resp.base);
+  orch_workers_free(w, n);
+}
+
+static void h_set_policy(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  orch *o = ud;
+  const Rlorch__V1__SetBroadcastPolicyRequest *r = (const void *)req;
+  if (r->policy == RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_UNSPECIFIED ||
+      !enum_known(&rlorch__v1__broadcast_mode__descriptor, r->policy)) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT,
+                  "policy: want auto, direct, staged or host (got %d)", (int)r->policy);
+    return;
+  }
+  Rlorch__V1__Run *run = load_run(o, call, r->run_id);
+  if (!run) return;
+  int final = orch_run_is_final(run->state);
+  protobuf_c_message_free_unpacked(&run->base, NULL);
+  if (final) {
+    rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "run '%s' already ended", r->run_id);
+    return;
+  }
+  char err[256];
+  if (orch_runner_set_policy(o->runner, r->run_id, r->policy, err, sizeof err) != 0) {
+    rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "%s", err);
+    return;
+  }
+  run = load_run(o, call, r->run_id);
+  if (run) reply_run(call, run);
+}
+
+/* ---- WatchRun ---------------------------------------------------------------- */
+
+static void on_watch_cancel(rpc_call *call, void *ud) {
+  orch_watcher *w = ud;
+  /* Unlinked and freed by the next sweep; the call ends now. */
+  w->call = NULL;
+  rpc_call_finish(call, GRPC_STATUS_CANCELLED, "watch cancelled");
+}
+
+static int send_event(orch_watcher *w, Rlorch__V1__RunEvent *ev) {
+  ev->seq = ++w->seq;
+  if (!ev->unix_ms) ev->unix_ms = orch_now_ms();
+  return rpc_call_send(w->call, &ev->base);
+}
+
+typedef struct replay {
+  orch_watcher *w;
+} replay;
+
+static int replay_step(const Rlorch__V1__StepRecord *rec, void *arg) {
+  replay *r = arg;
+  Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
+  ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_STEP;
+  ev.step = (Rlorch__V1__StepRecord *)rec;
+  ev.unix_ms = rec->finished_unix_ms;
+  return send_event(r->w, &ev) == 0 ? 0 : 1;
+}
+
+static void h_watch_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  orch *o = ud;
+  const Rlorch__V1__WatchRunRequest *r = (const void *)req;
+  Rlorch__V1__Run *run = load_run(o, call, r->run_id);
+  if (!run) return;
+  if (o->shutting_down) {
+    protobuf_c_message_free_unpacked(&run->base, NULL);
+    rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
+    return;
+  }
+  orch_watcher *w = calloc(1, sizeof *w);
+  if (!w) {
+    protobuf_c_message_free_unpacked(&run->base, NULL);
+    rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  w->call = call;
+  snprintf(w->run_id, sizeof w->run_id, "%s", r->run_id);
+  /* First the run as it is, then stored steps after from_step, then live events. */
+  Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
+  ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_RUN;
+  ev.run = run;
+  send_event(w, &ev);
+  if (r->from_step >= -1) {
+    replay rp = {w};
+    store_steps_list(o->db, r->run_id, r->from_step, replay_step, &rp);
+  }
+  int final = orch_run_is_final(run->state);
+  protobuf_c_message_free_unpacked(&run->base, NULL);
+  if (final) {
+    rpc_call_finish(call, GRPC_STATUS_OK, "run ended");
+    free(w);
+    return;
+  }
+  w->next = o->watchers;
+  o->watchers = w;
+  rpc_call_set_cancel_cb(call, on_watch_cancel, w);
+}
+
+/* Watchers whose client went away are unlinked lazily, here and on publish. */
+static void watchers_sweep(orch *o) {
+  orch_watcher **pp = &o->watchers;
+  while (*pp) {
+    orch_watcher *w = *pp;
+    if (!w->call) {
+      *pp = w->next;
+      free(w);
+    } else {
+      pp = &w->next;
+    }
+  }
+}
+
+void orch_publish(orch *o, const char *run_id, Rlorch__V1__RunEvent *ev) {
+  watchers_sweep(o);
+  for (orch_watcher *w = o->watchers; w; w = w->next) {
+    if (strcmp(w->run_id, run_id) != 0 || !w->call) continue;
+    Rlorch__V1__RunEvent copy = *ev;
+    copy.unix_ms = ev->unix_ms ? ev->unix_ms : orch_now_ms();
+    send_event(w, &copy);
+  }
+}
+
+void orch_watchers_end(orch *o, const char *run_id) {
+  for (orch_watcher *w = o->watchers; w; w = w->next) {
+    if (strcmp(w->run_id, run_id) != 0 || !w->call) continue;
+    rpc_call_set_cancel_cb(w->call, NULL, NULL);
+    rpc_call_finish(w->call, GRPC_STATUS_OK, "run ended");
+    w->call = NULL;
+  }
+  watchers_sweep(o);
+}
+
+#define M(name, kind, req, resp, fn)                                                             \
+  {"/rlorch.v1.Control/" name, kind, &req, &resp, 1, fn, NULL}
+const rpc_method orch_control_methods[] = {
+    M("StartRun", RPC_UNARY, rlorch__v1__run_spec__descriptor, rlorch__v1__run__descriptor,
+      h_start_run),
+    M("StopRun", RPC_UNARY, rlorch__v1__stop_run_request__descriptor,
+      rlorch__v1__run__descriptor, h_stop_run),
+    M("GetRun", RPC_UNARY, rlorch__v1__get_run_request__descriptor, rlorch__v1__run__descriptor,
+      h_get_run),
+    M("ListRuns", RPC_UNARY, rlorch__v1__list_runs_request__descriptor,
+      rlorch__v1__list_runs_response__descriptor, h_list_runs),
+    M("ListWorkers", RPC_UNARY, rlorch__v1__list_workers_request__descriptor,
+      rlorch__v1__list_workers_response__descriptor, h_list_workers),
+    M("WatchRun", RPC_SERVER_STREAM, rlorch__v1__watch_run_request__descriptor,
+      rlorch__v1__run_event__descriptor, h_watch_run),
+    M("SetBroadcastPolicy", RPC_UNARY, rlorch__v1__set_broadcast_policy_request__descriptor,
+      rlorch__v1__run__descriptor, h_set_policy),
+};
+const size_t orch_control_nmethods = sizeof orch_control_methods / sizeof orch_control_methods[0];
+#undef M
+
+void orch_watchers_free(orch *o) {
+  while (o->watchers) {
+    orch_watcher *w = o->watchers;
+    o->watchers = w->next;
+    free(w);
+  }
+}

@@ -1,0 +1,346 @@
+/* `rlorch serve`: the orchestrator daemon. One libuv loop thread owns all state;
+ * gRPC (control + worker API + health), HTTP (/metrics, /healthz, /readyz) and
+ * timers all run on it. SIGTERM/SIGINT shut down gracefully and exit 0. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include "build_info.h"
+#include "orchestrator/commands.h"
+#include "orchestrator/log.h"
+#include "orchestrator/orch.h"
+#include "workers/bcast/bcast.h"
+
+extern char **environ;
+
+int64_t orch_now_ms(void) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+/* ---- daemon metrics -------------------------------------------------------- */
+
+static const double latency_buckets[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                         0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5,
+                                         5,      10};
+static const double step_buckets[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                      1,     2.5,   5,    10,    30,   60,  120, 300};
+
+#define NB(a) (sizeof(a) / sizeof((a)[0]))
+
+static int metrics_setup(orch *o, char *err, size_t errlen) {
+  orch_metrics *m = &o->m;
+  static const char *const l_version[] = {"version", "cuda", "nccl", NULL};
+  static const char *const l_method_code[] = {"method", "code", NULL};
+  static const char *const l_method[] = {"method", NULL};
+  static const char *const l_state[] = {"state", NULL};
+  static const char *const l_mode[] = {"mode", NULL};
+  static const char *const l_stage[] = {"stage", NULL};
+  static const char *const l_mode_link[] = {"mode", "link", NULL};
+  static const char *const l_outcome[] = {"outcome", NULL};
+  static const char *const l_role_state[] = {"role", "state", NULL};
+  static const char *const l_reason[] = {"reason", NULL};
+  m->reg = metrics_registry_new();
+  if (!m->reg) return snprintf(err, errlen, "metrics: out of memory"), -1;
+#define REG(field, expr)                                                                         \
+  if (!(m->field = (expr))) return -1
+  REG(build_info, metrics_gauge_new(m->reg, "rlorch_build_info",
+                                    "Build of the running orchestrator (always 1).", l_version,
+                                    err, errlen));
+  REG(rpc_requests, metrics_counter_new(m->reg, "rlorch_rpc_requests_total",
+                                        "gRPC calls finished, by method and status code.",
+                                        l_method_code, err, errlen));
+  REG(rpc_duration, metrics_histogram_new(m->reg, "rlorch_rpc_duration_seconds",
+                                          "gRPC call latency, from arrival to status.", l_method,
+                                          latency_buckets, NB(latency_buckets), err, errlen));
+  REG(loop_lag, metrics_gauge_new(m->reg, "rlorch_event_loop_lag_seconds",
+                                  "How late the last event-loop timer fired.", NULL, err,
+                                  errlen));
+  REG(runs, metrics_gauge_new(m->reg, "rlorch_runs", "Runs in the store, by state.", l_state,
+                              err, errlen));
+  REG(step_duration, metrics_histogram_new(m->reg, "rlorch_step_duration_seconds",
+                                           "Wall time of a step, from batch to broadcast done.",
+                                           NULL, step_buckets, NB(step_buckets), err, errlen));
+  REG(broadcast_duration,
+      metrics_histogram_new(m->reg, "rlorch_broadcast_duration_seconds",
+                            "Wall time of the weight broadcast after a step, by mode.", l_mode,
+                            step_buckets, NB(step_buckets), err, errlen));
+  REG(staging_seconds,
+      metrics_histogram_new(m->reg, "rlorch_staging_seconds",
+                            "Per-step staging time by stage (h2d, cast, exposed).", l_stage,
+                            step_buckets, NB(step_buckets), err, errlen));
+  REG(broadcast_bytes, metrics_counter_new(m->reg, "rlorch_broadcast_bytes_total",
+                                           "Bytes moved by broadcasts, by mode and link "
+                                           "(pcie: host to device, wire: to receivers).",
+                                           l_mode_link, err, errlen));
+  REG(broadcast_throughput,
+      metrics_gauge_new(m->reg, "rlorch_broadcast_throughput_bytes_per_second",
+                        "Wire bytes over wall time of the last broadcast.", NULL, err, errlen));
+  REG(policy_version, metrics_gauge_new(m->reg, "rlorch_policy_version",
+                                        "Policy version held by the inference workers.", NULL,
+                                        err, errlen));
+  REG(async_level, metrics_gauge_new(m->reg, "rlorch_async_level",
+                                     "Steps between the batch's oldest rollout version and the "
+                                     "step that used it.",
+                                     NULL, err, errlen));
+  REG(rollouts, metrics_counter_new(m->reg, "rlorch_rollouts_total",
+                                    "Rollouts by outcome (used, dropped_stale).", l_outcome, err,
+                                    errlen));
+  REG(workers, metrics_gauge_new(m->reg, "rlorch_workers", "Workers by role and state.",
+                                 l_role_state, err, errlen));
+  REG(broadcast_aborts, metrics_counter_new(m->reg, "rlorch_broadcast_aborts_total",
+                                            "Broadcasts aborted, by reason.", l_reason, err,
+                                            errlen));
+#undef REG
+  bcast_caps caps;
+  bcast_caps_probe(&caps);
+  const char *bi[] = {RLORCH_VERSION, caps.cuda_built ? "yes" : "no",
+                      caps.nccl_built ? "yes" : "no"};
+  metrics_gauge_set(m->build_info, bi, 1);
+  /* Zero series up front so rates and alerts see them before the first event. */
+  const char *used[] = {"used"}, *stale[] = {"dropped_stale"};
+  metrics_counter_add(m->rollouts, used, 0);
+  metrics_counter_add(m->rollouts, stale, 0);
+  return 0;
+}
+
+static const char *known_method(const char *method) {
+  for (size_t i = 0; i < orch_control_nmethods; i++)
+    if (!strcmp(orch_control_methods[i].name, method)) return method;
+  for (size_t i = 0; i < orch_worker_nmethods; i++)
+    if (!strcmp(orch_worker_methods[i].name, method)) return method;
+  if (!strncmp(method, "/grpc.health.v1.Health/", 23)) return method;
+  return "unknown"; /* bounded label set: clients choose method names */
+}
+
+static void on_call_done(const char *method, grpc_status_code code, double seconds, void *ud) {
+  orch *o = ud;
+  const char *mname = known_method(method ? method : "");
+  const char *lv[] = {mname, rpc_status_name(code)};
+  metrics_counter_inc(o->m.rpc_requests, lv);
+  metrics_histogram_observe(o->m.rpc_duration, lv, seconds);
+}
+
+static void on_scrape(void *arg) {
+  orch *o = arg;
+  static const Rlorch__V1__RunState states[] = {
+      RLORCH__V1__RUN_STATE__RUN_STATE_PENDING,   RLORCH__V1__RUN_STATE__RUN_STATE_RUNNING,
+      RLORCH__V1__RUN_STATE__RUN_STATE_STOPPING,  RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED,
+      RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED, RLORCH__V1__RUN_STATE__RUN_STATE_FAILED};
+  static const char *const names[] = {"pending", "running", "stopping",
+                                      "stopped", "succeeded", "failed"};
+  for (size_t i = 0; i < NB(states); i++) {
+    Rlorch__V1__Run **runs = NULL;
+    size_t n = 0;
+    if (store_run_list(o->db, states[i], 1000000, &runs, &n) == 0) {
+      const char *lv[] = {names[i]};
+      metrics_gauge_set(o->m.runs, lv, (double)n);
+      store_runs_free(runs, n);
+    }
+  }
+}
+
+static int is_ready(void *arg, char *reason, size_t len) {
+  orch *o = arg;
+  if (o->shutting_down) {
+    snprintf(reason, len, "shutting down");
+    return 0;
+  }
+  return 1;
+}
+
+/* Event-loop lag: a 250 ms timer that measures how late it fires. */
+#define LAG_PERIOD_MS 250
+static void on_lag_timer(uv_timer_t *t) {
+  orch *o = t->data;
+  uint64_t now = uv_now(o->loop);
+  double lag = now > o->lag_expected_ms ? (double)(now - o->lag_expected_ms) / 1000.0 : 0.0;
+  metrics_gauge_set(o->m.loop_lag, NULL, lag);
+  o->lag_expected_ms = now + LAG_PERIOD_MS;
+}
+
+/* ---- start-up and shutdown --------------------------------------------------- */
+
+/* Runs left RUNNING/PENDING/STOPPING by a crash cannot resume: their workers and
+ * in-memory plans are gone. Mark them failed so operators see why. */
+static void fail_interrupted_runs(orch *o) {
+  Rlorch__V1__Run **runs = NULL;
+  size_t n = 0;
+  if (store_run_list(o->db, 0, 1000000, &runs, &n) != 0) return;
+  for (size_t i = 0; i < n; i++) {
+    if (orch_run_is_final(runs[i]->state)) continue;
+    runs[i]->state = RLORCH__V1__RUN_STATE__RUN_STATE_FAILED;
+    runs[i]->updated_unix_ms = orch_now_ms();
+    char *old = runs[i]->message;
+    runs[i]->message = "interrupted by an orchestrator restart";
+    store_run_update(o->db, runs[i]);
+    runs[i]->message = old;
+    log_warn("run_interrupted", "run=%s", runs[i]->id);
+  }
+  store_runs_free(runs, n);
+}
+
+static void on_rpc_shutdown_done(void *ud) {
+  orch *o = ud;
+  log_info("grpc_stopped", NULL);
+  uv_stop(o->loop);
+}
+
+static void on_http_closed(void *ud) { (void)ud; }
+
+static void begin_shutdown(orch *o, const char *why) {
+  if (o->shutting_down) {
+    log_warn("shutdown_already_in_progress", "signal=%s", why);
+    return;
+  }
+  o->shutting_down = 1;
+  log_info("shutdown", "reason=%s grace_s=%.1f", why, o->cfg->shutdown_grace_s);
+  rpc_server_set_health(o->rpc, "", 2);
+  rpc_server_set_health(o->rpc, "rlorch.v1.Control", 2);
+  rpc_server_set_health(o->rpc, "rlorch.v1.Worker", 2);
+  orch_runner_shutdown(o->runner);
+  /* WatchRun streams are ended by the rpc layer with UNAVAILABLE. */
+  rpc_server_shutdown(o->rpc, on_rpc_shutdown_done, o);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  begin_shutdown(h->data, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void close_walk(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+static int serve_loop(orch *o) {
+  config *cfg = o->cfg;
+  char err[512];
+  if (store_open(cfg->data_dir, &o->db, err, sizeof err) != 0) {
+    log_error("store_open_failed", "data_dir=\"%s\" error=\"%s\"", cfg->data_dir, err);
+    return 1;
+  }
+  fail_interrupted_runs(o);
+  if (metrics_setup(o, err, sizeof err) != 0) {
+    log_error("metrics_setup_failed", "error=\"%s\"", err);
+    return 1;
+  }
+  if (orch_runner_new(o, &o->runner) != 0) {
+    log_error("runner_setup_failed", NULL);
+    return 1;
+  }
+  size_t nm = orch_control_nmethods + orch_worker_nmethods;
+  rpc_method *methods = calloc(nm, sizeof *methods);
+  if (!methods) return 1;
+  memcpy(methods, orch_control_methods, orch_control_nmethods * sizeof *methods);
+  memcpy(methods + orch_control_nmethods, orch_worker_methods,
+         orch_worker_nmethods * sizeof *methods);
+  for (size_t i = 0; i < nm; i++) methods[i].ud = o;
+  rpc_server_opts ro = {.listen = cfg->listen,
+                        .max_message_bytes = cfg->max_message_bytes,
+                        .token = cfg->token,
+                        .tls_cert_file = cfg->tls_cert_file,
+                        .tls_key_file = cfg->tls_key_file,
+                        .shutdown_grace_s = cfg->shutdown_grace_s,
+                        .on_call_done = on_call_done,
+                        .hook_ud = o};
+  int rc = rpc_server_new(o->loop, &ro, methods, nm, &o->rpc, err, sizeof err);
+  free(methods);
+  if (rc != 0) {
+    log_error("grpc_listen_failed", "addr=%s error=\"%s\"", cfg->listen, err);
+    return 1;
+  }
+  rpc_server_set_health(o->rpc, "", 1);
+  rpc_server_set_health(o->rpc, "rlorch.v1.Control", 1);
+  rpc_server_set_health(o->rpc, "rlorch.v1.Worker", 1);
+
+  http_server_opts ho = {.metrics = o->m.reg,
+                         .on_scrape = on_scrape,
+                         .ready = is_ready,
+                         .arg = o,
+                         .timeout_ms = cfg->http_timeout_ms,
+                         .max_connections = cfg->http_max_connections};
+  if (http_server_start(o->loop, cfg->metrics_listen, &ho, &o->http, err, sizeof err) != 0) {
+    log_error("http_listen_failed", "addr=%s error=\"%s\"", cfg->metrics_listen, err);
+    rpc_server_shutdown(o->rpc, on_rpc_shutdown_done, o);
+    uv_run(o->loop, UV_RUN_DEFAULT);
+    return 1;
+  }
+
+  char host[256];
+  int gport = rpc_server_port(o->rpc), hport = http_server_port(o->http), p;
+  config_parse_addr(cfg->listen, host, sizeof host, &p);
+  char mhost[256];
+  config_parse_addr(cfg->metrics_listen, mhost, sizeof mhost, &p);
+  bcast_caps caps;
+  bcast_caps_probe(&caps);
+  log_info("listening", "grpc=%s:%d metrics=http://%s:%d/metrics data_dir=\"%s\" auth=%s tls=%s",
+           host[0] ? host : "0.0.0.0", gport, mhost[0] ? mhost : "0.0.0.0", hport, cfg->data_dir,
+           cfg->token ? "bearer" : "none", cfg->tls_cert_file ? "on" : "off");
+  log_info("transports", "cuda_devices=%d nccl=\"%s\" note=\"%s\"", caps.cuda_devices,
+           caps.nccl_version, caps.note);
+
+  uv_signal_init(o->loop, &o->sigterm);
+  uv_signal_init(o->loop, &o->sigint);
+  o->sigterm.data = o->sigint.data = o;
+  uv_signal_start(&o->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&o->sigint, on_signal, SIGINT);
+  uv_timer_init(o->loop, &o->lag_timer);
+  o->lag_timer.data = o;
+  o->lag_expected_ms = uv_now(o->loop) + LAG_PERIOD_MS;
+  uv_timer_start(&o->lag_timer, on_lag_timer, LAG_PERIOD_MS, LAG_PERIOD_MS);
+
+  uv_run(o->loop, UV_RUN_DEFAULT);
+
+  /* The rpc server is down; close what is left and drain the close callbacks. */
+  http_server_close(o->http, on_http_closed, o);
+  uv_signal_stop(&o->sigterm);
+  uv_signal_stop(&o->sigint);
+  uv_timer_stop(&o->lag_timer);
+  orch_runner_free(o->runner);
+  o->runner = NULL;
+  orch_watchers_free(o);
+  uv_walk(o->loop, close_walk, NULL);
+  uv_run(o->loop, UV_RUN_DEFAULT);
+  rpc_server_free(o->rpc);
+  log_info("stopped", "exit_code=%d", o->exit_code);
+  return o->exit_code;
+}
+
+int cmd_serve(int argc, char **argv) {
+  config cfg;
+  char err[1024];
+  if (config_load(&cfg, argc, argv, environ, err, sizeof err) != 0) {
+    fprintf(stderr, "rlorch serve: %s\n", err);
+    config_free(&cfg);
+    return 2;
+  }
+  if (cfg.help) {
+    config_usage(stdout);
+    config_free(&cfg);
+    return 0;
+  }
+  if (cfg.print_config) {
+    config_print(&cfg, stdout);
+    config_free(&cfg);
+    return 0;
+  }
+  log_setup(cfg.log_level, cfg.log_format, "serve");
+  uv_loop_t loop;
+  if (uv_loop_init(&loop) != 0) {
+    config_free(&cfg);
+    return 1;
+  }
+  orch o;
+  memset(&o, 0, sizeof o);
+  o.loop = &loop;
+  o.cfg = &cfg;
+  int rc = serve_loop(&o);
+  if (o.m.reg) metrics_registry_free(o.m.reg);
+  if (o.db) store_close(o.db);
+  uv_loop_close(&loop);
+  config_free(&cfg);
+  return rc;
+}
