@@ -84,9 +84,10 @@ Test(bcast_pb, plan_round_trip_through_bytes) {
   cr_assert_gt(len, 100);
   cr_assert_eq(bcast_plan_unpack(buf, len, &q, &err), BCAST_OK, "%s", err.msg);
   assert_same(p, q);
-  cr_assert_eq(bcast_plan_unpack(buf, len / 2, &q, &err), BCAST_EINVAL);
-  free(buf);
   bcast_plan_free(q);
+  cr_assert_eq(bcast_plan_unpack(buf, len / 2, &q, &err), BCAST_EINVAL);
+  cr_assert_null(q);
+  free(buf);
   bcast_plan_free(p);
 }
 
