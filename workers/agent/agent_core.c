@@ -80,6 +80,21 @@ uint32_t agent_rank(const agent *a) {
   return r;
 }
 
+uint32_t agent_id_tag(const agent *a) {
+  agent *m = (agent *)a;
+  pthread_mutex_lock(&m->mu);
+  uint32_t tag = m->rank;
+  if (tag == 0 && m->opts.role == AGENT_ROLE_INFERENCE) {
+    /* FNV-1a of the worker id, folded to 23 bits, with bit 23 set so it never
+     * equals a real rank. */
+    uint32_t h = 2166136261u;
+    for (const char *p = m->worker_id; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+    tag = 0x800000u | ((h ^ (h >> 23)) & 0x7fffffu);
+  }
+  pthread_mutex_unlock(&m->mu);
+  return tag;
+}
+
 /* Waits on the agent's condition for up to s seconds; mu must be held. */
 static void agent__timedwait(agent *a, double s) {
   struct timespec ts;

@@ -48,6 +48,10 @@ int agent_stopping(const agent *a);
 uint64_t agent_policy_version(const agent *a);
 void agent_set_policy_version(agent *a, uint64_t v);
 uint32_t agent_rank(const agent *a); /* rank from the last registration */
+/* The high bits of this worker's rollout ids: its rank, or, for an inference
+ * worker registered with rank 0 (the trainer's), a 24-bit tag derived from
+ * its worker id with the top bit set, so workers never share ids. */
+uint32_t agent_id_tag(const agent *a);
 /* Sleeps up to `s` seconds, waking early when the agent stops. */
 void agent_sleep(agent *a, double s);
 

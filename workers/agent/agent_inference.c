@@ -98,7 +98,7 @@ static int inference__stop(void *ud) { return agent_stopping(ud); }
 
 static int inference__rollout(agent__inference *in, agent *a, const Rlorch__V1__RolloutRequest *r) {
   uint32_t left = r->count;
-  uint32_t rank = agent_rank(a);
+  uint32_t rank = agent_id_tag(a);
   do {
     uint32_t k = left < AGENT__ROLLOUTS_PER_REPORT ? left : AGENT__ROLLOUTS_PER_REPORT;
     agent_rollout *ro = calloc(k ? k : 1, sizeof *ro);
