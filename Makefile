@@ -37,7 +37,7 @@ node-deps: deps
 	@cd tests/integration/node && { [ -d node_modules/@grpc/grpc-js ] || npm ci --no-audit --no-fund --loglevel=error; }
 
 run: build
-	./$(BUILD)/rlorch run
+	./$(BUILD)/rlorch run --data-dir $(BUILD)/run-data
 
 # The whole suite: unit and integration tests on a normal build, then again
 # under AddressSanitizer and UndefinedBehaviorSanitizer.
