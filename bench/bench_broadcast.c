@@ -30,13 +30,6 @@
 #include <nccl.h>
 #endif
 
-/* The host transport is the engine's own; it may be absent from a partial
- * build, in which case host mode says so instead of failing to link. */
-#pragma weak bcast_engine_new
-#pragma weak bcast_engine_free
-#pragma weak bcast_engine_execute
-#pragma weak bcast_engine_data_address
-
 typedef struct bb_args {
   const char *preset, *mode;
   int reps, json;
@@ -408,10 +401,6 @@ static double socket_baseline(const char *src, size_t bytes) {
 }
 
 static int bench_host(const bb_args *a, bb_result *res) {
-  if (!bcast_engine_new) {
-    fprintf(stderr, "bench broadcast: --mode host: the engine's host transport is not built\n");
-    return 1;
-  }
   bcast_preset_opts so = {.storage_dtype = BCAST_DTYPE_FP32, .wire_dtype = BCAST_DTYPE_BF16,
                           .residency = BCAST_RES_HOST_PAGEABLE, .max_layers = a->max_layers};
   bcast_tensor *snd = NULL, *rcv = NULL;
