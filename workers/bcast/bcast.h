@@ -232,7 +232,16 @@ const char *bcast_engine_data_address(const bcast_engine *e);
 /* NCCL root: makes the unique id to put into the plan. */
 int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err);
 /* Executes the plan: the sender reads `local` (storage dtype), receivers write
- * `local` (wire dtype). Blocks until done, failed, or the deadline passed. */
+ * `local` (wire dtype). Blocks until done, failed, or the deadline passed.
+ * Host mode: the root (rank == root_rank) needs opts.host_listen; its listening
+ * socket serves plan after plan.  Receivers connect to plan->host_endpoint
+ * anew for each plan and present (plan id, hash, rank); a different plan is
+ * refused on both sides with BCAST_EMISMATCH.  The root returns once every
+ * receiver confirmed the last bucket.  Every wait is bounded by timeout_s
+ * (connect, each bucket) and by plan->deadline_unix_ms.  Stats: wire_bytes
+ * counts the plan's bytes once (what each receiver gets); on the root cast_s
+ * is cast + checksum, on receivers verify + scatter; exposed_s = total_s -
+ * wire_s (measured).  transport is "host-tcp" in host mode. */
 int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
                          size_t n, bcast_stats *stats, bcast_err *err);
 
