@@ -7,24 +7,22 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "grpc/health/v1/health.pb-c.h"
 #include "orchestrator/commands.h"
 #include "orchestrator/config.h"
 #include "orchestrator/ctl_format.h"
 #include "orchestrator/pbjson.h"
+#include "orchestrator/proc.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rpc/rpc.h"
 #include "workers/bcast/bcast.h"
@@ -91,20 +89,6 @@ static int parse_u32(const char *flag, const char *s, uint32_t max, uint32_t *ou
   return 0;
 }
 
-/* A free loopback port: bind to 0, read it back, close. */
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
 static int resolve_addr(const char *flag, const char *in, char *out, size_t len) {
   char host[64];
   int port;
@@ -112,7 +96,7 @@ static int resolve_addr(const char *flag, const char *in, char *out, size_t len)
     fprintf(stderr, "rlorch run: %s: invalid address '%s' (want HOST:PORT)\n", flag, in);
     return -1;
   }
-  if (port == 0 && (port = free_port()) < 0) {
+  if (port == 0 && (port = proc_free_port()) < 0) {
     fprintf(stderr, "rlorch run: %s: no free port: %s\n", flag, strerror(errno));
     return -1;
   }
@@ -225,28 +209,20 @@ static void *signal_thread(void *arg) {
   }
 }
 
+static int should_stop(void *arg) {
+  run_ctx *c = arg;
+  pthread_mutex_lock(&c->mu);
+  int stop = c->interrupted || c->child_failed[0];
+  pthread_mutex_unlock(&c->mu);
+  return stop;
+}
+
 static int wait_serving(run_ctx *c) {
-  Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-  req.service = "";
-  for (int i = 0; i < 200; i++) {
-    pthread_mutex_lock(&c->mu);
-    int stop = c->interrupted || c->child_failed[0];
-    pthread_mutex_unlock(&c->mu);
-    if (stop) return -1;
-    ProtobufCMessage *resp = NULL;
-    rpc_status st;
-    if (rpc_client_call(c->client, "/grpc.health.v1.Health/Check", &req.base,
-                        &grpc__health__v1__health_check_response__descriptor, 1.0, &resp,
-                        &st) == GRPC_STATUS_OK) {
-      int ok = ((Grpc__Health__V1__HealthCheckResponse *)resp)->status ==
-               GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
-      protobuf_c_message_free_unpacked(resp, NULL);
-      if (ok) return 0;
-    }
-    struct timespec ts = {0, 100 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  snprintf(c->child_failed, sizeof c->child_failed, "orchestrator not serving after 20 s");
+  if (proc_wait_serving(c->grpc_addr, 20.0, should_stop, c) == 0) return 0;
+  pthread_mutex_lock(&c->mu);
+  if (!c->interrupted && !c->child_failed[0])
+    snprintf(c->child_failed, sizeof c->child_failed, "orchestrator not serving after 20 s");
+  pthread_mutex_unlock(&c->mu);
   return -1;
 }
 
@@ -530,13 +506,11 @@ int cmd_run(int argc, char **argv) {
             strerror(errno));
     goto out;
   }
-  ssize_t n = readlink("/proc/self/exe", c->exe, sizeof c->exe - 1);
-  if (n <= 0) {
+  if (proc_self_exe(c->exe, sizeof c->exe) != 0) {
     fprintf(stderr, "rlorch run: cannot find my own executable: %s\n", strerror(errno));
     rc = 1;
     goto out;
   }
-  c->exe[n] = 0;
   rc = 1;
   pthread_mutex_init(&c->mu, NULL);
 

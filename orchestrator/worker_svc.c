@@ -759,6 +759,9 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   Rlorch__V1__RegisterResponse resp = RLORCH__V1__REGISTER_RESPONSE__INIT;
   resp.worker_id = w->api_id;
   resp.heartbeat_interval_ms = o->cfg->heartbeat_interval_ms;
+  /* Unique per worker (rollout ids are prefixed with it); the rank inside a
+   * given plan is carried by each plan command. */
+  resp.rank = w->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER ? 0 : w->id;
   rpc_call_reply(call, &resp.base);
   publish_worker(r, w);
   join_run(r, w);

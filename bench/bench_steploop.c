@@ -1,0 +1,397 @@
+/* `rlorch bench steploop`: what the orchestrator itself costs per step and per
+ * rollout. A real `rlorch serve` child drives zero-cost workers (threads here:
+ * no weights, no sleeps; every command is answered at once) through whole
+ * steps: rollouts, batch, train, plan, ack barrier, trigger, commit. The
+ * orchestrator's CPU time (from /proc) per step and per rollout is printed
+ * beside a bare RPC round trip to the same server, measured in the same run. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "orchestrator/proc.h"
+#include "rlorch/v1/control.pb-c.h"
+#include "rlorch/v1/worker.pb-c.h"
+#include "rpc/rpc.h"
+
+extern char **environ;
+
+#define MAX_FAKES 257
+
+typedef struct fake {
+  rpc_client *client;
+  int trainer;
+  uint32_t index;
+  char id[32];
+  uint64_t version, pending_version, counter;
+  pthread_t th;
+} fake;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* utime + stime of a process, in seconds. */
+static double cpu_seconds(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  if (!p) return 0;
+  unsigned long ut = 0, st = 0;
+  /* Fields after the command name: state is 3; utime 14, stime 15. */
+  if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+    return 0;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static int report(fake *f, Rlorch__V1__ReportRequest *r) {
+  r->worker_id = f->id;
+  ProtobufCMessage *resp = NULL;
+  rpc_status st;
+  if (rpc_client_call(f->client, "/rlorch.v1.Worker/Report", &r->base,
+                      &rlorch__v1__report_response__descriptor, 10, &resp, &st) != GRPC_STATUS_OK)
+    return -1;
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return 0;
+}
+
+static int on_command(ProtobufCMessage *m, void *ud) {
+  fake *f = ud;
+  const Rlorch__V1__Command *c = (const Rlorch__V1__Command *)m;
+  Rlorch__V1__ReportRequest r = RLORCH__V1__REPORT_REQUEST__INIT;
+  switch (c->kind_case) {
+  case RLORCH__V1__COMMAND__KIND_ROLLOUT: {
+    Rlorch__V1__RolloutResult res = RLORCH__V1__ROLLOUT_RESULT__INIT;
+    uint32_t n = c->rollout->count;
+    Rlorch__V1__Rollout *ro = calloc(n ? n : 1, sizeof *ro);
+    Rlorch__V1__Rollout **rp = calloc(n ? n : 1, sizeof *rp);
+    for (uint32_t i = 0; i < n && ro && rp; i++) {
+      rlorch__v1__rollout__init(&ro[i]);
+      ro[i].id = ((uint64_t)(f->index + 1) << 40) | ++f->counter;
+      ro[i].policy_version = f->version;
+      ro[i].tokens = 1;
+      rp[i] = &ro[i];
+    }
+    res.request_id = c->rollout->request_id;
+    res.rollouts = rp;
+    res.n_rollouts = ro && rp ? n : 0;
+    r.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS;
+    r.rollouts = &res;
+    report(f, &r);
+    free(ro);
+    free(rp);
+    break;
+  }
+  case RLORCH__V1__COMMAND__KIND_TRAIN: {
+    Rlorch__V1__StepDone sd = RLORCH__V1__STEP_DONE__INIT;
+    sd.step = c->train->step;
+    r.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_STEP_DONE;
+    r.step_done = &sd;
+    report(f, &r);
+    break;
+  }
+  case RLORCH__V1__COMMAND__KIND_PLAN: {
+    Rlorch__V1__PlanAck ack = RLORCH__V1__PLAN_ACK__INIT;
+    ack.plan_id = c->plan->plan_id;
+    ack.plan_hash = c->plan->hash;
+    f->pending_version = c->plan->policy_version;
+    r.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK;
+    r.plan_ack = &ack;
+    report(f, &r);
+    break;
+  }
+  case RLORCH__V1__COMMAND__KIND_TRIGGER: {
+    Rlorch__V1__BroadcastDone bd = RLORCH__V1__BROADCAST_DONE__INIT;
+    Rlorch__V1__StepRecord rec = RLORCH__V1__STEP_RECORD__INIT;
+    rec.transport = "none";
+    bd.plan_id = c->trigger->plan_id;
+    bd.record = &rec;
+    f->version = f->pending_version;
+    r.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE;
+    r.broadcast_done = &bd;
+    report(f, &r);
+    break;
+  }
+  default: break;
+  }
+  protobuf_c_message_free_unpacked(m, NULL);
+  return 0;
+}
+
+static void *fake_thread(void *arg) {
+  fake *f = arg;
+  Rlorch__V1__AttachRequest a = RLORCH__V1__ATTACH_REQUEST__INIT;
+  a.worker_id = f->id;
+  rpc_status st;
+  rpc_client_stream(f->client, "/rlorch.v1.Worker/Attach", &a.base,
+                    &rlorch__v1__command__descriptor, 0, on_command, f, &st);
+  return NULL;
+}
+
+static int fake_register(fake *f) {
+  Rlorch__V1__RegisterRequest q = RLORCH__V1__REGISTER_REQUEST__INIT;
+  Rlorch__V1__Capabilities caps = RLORCH__V1__CAPABILITIES__INIT;
+  Rlorch__V1__WeightManifest man = RLORCH__V1__WEIGHT_MANIFEST__INIT;
+  Rlorch__V1__TensorSpec t = RLORCH__V1__TENSOR_SPEC__INIT;
+  Rlorch__V1__TensorSpec *tp = &t;
+  uint64_t shape = 1;
+  char name[32];
+  snprintf(name, sizeof name, "%s-%u", f->trainer ? "trainer" : "inference", f->index);
+  q.role = f->trainer ? RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER
+                      : RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE;
+  q.name = name;
+  q.capabilities = &caps;
+  caps.cpu_threads = 1;
+  if (f->trainer) {
+    t.name = "w";
+    t.storage_dtype = RLORCH__V1__DTYPE__DTYPE_FP32;
+    t.wire_dtype = RLORCH__V1__DTYPE__DTYPE_BF16;
+    t.shape = &shape;
+    t.n_shape = 1;
+    t.residency = RLORCH__V1__RESIDENCY__RESIDENCY_HOST_PAGEABLE;
+    man.tensors = &tp;
+    man.n_tensors = 1;
+    q.manifest = &man;
+    q.data_address = "127.0.0.1:9";
+  }
+  ProtobufCMessage *resp = NULL;
+  rpc_status st;
+  if (rpc_client_call(f->client, "/rlorch.v1.Worker/Register", &q.base,
+                      &rlorch__v1__register_response__descriptor, 10, &resp,
+                      &st) != GRPC_STATUS_OK) {
+    fprintf(stderr, "bench steploop: Register: %s: %s\n", rpc_status_name(st.code), st.message);
+    return -1;
+  }
+  snprintf(f->id, sizeof f->id, "%s", ((Rlorch__V1__RegisterResponse *)resp)->worker_id);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return 0;
+}
+
+typedef struct round_result {
+  uint32_t workers;
+  uint64_t steps, rollouts;
+  double wall_s, cpu_s;
+  int ok;
+} round_result;
+
+typedef struct watch_ctx {
+  uint64_t steps, rollouts;
+  int done, ok;
+} watch_ctx;
+
+static int on_event(ProtobufCMessage *m, void *ud) {
+  watch_ctx *w = ud;
+  const Rlorch__V1__RunEvent *e = (const Rlorch__V1__RunEvent *)m;
+  if (e->event_case == RLORCH__V1__RUN_EVENT__EVENT_STEP) {
+    w->steps++;
+    w->rollouts += e->step->rollouts_used;
+  } else if (e->event_case == RLORCH__V1__RUN_EVENT__EVENT_RUN &&
+             (e->run->state == RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED ||
+              e->run->state == RLORCH__V1__RUN_STATE__RUN_STATE_FAILED ||
+              e->run->state == RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED)) {
+    w->done = 1;
+    w->ok = e->run->state == RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED;
+    if (!w->ok) fprintf(stderr, "bench steploop: run ended: %s\n", e->run->message);
+  }
+  protobuf_c_message_free_unpacked(m, NULL);
+  return w->done;
+}
+
+static round_result run_round(const char *target, pid_t serve, uint32_t nworkers, uint32_t steps,
+                              uint32_t per_step) {
+  round_result res = {.workers = nworkers};
+  fake *fakes = calloc(nworkers + 1, sizeof *fakes);
+  rpc_client *wc = NULL, *cc = NULL;
+  rpc_client_opts o = {.target = target};
+  char err[256];
+  if (!fakes || rpc_client_new(&o, &wc, err, sizeof err) || rpc_client_new(&o, &cc, err, sizeof err))
+    goto out;
+  for (uint32_t i = 0; i <= nworkers; i++) {
+    fakes[i].client = wc;
+    fakes[i].trainer = i == 0;
+    fakes[i].index = i;
+    if (fake_register(&fakes[i]) != 0) goto out;
+    pthread_create(&fakes[i].th, NULL, fake_thread, &fakes[i]);
+  }
+  Rlorch__V1__RunSpec spec = RLORCH__V1__RUN_SPEC__INIT;
+  spec.name = "bench-steploop";
+  spec.preset = "100m";
+  spec.steps = steps;
+  spec.rollouts_per_step = per_step;
+  spec.max_async_level = 1;
+  spec.policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST;
+  ProtobufCMessage *resp = NULL;
+  rpc_status st;
+  double cpu0 = cpu_seconds(serve), t0 = now_s();
+  if (rpc_client_call(cc, "/rlorch.v1.Control/StartRun", &spec.base, &rlorch__v1__run__descriptor,
+                      10, &resp, &st) != GRPC_STATUS_OK) {
+    fprintf(stderr, "bench steploop: StartRun: %s\n", st.message);
+    goto stop;
+  }
+  Rlorch__V1__WatchRunRequest wr = RLORCH__V1__WATCH_RUN_REQUEST__INIT;
+  wr.run_id = ((Rlorch__V1__Run *)resp)->id;
+  wr.from_step = -1;
+  watch_ctx w = {0};
+  rpc_client_stream(cc, "/rlorch.v1.Control/WatchRun", &wr.base,
+                    &rlorch__v1__run_event__descriptor, 300, on_event, &w, &st);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  res.wall_s = now_s() - t0;
+  res.cpu_s = cpu_seconds(serve) - cpu0;
+  res.steps = w.steps;
+  res.rollouts = w.rollouts;
+  res.ok = w.ok;
+stop:
+  rpc_client_cancel_streams(wc);
+  for (uint32_t i = 0; i <= nworkers; i++)
+    if (fakes[i].th) pthread_join(fakes[i].th, NULL);
+out:
+  if (wc) rpc_client_free(wc);
+  if (cc) rpc_client_free(cc);
+  free(fakes);
+  return res;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median round trip of a unary health Check against the same server. */
+static double bare_rtt(const char *target, int n) {
+  rpc_client *c = NULL;
+  rpc_client_opts o = {.target = target};
+  char err[256];
+  if (rpc_client_new(&o, &c, err, sizeof err)) return 0;
+  double *v = malloc((size_t)n * sizeof *v);
+  Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  int k = 0;
+  for (int i = 0; i < n + 100 && v; i++) {
+    ProtobufCMessage *resp = NULL;
+    rpc_status st;
+    double t = now_s();
+    if (rpc_client_call(c, "/grpc.health.v1.Health/Check", &req.base,
+                        &grpc__health__v1__health_check_response__descriptor, 5, &resp,
+                        &st) != GRPC_STATUS_OK)
+      continue;
+    t = now_s() - t;
+    protobuf_c_message_free_unpacked(resp, NULL);
+    if (i >= 100) v[k++] = t; /* the first calls warm the channel */
+  }
+  double med = 0;
+  if (k) {
+    qsort(v, (size_t)k, sizeof *v, cmp_double);
+    med = v[k / 2];
+  }
+  free(v);
+  rpc_client_free(c);
+  return med;
+}
+
+static pid_t start_serve(const char *exe, const char *addr, const char *maddr, const char *dir) {
+  char *argv[] = {(char *)exe, "serve", "--listen", (char *)addr, "--metrics-listen",
+                  (char *)maddr, "--data-dir", (char *)dir, "--log-level", "warn", NULL};
+  /* Zero-cost workers answer at once; a long heartbeat window keeps 65
+   * threads on 2 cores from being declared lost while they wait for CPU. */
+  setenv("RLORCH_WORKER_TIMEOUT_MS", "120000", 1);
+  setenv("RLORCH_HEARTBEAT_INTERVAL_MS", "10000", 1);
+  pid_t pid;
+  if (posix_spawn(&pid, exe, NULL, NULL, argv, environ) != 0) return -1;
+  return pid;
+}
+
+int bench_steploop(int argc, char **argv) {
+  uint32_t steps = 50, per_step = 16;
+  int json = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) json = 1;
+    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--rollouts-per-step") && i + 1 < argc)
+      per_step = (uint32_t)atoi(argv[++i]);
+    else {
+      fprintf(stderr, "usage: rlorch bench steploop [--steps N] [--rollouts-per-step N] [--json]\n");
+      return 2;
+    }
+  }
+  if (steps == 0 || per_step == 0) {
+    fprintf(stderr, "rlorch bench steploop: --steps and --rollouts-per-step must be positive\n");
+    return 2;
+  }
+  char exe[PATH_MAX];
+  if (proc_self_exe(exe, sizeof exe) != 0) return 1;
+  char dir[] = "/tmp/rlorch-steploop-XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  char addr[64], maddr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", proc_free_port());
+  snprintf(maddr, sizeof maddr, "127.0.0.1:%d", proc_free_port());
+  pid_t serve = start_serve(exe, addr, maddr, dir);
+  if (serve < 0) return 1;
+  if (proc_wait_serving(addr, 20.0, NULL, NULL) != 0) {
+    fprintf(stderr, "rlorch bench steploop: orchestrator did not come up\n");
+    kill(serve, SIGTERM);
+    waitpid(serve, NULL, 0);
+    return 1;
+  }
+  double rtt = bare_rtt(addr, 2000);
+  static const uint32_t counts[] = {1, 8, 64};
+  round_result rr[3];
+  int rc = 0;
+  for (int i = 0; i < 3; i++) {
+    rr[i] = run_round(addr, serve, counts[i], steps, per_step);
+    if (!rr[i].ok) rc = 1;
+  }
+  kill(serve, SIGTERM);
+  int status = 0;
+  waitpid(serve, &status, 0);
+  char cmd[PATH_MAX + 16];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd) != 0) fprintf(stderr, "rlorch bench steploop: could not remove %s\n", dir);
+
+  if (json) {
+    printf("{\"bare_rpc_rtt_us\":%.1f,\"rounds\":[", rtt * 1e6);
+    for (int i = 0; i < 3; i++)
+      printf("%s{\"inference_workers\":%u,\"steps\":%" PRIu64 ",\"rollouts\":%" PRIu64
+             ",\"cpu_us_per_step\":%.1f,\"cpu_us_per_rollout\":%.2f,\"wall_ms_per_step\":%.3f,"
+             "\"ok\":%s}",
+             i ? "," : "", rr[i].workers, rr[i].steps, rr[i].rollouts,
+             rr[i].steps ? rr[i].cpu_s * 1e6 / (double)rr[i].steps : 0,
+             rr[i].rollouts ? rr[i].cpu_s * 1e6 / (double)rr[i].rollouts : 0,
+             rr[i].steps ? rr[i].wall_s * 1e3 / (double)rr[i].steps : 0, rr[i].ok ? "true" : "false");
+    printf("]}\n");
+    return rc;
+  }
+  printf("orchestration overhead: %u steps x %u rollouts per step, zero-cost workers, loopback\n",
+         steps, per_step);
+  printf("baseline: bare RPC round trip (unary health Check, same server, p50): %.1f us\n\n",
+         rtt * 1e6);
+  printf("%9s %6s %9s %14s %10s %17s %16s\n", "inference", "steps", "rollouts", "cpu_us/step",
+         "x_rtt", "cpu_us/rollout", "wall_ms/step");
+  for (int i = 0; i < 3; i++) {
+    double ps = rr[i].steps ? rr[i].cpu_s * 1e6 / (double)rr[i].steps : 0;
+    printf("%9u %6" PRIu64 " %9" PRIu64 " %14.1f %10.2f %17.2f %16.3f%s\n", rr[i].workers,
+           rr[i].steps, rr[i].rollouts, ps, rtt > 0 ? ps / (rtt * 1e6) : 0,
+           rr[i].rollouts ? rr[i].cpu_s * 1e6 / (double)rr[i].rollouts : 0,
+           rr[i].steps ? rr[i].wall_s * 1e3 / (double)rr[i].steps : 0,
+           rr[i].ok ? "" : "  (run did not succeed)");
+  }
+  printf("\ncpu_us: orchestrator process CPU time (user + system, from /proc, 10 ms ticks);\n"
+         "x_rtt: orchestrator CPU per step in units of the bare RPC round trip.\n");
+  return rc;
+}
