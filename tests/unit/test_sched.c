@@ -172,11 +172,12 @@ static void bounded_run(uint32_t async, uint64_t batches[3][2], uint64_t *droppe
   for (uint64_t id = 1; id <= 6; id++) answer(&h, 2, id, 0);
   uint64_t fresh = 100;
   for (int step = 0; step < 3; step++) {
-    while (h.ntrain == step) {
+    while (h.ntrain == step && fresh < 150) {
       sched_run_info ri;
       sched_get_run(h.s, &ri);
       answer(&h, 2, fresh++, ri.policy_version);
     }
+    cr_assert_eq(h.ntrain, step + 1, "no batch formed for step %d", step);
     cr_assert_eq(h.train_step, (uint64_t)step);
     cr_assert_eq(h.ntrain_ids, 2);
     memcpy(batches[step], h.train_ids, sizeof batches[step]);
