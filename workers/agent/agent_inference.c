@@ -33,6 +33,7 @@ typedef struct agent__inference {
   agent_xfer xfer;
   Rlorch__V1__Capabilities caps_pb;
   Rlorch__V1__RegisterRequest reg;
+  char run_id[64]; /* run of the last command: versions count per run */
 } agent__inference;
 
 static void inference__free_buffers(agent__inference *in) {
@@ -145,6 +146,15 @@ static int inference__rollout(agent__inference *in, agent *a, const Rlorch__V1__
 
 static int inference__command(agent *a, const Rlorch__V1__Command *cmd, void *ud) {
   agent__inference *in = ud;
+  /* Policy versions number the steps of one run: a new run starts again at 0
+   * (the weights held until its first broadcast). */
+  if (cmd->run_id && cmd->run_id[0] && strcmp(cmd->run_id, in->run_id) != 0) {
+    if (in->run_id[0]) {
+      log_info("new_run", "run=%s previous=%s version=0", cmd->run_id, in->run_id);
+      agent_set_policy_version(a, 0);
+    }
+    snprintf(in->run_id, sizeof in->run_id, "%s", cmd->run_id);
+  }
   switch (cmd->kind_case) {
   case RLORCH__V1__COMMAND__KIND_ROLLOUT: return inference__rollout(in, a, cmd->rollout);
   case RLORCH__V1__COMMAND__KIND_PLAN: agent_xfer_on_plan(&in->xfer, a, cmd); return 0;

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The RL step loop on the host transport: a real orchestrator, trainer and two
+# inference workers. After every step each inference worker must hold exactly
+# the trainer's weights cast to the wire dtype (checksums), and the step records
+# in SQLite, the WatchRun stream and /metrics must agree.
+source "$(dirname "$0")/lib.sh"
+need_cmd sqlite3 python3 node promtool
+
+# ready_workers: how many workers are attached (ready or busy).
+ready_workers() {
+  "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json list-workers | python3 -c '
+import json, sys
+ws = json.load(sys.stdin).get("workers", [])
+print(sum(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for w in ws))'
+}
+export -f ready_workers
+
+# steps_done RUN_ID
+steps_done() {
+  "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json get-run "$1" | python3 -c '
+import json, sys
+print(json.load(sys.stdin)["steps_done"])'
+}
+export -f steps_done
+
+# A small model keeps the suite quick on 2 cores (and under the sanitizers).
+LAYERS=2
+STEPS=3
+PER_STEP=4
+
+start_workers() { # OFFLOAD
+  "$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --name trainer-0 --preset 100m \
+    --layers "$LAYERS" --offload "$1" --log-level warn >"$TEST_TMP/trainer.$1.log" 2>&1 &
+  TRAINER_PID=$!
+  track_pid "$TRAINER_PID"
+  for i in 0 1; do
+    "$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" --name "inference-$i" \
+      --log-level warn >"$TEST_TMP/inference.$i.log" 2>&1 &
+    track_pid $!
+  done
+}
+
+# run_and_check OFFLOAD: one run of $STEPS steps, then every cross-check.
+run_and_check() {
+  local offload=$1 out run_id events nsteps
+  out="$(ctl --json start-run --name "loop-$offload" --preset 100m --steps "$STEPS" \
+    --rollouts-per-step "$PER_STEP" --max-async-level 1 --offload "$offload")"
+  run_id="$(json_get id "$out")"
+  assert_ne "" "$run_id" "[$offload] StartRun returns a run id"
+  events="$(timeout 180 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json watch-run "$run_id")"
+  assert_eq 0 "$?" "[$offload] WatchRun ends with OK when the run ends"
+  printf '%s\n' "$events" >"$TEST_TMP/events.$offload.jsonl"
+
+  # The stream: one step event per step, every one verified against the trainer.
+  nsteps="$(python3 - "$TEST_TMP/events.$offload.jsonl" "$STEPS" "$PER_STEP" <<'PY'
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"step":{' in l]
+want, per = int(sys.argv[2]), int(sys.argv[3])
+bad = []
+for i, s in enumerate(steps):
+    if int(s["step"]) != i: bad.append(f"step {i} numbered {s['step']}")
+    if not s["weights_verified"]: bad.append(f"step {i} not verified")
+    if s["receivers"] != 2: bad.append(f"step {i}: {s['receivers']} receivers")
+    if s["mode"] != "BROADCAST_MODE_HOST": bad.append(f"step {i}: mode {s['mode']}")
+    if s["transport"] != "host-tcp": bad.append(f"step {i}: transport {s['transport']}")
+    if s["rollouts_used"] != per: bad.append(f"step {i}: {s['rollouts_used']} rollouts")
+    if int(s["wire_bytes"]) <= 0 or s["total_seconds"] <= 0: bad.append(f"step {i}: no figures")
+    if int(s["policy_version"]) != i + 1: bad.append(f"step {i}: version {s['policy_version']}")
+    if not s["mode_reason"]: bad.append(f"step {i}: no mode reason")
+print(len(steps) if not bad and len(steps) == want else "; ".join(bad) or len(steps))
+PY
+)"
+  assert_eq "$STEPS" "$nsteps" "[$offload] $STEPS verified host-transport steps on WatchRun"
+
+  # The run as stored.
+  out="$(ctl --json get-run "$run_id")"
+  assert_eq RUN_STATE_SUCCEEDED "$(json_get state "$out")" "[$offload] run succeeded"
+  assert_eq "$STEPS" "$(json_get steps_done "$out")" "[$offload] steps_done"
+  assert_eq "$STEPS" "$(json_get policy_version "$out")" "[$offload] policy version"
+
+  # SQLite holds the same records as the stream, field for field.
+  local db="$SERVE_DATA_DIR/rlorch.db" rows diff
+  rows="$(sqlite3 "$db" "SELECT step || ' ' || hex(msg) FROM steps WHERE run_id='$run_id' ORDER BY step")"
+  assert_eq "$STEPS" "$(printf '%s\n' "$rows" | grep -c .)" "[$offload] $STEPS step rows in SQLite"
+  diff="$(while read -r step hex; do
+      node "$RLORCH_SOURCE_DIR/tests/integration/node/decode.js" rlorch.v1.StepRecord "$hex"
+    done <<<"$rows" | python3 -c '
+import json, sys
+stored = [json.loads(l) for l in sys.stdin]
+streamed = [json.loads(l)["step"] for l in open(sys.argv[1]) if "\"step\":{" in l]
+keys = ["step", "mode", "wire_bytes", "pcie_bytes", "total_seconds", "wire_seconds",
+        "cast_seconds", "h2d_seconds", "exposed_staging_seconds", "rollouts_used",
+        "rollouts_dropped", "train_seconds", "weights_verified", "policy_version"]
+bad = ["step %s %s: %s != %s" % (a["step"], k, a[k], b[k]) for a, b in zip(stored, streamed)
+       for k in keys if str(a[k]) != str(b[k])]
+print("; ".join(bad) if bad or len(stored) != len(streamed) else "same")
+' "$TEST_TMP/events.$offload.jsonl")"
+  assert_eq same "$diff" "[$offload] SQLite records equal the WatchRun records"
+}
+
+serve_start || { finish; exit 1; }
+
+# ---- offload params: fp32 master weights in host memory ------------------------------
+start_workers params
+wait_until 30 bash -c '[ "$(ready_workers)" = 3 ]'
+assert_eq 0 "$?" "three workers registered and attached"
+run_and_check params
+
+# /metrics agrees with the stream.
+assert_eq "$STEPS" "$(metric_value 'rlorch_broadcast_duration_seconds_count{mode="host"}')" \
+  "broadcast histogram counted every step"
+assert_eq "$STEPS" "$(metric_value 'rlorch_step_duration_seconds_count')" "step histogram"
+assert_eq "$((STEPS * PER_STEP))" "$(metric_value 'rlorch_rollouts_total{outcome="used"}')" \
+  "used rollouts counted"
+assert_eq "$STEPS" "$(metric_value 'rlorch_policy_version')" "policy version gauge"
+wire_total="$(python3 -c '
+import json, sys
+print(sum(int(json.loads(l)["step"]["wire_bytes"]) for l in open(sys.argv[1]) if "\"step\":{" in l))' \
+  "$TEST_TMP/events.params.jsonl")"
+assert_eq "$wire_total" "$(metric_value 'rlorch_broadcast_bytes_total{mode="host",link="wire"}' | python3 -c 'import sys; print(int(float(sys.stdin.read())))')" \
+  "wire bytes counter equals the sum of the step records"
+assert_eq "" "$(http_get /metrics | promtool check metrics 2>&1)" "promtool check metrics is clean"
+
+# ---- offload none: a new trainer that keeps everything "on device" ---------------------
+kill -TERM "$TRAINER_PID"
+wait "$TRAINER_PID"
+assert_eq 0 "$?" "the trainer exits 0 on SIGTERM"
+"$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --name trainer-1 --preset 100m \
+  --layers "$LAYERS" --offload none --log-level warn >"$TEST_TMP/trainer.none.log" 2>&1 &
+track_pid $!
+wait_until 30 bash -c '[ "$(ready_workers)" = 3 ]'
+assert_eq 0 "$?" "the new trainer is attached"
+run_and_check none
+
+# ---- a receiver killed mid-run: the run goes on with the other one ---------------------
+out="$(ctl --json start-run --name loss --preset 100m --steps 40 --rollouts-per-step 2)"
+run_id="$(json_get id "$out")"
+wait_until 60 bash -c "[ \$(steps_done $run_id) -ge 1 ]"
+victim="$(pgrep -f -- "--name inference-1" | head -1)"
+kill -KILL "$victim"
+wait_until 30 bash -c "\"$RLORCH_BIN\" ctl --target $GRPC_ADDR --json list-workers | grep -q WORKER_STATE_LOST"
+assert_eq 0 "$?" "the killed worker is reported lost"
+before="$(steps_done "$run_id")"
+wait_until 60 bash -c "[ \$(steps_done $run_id) -gt $((before + 1)) ]"
+assert_eq 0 "$?" "steps continue with the remaining inference worker"
+out="$(ctl --json stop-run "$run_id" --reason "test done")"
+wait_until 30 bash -c "\"$RLORCH_BIN\" ctl --target $GRPC_ADDR --json get-run $run_id | grep -q RUN_STATE_STOPPED"
+assert_eq 0 "$?" "StopRun stops the run"
+
+serve_stop
+finish
