@@ -40,7 +40,7 @@ typedef struct child {
 } child;
 
 typedef struct run_opts {
-  uint32_t steps, inference, max_async, rollouts_per_step;
+  uint32_t steps, inference, max_async, rollouts_per_step, layers;
   const char *preset, *offload, *policy, *listen, *metrics_listen, *data_dir, *log_level;
   int json;
 } run_opts;
@@ -69,11 +69,12 @@ static int usage(FILE *f) {
           "                  [--offload none|params|params+optimizer] [--max-async-level N]\n"
           "                  [--policy auto|direct|staged|host] [--rollouts-per-step N]\n"
           "                  [--listen ADDR] [--metrics-listen ADDR] [--data-dir DIR]\n"
-          "                  [--log-level LEVEL] [--json]\n\n"
+          "                  [--layers N] [--log-level LEVEL] [--json]\n\n"
           "Starts the orchestrator, 1 trainer and N inference workers on this machine,\n"
           "runs N steps and prints one line per step. Defaults: 5 steps, preset 100m,\n"
           "2 inference workers, offload params, policy auto, loopback ports picked\n"
-          "at random, data under ./rlorch-run.\n");
+          "at random, data under ./rlorch-run. --layers keeps only the first N decoder\n"
+          "layers of the preset (quick runs).\n");
   return f == stdout ? 0 : 2;
 }
 
@@ -366,9 +367,12 @@ static int start_processes(run_ctx *c) {
                         (char *)o->log_level, NULL};
   if (spawn(c, "serve", serve_argv) != 0) return -1;
   if (wait_serving(c) != 0) return -1;
+  char layers[16];
+  snprintf(layers, sizeof layers, "%u", o->layers);
   char *tr_argv[] = {c->exe, "trainer", "--orchestrator", c->grpc_addr, "--preset",
                      (char *)o->preset, "--offload", (char *)o->offload, "--name", "trainer-0",
-                     "--log-level", (char *)o->log_level, NULL};
+                     "--log-level", (char *)o->log_level,
+                     o->layers ? "--layers" : NULL, layers, NULL};
   if (spawn(c, "trainer-0", tr_argv) != 0) return -1;
   for (uint32_t i = 0; i < o->inference; i++) {
     char name[32];
@@ -446,6 +450,7 @@ int cmd_run(int argc, char **argv) {
       {"rollouts-per-step", required_argument, 0, 'r'}, {"listen", required_argument, 0, 'l'},
       {"metrics-listen", required_argument, 0, 'm'}, {"data-dir", required_argument, 0, 'd'},
       {"log-level", required_argument, 0, 'L'},    {"json", no_argument, 0, 'j'},
+      {"layers", required_argument, 0, 'y'},
       {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
   int ch, rc = 2, e;
   optind = 1;
@@ -455,6 +460,7 @@ int cmd_run(int argc, char **argv) {
     case 'i': if (parse_u32("--inference-workers", optarg, MAX_INFERENCE, &c->o.inference)) goto out; break;
     case 'a': if (parse_u32("--max-async-level", optarg, 64, &c->o.max_async)) goto out; break;
     case 'r': if (parse_u32("--rollouts-per-step", optarg, 65536, &c->o.rollouts_per_step)) goto out; break;
+    case 'y': if (parse_u32("--layers", optarg, 1024, &c->o.layers)) goto out; break;
     case 'p': c->o.preset = optarg; break;
     case 'o': c->o.offload = optarg; break;
     case 'P': c->o.policy = optarg; break;
@@ -534,7 +540,7 @@ int cmd_run(int argc, char **argv) {
   bcast_caps caps;
   bcast_caps_probe(&caps);
   const bcast_preset *pr = bcast_preset_find(c->o.preset);
-  bcast_preset_opts po = {0};
+  bcast_preset_opts po = {.max_layers = c->o.layers};
   if (!c->o.json) {
     printf("rlorch run: preset %s (%.0fM parameters), 1 trainer + %u inference workers, "
            "offload %s, policy %s, %u steps\n",

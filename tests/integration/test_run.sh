@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `rlorch run`, the main job: orchestrator + trainer + inference workers as
+# children, one line per step, a summary, a clean stop (also on Ctrl-C).
+source "$(dirname "$0")/lib.sh"
+
+# ---- a short run ends with a summary and exit 0 ---------------------------------
+out="$("$RLORCH_BIN" run --steps 2 --inference-workers 1 --layers 2 \
+  --data-dir "$TEST_TMP/run1" --log-level warn 2>&1)"
+assert_eq 0 "$?" "rlorch run exits 0 after a successful run"
+assert_contains "$out" "HOST TCP ONLY" "says loudly that the host transport is used"
+assert_contains "$out" "metrics:    http://127.0.0.1:" "prints where /metrics is served"
+assert_eq 2 "$(printf '%s\n' "$out" | grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ .* host ')" \
+  "one line per step"
+assert_contains "$out" "summary: run run-1 succeeded" "summary names the run and its end"
+assert_contains "$out" "receivers verified           2 of 2 steps" "every step verified"
+assert_eq 0 "$(pgrep -f -- "$TEST_TMP/run1" | wc -l)" "no child process is left behind"
+assert_eq 1 "$(ls "$TEST_TMP/run1/logs" | grep -c '^serve.log$')" "child logs are kept"
+
+# ---- Ctrl-C stops every process cleanly -------------------------------------------
+"$RLORCH_BIN" run --steps 100000 --inference-workers 2 --layers 2 \
+  --data-dir "$TEST_TMP/run2" --log-level warn >"$TEST_TMP/run2.out" 2>&1 &
+pid=$!
+track_pid "$pid"
+wait_until 60 grep -qE '^ +1 +[0-9]+ ' "$TEST_TMP/run2.out"
+assert_eq 0 "$?" "the long run makes progress"
+kill -INT "$pid"
+t0=$SECONDS
+wait "$pid"
+rc=$?
+assert_eq 130 "$rc" "Ctrl-C ends rlorch run with status 130"
+assert_eq 1 "$((SECONDS - t0 < 20))" "it stops within 20 s"
+assert_contains "$(cat "$TEST_TMP/run2.out")" "stopped" "the run is reported stopped"
+assert_eq 0 "$(pgrep -f -- "$TEST_TMP/run2" | wc -l)" "no child process is left behind"
+for f in "$TEST_TMP"/run2/logs/*.log; do
+  name="$(basename "$f" .log)"
+  assert_not_contains "$(cat "$f")" "level=error" "$name logged no error"
+done
+
+# ---- bad flags are named, exit 2 --------------------------------------------------
+assert_exit 2 "$RLORCH_BIN" run --steps x
+assert_contains "$LAST_OUTPUT" "--steps" "a bad --steps is named"
+assert_exit 2 "$RLORCH_BIN" run --preset 3t
+assert_contains "$LAST_OUTPUT" "--preset" "an unknown preset is named"
+assert_exit 2 "$RLORCH_BIN" run --offload gpu
+assert_contains "$LAST_OUTPUT" "--offload" "a bad --offload is named"
+assert_exit 2 "$RLORCH_BIN" run --inference-workers 0
+assert_contains "$LAST_OUTPUT" "--inference-workers" "zero inference workers is refused"
+
+finish
