@@ -56,6 +56,7 @@ typedef struct run_ctx {
   char child_failed[160];
   rpc_client *client;
   char run_id[64];
+  int ndevices; /* CUDA devices usable with NCCL here */
   Rlorch__V1__StepRecord **steps;
   size_t nsteps, capsteps;
   Rlorch__V1__RunState final_state;
@@ -360,8 +361,16 @@ static void stop_children(run_ctx *c) {
   }
 }
 
+/* One GPU per process: NCCL refuses two ranks on one device. The trainer takes
+ * device 0, inference worker i takes device 1 + i; a worker left without a
+ * device of its own runs on the host (and the broadcast mode says so). */
+static int device_for(const run_ctx *c, int index) {
+  return index < c->ndevices ? index : -1;
+}
+
 static int start_processes(run_ctx *c) {
   const run_opts *o = &c->o;
+  char dev[16];
   char *serve_argv[] = {c->exe, "serve", "--listen", c->grpc_addr, "--metrics-listen",
                         c->metrics_addr, "--data-dir", (char *)o->data_dir, "--log-level",
                         (char *)o->log_level, NULL};
@@ -369,16 +378,18 @@ static int start_processes(run_ctx *c) {
   if (wait_serving(c) != 0) return -1;
   char layers[16];
   snprintf(layers, sizeof layers, "%u", o->layers);
+  snprintf(dev, sizeof dev, "%d", device_for(c, 0));
   char *tr_argv[] = {c->exe, "trainer", "--orchestrator", c->grpc_addr, "--preset",
                      (char *)o->preset, "--offload", (char *)o->offload, "--name", "trainer-0",
-                     "--log-level", (char *)o->log_level,
+                     "--device", dev, "--log-level", (char *)o->log_level,
                      o->layers ? "--layers" : NULL, layers, NULL};
   if (spawn(c, "trainer-0", tr_argv) != 0) return -1;
   for (uint32_t i = 0; i < o->inference; i++) {
     char name[32];
     snprintf(name, sizeof name, "inference-%u", i);
+    snprintf(dev, sizeof dev, "%d", device_for(c, 1 + (int)i));
     char *in_argv[] = {c->exe, "inference", "--orchestrator", c->grpc_addr, "--name", name,
-                       "--log-level", (char *)o->log_level, NULL};
+                       "--device", dev, "--log-level", (char *)o->log_level, NULL};
     if (spawn(c, name, in_argv) != 0) return -1;
   }
   return 0;
@@ -539,6 +550,7 @@ int cmd_run(int argc, char **argv) {
   }
   bcast_caps caps;
   bcast_caps_probe(&caps);
+  c->ndevices = caps.nccl_version[0] ? caps.cuda_devices : 0;
   const bcast_preset *pr = bcast_preset_find(c->o.preset);
   bcast_preset_opts po = {.max_layers = c->o.layers};
   if (!c->o.json) {
@@ -546,11 +558,15 @@ int cmd_run(int argc, char **argv) {
            "offload %s, policy %s, %u steps\n",
            c->o.preset, (double)bcast_preset_params(pr, &po) / 1e6, c->o.inference, c->o.offload,
            c->o.policy, c->o.steps);
-    if (caps.cuda_devices > 0 && caps.nccl_version[0])
+    if (c->ndevices > 0)
       printf("transport:  CUDA (%d device%s, %s) and NCCL %s\n", caps.cuda_devices,
              caps.cuda_devices > 1 ? "s" : "", caps.gpu_name, caps.nccl_version);
     else
       printf("transport:  HOST TCP ONLY - %s\n", caps.note[0] ? caps.note : "no GPU");
+    if (c->ndevices > 0 && (int)c->o.inference + 1 > c->ndevices)
+      printf("warning:    %d GPU%s for 1 trainer + %u inference workers: workers without a GPU\n"
+             "            of their own run on the host, so broadcasts use the HOST transport\n",
+             c->ndevices, c->ndevices > 1 ? "s" : "", c->o.inference);
     printf("grpc:       %s\nmetrics:    http://%s/metrics\nlogs:       %s/\n\n", c->grpc_addr,
            c->metrics_addr, c->log_dir);
     fflush(stdout);
