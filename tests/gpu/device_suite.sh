@@ -25,6 +25,8 @@ step() { # NAME TIMEOUT CMD...
 for t in "$PWD/$BUNDLE"/bin/gpu_test_*; do
   [ -x "$t" ] && step "$(basename "$t")" 300 "$t" --jobs 1 --verbose
 done
+step bench_rpc 300 "$R" bench rpc
+step bench_steploop 300 "$R" bench steploop
 step bench_4b_staged 300 "$R" bench broadcast --preset 4b --mode staged --reps 5
 step bench_4b_direct 300 "$R" bench broadcast --preset 4b --mode direct --reps 5
 step bench_1b_direct_1g 300 "$R" bench broadcast --preset 1b --mode direct --reps 5 --budget-mib 1024

@@ -358,3 +358,48 @@ __lib_clip() {
   if ((${#s} > 2000)); then s="${s:0:2000}... (${#1} chars)"; fi
   printf '%s' "$s"
 }
+
+# ---- helpers for the control-plane tests ------------------------------------------
+
+# http_code METHOD PATH: prints the HTTP status code the daemon's HTTP endpoint
+# answers to METHOD on PATH ("000" when nothing answered).
+http_code() {
+  curl -s -o /dev/null -w '%{http_code}' --max-time 10 -X "$1" "http://$METRICS_ADDR$2"
+}
+
+# metric_value SERIES: prints the value of the sample SERIES on the live /metrics
+# page, written exactly as exposed (name{label="v",...}); prints 0 when absent.
+metric_value() {
+  http_get /metrics | awk -v s="$1" '
+    !found && substr($0, 1, 1) != "#" && index($0, s " ") == 1 { print $NF; found = 1 }
+    END { if (!found) print 0 }'
+}
+
+# rpc_count METHOD CODE: rlorch_rpc_requests_total for one method and status name.
+rpc_count() {
+  metric_value "rlorch_rpc_requests_total{method=\"$1\",code=\"$2\"}"
+}
+
+# assert_status_details NAME SUBSTRING OUTPUT [WHAT]: the grpc-js client's final
+# status is NAME and its details contain SUBSTRING (plain text without quotes or
+# backslashes; matched against the status line as the client prints it).
+assert_status_details() {
+  local what=${4:-"gRPC status $1 with \"$2\""} last name=""
+  last="$(printf '%s\n' "$3" | tail -n 1)"
+  local re='^\{"status":\{"code":[0-9]+,"name":"([A-Z_]+)","details":'
+  [[ "$last" =~ $re ]] && name="${BASH_REMATCH[1]}"
+  if [[ "$name" == "$1" && "${last#*\"details\":}" == *"$2"* ]]; then
+    pass "$what"
+  else
+    fail "$what: status ${name:-(no status line)}; output: $(__lib_clip "$3")"
+    return 1
+  fi
+}
+
+# serve_kill: SIGKILL to the daemon (a crash), waits for it.
+serve_kill() {
+  [[ -n "${SERVE_PID:-}" ]] || return 0
+  kill -KILL "$SERVE_PID" 2>/dev/null
+  wait "$SERVE_PID" 2>/dev/null
+  SERVE_PID=
+}
