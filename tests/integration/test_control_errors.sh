@@ -63,7 +63,7 @@ out="$(grpc_call --method $C/WatchRun --json "{\"run_id\":\"$RUN\"}" --deadline-
 assert_status DEADLINE_EXCEEDED "$out" "a second WatchRun with a deadline: DEADLINE_EXCEEDED"
 # Several streams cancelled by the client, then the server answers at once.
 cancel_pids=()
-for i in 1 2 3; do
+for _ in 1 2 3; do
   grpc_call --method $C/WatchRun --json "{\"run_id\":\"$RUN\"}" --cancel-after-ms 300 >/dev/null 2>&1 &
   cancel_pids+=($!)
   track_pid $!
@@ -82,7 +82,7 @@ done
 grep -o '"name":"[A-Z_]*"' "$TEST_TMP/barrage.out" | sort | uniq -c >"$TEST_TMP/barrage.codes"
 assert_not_contains "$(cat "$TEST_TMP/barrage.out")" UNAVAILABLE "no barrage call found the server gone"
 assert_not_contains "$(cat "$TEST_TMP/barrage.out")" INTERNAL "no barrage call was an INTERNAL error"
-kill -0 "$SERVE_PID" 2>/dev/null && pass "serve is still running" || fail "serve died"
+if kill -0 "$SERVE_PID" 2>/dev/null; then pass "serve is still running"; else fail "serve died"; fi
 out="$(grpc_call --health "")"
 assert_eq SERVING "$(json_get message.status "$out")" "health is SERVING after the barrage"
 out="$(ctl --json list-runs)"
