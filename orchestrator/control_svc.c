@@ -323,7 +323,11 @@ void orch_watchers_end(orch *o, const char *run_id) {
   for (orch_watcher *w = o->watchers; w; w = w->next) {
     if (strcmp(w->run_id, run_id) != 0 || !w->call) continue;
     rpc_call_set_cancel_cb(w->call, NULL, NULL);
-    rpc_call_finish(w->call, GRPC_STATUS_OK, "run ended");
+    /* A client must tell a run that ended from a daemon that went away. */
+    if (o->shutting_down)
+      rpc_call_finish(w->call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
+    else
+      rpc_call_finish(w->call, GRPC_STATUS_OK, "run ended");
     w->call = NULL;
   }
   watchers_sweep(o);

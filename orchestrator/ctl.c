@@ -20,6 +20,7 @@ typedef struct ctl {
   rpc_client *client;
   int json;
   double timeout_s;
+  int timeout_set;
 } ctl;
 
 static int usage(FILE *f) {
@@ -250,8 +251,10 @@ static int do_watch(ctl *c, int argc, char **argv) {
   }
   watch_state w = {c, 0};
   rpc_status st;
+  /* A watch lasts as long as the run unless --timeout was given. */
   if (rpc_client_stream(c->client, "/rlorch.v1.Control/WatchRun", &req.base,
-                        &rlorch__v1__run_event__descriptor, 0, on_event, &w,
+                        &rlorch__v1__run_event__descriptor, c->timeout_set ? c->timeout_s : 0,
+                        on_event, &w,
                         &st) != GRPC_STATUS_OK)
     return fail_status("WatchRun", &st);
   return 0;
@@ -285,7 +288,7 @@ static void on_sigint(int sig) {
 int cmd_ctl(int argc, char **argv) {
   const char *target = getenv("RLORCH_TARGET");
   const char *token_file = NULL, *ca = NULL;
-  ctl c = {NULL, 0, 30.0};
+  ctl c = {NULL, 0, 30.0, 0};
   if (!target || !*target) target = "127.0.0.1:7070";
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
@@ -304,6 +307,7 @@ int cmd_ctl(int argc, char **argv) {
     } else if (i + 1 < argc && !strcmp(a, "--timeout")) {
       char *end;
       c.timeout_s = strtod(argv[++i], &end);
+      c.timeout_set = 1;
       if (*end || c.timeout_s <= 0) {
         fprintf(stderr, "rlorch ctl: --timeout: want a positive number of seconds\n");
         return 2;

@@ -382,6 +382,15 @@ static void rpc__dispatch(rpc_call *c) {
                   m->request->name);
     return;
   }
+  size_t max = s->o.max_message_bytes ? s->o.max_message_bytes : RPC__DEFAULT_MAX_MSG;
+  size_t len = grpc_byte_buffer_length(c->payload);
+  if (len > max) {
+    grpc_byte_buffer_destroy(c->payload);
+    c->payload = NULL;
+    rpc__fail_now(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                  "request of %zu bytes is over the limit of %zu bytes", len, max);
+    return;
+  }
   ProtobufCMessage *req = rpc__decode(c->payload, m->request);
   grpc_byte_buffer_destroy(c->payload);
   c->payload = NULL;
@@ -715,8 +724,12 @@ static int rpc__setup(rpc_server *s, const rpc_method *methods, size_t n, char *
   if (rc < 0) return -1;
   rpc__health_defaults(s);
 
+  /* gRPC core refuses larger messages before the application sees them, so
+   * they would go uncounted; let some excess through (twice the limit, at
+   * least 1 MiB more) and refuse it in rpc__dispatch, where the refusal is
+   * counted like any call. Only larger messages are refused by the core. */
   size_t max = s->o.max_message_bytes ? s->o.max_message_bytes : RPC__DEFAULT_MAX_MSG;
-  if (max > 0x7fffffff) max = 0x7fffffff;
+  max = max > 0x3fffffff ? 0x7fffffff : (max < (1u << 20) ? max + (1u << 20) : 2 * max);
   grpc_arg args[2];
   args[0].type = GRPC_ARG_INTEGER;
   args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
