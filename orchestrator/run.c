@@ -439,11 +439,25 @@ static void stop_run(run_ctx *c) {
   ProtobufCMessage *resp = NULL;
   rpc_status st;
   if (rpc_client_call(c->client, "/rlorch.v1.Control/StopRun", &req.base,
-                      &rlorch__v1__run__descriptor, 5.0, &resp, &st) == GRPC_STATUS_OK) {
+                      &rlorch__v1__run__descriptor, 5.0, &resp, &st) != GRPC_STATUS_OK)
+    return;
+  protobuf_c_message_free_unpacked(resp, NULL);
+  /* STOPPING until the step in flight ends: wait for the final state (15 s). */
+  Rlorch__V1__GetRunRequest get = RLORCH__V1__GET_RUN_REQUEST__INIT;
+  get.run_id = c->run_id;
+  for (int i = 0; i < 150; i++) {
+    if (rpc_client_call(c->client, "/rlorch.v1.Control/GetRun", &get.base,
+                        &rlorch__v1__run__descriptor, 2.0, &resp, &st) != GRPC_STATUS_OK)
+      return;
     Rlorch__V1__Run *r = (Rlorch__V1__Run *)resp;
     c->final_state = r->state;
     snprintf(c->final_message, sizeof c->final_message, "%s", r->message);
     protobuf_c_message_free_unpacked(resp, NULL);
+    if (c->final_state != RLORCH__V1__RUN_STATE__RUN_STATE_STOPPING &&
+        c->final_state != RLORCH__V1__RUN_STATE__RUN_STATE_RUNNING)
+      return;
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
   }
 }
 

@@ -171,6 +171,24 @@ fi
 if command -v readelf >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; then
   runtime_pkgs="$(awk '/^FROM/{n++} n==2' "$DEPLOY/Dockerfile" | tr ' \\' '\n\n' | grep -E '^lib[a-z0-9.+-]+$')"
   lddout="$(ldd "$RLORCH_BIN" 2>/dev/null)"
+  # The listed packages and everything they depend on (apt installs those too);
+  # a build without --as-needed links transitive libraries directly.
+  closure="$(python3 - $runtime_pkgs <<'PY'
+import re, subprocess, sys
+seen, todo = set(), list(sys.argv[1:])
+while todo:
+    p = todo.pop()
+    if p in seen:
+        continue
+    seen.add(p)
+    r = subprocess.run(["dpkg-query", "-W", "-f=${Depends}", p], capture_output=True, text=True)
+    for alt in r.stdout.split(","):
+        name = re.split(r"[ :(|]", alt.strip())[0]
+        if name:
+            todo.append(name)
+print("\n".join(sorted(seen)))
+PY
+)"
   missing=""
   for lib in $(readelf -d "$RLORCH_BIN" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
     case "$lib" in libasan* | libubsan* | libcuda* | libnccl* | libc.so* | libm.so* | \
@@ -180,7 +198,7 @@ if command -v readelf >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; then
     pkg="$(dpkg -S "$(readlink -f "$p")" 2>/dev/null || dpkg -S "$p" 2>/dev/null)"
     pkg="${pkg%%:*}"
     [[ -n "$pkg" ]] || continue # not from a Debian package (a local CUDA toolkit)
-    grep -qx "$pkg" <<<"$runtime_pkgs" || missing="$missing $lib($pkg)"
+    grep -qx "$pkg" <<<"$closure" || missing="$missing $lib($pkg)"
   done
   assert_eq "" "$missing" "the image's runtime stage installs every library rlorch links"
 else
