@@ -215,6 +215,61 @@ static void close_walk(uv_handle_t *h, void *arg) {
   if (!uv_is_closing(h)) uv_close(h, NULL);
 }
 
+/* Everything the loop owns is released here, on every path: handles closed
+ * and their callbacks drained, so the loop itself can be closed. */
+static void serve_teardown(orch *o) {
+  if (o->http) http_server_close(o->http, on_http_closed, o);
+  o->http = NULL;
+  if (o->runner) {
+    orch_runner_shutdown(o->runner);
+    orch_runner_free(o->runner);
+    o->runner = NULL;
+  }
+  orch_watchers_free(o);
+  uv_walk(o->loop, close_walk, NULL);
+  uv_run(o->loop, UV_RUN_DEFAULT);
+  if (o->rpc) rpc_server_free(o->rpc);
+  o->rpc = NULL;
+}
+
+static int start_rpc(orch *o, char *err, size_t errlen) {
+  config *cfg = o->cfg;
+  size_t nm = orch_control_nmethods + orch_worker_nmethods;
+  rpc_method *methods = calloc(nm, sizeof *methods);
+  if (!methods) return snprintf(err, errlen, "out of memory"), -1;
+  memcpy(methods, orch_control_methods, orch_control_nmethods * sizeof *methods);
+  memcpy(methods + orch_control_nmethods, orch_worker_methods,
+         orch_worker_nmethods * sizeof *methods);
+  for (size_t i = 0; i < nm; i++) methods[i].ud = o;
+  rpc_server_opts ro = {.listen = cfg->listen,
+                        .max_message_bytes = cfg->max_message_bytes,
+                        .token = cfg->token,
+                        .tls_cert_file = cfg->tls_cert_file,
+                        .tls_key_file = cfg->tls_key_file,
+                        .shutdown_grace_s = cfg->shutdown_grace_s,
+                        .on_call_done = on_call_done,
+                        .hook_ud = o};
+  int rc = rpc_server_new(o->loop, &ro, methods, nm, &o->rpc, err, errlen);
+  free(methods);
+  return rc;
+}
+
+static void log_listening(orch *o) {
+  config *cfg = o->cfg;
+  char host[256], mhost[256];
+  int p;
+  config_parse_addr(cfg->listen, host, sizeof host, &p);
+  config_parse_addr(cfg->metrics_listen, mhost, sizeof mhost, &p);
+  bcast_caps caps;
+  bcast_caps_probe(&caps);
+  log_info("listening", "grpc=%s:%d metrics=http://%s:%d/metrics data_dir=\"%s\" auth=%s tls=%s",
+           host[0] ? host : "0.0.0.0", rpc_server_port(o->rpc), mhost[0] ? mhost : "0.0.0.0",
+           http_server_port(o->http), cfg->data_dir, cfg->token ? "bearer" : "none",
+           cfg->tls_cert_file ? "on" : "off");
+  log_info("transports", "cuda_devices=%d nccl=\"%s\" note=\"%s\"", caps.cuda_devices,
+           caps.nccl_version, caps.note);
+}
+
 static int serve_loop(orch *o) {
   config *cfg = o->cfg;
   char err[512];
@@ -231,31 +286,11 @@ static int serve_loop(orch *o) {
     log_error("runner_setup_failed", NULL);
     return 1;
   }
-  size_t nm = orch_control_nmethods + orch_worker_nmethods;
-  rpc_method *methods = calloc(nm, sizeof *methods);
-  if (!methods) return 1;
-  memcpy(methods, orch_control_methods, orch_control_nmethods * sizeof *methods);
-  memcpy(methods + orch_control_nmethods, orch_worker_methods,
-         orch_worker_nmethods * sizeof *methods);
-  for (size_t i = 0; i < nm; i++) methods[i].ud = o;
-  rpc_server_opts ro = {.listen = cfg->listen,
-                        .max_message_bytes = cfg->max_message_bytes,
-                        .token = cfg->token,
-                        .tls_cert_file = cfg->tls_cert_file,
-                        .tls_key_file = cfg->tls_key_file,
-                        .shutdown_grace_s = cfg->shutdown_grace_s,
-                        .on_call_done = on_call_done,
-                        .hook_ud = o};
-  int rc = rpc_server_new(o->loop, &ro, methods, nm, &o->rpc, err, sizeof err);
-  free(methods);
-  if (rc != 0) {
+  if (start_rpc(o, err, sizeof err) != 0) {
     log_error("grpc_listen_failed", "addr=%s error=\"%s\"", cfg->listen, err);
+    serve_teardown(o);
     return 1;
   }
-  rpc_server_set_health(o->rpc, "", 1);
-  rpc_server_set_health(o->rpc, "rlorch.v1.Control", 1);
-  rpc_server_set_health(o->rpc, "rlorch.v1.Worker", 1);
-
   http_server_opts ho = {.metrics = o->m.reg,
                          .on_scrape = on_scrape,
                          .ready = is_ready,
@@ -264,23 +299,16 @@ static int serve_loop(orch *o) {
                          .max_connections = cfg->http_max_connections};
   if (http_server_start(o->loop, cfg->metrics_listen, &ho, &o->http, err, sizeof err) != 0) {
     log_error("http_listen_failed", "addr=%s error=\"%s\"", cfg->metrics_listen, err);
+    o->http = NULL;
     rpc_server_shutdown(o->rpc, on_rpc_shutdown_done, o);
     uv_run(o->loop, UV_RUN_DEFAULT);
+    serve_teardown(o);
     return 1;
   }
-
-  char host[256];
-  int gport = rpc_server_port(o->rpc), hport = http_server_port(o->http), p;
-  config_parse_addr(cfg->listen, host, sizeof host, &p);
-  char mhost[256];
-  config_parse_addr(cfg->metrics_listen, mhost, sizeof mhost, &p);
-  bcast_caps caps;
-  bcast_caps_probe(&caps);
-  log_info("listening", "grpc=%s:%d metrics=http://%s:%d/metrics data_dir=\"%s\" auth=%s tls=%s",
-           host[0] ? host : "0.0.0.0", gport, mhost[0] ? mhost : "0.0.0.0", hport, cfg->data_dir,
-           cfg->token ? "bearer" : "none", cfg->tls_cert_file ? "on" : "off");
-  log_info("transports", "cuda_devices=%d nccl=\"%s\" note=\"%s\"", caps.cuda_devices,
-           caps.nccl_version, caps.note);
+  rpc_server_set_health(o->rpc, "", 1);
+  rpc_server_set_health(o->rpc, "rlorch.v1.Control", 1);
+  rpc_server_set_health(o->rpc, "rlorch.v1.Worker", 1);
+  log_listening(o);
 
   uv_signal_init(o->loop, &o->sigterm);
   uv_signal_init(o->loop, &o->sigint);
@@ -292,19 +320,9 @@ static int serve_loop(orch *o) {
   o->lag_expected_ms = uv_now(o->loop) + LAG_PERIOD_MS;
   uv_timer_start(&o->lag_timer, on_lag_timer, LAG_PERIOD_MS, LAG_PERIOD_MS);
 
+  /* Runs until the rpc server finished its graceful shutdown (uv_stop). */
   uv_run(o->loop, UV_RUN_DEFAULT);
-
-  /* The rpc server is down; close what is left and drain the close callbacks. */
-  http_server_close(o->http, on_http_closed, o);
-  uv_signal_stop(&o->sigterm);
-  uv_signal_stop(&o->sigint);
-  uv_timer_stop(&o->lag_timer);
-  orch_runner_free(o->runner);
-  o->runner = NULL;
-  orch_watchers_free(o);
-  uv_walk(o->loop, close_walk, NULL);
-  uv_run(o->loop, UV_RUN_DEFAULT);
-  rpc_server_free(o->rpc);
+  serve_teardown(o);
   log_info("stopped", "exit_code=%d", o->exit_code);
   return o->exit_code;
 }
