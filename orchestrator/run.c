@@ -57,6 +57,7 @@ typedef struct run_ctx {
   rpc_client *client;
   char run_id[64];
   int ndevices; /* CUDA devices usable with NCCL here */
+  int inference_set;
   Rlorch__V1__StepRecord **steps;
   size_t nsteps, capsteps;
   Rlorch__V1__RunState final_state;
@@ -73,7 +74,8 @@ static int usage(FILE *f) {
           "                  [--layers N] [--log-level LEVEL] [--json]\n\n"
           "Starts the orchestrator, 1 trainer and N inference workers on this machine,\n"
           "runs N steps and prints one line per step. Defaults: 5 steps, preset 100m,\n"
-          "2 inference workers, offload params, policy auto, loopback ports picked\n"
+          "2 inference workers (one per spare GPU when there are 2 or more GPUs),\n"
+          "offload params, policy auto, loopback ports picked\n"
           "at random, data under ./rlorch-run. --layers keeps only the first N decoder\n"
           "layers of the preset (quick runs).\n");
   return f == stdout ? 0 : 2;
@@ -482,7 +484,10 @@ int cmd_run(int argc, char **argv) {
   while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (ch) {
     case 's': if (parse_u32("--steps", optarg, 1000000, &c->o.steps)) goto out; break;
-    case 'i': if (parse_u32("--inference-workers", optarg, MAX_INFERENCE, &c->o.inference)) goto out; break;
+    case 'i':
+      if (parse_u32("--inference-workers", optarg, MAX_INFERENCE, &c->o.inference)) goto out;
+      c->inference_set = 1;
+      break;
     case 'a': if (parse_u32("--max-async-level", optarg, 64, &c->o.max_async)) goto out; break;
     case 'r': if (parse_u32("--rollouts-per-step", optarg, 65536, &c->o.rollouts_per_step)) goto out; break;
     case 'y': if (parse_u32("--layers", optarg, 1024, &c->o.layers)) goto out; break;
@@ -565,6 +570,10 @@ int cmd_run(int argc, char **argv) {
   bcast_caps caps;
   bcast_caps_probe(&caps);
   c->ndevices = caps.nccl_version[0] ? caps.cuda_devices : 0;
+  /* By default every inference worker gets a GPU of its own when there are
+   * GPUs: NCCL needs one device per rank. */
+  if (!c->inference_set && c->ndevices >= 2)
+    c->o.inference = (uint32_t)(c->ndevices - 1 < MAX_INFERENCE ? c->ndevices - 1 : MAX_INFERENCE);
   const bcast_preset *pr = bcast_preset_find(c->o.preset);
   bcast_preset_opts po = {.max_layers = c->o.layers};
   if (!c->o.json) {

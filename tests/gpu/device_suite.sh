@@ -34,9 +34,11 @@ step run_1b_params 300 "$R" run --preset 1b --offload params --steps 6 --inferen
   --data-dir "$work/r1"
 step run_1b_none 300 "$R" run --preset 1b --offload none --steps 6 --inference-workers 1 \
   --data-dir "$work/r2"
+step run_1b_params_opt 300 "$R" run --preset 1b --offload params+optimizer --steps 4 \
+  --inference-workers 1 --data-dir "$work/r4"
 step run_4b_params 400 "$R" run --preset 4b --offload params --steps 4 --inference-workers 1 \
   --data-dir "$work/r3"
-for d in r1 r2 r3; do
+for d in r1 r2 r3 r4; do
   for f in "$work/$d"/logs/*.log; do
     [ -f "$f" ] && { echo "== $d/$(basename "$f")"; grep -E 'level=(warn|error)|devices|no_gpu' "$f" | head -20; }
   done

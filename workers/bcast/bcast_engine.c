@@ -90,9 +90,9 @@ static int host_mode_check(const bcast_engine *e, const bcast_plan *p, const bca
                          "transport sends and stages every bucket on the root", b, p->buckets[b].layer,
                          p->buckets[b].source_rank, p->buckets[b].stage_rank, p->root_rank);
   for (size_t i = 0; i < p->ntensors; i++)
-    if (local[map[i]].residency == BCAST_RES_GPU)
-      return bcast__fail(err, BCAST_ENOTSUP, "tensor '%s': GPU-resident, but the host transport reads and writes "
-                         "host memory only", p->tensors[i].name);
+    if (local[map[i]].residency == BCAST_RES_GPU && !e->gpu)
+      return bcast__fail(err, BCAST_ENOTSUP, "tensor '%s': GPU-resident, but this engine has no GPU backend "
+                         "to move it through host memory", p->tensors[i].name);
   if (sender && e->listen_fd < 0)
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': this rank is the host-mode root but the engine was opened "
                        "without host_listen", p->id);
@@ -125,6 +125,76 @@ static int cast_threads(const bcast_engine *e) {
   return t < 1 ? 1 : t > 8 ? 8 : t;
 }
 
+/* Host mode with GPU-resident tensors on this rank (a GPU trainer feeding
+ * inference workers without one, or the reverse): the host transport works on
+ * host memory, so those tensors go through host copies made here. The copies
+ * are counted as PCIe bytes and time; host mode is the slow path by nature. */
+typedef struct host_shadow {
+  bcast_tensor *t; /* copy of the caller's array, GPU tensors pointed at host memory */
+  void **mem;      /* per tensor: host copy or NULL */
+  size_t n;
+  uint64_t bytes;
+} host_shadow;
+
+static void shadow_free(host_shadow *h) {
+  for (size_t i = 0; h->mem && i < h->n; i++) free(h->mem[i]);
+  free(h->mem);
+  free(h->t);
+  memset(h, 0, sizeof *h);
+}
+
+static int shadow_make(bcast_engine *e, const bcast_tensor *local, size_t n, int sender,
+                       host_shadow *h, bcast_err *err) {
+  memset(h, 0, sizeof *h);
+  h->t = malloc((n ? n : 1) * sizeof *h->t);
+  h->mem = calloc(n ? n : 1, sizeof *h->mem);
+  h->n = n;
+  if (!h->t || !h->mem) {
+    shadow_free(h);
+    return bcast__fail(err, BCAST_ENOMEM, "host copies of GPU tensors: out of memory");
+  }
+  memcpy(h->t, local, n * sizeof *h->t);
+  for (size_t i = 0; i < n; i++) {
+    if (local[i].residency != BCAST_RES_GPU) continue;
+    size_t bytes = (size_t)bcast_tensor_elems(&local[i]) *
+                   bcast_dtype_size(sender ? local[i].storage_dtype : local[i].wire_dtype);
+    h->mem[i] = malloc(bytes ? bytes : 1);
+    if (!h->mem[i]) {
+      shadow_free(h);
+      return bcast__fail(err, BCAST_ENOMEM, "tensor '%s': no host memory for its %zu-byte copy",
+                         local[i].name, bytes);
+    }
+    if (sender) {
+      int rc = bcast__gpu_copy(e->gpu, h->mem[i], local[i].data, bytes, 0, err);
+      if (rc) {
+        shadow_free(h);
+        return rc;
+      }
+    }
+    h->t[i].data = h->mem[i];
+    h->t[i].residency = BCAST_RES_HOST_PAGEABLE;
+    h->bytes += bytes;
+  }
+  return BCAST_OK;
+}
+
+/* Receiver: the received host copies go to their GPU tensors. */
+static int shadow_flush(bcast_engine *e, const bcast_tensor *local, host_shadow *h, bcast_err *err) {
+  for (size_t i = 0; i < h->n; i++) {
+    if (!h->mem[i]) continue;
+    size_t bytes = (size_t)bcast_tensor_elems(&local[i]) * bcast_dtype_size(local[i].wire_dtype);
+    int rc = bcast__gpu_copy(e->gpu, local[i].data, h->mem[i], bytes, 1, err);
+    if (rc) return rc;
+  }
+  return BCAST_OK;
+}
+
+static int has_gpu_tensor(const bcast_tensor *local, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (local[i].residency == BCAST_RES_GPU) return 1;
+  return 0;
+}
+
 int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local, size_t n,
                          bcast_stats *stats, bcast_err *err) {
   if (stats) memset(stats, 0, sizeof *stats);
@@ -137,8 +207,27 @@ int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tenso
   if (!map) return bcast__fail(err, BCAST_ENOMEM, "engine_execute: out of memory");
   rc = bcast__plan_bind(p, local, n, sender, map, err);
   if (!rc) rc = host_mode_check(e, p, local, map, sender, err);
+  host_shadow h = {0};
+  const bcast_tensor *caller = local;
+  double t0 = bcast__now(), copy_s = 0;
+  if (!rc && has_gpu_tensor(local, n)) {
+    rc = shadow_make(e, local, n, sender, &h, err);
+    local = h.t;
+    copy_s = bcast__now() - t0;
+  }
   if (!rc && sender) rc = bcast__host_send(e->listen_fd, p, local, map, e->o.timeout_s, cast_threads(e), stats, err);
   else if (!rc) rc = bcast__host_recv(p, e->o.rank, local, map, e->o.timeout_s, stats, err);
+  if (!rc && h.t && !sender) {
+    double t1 = bcast__now();
+    rc = shadow_flush(e, caller, &h, err);
+    copy_s += bcast__now() - t1;
+  }
+  if (!rc && h.t && stats) {
+    stats->pcie_bytes += h.bytes;
+    stats->h2d_s += copy_s;
+    stats->total_s = bcast__now() - t0;
+  }
+  shadow_free(&h);
   free(map);
   return rc;
 }

@@ -188,6 +188,18 @@ void bcast__gpu_close(bcast_gpu *g) {
 
 /* ---- NCCL id and communicator ---------------------------------------------------- */
 
+int bcast__gpu_copy(bcast_gpu *g, void *dst, const void *src, size_t bytes, int to_device,
+                    bcast_err *err) {
+  if (!g) return bcast__fail(err, BCAST_EINVAL, "device copy: no GPU backend");
+  cudaError_t ce = cudaSetDevice(g->device);
+  if (ce == cudaSuccess)
+    ce = cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+  if (ce != cudaSuccess)
+    return bcast__fail(err, BCAST_ECUDA, "%s copy of %zu bytes: %s",
+                       to_device ? "host-to-device" : "device-to-host", bytes, cudaGetErrorString(ce));
+  return BCAST_OK;
+}
+
 int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err) {
   if (!g || !id) return bcast__fail(err, BCAST_EINVAL, "nccl id: NULL argument");
 #ifdef RLORCH_HAVE_NCCL

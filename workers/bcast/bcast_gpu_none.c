@@ -14,6 +14,12 @@ int bcast__gpu_open(const bcast_engine_opts *o, bcast_gpu **out, bcast_err *err)
 
 void bcast__gpu_close(bcast_gpu *g) { (void)g; }
 
+int bcast__gpu_copy(bcast_gpu *g, void *dst, const void *src, size_t bytes, int to_device,
+                    bcast_err *err) {
+  (void)g, (void)dst, (void)src, (void)bytes, (void)to_device;
+  return bcast__fail(err, BCAST_ENOTSUP, "built without CUDA: no device copies");
+}
+
 int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err) {
   (void)g;
   (void)id;

@@ -50,4 +50,9 @@ int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err);
 int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank,
                        const bcast_tensor *local, size_t n, bcast_stats *stats, bcast_err *err);
 
+/* Synchronous copy between host and the backend's device (host transport with
+ * GPU-resident tensors on one side). to_device: 1 host -> device, 0 device -> host. */
+int bcast__gpu_copy(bcast_gpu *g, void *dst, const void *src, size_t bytes, int to_device,
+                    bcast_err *err);
+
 #endif
