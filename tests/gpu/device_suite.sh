@@ -43,4 +43,7 @@ for d in r1 r2 r3 r4; do
     [ -f "$f" ] && { echo "== $d/$(basename "$f")"; grep -E 'level=(warn|error)|devices|no_gpu' "$f" | head -20; }
   done
 done >"$OUT/run_logs.txt" 2>&1
+# Few files travel back: everything in one archive, the summary beside it.
+(cd "$OUT" && tar czf results.tgz --exclude results.tgz --exclude summary.txt ./*.txt && \
+  find . -name '*.txt' ! -name summary.txt -delete)
 cat "$OUT/summary.txt"

@@ -11,12 +11,21 @@
 
 #define ENGINE_DEFAULT_TIMEOUT_S 60.0
 
+/* Host copies of GPU-resident tensors for the host transport, kept across
+ * plans: allocating and faulting in gigabytes every step would dominate. */
+typedef struct shadow_buf {
+  void *mem;
+  size_t bytes;
+} shadow_buf;
+
 struct bcast_engine {
   bcast_engine_opts o;
   int listen_fd;
   char bound[96];
   bcast_gpu *gpu;
   bcast_caps caps;
+  shadow_buf *shadows; /* one per local tensor index, grown on demand */
+  size_t nshadows;
 };
 
 double bcast__deadline(double timeout_s, int64_t deadline_unix_ms) {
@@ -66,6 +75,8 @@ void bcast_engine_free(bcast_engine *e) {
   if (!e) return;
   if (e->listen_fd >= 0) close(e->listen_fd);
   if (e->gpu) bcast__gpu_close(e->gpu);
+  for (size_t i = 0; i < e->nshadows; i++) free(e->shadows[i].mem);
+  free(e->shadows);
   free(e);
 }
 
@@ -131,47 +142,59 @@ static int cast_threads(const bcast_engine *e) {
  * are counted as PCIe bytes and time; host mode is the slow path by nature. */
 typedef struct host_shadow {
   bcast_tensor *t; /* copy of the caller's array, GPU tensors pointed at host memory */
-  void **mem;      /* per tensor: host copy or NULL */
   size_t n;
   uint64_t bytes;
 } host_shadow;
 
 static void shadow_free(host_shadow *h) {
-  for (size_t i = 0; h->mem && i < h->n; i++) free(h->mem[i]);
-  free(h->mem);
   free(h->t);
   memset(h, 0, sizeof *h);
+}
+
+/* The engine's host buffer for local tensor i, at least `bytes` long. */
+static void *shadow_buffer(bcast_engine *e, size_t i, size_t bytes) {
+  if (i >= e->nshadows) {
+    size_t n = i + 1 > 2 * e->nshadows ? i + 1 : 2 * e->nshadows;
+    shadow_buf *v = realloc(e->shadows, n * sizeof *v);
+    if (!v) return NULL;
+    memset(v + e->nshadows, 0, (n - e->nshadows) * sizeof *v);
+    e->shadows = v;
+    e->nshadows = n;
+  }
+  shadow_buf *b = &e->shadows[i];
+  if (b->bytes < bytes) {
+    free(b->mem);
+    b->mem = malloc(bytes ? bytes : 1);
+    b->bytes = b->mem ? bytes : 0;
+  }
+  return b->mem;
 }
 
 static int shadow_make(bcast_engine *e, const bcast_tensor *local, size_t n, int sender,
                        host_shadow *h, bcast_err *err) {
   memset(h, 0, sizeof *h);
   h->t = malloc((n ? n : 1) * sizeof *h->t);
-  h->mem = calloc(n ? n : 1, sizeof *h->mem);
   h->n = n;
-  if (!h->t || !h->mem) {
-    shadow_free(h);
-    return bcast__fail(err, BCAST_ENOMEM, "host copies of GPU tensors: out of memory");
-  }
+  if (!h->t) return bcast__fail(err, BCAST_ENOMEM, "host copies of GPU tensors: out of memory");
   memcpy(h->t, local, n * sizeof *h->t);
   for (size_t i = 0; i < n; i++) {
     if (local[i].residency != BCAST_RES_GPU) continue;
     size_t bytes = (size_t)bcast_tensor_elems(&local[i]) *
                    bcast_dtype_size(sender ? local[i].storage_dtype : local[i].wire_dtype);
-    h->mem[i] = malloc(bytes ? bytes : 1);
-    if (!h->mem[i]) {
+    void *mem = shadow_buffer(e, i, bytes);
+    if (!mem) {
       shadow_free(h);
       return bcast__fail(err, BCAST_ENOMEM, "tensor '%s': no host memory for its %zu-byte copy",
                          local[i].name, bytes);
     }
     if (sender) {
-      int rc = bcast__gpu_copy(e->gpu, h->mem[i], local[i].data, bytes, 0, err);
+      int rc = bcast__gpu_copy(e->gpu, mem, local[i].data, bytes, 0, err);
       if (rc) {
         shadow_free(h);
         return rc;
       }
     }
-    h->t[i].data = h->mem[i];
+    h->t[i].data = mem;
     h->t[i].residency = BCAST_RES_HOST_PAGEABLE;
     h->bytes += bytes;
   }
@@ -181,9 +204,9 @@ static int shadow_make(bcast_engine *e, const bcast_tensor *local, size_t n, int
 /* Receiver: the received host copies go to their GPU tensors. */
 static int shadow_flush(bcast_engine *e, const bcast_tensor *local, host_shadow *h, bcast_err *err) {
   for (size_t i = 0; i < h->n; i++) {
-    if (!h->mem[i]) continue;
+    if (local[i].residency != BCAST_RES_GPU) continue;
     size_t bytes = (size_t)bcast_tensor_elems(&local[i]) * bcast_dtype_size(local[i].wire_dtype);
-    int rc = bcast__gpu_copy(e->gpu, local[i].data, h->mem[i], bytes, 1, err);
+    int rc = bcast__gpu_copy(e->gpu, local[i].data, h->t[i].data, bytes, 1, err);
     if (rc) return rc;
   }
   return BCAST_OK;
