@@ -697,6 +697,26 @@ int orch_runner_set_policy(orch_runner *r, const char *run_id, Rlorch__V1__Broad
 
 /* ---- Worker API handlers ---------------------------------------------------------- */
 
+/* A trainer that listens on every interface ("0.0.0.0:7075", "[::]:7075")
+ * advertises an address no peer can dial: use the address its Register call
+ * came from, with the advertised port. */
+static void resolve_data_address(rpc_call *call, const char *adv, char *out, size_t len) {
+  snprintf(out, len, "%s", adv);
+  const char *colon = strrchr(adv, ':');
+  if (!colon) return;
+  size_t hl = (size_t)(colon - adv);
+  int unspecified = (hl == 7 && !strncmp(adv, "0.0.0.0", 7)) || (hl == 4 && !strncmp(adv, "[::]", 4)) ||
+                    hl == 0;
+  if (!unspecified) return;
+  const char *peer = rpc_call_peer(call); /* "ipv4:10.1.2.3:5555" or "ipv6:[fd00::1]:5555" */
+  if (!peer) return;
+  const char *host = strchr(peer, ':');
+  const char *pcolon = strrchr(peer, ':');
+  if (!host || !pcolon || pcolon <= host + 1) return;
+  host++;
+  snprintf(out, len, "%.*s%s", (int)(pcolon - host), host, colon);
+}
+
 static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   orch *o = ud;
   orch_runner *r = o->runner;
@@ -748,7 +768,7 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   w->role = q->role;
   w->state = RLORCH__V1__WORKER_STATE__WORKER_STATE_REGISTERED;
   snprintf(w->name, sizeof w->name, "%s", q->name[0] ? q->name : w->api_id);
-  snprintf(w->data_address, sizeof w->data_address, "%s", q->data_address);
+  resolve_data_address(call, q->data_address, w->data_address, sizeof w->data_address);
   if (q->capabilities) w->caps = (Rlorch__V1__Capabilities *)pb_copy(&q->capabilities->base);
   if (q->manifest) w->manifest = (Rlorch__V1__WeightManifest *)pb_copy(&q->manifest->base);
   w->last_seen_ms = now_ms();

@@ -30,7 +30,8 @@ PER_STEP=4
 
 start_workers() { # OFFLOAD
   "$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --name trainer-0 --preset 100m \
-    --layers "$LAYERS" --offload "$1" --log-level warn >"$TEST_TMP/trainer.$1.log" 2>&1 &
+    --layers "$LAYERS" --offload "$1" --data-listen 0.0.0.0:0 --log-level warn \
+    >"$TEST_TMP/trainer.$1.log" 2>&1 &
   TRAINER_PID=$!
   track_pid "$TRAINER_PID"
   for i in 0 1; do
@@ -104,6 +105,11 @@ serve_start || { finish; exit 1; }
 start_workers params
 wait_until 30 bash -c '[ "$(ready_workers)" = 3 ]'
 assert_eq 0 "$?" "three workers registered and attached"
+# The trainer listens on every interface; peers are told the address it came from.
+addr="$(ctl --json list-workers | python3 -c '
+import json, sys
+print([w["data_address"] for w in json.load(sys.stdin)["workers"] if w["name"] == "trainer-0"][0])')"
+assert_contains "$addr" "127.0.0.1:" "an unspecified data address is replaced by the trainer's peer address"
 run_and_check params
 
 # /metrics agrees with the stream.
