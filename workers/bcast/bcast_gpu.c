@@ -517,6 +517,53 @@ static void *zero_copy(const exec_ctx *x, const bcast_bucket *b, int sender) {
   return (char *)t->data + s->elem_offset * bcast_dtype_size(have);
 }
 
+/* Direct mode sends every slice as its own broadcast, grouped per bucket:
+ * slices already on the device in the wire dtype go straight from the
+ * sender's tensor into the receiver's tensor, with no pack and no scatter.
+ * The sequence of collectives depends on the plan only (one per slice), so
+ * every rank issues the same one whatever its local residency; each rank only
+ * picks its own pointers. */
+static int per_slice(const exec_ctx *x) { return x->p->mode == BCAST_MODE_DIRECT; }
+
+/* This rank's device pointer for slice s when it can take part without going
+ * through the wire buffer, else NULL. */
+static void *slice_direct_ptr(const exec_ctx *x, const bcast_slice *s, int sender) {
+  const bcast_tensor *t = x->loc[s->tensor];
+  if (x->access[s->tensor] != AT_DEVICE) return NULL;
+  bcast_dtype have = sender ? t->storage_dtype : t->wire_dtype;
+  if (have != x->p->tensors[s->tensor].wire_dtype) return NULL;
+  return (char *)t->data + s->elem_offset * bcast_dtype_size(have);
+}
+
+static int nccl_slices(exec_ctx *x, const bcast_bucket *b, char *wire, int sender, uint32_t k,
+                       bcast_err *err) {
+#ifdef RLORCH_HAVE_NCCL
+  char what[96];
+  snprintf(what, sizeof what, "grouped ncclBroadcast of bucket %u", k);
+  ncclResult_t r = ncclGroupStart();
+  for (size_t i = 0; i < b->nslices && (r == ncclSuccess || r == ncclInProgress); i++) {
+    const bcast_slice *s = &b->slices[i];
+    void *ptr = slice_direct_ptr(x, s, sender);
+    if (!ptr) ptr = wire + s->bucket_offset;
+    size_t bytes = (size_t)s->elem_count * bcast_dtype_size(b->wire_dtype);
+    r = ncclBroadcast(ptr, ptr, bytes, ncclUint8, (int)b->source_rank, x->g->comm, x->g->s_comm);
+  }
+  ncclResult_t e = ncclGroupEnd();
+  if (r == ncclSuccess || r == ncclInProgress) r = e;
+  return comm_settle(x->g, r, x->deadline_s, what, err);
+#else
+  (void)x, (void)b, (void)wire, (void)sender;
+  return bcast__fail(err, BCAST_ENOTSUP, "bucket %u: built without NCCL", k);
+#endif
+}
+
+/* Whether any slice of the bucket goes through this rank's wire buffer. */
+static int uses_wire(const exec_ctx *x, const bcast_bucket *b, int sender) {
+  for (size_t i = 0; i < b->nslices; i++)
+    if (!slice_direct_ptr(x, &b->slices[i], sender)) return 1;
+  return 0;
+}
+
 static int enqueue_send(exec_ctx *x, uint32_t k, bcast_err *err) {
   bcast_gpu *g = x->g;
   const bcast_bucket *b = &x->p->buckets[k];
@@ -550,9 +597,11 @@ static int enqueue_send(exec_ctx *x, uint32_t k, bcast_err *err) {
   }
   CK(cudaEventRecord(e->h2d1, g->s_copy), "bucket %u: event", k);
   /* Stage 2: cast (or copy) every slice into the wire bucket. */
-  void *zc = zero_copy(x, b, 1);
+  int ps = per_slice(x);
+  void *zc = ps ? NULL : zero_copy(x, b, 1);
+  int wire_used = ps ? uses_wire(x, b, 1) : !zc;
   CK(cudaStreamWaitEvent(g->s_cast, e->h2d1, 0), "bucket %u: wait", k);
-  if (prev && !zc) CK(cudaStreamWaitEvent(g->s_cast, prev->wire1, 0), "bucket %u: wait", k);
+  if (prev && wire_used) CK(cudaStreamWaitEvent(g->s_cast, prev->wire1, 0), "bucket %u: wait", k);
   CK(cudaEventRecord(e->cast0, g->s_cast), "bucket %u: event", k);
   roff = 0;
   for (size_t i = 0; i < b->nslices && !zc; i++) {
@@ -560,6 +609,7 @@ static int enqueue_send(exec_ctx *x, uint32_t k, bcast_err *err) {
     const bcast_tensor *t = x->loc[s->tensor];
     size_t es = bcast_dtype_size(t->storage_dtype);
     const char *src;
+    if (ps && slice_direct_ptr(x, s, 1)) continue; /* sent from the tensor itself */
     if (x->access[s->tensor] == AT_DEVICE) {
       src = (const char *)t->data + s->elem_offset * es;
     } else {
@@ -577,7 +627,8 @@ static int enqueue_send(exec_ctx *x, uint32_t k, bcast_err *err) {
   /* Stage 3: broadcast. */
   CK(cudaStreamWaitEvent(g->s_comm, e->cast1, 0), "bucket %u: wait", k);
   CK(cudaEventRecord(e->wire0, g->s_comm), "bucket %u: event", k);
-  int rc = ncclwrap(x, zc ? zc : wire, zc ? zc : wire, b->bytes, b->source_rank, k, err);
+  int rc = ps ? nccl_slices(x, b, wire, 1, k, err)
+              : ncclwrap(x, zc ? zc : wire, zc ? zc : wire, b->bytes, b->source_rank, k, err);
   if (rc) return rc;
   CK(cudaEventRecord(e->wire1, g->s_comm), "bucket %u: event", k);
   return BCAST_OK;
@@ -590,13 +641,16 @@ static int enqueue_recv(exec_ctx *x, uint32_t k, bcast_err *err) {
   uint32_t slot = k % g->nslots;
   char *wire = g->wire[slot];
   const bucket_ev *prev = k >= g->nslots ? &x->ev[k - g->nslots] : NULL;
-  void *zc = zero_copy(x, b, 0);
+  int ps = per_slice(x);
+  void *zc = ps ? NULL : zero_copy(x, b, 0);
+  int wire_used = ps ? uses_wire(x, b, 0) : !zc;
   CK(cudaEventRecord(e->h2d0, g->s_comm), "bucket %u: event", k);
   CK(cudaEventRecord(e->h2d1, g->s_comm), "bucket %u: event", k);
   /* The slot is free once the scatter of its previous bucket finished. */
-  if (prev && !zc) CK(cudaStreamWaitEvent(g->s_comm, prev->cast1, 0), "bucket %u: wait", k);
+  if (prev && wire_used) CK(cudaStreamWaitEvent(g->s_comm, prev->cast1, 0), "bucket %u: wait", k);
   CK(cudaEventRecord(e->wire0, g->s_comm), "bucket %u: event", k);
-  int rc = ncclwrap(x, zc ? zc : wire, zc ? zc : wire, b->bytes, b->source_rank, k, err);
+  int rc = ps ? nccl_slices(x, b, wire, 0, k, err)
+              : ncclwrap(x, zc ? zc : wire, zc ? zc : wire, b->bytes, b->source_rank, k, err);
   if (rc) return rc;
   CK(cudaEventRecord(e->wire1, g->s_comm), "bucket %u: event", k);
   CK(cudaStreamWaitEvent(g->s_cast, e->wire1, 0), "bucket %u: wait", k);
@@ -604,6 +658,7 @@ static int enqueue_recv(exec_ctx *x, uint32_t k, bcast_err *err) {
   int bounced = 0;
   for (size_t i = 0; i < b->nslices && !zc; i++) {
     const bcast_slice *s = &b->slices[i];
+    if (ps && slice_direct_ptr(x, s, 0)) continue; /* received in place */
     const bcast_tensor *t = x->loc[s->tensor];
     size_t es = bcast_dtype_size(t->wire_dtype), nb = (size_t)s->elem_count * es;
     char *dst = (char *)t->data + s->elem_offset * es;
