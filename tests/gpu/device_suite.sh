@@ -25,6 +25,7 @@ step() { # NAME TIMEOUT CMD...
 for t in "$PWD/$BUNDLE"/bin/gpu_test_*; do
   [ -x "$t" ] && step "$(basename "$t")" 300 "$t" --jobs 1 --verbose
 done
+step test_steploop_gpu 600 env RLORCH_BIN="$R" bash "$PWD/tests/gpu/test_steploop_gpu.sh"
 step bench_rpc 300 "$R" bench rpc
 step bench_steploop 300 "$R" bench steploop
 step bench_4b_staged 300 "$R" bench broadcast --preset 4b --mode staged --reps 5
