@@ -52,6 +52,7 @@ struct orch_runner {
   uint32_t nccl_members[MAX_WORKERS];
   size_t n_nccl_members;
   int draining; /* inside drain(): re-entrant calls only queue */
+  int64_t plan_ack_timeout_ms, broadcast_timeout_ms; /* the active run's scheduler settings */
 };
 
 static int64_t now_ms(void) { return orch_now_ms(); }
@@ -312,7 +313,9 @@ static int build_plan(orch_runner *r, const sched_action *a, uint64_t *hash, cha
                         .world_size = (uint32_t)a->nparticipants,
                         .root_rank = 0,
                         .policy_version = a->policy_version,
-                        .deadline_unix_ms = now_ms() + 300000,
+                        /* Participants give up when the scheduler would. */
+                        .deadline_unix_ms = now_ms() + r->plan_ack_timeout_ms +
+                                            r->broadcast_timeout_ms,
                         .host_endpoint = t->data_address,
                         .checksum = BCAST_CHECKSUM_XXH3_64};
   bcast_plan *plan = NULL;
@@ -654,6 +657,8 @@ int orch_runner_start(orch_runner *r, Rlorch__V1__Run *run, char *err, size_t er
   st.max_async_level = run->spec->max_async_level;
   st.policy = (sched_mode)run->policy;
   st.heartbeat_timeout_ms = cfg->worker_timeout_ms;
+  r->plan_ack_timeout_ms = st.plan_ack_timeout_ms;
+  r->broadcast_timeout_ms = st.broadcast_timeout_ms;
   if (sched_new(&st, &r->sched, err, errlen) != 0) {
     run->state = RLORCH__V1__RUN_STATE__RUN_STATE_FAILED;
     set_run_message(run, err);
