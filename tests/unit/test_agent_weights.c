@@ -1,4 +1,5 @@
-/* The weights checksum equals XXH3-64 of an independently cast copy. */
+/* The weights checksum equals the segmented XXH3-64 (agent_weights.h) of an
+ * independently cast copy. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,21 @@ static uint16_t ref_bf16(float f) {
   memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* The definition, computed here from plain buffers: per tensor, segments of
+ * AGENT_WEIGHTS_SEGMENT_ELEMS wire elements hashed one by one, then XXH3-64
+ * over the digests. */
+static uint64_t ref_checksum(const uint16_t *const *wire, const uint64_t *elems, size_t n) {
+  uint64_t digests[4096];
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    for (uint64_t off = 0; off < elems[i]; off += AGENT_WEIGHTS_SEGMENT_ELEMS) {
+      uint64_t len = elems[i] - off < AGENT_WEIGHTS_SEGMENT_ELEMS ? elems[i] - off
+                                                                  : AGENT_WEIGHTS_SEGMENT_ELEMS;
+      digests[k++] = bcast_checksum64(wire[i] + off, len * 2);
+    }
+  return bcast_checksum64(digests, k * sizeof digests[0]);
 }
 
 static bcast_tensor host_tensor(const char *name, uint64_t rows, uint64_t cols, float *data) {
@@ -31,20 +47,23 @@ static bcast_tensor host_tensor(const char *name, uint64_t rows, uint64_t cols, 
 }
 
 Test(agent_weights, equals_checksum_of_cast_copy) {
-  /* The second tensor spans several internal chunks (1 Mi elements). */
-  uint64_t n0 = 3 * 7, n1 = 1500 * 1500, n2 = 5;
+  /* The second tensor spans several segments (4 Mi elements) and chunks. */
+  uint64_t n0 = 3 * 7, n1 = 3000 * 3000, n2 = 5;
   float *a = malloc(n0 * 4), *b = malloc(n1 * 4), *c = malloc(n2 * 4);
   for (uint64_t i = 0; i < n0; i++) a[i] = (float)i * 0.37f - 3.0f;
   for (uint64_t i = 0; i < n1; i++) b[i] = (float)((i * 2654435761u) % 100003) * 1e-5f - 0.5f;
   for (uint64_t i = 0; i < n2; i++) c[i] = 1.0f + (float)i * 0x1p-9f; /* ties to even */
-  bcast_tensor t[3] = {host_tensor("a", 3, 7, a), host_tensor("b", 1500, 1500, b),
+  bcast_tensor t[3] = {host_tensor("a", 3, 7, a), host_tensor("b", 3000, 3000, b),
                        host_tensor("c", 1, 5, c)};
   uint16_t *copy = malloc((n0 + n1 + n2) * 2);
   uint64_t k = 0;
   for (uint64_t i = 0; i < n0; i++) copy[k++] = ref_bf16(a[i]);
   for (uint64_t i = 0; i < n1; i++) copy[k++] = ref_bf16(b[i]);
   for (uint64_t i = 0; i < n2; i++) copy[k++] = ref_bf16(c[i]);
-  uint64_t want = bcast_checksum64(copy, k * 2), got = 0;
+  const uint16_t *parts[3] = {copy, copy + n0, copy + n0 + n1};
+  const uint64_t lens[3] = {n0, n1, n2};
+  uint64_t want = ref_checksum(parts, lens, 3), got = 0;
+  cr_assert_neq(want, bcast_checksum64(copy, k * 2), "segmented, not one flat hash");
   char err[256];
   cr_assert_eq(agent_weights_checksum(t, 3, AGENT_WEIGHTS_STORAGE, &got, err, sizeof err), 0, "%s",
                err);
@@ -92,7 +111,15 @@ Test(agent_weights, preset_storage_checksum) {
   uint64_t got = 0;
   char err[256];
   cr_assert_eq(agent_weights_checksum(t, n, AGENT_WEIGHTS_STORAGE, &got, err, sizeof err), 0, "%s", err);
-  cr_assert_eq(got, bcast_checksum64(copy, total * 2));
+  const uint16_t **parts = malloc(n * sizeof *parts);
+  uint64_t *lens = malloc(n * sizeof *lens);
+  for (size_t i = 0, off = 0; i < n; off += lens[i], i++) {
+    lens[i] = bcast_tensor_elems(&t[i]);
+    parts[i] = copy + off;
+  }
+  cr_assert_eq(got, ref_checksum(parts, lens, n));
+  free(parts);
+  free(lens);
   free(copy);
   bcast_storage_free(st);
   free(t);
