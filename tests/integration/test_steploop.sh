@@ -153,5 +153,16 @@ out="$(ctl --json stop-run "$run_id" --reason "test done")"
 wait_until 30 bash -c "\"$RLORCH_BIN\" ctl --target $GRPC_ADDR --json get-run $run_id | grep -q RUN_STATE_STOPPED"
 assert_eq 0 "$?" "StopRun stops the run"
 
+# ---- an override the workers cannot run fails the run, naming what is missing ----------
+out="$(ctl --json start-run --name override --preset 100m --steps 2 --policy direct)"
+run_id="$(json_get id "$out")"
+wait_until 60 bash -c "\"$RLORCH_BIN\" ctl --target $GRPC_ADDR --json get-run $run_id | grep -q RUN_STATE_FAILED"
+assert_eq 0 "$?" "a direct override on host-only workers fails the run"
+msg="$(json_get message "$(ctl --json get-run "$run_id")")"
+assert_contains "$msg" "direct" "the failure names the override"
+assert_contains "$msg" "CUDA" "the failure names the missing capability"
+assert_eq 0 "$(sqlite3 "$SERVE_DATA_DIR/rlorch.db" "SELECT count(*) FROM steps WHERE run_id='$run_id'")" \
+  "no step is committed by a run that cannot broadcast"
+
 serve_stop
 finish
