@@ -53,7 +53,15 @@ typedef struct sched__step {
   int have_sender;
   int checksums_ok;            /* every receiver so far matched or not yet judged */
   uint64_t *rx_checksums;      /* per rank, 0: none */
+  int failing;                 /* a participant reported a broadcast error */
+  char fail_msg[SCHED_TEXT_MAX];
 } sched__step;
+
+/* A participant's broadcast error is often only the echo of another one's
+ * death (its connection reset), reported before the dead worker's stream is
+ * seen closing. The run fails only if no participant is lost within this
+ * window; a loss re-plans the step without it, as for any lost worker. */
+#define SCHED__PEER_GRACE_MS 3000
 
 struct sched {
   sched_settings cfg;
@@ -444,6 +452,8 @@ static void sched__start_plan(sched *s, int64_t now) {
   st->have_sender = 0;
   st->checksums_ok = 1;
   st->hash = 0;
+  st->failing = 0;
+  st->fail_msg[0] = '\0';
   if (rc != SCHED_OK) {
     char msg[SCHED_TEXT_MAX];
     snprintf(msg, sizeof msg, "broadcast of step %" PRIu64 " refused: %.200s", s->steps_done,
@@ -941,11 +951,16 @@ int sched_broadcast_done(sched *s, int64_t now, uint32_t worker, const char *pla
   rc = sched__plan_rank(s, SCHED__BROADCASTING, worker, plan_id, &rank);
   if (rc) return rc;
   if (error && error[0]) {
-    char msg[SCHED_TEXT_MAX];
-    snprintf(msg, sizeof msg, "broadcast of plan %s failed on %s: %s", plan_id, w->name, error);
-    sched__fail_run(s, msg);
+    if (!s->st.failing) {
+      s->st.failing = 1;
+      snprintf(s->st.fail_msg, sizeof s->st.fail_msg, "broadcast of plan %s failed on %s: %s",
+               plan_id, w->name, error);
+      if (now + SCHED__PEER_GRACE_MS < s->st.deadline_ms)
+        s->st.deadline_ms = now + SCHED__PEER_GRACE_MS;
+    }
     return SCHED_OK;
   }
+  if (s->st.failing) return SCHED_OK; /* this plan will not commit */
   if (rank == 0 && !report)
     return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: broadcast done without figures",
                            w->name);
@@ -1011,6 +1026,10 @@ static const char *sched__laggard(sched *s, size_t *count) {
 static void sched__plan_timeout(sched *s) {
   char msg[SCHED_TEXT_MAX];
   size_t late = 0;
+  if (s->st.failing) {
+    sched__fail_run(s, s->st.fail_msg);
+    return;
+  }
   if (s->st.phase == SCHED__PLANNING) {
     snprintf(msg, sizeof msg, "plan %s was not built within %" PRId64 " ms", s->st.plan_id,
              s->cfg.plan_ack_timeout_ms);

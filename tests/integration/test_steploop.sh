@@ -37,6 +37,7 @@ start_workers() { # OFFLOAD
   for i in 0 1; do
     "$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" --name "inference-$i" \
       --log-level warn >"$TEST_TMP/inference.$i.log" 2>&1 &
+    INFERENCE_PIDS[i]=$!
     track_pid $!
   done
 }
@@ -142,8 +143,8 @@ run_and_check none
 out="$(ctl --json start-run --name loss --preset 100m --steps 40 --rollouts-per-step 2)"
 run_id="$(json_get id "$out")"
 wait_until 60 bash -c "[ \$(steps_done $run_id) -ge 1 ]"
-victim="$(pgrep -f -- "--name inference-1" | head -1)"
-kill -KILL "$victim"
+# This test's own worker, by pid: other tests may run workers with the same name.
+kill -KILL "${INFERENCE_PIDS[1]}"
 wait_until 30 bash -c "\"$RLORCH_BIN\" ctl --target $GRPC_ADDR --json list-workers | grep -q WORKER_STATE_LOST"
 assert_eq 0 "$?" "the killed worker is reported lost"
 before="$(steps_done "$run_id")"

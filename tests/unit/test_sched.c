@@ -377,8 +377,17 @@ Test(sched_plan, broadcast_timeout_and_error_fail_the_run) {
   cr_assert_eq(sched_next_deadline(h.s), h.now + 5000);
   sched_broadcast_done(h.s, h.now, 3, h.plan_id, "NCCL error 5: unhandled system error", NULL);
   drain(&h);
+  /* A short grace first: the error may be the echo of a peer about to be lost. */
+  cr_assert_neq(h.run_state, SCHED_RUN_FAILED);
+  cr_assert_eq(sched_next_deadline(h.s), h.now + 3000);
+  sched_tick(h.s, h.now + 2999);
+  drain(&h);
+  cr_assert_neq(h.run_state, SCHED_RUN_FAILED);
+  sched_tick(h.s, h.now + 3000);
+  drain(&h);
   cr_assert_eq(h.run_state, SCHED_RUN_FAILED);
   cr_assert(strstr(h.run_msg, "inference-3"), "%s", h.run_msg);
+  cr_assert(strstr(h.run_msg, "NCCL error 5"), "%s", h.run_msg);
   cr_assert_eq(h.ncommit, 0);
   sched_free(h.s);
 
@@ -430,6 +439,33 @@ Test(sched_lost, inference_after_trigger_replans) {
   cr_assert_eq(h.nparts, 2);
   cr_assert_eq(h.parts[1], 3);
   cr_assert_eq(h.run_state, SCHED_RUN_RUNNING);
+  sched_free(h.s);
+}
+
+Test(sched_lost, broadcast_error_then_peer_lost_replans) {
+  harness h;
+  to_plan(&h);
+  build_and_ack(&h);
+  cr_assert_eq(h.ntrigger, 1);
+  /* The trainer sees the dead receiver's connection reset before the
+   * orchestrator sees its stream close. */
+  sched_broadcast_done(h.s, h.now, T_ID, h.plan_id, "receiver rank 2 closed the connection",
+                       NULL);
+  drain(&h);
+  cr_assert_neq(h.run_state, SCHED_RUN_FAILED);
+  h.now += 5;
+  cr_assert_eq(sched_worker_lost(h.s, h.now, h.parts[2], "command stream closed"), SCHED_OK);
+  drain(&h);
+  cr_assert_neq(h.run_state, SCHED_RUN_FAILED, "%s", h.run_msg);
+  cr_assert_eq(h.nplan, 2, "the step is planned again without the lost worker");
+  build_and_ack(&h);
+  h.now += 3000; /* past the old plan's grace */
+  sched_tick(h.s, h.now);
+  drain(&h);
+  cr_assert_neq(h.run_state, SCHED_RUN_FAILED, "the old plan's error does not fail the new one: %s",
+                h.run_msg);
+  bcast_done(&h);
+  cr_assert_eq(h.ncommit, 1, "the step commits with the remaining workers");
   sched_free(h.s);
 }
 
