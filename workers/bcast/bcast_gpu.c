@@ -218,13 +218,17 @@ int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err) {
 /* Polls a non-blocking communicator until its pending operation settles. */
 static int comm_settle(bcast_gpu *g, ncclResult_t r, double deadline, const char *what,
                        bcast_err *err) {
+  /* An enqueue usually settles within microseconds; a fixed sleep here would
+   * add its length to every bucket of a step. Poll tightly first, then back off. */
+  double t0 = bcast__now();
   while (r == ncclInProgress) {
-    if (bcast__now() > deadline) {
+    double now = bcast__now();
+    if (now > deadline) {
       comm_drop(g, 1);
       return bcast__fail(err, BCAST_ETIMEDOUT, "%s: deadline passed (rank %u): communicator aborted",
                          what, g->rank);
     }
-    sleep_us(100);
+    if (now - t0 > 1e-3) sleep_us(100);
     if (ncclCommGetAsyncError(g->comm, &r) != ncclSuccess) break;
   }
   if (r != ncclSuccess) {
