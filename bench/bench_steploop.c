@@ -336,8 +336,13 @@ int bench_steploop(int argc, char **argv) {
   }
   char exe[PATH_MAX];
   if (proc_self_exe(exe, sizeof exe) != 0) return 1;
-  char dir[] = "/tmp/rlorch-steploop-XXXXXX";
-  if (!mkdtemp(dir)) return 1;
+  const char *tmp = getenv("TMPDIR");
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/rlorch-steploop-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "rlorch bench steploop: cannot create %s: %s\n", dir, strerror(errno));
+    return 1;
+  }
   char addr[64], maddr[64];
   snprintf(addr, sizeof addr, "127.0.0.1:%d", proc_free_port());
   snprintf(maddr, sizeof maddr, "127.0.0.1:%d", proc_free_port());
