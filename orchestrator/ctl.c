@@ -47,25 +47,6 @@ static int fail_status(const char *what, const rpc_status *st) {
   return 1;
 }
 
-/* Reads a whole small file, trailing newlines removed. */
-static char *read_token(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    fprintf(stderr, "rlorch ctl: --token-file: cannot open %s: %s\n", path, strerror(errno));
-    return NULL;
-  }
-  char buf[4096];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = 0;
-  if (!n) {
-    fprintf(stderr, "rlorch ctl: --token-file: %s is empty\n", path);
-    return NULL;
-  }
-  return strdup(buf);
-}
-
 static int parse_u64(const char *flag, const char *s, uint64_t *out) {
   char *end;
   errno = 0;
@@ -318,14 +299,20 @@ int cmd_ctl(int argc, char **argv) {
     }
   }
   if (i >= argc) return usage(stderr);
-  char *token = NULL;
-  if (token_file && !(token = read_token(token_file))) return 2;
+  char *token = NULL, tokbuf[4096];
+  if (token_file) {
+    char terr[512];
+    if (rpc_token_read(token_file, tokbuf, sizeof tokbuf, terr, sizeof terr) != 0) {
+      fprintf(stderr, "rlorch ctl: %s\n", terr);
+      return 2;
+    }
+    token = tokbuf;
+  }
   rpc_client_opts o = {.target = target, .token = token, .tls_ca_file = ca};
   char err[256];
   if (rpc_client_new(&o, &c.client, err, sizeof err) != 0) {
     fprintf(stderr, "rlorch ctl: %s\n", err);
-    free(token);
-    return 1;
+      return 1;
   }
   const char *cmd = argv[i];
   int sub_argc = argc - i;
@@ -348,6 +335,5 @@ int cmd_ctl(int argc, char **argv) {
   signal(SIGINT, SIG_DFL);
   ctl_current = NULL;
   rpc_client_free(c.client);
-  free(token);
   return rc;
 }

@@ -1,5 +1,7 @@
 /* rpc client: blocking calls, one pluck completion queue per call, so any
  * thread may call and several threads may share a client (one channel). */
+#include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -330,4 +332,30 @@ void rpc_client_cancel_streams(rpc_client *c) {
   c->streams_cancelled = 1;
   for (rpc__open *o = c->streams; o; o = o->next) grpc_call_cancel(o->call, NULL);
   uv_mutex_unlock(&c->mu);
+}
+
+/* Clients of every kind (ctl, agents) read their bearer token the same way. */
+int rpc_token_read(const char *path, char *buf, size_t len, char *err, size_t errlen) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    snprintf(err, errlen, "--token-file %s: %s", path, strerror(errno));
+    return -1;
+  }
+  size_t n = fread(buf, 1, len - 1, f);
+  int big = n == len - 1 && fgetc(f) != EOF;
+  fclose(f);
+  buf[n] = 0;
+  if (big) {
+    snprintf(err, errlen, "--token-file %s: longer than %zu bytes", path, len - 2);
+    return -1;
+  }
+  while (n > 0 && isspace((unsigned char)buf[n - 1])) buf[--n] = 0;
+  size_t s = 0;
+  while (buf[s] && isspace((unsigned char)buf[s])) s++;
+  memmove(buf, buf + s, n - s + 1);
+  if (!buf[0]) {
+    snprintf(err, errlen, "--token-file %s: is empty", path);
+    return -1;
+  }
+  return 0;
 }

@@ -413,7 +413,7 @@ int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_comma
   if (o->name) snprintf(a->name, sizeof a->name, "%s", o->name);
   else agent_default_name(o->role, a->name, sizeof a->name);
   if (!reg->name || !*reg->name) reg->name = a->name;
-  if (o->token_file && agent_read_token(o->token_file, a->token, sizeof a->token, err, errlen)) {
+  if (o->token_file && rpc_token_read(o->token_file, a->token, sizeof a->token, err, errlen)) {
     free(a);
     return -1;
   }
@@ -530,31 +530,6 @@ void agent_default_name(agent_role role, char *buf, size_t len) {
   host[sizeof host - 1] = 0;
   snprintf(buf, len, "%s-%s-%ld", role == AGENT_ROLE_TRAINER ? "trainer" : "inference", host,
            (long)getpid());
-}
-
-int agent_read_token(const char *path, char *buf, size_t len, char *err, size_t errlen) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    snprintf(err, errlen, "--token-file %s: %s", path, strerror(errno));
-    return -1;
-  }
-  size_t n = fread(buf, 1, len - 1, f);
-  int big = n == len - 1 && fgetc(f) != EOF;
-  fclose(f);
-  buf[n] = 0;
-  if (big) {
-    snprintf(err, errlen, "--token-file %s: longer than %zu bytes", path, len - 2);
-    return -1;
-  }
-  while (n > 0 && isspace((unsigned char)buf[n - 1])) buf[--n] = 0;
-  size_t s = 0;
-  while (buf[s] && isspace((unsigned char)buf[s])) s++;
-  memmove(buf, buf + s, n - s + 1);
-  if (!buf[0]) {
-    snprintf(err, errlen, "--token-file %s: empty", path);
-    return -1;
-  }
-  return 0;
 }
 
 int agent_pick_device(const agent_opts *o, const bcast_caps *caps, int *device, char *err,

@@ -59,8 +59,6 @@ void agent_sleep(agent *a, double s);
 void agent_caps_to_pb(const bcast_caps *caps, int device, Rlorch__V1__Capabilities *out);
 /* The default worker name: "host-pid" (role-prefixed). */
 void agent_default_name(agent_role role, char *buf, size_t len);
-/* Reads a bearer token file, trimming surrounding white space. 0 or -1. */
-int agent_read_token(const char *path, char *buf, size_t len, char *err, size_t errlen);
 /* Resolves --device against what the machine offers; -1 with a message when
  * the requested device does not exist. */
 int agent_pick_device(const agent_opts *o, const bcast_caps *caps, int *device, char *err,
