@@ -1,5 +1,6 @@
 /* `rlorch bench NAME`: dispatch to one benchmark. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench/bench.h"
@@ -21,6 +22,13 @@ static const struct {
 #endif
     {NULL, NULL, NULL},
 };
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+void bench_sort(double *v, size_t n) { qsort(v, n, sizeof *v, cmp_double); }
 
 int cmd_bench(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help")) {

@@ -3,8 +3,13 @@
 #ifndef RLORCH_BENCH_H
 #define RLORCH_BENCH_H
 
+#include <stddef.h>
+
 int bench_broadcast(int argc, char **argv); /* bench/bench_broadcast.c */
 int bench_rpc(int argc, char **argv);       /* bench/bench_rpc.c */
 int bench_steploop(int argc, char **argv);  /* bench/bench_steploop.c */
+
+/* Sorts samples ascending, for medians and percentiles. */
+void bench_sort(double *v, size_t n);
 
 #endif

@@ -191,11 +191,6 @@ typedef struct result {
   int errors;
 } result;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static result measure(const char *target, int threads, int requests) {
   result r = {0};
   int per = requests / threads;
@@ -214,7 +209,7 @@ static result measure(const char *target, int threads, int requests) {
   }
   double secs = (double)(uv_hrtime() - t0) * 1e-9;
   size_t n = (size_t)per * threads;
-  qsort(lat, n, sizeof *lat, cmp_double);
+  bench_sort(lat, n);
   r.p50_us = lat[n / 2];
   r.p99_us = lat[(size_t)(n * 0.99)];
   r.rps = (double)n / secs; /* warm-up included in the time: a slight underestimate */

@@ -269,11 +269,6 @@ out:
   return res;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* Median round trip of a unary health Check against the same server. */
 static double bare_rtt(const char *target, int n) {
   rpc_client *c = NULL;
@@ -297,7 +292,7 @@ static double bare_rtt(const char *target, int n) {
   }
   double med = 0;
   if (k) {
-    qsort(v, (size_t)k, sizeof *v, cmp_double);
+    bench_sort(v, (size_t)k);
     med = v[k / 2];
   }
   free(v);
