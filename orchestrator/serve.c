@@ -126,20 +126,13 @@ static void on_call_done(const char *method, grpc_status_code code, double secon
 
 static void on_scrape(void *arg) {
   orch *o = arg;
-  static const Rlorch__V1__RunState states[] = {
-      RLORCH__V1__RUN_STATE__RUN_STATE_PENDING,   RLORCH__V1__RUN_STATE__RUN_STATE_RUNNING,
-      RLORCH__V1__RUN_STATE__RUN_STATE_STOPPING,  RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED,
-      RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED, RLORCH__V1__RUN_STATE__RUN_STATE_FAILED};
-  static const char *const names[] = {"pending", "running", "stopping",
-                                      "stopped", "succeeded", "failed"};
-  for (size_t i = 0; i < NB(states); i++) {
-    Rlorch__V1__Run **runs = NULL;
-    size_t n = 0;
-    if (store_run_list(o->db, states[i], 1000000, &runs, &n) == 0) {
-      const char *lv[] = {names[i]};
-      metrics_gauge_set(o->m.runs, lv, (double)n);
-      store_runs_free(runs, n);
-    }
+  static const char *const names[STORE_RUN_STATES] = {
+      NULL, "pending", "running", "stopping", "stopped", "succeeded", "failed"};
+  uint64_t counts[STORE_RUN_STATES];
+  if (store_run_counts(o->db, counts) != 0) return;
+  for (int i = 1; i < STORE_RUN_STATES; i++) {
+    const char *lv[] = {names[i]};
+    metrics_gauge_set(o->m.runs, lv, (double)counts[i]);
   }
 }
 

@@ -326,6 +326,22 @@ int store_run_list(store *s, Rlorch__V1__RunState state, uint32_t limit, Rlorch_
   return 0;
 }
 
+int store_run_counts(store *s, uint64_t counts[STORE_RUN_STATES]) {
+  if (!s || !counts) return STORE_EINVAL;
+  memset(counts, 0, STORE_RUN_STATES * sizeof counts[0]);
+  sqlite3_stmt *st;
+  int rc = store__prepare(s, "SELECT state, count(*) FROM runs GROUP BY state", &st);
+  if (rc) return rc;
+  int step;
+  while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+    int state = sqlite3_column_int(st, 0);
+    if (state >= 0 && state < STORE_RUN_STATES) counts[state] = (uint64_t)sqlite3_column_int64(st, 1);
+  }
+  if (step != SQLITE_DONE) rc = store__db_fail(s, "count runs");
+  sqlite3_finalize(st);
+  return rc;
+}
+
 /* ---- steps and workers ------------------------------------------------------- */
 
 int store_step_put(store *s, const Rlorch__V1__StepRecord *rec) {

@@ -55,6 +55,9 @@ int store_run_get(store *s, const char *id, Rlorch__V1__Run **out);
 int store_run_list(store *s, Rlorch__V1__RunState state, uint32_t limit, Rlorch__V1__Run ***out,
                    size_t *n);
 void store_runs_free(Rlorch__V1__Run **runs, size_t n);
+/* Number of runs in each state, indexed by Rlorch__V1__RunState (one query). */
+#define STORE_RUN_STATES 7
+int store_run_counts(store *s, uint64_t counts[STORE_RUN_STATES]);
 
 /* Inserts or replaces the record of (rec->run_id, rec->step). */
 int store_step_put(store *s, const Rlorch__V1__StepRecord *rec);

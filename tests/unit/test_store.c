@@ -340,3 +340,22 @@ Test(store, unwritable_data_dir) {
   cr_assert_lt(store_open(below, &s, err, sizeof err), 0);
   cr_assert(strstr(err, below) && strstr(err, "Permission denied"), "%s", err);
 }
+
+Test(store, run_counts_by_state) {
+  store *s = open_ok(dir);
+  uint64_t c[STORE_RUN_STATES];
+  cr_assert_eq(store_run_counts(s, c), 0);
+  for (int i = 0; i < STORE_RUN_STATES; i++) cr_assert_eq(c[i], 0);
+  Rlorch__V1__Run *a = create(s, "a", 1), *b = create(s, "b", 2), *d = create(s, "d", 3);
+  b->state = RLORCH__V1__RUN_STATE__RUN_STATE_FAILED;
+  cr_assert_eq(store_run_update(s, b), 0);
+  cr_assert_eq(store_run_counts(s, c), 0);
+  cr_assert_eq(c[RLORCH__V1__RUN_STATE__RUN_STATE_PENDING], 2);
+  cr_assert_eq(c[RLORCH__V1__RUN_STATE__RUN_STATE_FAILED], 1);
+  cr_assert_eq(c[RLORCH__V1__RUN_STATE__RUN_STATE_RUNNING], 0);
+  cr_assert_eq(store_run_counts(NULL, c), STORE_EINVAL);
+  run_free(a);
+  run_free(b);
+  run_free(d);
+  store_close(s);
+}
