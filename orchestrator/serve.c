@@ -31,7 +31,7 @@ static const double step_buckets[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 
 #define NB(a) (sizeof(a) / sizeof((a)[0]))
 
-static int metrics_setup(orch *o, char *err, size_t errlen) {
+static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errlen) {
   orch_metrics *m = &o->m;
   static const char *const l_version[] = {"version", "cuda", "nccl", NULL};
   static const char *const l_method_code[] = {"method", "code", NULL};
@@ -95,10 +95,8 @@ static int metrics_setup(orch *o, char *err, size_t errlen) {
                                             "Broadcasts aborted, by reason.", l_reason, err,
                                             errlen));
 #undef REG
-  bcast_caps caps;
-  bcast_caps_probe(&caps);
-  const char *bi[] = {RLORCH_VERSION, caps.cuda_built ? "yes" : "no",
-                      caps.nccl_built ? "yes" : "no"};
+  const char *bi[] = {RLORCH_VERSION, caps->cuda_built ? "yes" : "no",
+                      caps->nccl_built ? "yes" : "no"};
   metrics_gauge_set(m->build_info, bi, 1);
   /* Zero series up front so rates and alerts see them before the first event. */
   const char *used[] = {"used"}, *stale[] = {"dropped_stale"};
@@ -247,20 +245,18 @@ static int start_rpc(orch *o, char *err, size_t errlen) {
   return rc;
 }
 
-static void log_listening(orch *o) {
+static void log_listening(orch *o, const bcast_caps *caps) {
   config *cfg = o->cfg;
   char host[256], mhost[256];
   int p;
   config_parse_addr(cfg->listen, host, sizeof host, &p);
   config_parse_addr(cfg->metrics_listen, mhost, sizeof mhost, &p);
-  bcast_caps caps;
-  bcast_caps_probe(&caps);
   log_info("listening", "grpc=%s:%d metrics=http://%s:%d/metrics data_dir=\"%s\" auth=%s tls=%s",
            host[0] ? host : "0.0.0.0", rpc_server_port(o->rpc), mhost[0] ? mhost : "0.0.0.0",
            http_server_port(o->http), cfg->data_dir, cfg->token ? "bearer" : "none",
            cfg->tls_cert_file ? "on" : "off");
-  log_info("transports", "cuda_devices=%d nccl=\"%s\" note=\"%s\"", caps.cuda_devices,
-           caps.nccl_version, caps.note);
+  log_info("transports", "cuda_devices=%d nccl=\"%s\" note=\"%s\"", caps->cuda_devices,
+           caps->nccl_version, caps->note);
 }
 
 static int serve_loop(orch *o) {
@@ -271,7 +267,9 @@ static int serve_loop(orch *o) {
     return 1;
   }
   fail_interrupted_runs(o);
-  if (metrics_setup(o, err, sizeof err) != 0) {
+  bcast_caps caps; /* probed once: CUDA start-up is not free */
+  bcast_caps_probe(&caps);
+  if (metrics_setup(o, &caps, err, sizeof err) != 0) {
     log_error("metrics_setup_failed", "error=\"%s\"", err);
     return 1;
   }
@@ -301,7 +299,7 @@ static int serve_loop(orch *o) {
   rpc_server_set_health(o->rpc, "", 1);
   rpc_server_set_health(o->rpc, "rlorch.v1.Control", 1);
   rpc_server_set_health(o->rpc, "rlorch.v1.Worker", 1);
-  log_listening(o);
+  log_listening(o, &caps);
 
   uv_signal_init(o->loop, &o->sigterm);
   uv_signal_init(o->loop, &o->sigint);
