@@ -8,7 +8,7 @@ CMAKE_ARGS ?=
 
 DEB_PKGS := build-essential cmake ninja-build pkg-config git ca-certificates \
             libuv1-dev libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
-            libcriterion-dev libcyaml-dev libhttp-parser-dev libsqlite3-dev \
+            libcriterion-dev libyaml-dev libhttp-parser-dev libsqlite3-dev \
             libxxhash-dev sqlite3 prometheus curl python3
 
 .PHONY: all deps build run test test-unit test-asan test-gpu bench clean node-deps

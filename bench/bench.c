@@ -4,22 +4,15 @@
 #include <string.h>
 
 #include "bench/bench.h"
-#include "orchestrator/commands.h"
 
 static const struct {
   const char *name;
   int (*fn)(int, char **);
   const char *help;
 } benches[] = {
-#ifdef RLORCH_BENCH_BROADCAST
     {"broadcast", bench_broadcast, "weight broadcast vs PCIe and wire floors"},
-#endif
-#ifdef RLORCH_BENCH_RPC
     {"rpc", bench_rpc, "control-call latency vs a bare gRPC C-core echo server"},
-#endif
-#ifdef RLORCH_BENCH_STEPLOOP
     {"steploop", bench_steploop, "orchestration overhead per step and per rollout"},
-#endif
     {NULL, NULL, NULL},
 };
 
@@ -30,7 +23,7 @@ static int cmp_double(const void *a, const void *b) {
 
 void bench_sort(double *v, size_t n) { qsort(v, n, sizeof *v, cmp_double); }
 
-int cmd_bench(int argc, char **argv) {
+int bench_main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help")) {
     fprintf(argc < 2 ? stderr : stdout, "usage: rlorch bench NAME [FLAGS]\n\nbenchmarks:\n");
     for (int i = 0; benches[i].name; i++)

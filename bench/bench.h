@@ -5,6 +5,9 @@
 
 #include <stddef.h>
 
+/* `rlorch bench NAME [FLAGS]`: the exit status. */
+int bench_main(int argc, char **argv);
+
 int bench_broadcast(int argc, char **argv); /* bench/bench_broadcast.c */
 int bench_rpc(int argc, char **argv);       /* bench/bench_rpc.c */
 int bench_steploop(int argc, char **argv);  /* bench/bench_steploop.c */

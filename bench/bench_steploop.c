@@ -20,7 +20,7 @@
 
 #include "bench/bench.h"
 #include "grpc/health/v1/health.pb-c.h"
-#include "orchestrator/proc.h"
+#include "orchestrator/cli/proc.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc.h"

@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "orchestrator/config.h"
+#include "orchestrator/daemon/config.h"
 
 static char tmpdir[64];
 

@@ -14,8 +14,8 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "orchestrator/http.h"
-#include "orchestrator/metrics.h"
+#include "orchestrator/daemon/http.h"
+#include "orchestrator/daemon/metrics.h"
 
 typedef struct {
   uv_loop_t loop;

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "orchestrator/metrics.h"
+#include "orchestrator/daemon/metrics.h"
 
 static char *render(metrics_registry *r) {
   char *buf = NULL;

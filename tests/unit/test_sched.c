@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "orchestrator/sched.h"
+#include "orchestrator/sched/sched.h"
 
 #define T_ID 1 /* trainer id in most tests */
 #define MAXQ 256

@@ -3,7 +3,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "orchestrator/sched.h"
+#include "orchestrator/daemon/sched_pb.h"
 #include "rlorch/v1/broadcast.pb-c.h"
 
 #define GPU_OK {.cuda_devices = 1, .nccl = 1}

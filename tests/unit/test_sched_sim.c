@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "orchestrator/sched.h"
+#include "orchestrator/sched/sched.h"
 
 #define NINF 1000
 #define TRAINER 0

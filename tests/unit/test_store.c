@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "orchestrator/store.h"
+#include "orchestrator/daemon/store.h"
 
 static char dir[64];
 

@@ -1,10 +1,14 @@
-/* The worker agents: entry points of `rlorch trainer` and `rlorch inference`.
- * Each returns the process exit status: 0 after a shutdown command or
- * SIGTERM/SIGINT, 1 after a fatal error (logged), 2 for bad flags. */
+/* The worker agents: a trainer or an inference engine of rlorch's own, driven
+ * by the orchestrator's worker API. The hosting program fills agent_opts,
+ * installs a log callback (agent_log.h) and calls one of these; each returns
+ * 0 after a shutdown command or SIGTERM/SIGINT, 1 after a fatal error (logged). */
 #ifndef RLORCH_AGENT_H
 #define RLORCH_AGENT_H
 
-int agent_trainer_main(int argc, char **argv);
-int agent_inference_main(int argc, char **argv);
+#include "workers/agent/agent_log.h"
+#include "workers/agent/agent_opts.h"
+
+int agent_trainer_run(const agent_opts *o);
+int agent_inference_run(const agent_opts *o);
 
 #endif

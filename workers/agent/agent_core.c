@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "orchestrator/log.h"
+#include "workers/agent/agent_log.h"
 #include "rpc/rpc.h"
 
 #define AGENT__M_REGISTER "/rlorch.v1.Worker/Register"
@@ -139,9 +139,9 @@ static void agent__set_conn(agent *a, agent__conn c, const rpc_status *st) {
   pthread_mutex_unlock(&a->mu);
   if (was == c) return;
   if (c == AGENT__CONN_UP)
-    log_info("orchestrator_reachable", "addr=%s", a->opts.orchestrator);
+    agent_log_info("orchestrator_reachable", "addr=%s", a->opts.orchestrator);
   else
-    log_warn("orchestrator_unreachable", "addr=%s code=%s msg=\"%s\" retry=backoff max_s=%.0f",
+    agent_log_warn("orchestrator_unreachable", "addr=%s code=%s msg=\"%s\" retry=backoff max_s=%.0f",
              a->opts.orchestrator, rpc_status_name(st->code), st->message, AGENT__BACKOFF_MAX_S);
 }
 
@@ -170,7 +170,7 @@ static int agent__register_once(agent *a, rpc_status *st) {
   a->gen++;
   pthread_cond_broadcast(&a->cond);
   pthread_mutex_unlock(&a->mu);
-  log_info("registered", "worker_id=%s rank=%u heartbeat_ms=%u name=%s", r->worker_id, r->rank,
+  agent_log_info("registered", "worker_id=%s rank=%u heartbeat_ms=%u name=%s", r->worker_id, r->rank,
            r->heartbeat_interval_ms, a->name);
   protobuf_c_message_free_unpacked(resp, NULL);
   return 0;
@@ -194,7 +194,7 @@ static int agent__register(agent *a, uint64_t seen) {
     }
     if (st.code == GRPC_STATUS_INVALID_ARGUMENT || st.code == GRPC_STATUS_UNAUTHENTICATED ||
         st.code == GRPC_STATUS_PERMISSION_DENIED || st.code == GRPC_STATUS_FAILED_PRECONDITION) {
-      log_error("register_refused", "code=%s msg=\"%s\"", rpc_status_name(st.code), st.message);
+      agent_log_error("register_refused", "code=%s msg=\"%s\"", rpc_status_name(st.code), st.message);
       pthread_mutex_unlock(&a->reg_mu);
       pthread_mutex_lock(&a->mu);
       a->refused = 1;
@@ -213,7 +213,7 @@ static int agent__register(agent *a, uint64_t seen) {
 /* The orchestrator forgot the worker: register again, then make the attach
  * thread re-open its stream under the new id. */
 static void agent__reregister(agent *a, uint64_t seen, const char *why) {
-  log_warn("worker_unknown", "reason=\"%s\" action=register", why);
+  agent_log_warn("worker_unknown", "reason=\"%s\" action=register", why);
   if (agent__register(a, seen) == 0 && !atomic_load(&a->stop)) rpc_client_cancel_streams(a->rpc);
 }
 
@@ -229,7 +229,7 @@ static int agent__on_command(ProtobufCMessage *m, void *ud) {
   agent *a = c->a;
   agent__item *it = malloc(sizeof *it);
   if (!it) {
-    log_error("command_dropped", "reason=\"no memory\"");
+    agent_log_error("command_dropped", "reason=\"no memory\"");
     protobuf_c_message_free_unpacked(m, NULL);
     return 1;
   }
@@ -256,7 +256,7 @@ static void *agent__attach_main(void *arg) {
     req.worker_id = id;
     agent__attach_ctx ctx = {a, 0};
     rpc_status st;
-    log_debug("attach", "worker_id=%s", id);
+    agent_log_debug("attach", "worker_id=%s", id);
     grpc_status_code code = rpc_client_stream(a->rpc, AGENT__M_ATTACH, &req.base,
                                               &rlorch__v1__command__descriptor, 0,
                                               agent__on_command, &ctx, &st);
@@ -269,9 +269,9 @@ static void *agent__attach_main(void *arg) {
       continue;
     }
     if (code == GRPC_STATUS_OK) {
-      log_info("attach_closed", "worker_id=%s commands=%llu", id, (unsigned long long)ctx.count);
+      agent_log_info("attach_closed", "worker_id=%s commands=%llu", id, (unsigned long long)ctx.count);
     } else {
-      log_debug("attach_failed", "code=%s msg=\"%s\"", rpc_status_name(code), st.message);
+      agent_log_debug("attach_failed", "code=%s msg=\"%s\"", rpc_status_name(code), st.message);
       if (code != GRPC_STATUS_CANCELLED) agent__set_conn(a, AGENT__CONN_DOWN, &st);
     }
     agent_sleep(a, backoff);
@@ -344,7 +344,7 @@ int agent_report(agent *a, Rlorch__V1__ReportRequest *req) {
     grpc_status_code code = agent__report_once(a, req, id, &gen, &known, &st);
     req->worker_id = NULL;
     if (!known) {
-      log_warn("report_dropped", "kind=%d reason=\"orchestrator forgot the worker\"",
+      agent_log_warn("report_dropped", "kind=%d reason=\"orchestrator forgot the worker\"",
                (int)req->kind_case);
       agent__reregister(a, gen, code == GRPC_STATUS_OK ? "report: known=false" : st.message);
       return -1;
@@ -352,13 +352,13 @@ int agent_report(agent *a, Rlorch__V1__ReportRequest *req) {
     if (code == GRPC_STATUS_OK) return 0;
     if (code == GRPC_STATUS_INVALID_ARGUMENT || code == GRPC_STATUS_FAILED_PRECONDITION ||
         code == GRPC_STATUS_PERMISSION_DENIED || code == GRPC_STATUS_UNAUTHENTICATED) {
-      log_error("report_refused", "kind=%d code=%s msg=\"%s\"", (int)req->kind_case,
+      agent_log_error("report_refused", "kind=%d code=%s msg=\"%s\"", (int)req->kind_case,
                 rpc_status_name(code), st.message);
       return -1;
     }
     agent__set_conn(a, AGENT__CONN_DOWN, &st);
     if (agent_now() - start > AGENT__REPORT_GIVE_UP_S) {
-      log_error("report_dropped", "kind=%d reason=\"unreachable for %.0f s\"", (int)req->kind_case,
+      agent_log_error("report_dropped", "kind=%d reason=\"unreachable for %.0f s\"", (int)req->kind_case,
                 AGENT__REPORT_GIVE_UP_S);
       return -1;
     }
@@ -388,7 +388,7 @@ static void *agent__signal_main(void *arg) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
     if (atomic_load(&a->sig_exit)) return NULL; /* agent_run is done: our own wake-up */
-    log_info("signal", "signal=%s action=stop", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    agent_log_info("signal", "signal=%s action=stop", sig == SIGINT ? "SIGINT" : "SIGTERM");
     pthread_mutex_lock(&a->mu);
     if (!a->signo) a->signo = sig;
     pthread_mutex_unlock(&a->mu);
@@ -470,14 +470,14 @@ int agent_run(agent *a) {
   a->attach_started = pthread_create(&a->attach_tid, NULL, agent__attach_main, a) == 0;
   a->hb_started = pthread_create(&a->hb_tid, NULL, agent__heartbeat_main, a) == 0;
   if (!a->attach_started || !a->hb_started) {
-    log_error("fatal", "reason=\"cannot start threads\"");
+    agent_log_error("fatal", "reason=\"cannot start threads\"");
     status = 1;
     goto out;
   }
   for (;;) {
     Rlorch__V1__Command *cmd = agent__pop(a);
     if (!cmd) break;
-    log_debug("command", "seq=%llu kind=%d rank=%u", (unsigned long long)cmd->seq,
+    agent_log_debug("command", "seq=%llu kind=%d rank=%u", (unsigned long long)cmd->seq,
               (int)cmd->kind_case, cmd->rank);
     int rc = a->fn(a, cmd, a->ud);
     protobuf_c_message_free_unpacked(&cmd->base, NULL);
@@ -552,33 +552,15 @@ int agent_pick_device(const agent_opts *o, const bcast_caps *caps, int *device, 
   return 0;
 }
 
-/* Parses flags and sets up logging; returns -1 to go on, else the exit status. */
-int agent_start(agent_role role, int argc, char **argv, agent_opts *o) {
-  char err[512];
-  int rc = agent_opts_parse(role, argc, argv, o, err, sizeof err);
-  const char *cmd = role == AGENT_ROLE_TRAINER ? "trainer" : "inference";
-  if (rc == 1) {
-    fputs(agent_opts_usage(role), stdout);
-    return 0;
-  }
-  if (rc < 0) {
-    fprintf(stderr, "rlorch %s: %s\n\n%s", cmd, err, agent_opts_usage(role));
-    return 2;
-  }
-  log_setup(o->log_level, o->log_format, cmd);
-  agent_block_signals();
-  return -1;
-}
-
 /* Logs what the agent runs on; the host transport is said loudly. */
 void agent_log_devices(const bcast_caps *caps, int device) {
   if (device >= 0)
-    log_info("devices", "device=%d gpu=\"%s\" cuda=%s driver=%s nccl=%s transport=%s", device,
+    agent_log_info("devices", "device=%d gpu=\"%s\" cuda=%s driver=%s nccl=%s transport=%s", device,
              caps->gpu_name, caps->cuda_version, caps->driver_version,
              caps->nccl_version[0] ? caps->nccl_version : "none",
              caps->nccl_built ? "nccl (host-tcp when the plan says host)" : "host-tcp");
   else
-    log_warn("devices", "device=none transport=host-tcp cpu_threads=%d msg=\"NO GPU: weights "
+    agent_log_warn("devices", "device=none transport=host-tcp cpu_threads=%d msg=\"NO GPU: weights "
              "move over the HOST TCP transport with CPU casts%s%s\"",
              caps->cpu_threads, caps->note[0] ? "; " : "", caps->note);
 }

@@ -64,9 +64,6 @@ void agent_default_name(agent_role role, char *buf, size_t len);
 int agent_pick_device(const agent_opts *o, const bcast_caps *caps, int *device, char *err,
                       size_t errlen);
 double agent_now(void); /* monotonic seconds */
-/* Parses flags, sets up logging and blocks the stop signals. Returns -1 to go
- * on, else the exit status (0 after --help, 2 for bad flags). */
-int agent_start(agent_role role, int argc, char **argv, agent_opts *o);
 /* Logs the device and transport the agent uses; the host transport loudly. */
 void agent_log_devices(const bcast_caps *caps, int device);
 

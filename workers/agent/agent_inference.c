@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "orchestrator/log.h"
+#include "workers/agent/agent_log.h"
 #include "workers/agent/agent.h"
 #include "workers/agent/agent_core.h"
 #include "workers/agent/agent_rollout.h"
@@ -54,7 +54,7 @@ static int inference__bind(void *ud, const bcast_plan *p, bcast_tensor **local, 
     *n = in->n;
     return 0;
   }
-  if (in->t) log_info("receive_buffers_realloc", "reason=\"%s\"", err->msg);
+  if (in->t) agent_log_info("receive_buffers_realloc", "reason=\"%s\"", err->msg);
   inference__free_buffers(in);
   in->t = calloc(p->ntensors ? p->ntensors : 1, sizeof *in->t);
   if (!in->t) {
@@ -75,7 +75,7 @@ static int inference__bind(void *ud, const bcast_plan *p, bcast_tensor **local, 
     inference__free_buffers(in);
     return rc;
   }
-  log_info("receive_buffers", "tensors=%zu bytes=%llu where=%s", in->n,
+  agent_log_info("receive_buffers", "tensors=%zu bytes=%llu where=%s", in->n,
            (unsigned long long)bcast_storage_bytes(in->storage),
            in->device >= 0 ? "gpu" : "host");
   *local = in->t;
@@ -91,7 +91,7 @@ static int inference__done(void *ud, const bcast_plan *p, int ok, uint64_t *chec
   if (!ok) return 0;
   if (agent_weights_checksum(in->t, in->n, AGENT_WEIGHTS_WIRE, checksum, err, errlen)) return -1;
   agent_set_policy_version(in->a, p->policy_version);
-  log_info("policy_version", "version=%llu", (unsigned long long)p->policy_version);
+  agent_log_info("policy_version", "version=%llu", (unsigned long long)p->policy_version);
   return 0;
 }
 
@@ -109,7 +109,7 @@ static int inference__rollout(agent__inference *in, agent *a, const Rlorch__V1__
       free(ro);
       free(msgs);
       free(ptrs);
-      log_error("fatal", "reason=\"no memory for %u rollouts\"", k);
+      agent_log_error("fatal", "reason=\"no memory for %u rollouts\"", k);
       return -1;
     }
     uint64_t version = agent_policy_version(a);
@@ -131,7 +131,7 @@ static int inference__rollout(agent__inference *in, agent *a, const Rlorch__V1__
     Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
     req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS;
     req.rollouts = &res;
-    log_debug("rollouts", "request_id=%llu count=%zu tokens=%llu version=%llu",
+    agent_log_debug("rollouts", "request_id=%llu count=%zu tokens=%llu version=%llu",
               (unsigned long long)r->request_id, made, (unsigned long long)tokens,
               (unsigned long long)version);
     if (made > 0 || r->count == 0) agent_report(a, &req);
@@ -150,7 +150,7 @@ static int inference__command(agent *a, const Rlorch__V1__Command *cmd, void *ud
    * (the weights held until its first broadcast). */
   if (cmd->run_id && cmd->run_id[0] && strcmp(cmd->run_id, in->run_id) != 0) {
     if (in->run_id[0]) {
-      log_info("new_run", "run=%s previous=%s version=0", cmd->run_id, in->run_id);
+      agent_log_info("new_run", "run=%s previous=%s version=0", cmd->run_id, in->run_id);
       agent_set_policy_version(a, 0);
     }
     snprintf(in->run_id, sizeof in->run_id, "%s", cmd->run_id);
@@ -161,26 +161,26 @@ static int inference__command(agent *a, const Rlorch__V1__Command *cmd, void *ud
   case RLORCH__V1__COMMAND__KIND_TRIGGER: agent_xfer_on_trigger(&in->xfer, a, cmd); return 0;
   case RLORCH__V1__COMMAND__KIND_ABORT: agent_xfer_on_abort(&in->xfer, cmd); return 0;
   case RLORCH__V1__COMMAND__KIND_SHUTDOWN:
-    log_info("shutdown", "reason=\"%s\"", cmd->shutdown->reason ? cmd->shutdown->reason : "");
+    agent_log_info("shutdown", "reason=\"%s\"", cmd->shutdown->reason ? cmd->shutdown->reason : "");
     return 1;
   case RLORCH__V1__COMMAND__KIND_TRAIN:
-    log_warn("command_ignored", "kind=train reason=\"an inference worker does not train\"");
+    agent_log_warn("command_ignored", "kind=train reason=\"an inference worker does not train\"");
     return 0;
   default:
-    log_warn("command_ignored", "kind=%d reason=\"unknown command\"", (int)cmd->kind_case);
+    agent_log_warn("command_ignored", "kind=%d reason=\"unknown command\"", (int)cmd->kind_case);
     return 0;
   }
 }
 
-int agent_inference_main(int argc, char **argv) {
+int agent_inference_run(const agent_opts *o) {
   agent__inference in;
   memset(&in, 0, sizeof in);
-  int rc = agent_start(AGENT_ROLE_INFERENCE, argc, argv, &in.o);
-  if (rc >= 0) return rc;
+  in.o = *o;
+  agent_block_signals();
   char err[1024];
   bcast_caps_probe(&in.caps);
   if (agent_pick_device(&in.o, &in.caps, &in.device, err, sizeof err)) {
-    log_error("fatal", "reason=\"%s\"", err);
+    agent_log_error("fatal", "reason=\"%s\"", err);
     return 1;
   }
 #ifdef RLORCH_HAVE_CUDA
@@ -198,11 +198,11 @@ int agent_inference_main(int argc, char **argv) {
   in.reg.role = RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE;
   in.reg.capabilities = &in.caps_pb;
   if (agent_new(&in.o, &in.reg, inference__command, &in, &a, err, sizeof err)) {
-    log_error("fatal", "reason=\"%s\"", err);
+    agent_log_error("fatal", "reason=\"%s\"", err);
     goto out;
   }
   in.a = a;
-  log_info("inference_ready", "distribution=%s tokens_mean=%g tokens_std=%g latency_ms_mean=%g "
+  agent_log_info("inference_ready", "distribution=%s tokens_mean=%g tokens_std=%g latency_ms_mean=%g "
            "latency_ms_std=%g device=%d",
            in.o.rollout.dist == AGENT_DIST_NORMAL ? "normal" : "lognormal",
            in.o.rollout.tokens_mean, in.o.rollout.tokens_std, in.o.rollout.latency_ms_mean,
@@ -212,6 +212,6 @@ out:
   agent_free(a);
   agent_xfer_free(&in.xfer);
   inference__free_buffers(&in);
-  log_info("exit", "status=%d", status);
+  agent_log_info("exit", "status=%d", status);
   return status;
 }

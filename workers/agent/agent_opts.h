@@ -1,11 +1,12 @@
-/* agent_opts: command-line flags of `rlorch trainer` and `rlorch inference`,
- * parsed once into a typed struct. Strings point into argv. */
+/* agent_opts: the settings of a trainer or inference agent, filled by the
+ * hosting program (rlorch's own flags, or an embedding application). Strings
+ * are borrowed: they must outlive the agent. */
 #ifndef RLORCH_AGENT_OPTS_H
 #define RLORCH_AGENT_OPTS_H
 
 #include <stddef.h>
 
-#include "orchestrator/log.h"
+#include "workers/agent/agent_log.h"
 #include "workers/agent/agent_rollout.h"
 
 typedef enum { AGENT_ROLE_TRAINER = 1, AGENT_ROLE_INFERENCE = 2 } agent_role;
@@ -32,17 +33,12 @@ typedef struct agent_opts {
   uint64_t seed;            /* initial weights / rollout rng */
   int seed_set;
   agent_rollout_cfg rollout;
-  log_level log_level;
-  log_format log_format;
-  int help;
 } agent_opts;
 
-/* Returns 0, 1 when --help was given (usage to print), or -1 with a message
- * naming the flag in err (exit status 2). */
-int agent_opts_parse(agent_role role, int argc, char **argv, agent_opts *o, char *err,
-                     size_t errlen);
+/* Fills every field with its default for role. */
+void agent_opts_defaults(agent_role role, agent_opts *o);
+/* Checks what involves several fields; -1 with a message naming the flag. */
+int agent_opts_check(const agent_opts *o, char *err, size_t errlen);
 const char *agent_offload_name(agent_offload o); /* "none", "params", "params+optimizer" */
-/* The usage text of a role. */
-const char *agent_opts_usage(agent_role role);
 
 #endif

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "orchestrator/log.h"
+#include "workers/agent/agent_log.h"
 #include "workers/agent/agent.h"
 #include "workers/agent/agent_adamw.h"
 #include "workers/agent/agent_core.h"
@@ -73,7 +73,7 @@ static void trainer__placement(agent__trainer *tr) {
     break;
   }
   if (!gpu)
-    log_warn("no_gpu", "offload=%s msg=\"no GPU: master weights and optimizer state in host "
+    agent_log_warn("no_gpu", "offload=%s msg=\"no GPU: master weights and optimizer state in host "
              "memory, optimizer on CPU; manifest says host-pageable\"",
              agent_offload_name(tr->o.offload));
 }
@@ -157,7 +157,7 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
   if (agent_xfer_init(&tr->xfer, 1, tr->device, tr->o.data_listen, trainer__bind, trainer__done,
                       tr, err, errlen))
     return -1;
-  log_info("trainer_ready",
+  agent_log_info("trainer_ready",
            "preset=%s tensors=%zu params=%llu offload=%s weights=%s optimizer=%s device=%d "
            "gpu=\"%s\" data_address=%s checksum=%016llx",
            tr->o.preset, tr->n, (unsigned long long)tr->total, agent_offload_name(tr->o.offload),
@@ -173,23 +173,23 @@ static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainS
   agent_adamw_coef c;
   double t0 = agent_now();
   if (agent_adamw_coef_for_step(&tr->hp, tr->steps + 1, ts->seed, &c)) {
-    log_error("fatal", "reason=\"AdamW hyperparameters out of range\"");
+    agent_log_error("fatal", "reason=\"AdamW hyperparameters out of range\"");
     return -1;
   }
   tr->steps++;
   if (tr->opt_gpu) {
     if (agent_adamw_gpu(&c, tr->spans, tr->n, err, sizeof err)) {
-      log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
+      agent_log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
       return -1;
     }
   } else if (agent_adamw_cpu(&c, tr->spans, tr->n, tr->o.threads) != 0) {
-    log_warn("adamw_threads", "msg=\"could not start every thread; the step ran on fewer\"");
+    agent_log_warn("adamw_threads", "msg=\"could not start every thread; the step ran on fewer\"");
   }
   double train_s = agent_now() - t0;
   double c0 = agent_now();
   if (agent_weights_checksum(tr->t, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err,
                              sizeof err)) {
-    log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
+    agent_log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
     return -1;
   }
   double checksum_s = agent_now() - c0;
@@ -206,12 +206,12 @@ static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainS
       d.nccl_unique_id.data = id;
       d.nccl_unique_id.len = sizeof id;
     } else {
-      log_warn("nccl_id_unavailable", "step=%llu reason=\"%s\"", (unsigned long long)ts->step,
+      agent_log_warn("nccl_id_unavailable", "step=%llu reason=\"%s\"", (unsigned long long)ts->step,
                be.msg[0] ? be.msg : "no NCCL or no GPU here");
     }
   }
   agent_set_policy_version(a, ts->step + 1);
-  log_info("step_done", "step=%llu train_s=%.4f checksum_s=%.4f optimizer=%s checksum=%016llx",
+  agent_log_info("step_done", "step=%llu train_s=%.4f checksum_s=%.4f optimizer=%s checksum=%016llx",
            (unsigned long long)ts->step, train_s, checksum_s, tr->opt_gpu ? "gpu" : "cpu",
            (unsigned long long)tr->checksum);
   Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
@@ -229,26 +229,26 @@ static int trainer__command(agent *a, const Rlorch__V1__Command *cmd, void *ud) 
   case RLORCH__V1__COMMAND__KIND_TRIGGER: agent_xfer_on_trigger(&tr->xfer, a, cmd); return 0;
   case RLORCH__V1__COMMAND__KIND_ABORT: agent_xfer_on_abort(&tr->xfer, cmd); return 0;
   case RLORCH__V1__COMMAND__KIND_SHUTDOWN:
-    log_info("shutdown", "reason=\"%s\"", cmd->shutdown->reason ? cmd->shutdown->reason : "");
+    agent_log_info("shutdown", "reason=\"%s\"", cmd->shutdown->reason ? cmd->shutdown->reason : "");
     return 1;
   case RLORCH__V1__COMMAND__KIND_ROLLOUT:
-    log_warn("command_ignored", "kind=rollout reason=\"a trainer makes no rollouts\"");
+    agent_log_warn("command_ignored", "kind=rollout reason=\"a trainer makes no rollouts\"");
     return 0;
   default:
-    log_warn("command_ignored", "kind=%d reason=\"unknown command\"", (int)cmd->kind_case);
+    agent_log_warn("command_ignored", "kind=%d reason=\"unknown command\"", (int)cmd->kind_case);
     return 0;
   }
 }
 
-int agent_trainer_main(int argc, char **argv) {
+int agent_trainer_run(const agent_opts *o) {
   agent__trainer tr;
   memset(&tr, 0, sizeof tr);
-  int rc = agent_start(AGENT_ROLE_TRAINER, argc, argv, &tr.o);
-  if (rc >= 0) return rc;
+  tr.o = *o;
+  agent_block_signals();
   char err[1024];
   bcast_caps_probe(&tr.caps);
   if (agent_pick_device(&tr.o, &tr.caps, &tr.device, err, sizeof err)) {
-    log_error("fatal", "reason=\"%s\"", err);
+    agent_log_error("fatal", "reason=\"%s\"", err);
     return 1;
   }
 #ifdef RLORCH_HAVE_CUDA
@@ -260,7 +260,7 @@ int agent_trainer_main(int argc, char **argv) {
   agent *a = NULL;
   int status = 1;
   if (trainer__setup(&tr, err, sizeof err)) {
-    log_error("fatal", "reason=\"%s\"", err);
+    agent_log_error("fatal", "reason=\"%s\"", err);
     goto out;
   }
   rlorch__v1__register_request__init(&tr.reg);
@@ -270,13 +270,13 @@ int agent_trainer_main(int argc, char **argv) {
   tr.reg.manifest = tr.manifest;
   tr.reg.data_address = (char *)agent_xfer_data_address(&tr.xfer);
   if (agent_new(&tr.o, &tr.reg, trainer__command, &tr, &a, err, sizeof err)) {
-    log_error("fatal", "reason=\"%s\"", err);
+    agent_log_error("fatal", "reason=\"%s\"", err);
     goto out;
   }
   status = agent_run(a);
 out:
   agent_free(a);
   trainer__free(&tr);
-  log_info("exit", "status=%d", status);
+  agent_log_info("exit", "status=%d", status);
   return status;
 }

@@ -4,13 +4,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "orchestrator/log.h"
+#include "workers/agent/agent_log.h"
 #include "workers/agent/agent_pb.h"
 
 static int agent__engine(agent_xfer *x, uint32_t rank, bcast_err *err) {
   if (x->engine && x->rank == rank) return 0;
   if (x->engine) {
-    log_info("engine_rank_changed", "from=%u to=%u", x->rank, rank);
+    agent_log_info("engine_rank_changed", "from=%u to=%u", x->rank, rank);
     bcast_engine_free(x->engine);
     x->engine = NULL;
   }
@@ -20,7 +20,7 @@ static int agent__engine(agent_xfer *x, uint32_t rank, bcast_err *err) {
   if (rc) return rc;
   x->rank = rank;
   if (x->sender)
-    log_info("engine", "rank=%u device=%d data_address=%s", rank, x->device,
+    agent_log_info("engine", "rank=%u device=%d data_address=%s", rank, x->device,
              bcast_engine_data_address(x->engine));
   return 0;
 }
@@ -72,8 +72,8 @@ static void agent__ack(agent *a, const char *id, uint64_t hash, const char *erro
   Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
   req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK;
   req.plan_ack = &ack;
-  if (error[0]) log_warn("plan_refused", "plan_id=%s error=\"%s\"", id, error);
-  else log_info("plan_acked", "plan_id=%s hash=%016llx", id, (unsigned long long)hash);
+  if (error[0]) agent_log_warn("plan_refused", "plan_id=%s error=\"%s\"", id, error);
+  else agent_log_info("plan_acked", "plan_id=%s hash=%016llx", id, (unsigned long long)hash);
   agent_report(a, &req);
 }
 
@@ -137,7 +137,7 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
     snprintf(msg, sizeof msg, "trigger for plan %s/%016llx, but the acknowledged plan is %s/%016llx",
              id, (unsigned long long)tg->plan_hash, x->plan ? x->plan->id : "(none)",
              (unsigned long long)(x->plan ? x->plan->hash : 0));
-    log_warn("trigger_refused", "plan_id=%s error=\"%s\"", id, msg);
+    agent_log_warn("trigger_refused", "plan_id=%s error=\"%s\"", id, msg);
     agent__done(a, id, msg, NULL, 0);
     return;
   }
@@ -146,7 +146,7 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
   memset(&st, 0, sizeof st);
   int rc = agent__engine(x, cmd->rank, &be);
   if (!rc) {
-    log_info("broadcast_start", "plan_id=%s mode=%s rank=%u world=%u buckets=%zu bytes=%llu", id,
+    agent_log_info("broadcast_start", "plan_id=%s mode=%s rank=%u world=%u buckets=%zu bytes=%llu", id,
              bcast_mode_name(x->plan->mode), cmd->rank, x->plan->world_size, x->plan->nbuckets,
              (unsigned long long)bcast_plan_wire_bytes(x->plan));
     rc = bcast_engine_execute(x->engine, x->plan, x->local, x->nlocal, &st, &be);
@@ -156,13 +156,13 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
   int crc = x->done(x->ud, x->plan, rc == 0, &checksum, cerr, sizeof cerr);
   if (rc) {
     snprintf(msg, sizeof msg, "%s: %s", bcast_strerror(rc), be.msg);
-    log_error("broadcast_failed", "plan_id=%s error=\"%s\"", id, msg);
+    agent_log_error("broadcast_failed", "plan_id=%s error=\"%s\"", id, msg);
   } else if (crc) {
     snprintf(msg, sizeof msg, "%s", cerr);
-    log_error("broadcast_checksum_failed", "plan_id=%s error=\"%s\"", id, msg);
+    agent_log_error("broadcast_checksum_failed", "plan_id=%s error=\"%s\"", id, msg);
   } else {
     msg[0] = 0;
-    log_info("broadcast_done", "plan_id=%s transport=%s seconds=%.3f gbps=%.2f exposed_s=%.3f checksum=%016llx",
+    agent_log_info("broadcast_done", "plan_id=%s transport=%s seconds=%.3f gbps=%.2f exposed_s=%.3f checksum=%016llx",
              id, st.transport ? st.transport : "?", st.total_s, st.gbps, st.exposed_s,
              (unsigned long long)checksum);
   }
@@ -177,9 +177,9 @@ void agent_xfer_on_abort(agent_xfer *x, const Rlorch__V1__Command *cmd) {
   const char *id = cmd->abort->plan_id ? cmd->abort->plan_id : "";
   const char *why = cmd->abort->reason ? cmd->abort->reason : "";
   if (x->plan && (!id[0] || !strcmp(id, x->plan->id))) {
-    log_info("plan_aborted", "plan_id=%s reason=\"%s\"", x->plan->id, why);
+    agent_log_info("plan_aborted", "plan_id=%s reason=\"%s\"", x->plan->id, why);
     agent__drop_plan(x);
   } else {
-    log_debug("abort_ignored", "plan_id=%s reason=\"%s\"", id, why);
+    agent_log_debug("abort_ignored", "plan_id=%s reason=\"%s\"", id, why);
   }
 }

@@ -1,9 +1,9 @@
-#include "orchestrator/ctl_format.h"
+#include "orchestrator/cli/ctl_format.h"
 
 #include <inttypes.h>
 #include <time.h>
 
-#include "orchestrator/pbjson.h"
+#include "orchestrator/common/pbjson.h"
 
 const char *ctl_enum(const ProtobufCEnumDescriptor *d, int v, char *buf, size_t len) {
   return pbjson_enum_short(d, v, buf, len);

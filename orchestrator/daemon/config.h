@@ -26,7 +26,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "orchestrator/log.h"
+#include "orchestrator/common/log.h"
 #include "rlorch/v1/broadcast.pb-c.h"
 
 typedef struct config {

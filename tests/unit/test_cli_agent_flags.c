@@ -2,70 +2,70 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "workers/agent/agent_opts.h"
+#include "orchestrator/cli/agent_flags.h"
 
 #define ARGV(...) ((char *[]){"x", __VA_ARGS__, NULL})
 #define ARGC(...) ((int)(sizeof((char *[]){"x", __VA_ARGS__}) / sizeof(char *)))
 #define PARSE(role, o, err, ...) \
-  agent_opts_parse(role, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), o, err, sizeof err)
+  agent_flags_parse(role, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), o, err, sizeof err)
 
 static void expect_error(agent_role role, int argc, char **argv, const char *needle) {
-  agent_opts o;
+  agent_flags o;
   char err[256] = "";
-  cr_assert_eq(agent_opts_parse(role, argc, argv, &o, err, sizeof err), -1, "accepted, wanted '%s'",
+  cr_assert_eq(agent_flags_parse(role, argc, argv, &o, err, sizeof err), -1, "accepted, wanted '%s'",
                needle);
   cr_assert(strstr(err, needle), "error '%s' does not name '%s'", err, needle);
 }
 #define EXPECT_ERROR(role, needle, ...) expect_error(role, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), needle)
 
 Test(agent_opts, trainer_defaults_and_values) {
-  agent_opts o;
+  agent_flags o;
   char err[256];
   cr_assert_eq(PARSE(AGENT_ROLE_TRAINER, &o, err, "--orchestrator", "127.0.0.1:7070"), 0, "%s", err);
-  cr_assert_str_eq(o.orchestrator, "127.0.0.1:7070");
-  cr_assert_str_eq(o.preset, "100m");
-  cr_assert_eq(o.offload, AGENT_OFFLOAD_NONE);
-  cr_assert_eq(o.device_set, 0);
+  cr_assert_str_eq(o.opts.orchestrator, "127.0.0.1:7070");
+  cr_assert_str_eq(o.opts.preset, "100m");
+  cr_assert_eq(o.opts.offload, AGENT_OFFLOAD_NONE);
+  cr_assert_eq(o.opts.device_set, 0);
   cr_assert_eq(PARSE(AGENT_ROLE_TRAINER, &o, err, "--orchestrator=h:1", "--preset", "1b",
                      "--offload=params+optimizer", "--device", "-1", "--data-listen",
                      "0.0.0.0:9000", "--name", "t0", "--log-level", "debug", "--log-format",
                      "json", "--threads", "3", "--layers", "2"),
                0, "%s", err);
-  cr_assert_str_eq(o.orchestrator, "h:1");
-  cr_assert_str_eq(o.preset, "1b");
-  cr_assert_eq(o.offload, AGENT_OFFLOAD_PARAMS_OPTIMIZER);
-  cr_assert_eq(o.device, -1);
-  cr_assert_eq(o.device_set, 1);
-  cr_assert_str_eq(o.data_listen, "0.0.0.0:9000");
-  cr_assert_str_eq(o.name, "t0");
+  cr_assert_str_eq(o.opts.orchestrator, "h:1");
+  cr_assert_str_eq(o.opts.preset, "1b");
+  cr_assert_eq(o.opts.offload, AGENT_OFFLOAD_PARAMS_OPTIMIZER);
+  cr_assert_eq(o.opts.device, -1);
+  cr_assert_eq(o.opts.device_set, 1);
+  cr_assert_str_eq(o.opts.data_listen, "0.0.0.0:9000");
+  cr_assert_str_eq(o.opts.name, "t0");
   cr_assert_eq(o.log_level, LOG_DEBUG);
   cr_assert_eq(o.log_format, LOG_FORMAT_JSON);
-  cr_assert_eq(o.threads, 3);
-  cr_assert_eq(o.max_layers, 2u);
-  cr_assert_str_eq(agent_offload_name(o.offload), "params+optimizer");
+  cr_assert_eq(o.opts.threads, 3);
+  cr_assert_eq(o.opts.max_layers, 2u);
+  cr_assert_str_eq(agent_offload_name(o.opts.offload), "params+optimizer");
 }
 
 Test(agent_opts, inference_values) {
-  agent_opts o;
+  agent_flags o;
   char err[256];
   cr_assert_eq(PARSE(AGENT_ROLE_INFERENCE, &o, err, "--orchestrator", "a:1", "--tokens-mean",
                      "100", "--tokens-std", "0", "--latency-ms-mean", "0.5", "--latency-ms-std",
                      "0.1", "--distribution", "normal", "--seed", "9"),
                0, "%s", err);
-  cr_assert_float_eq(o.rollout.tokens_mean, 100, 1e-9);
-  cr_assert_float_eq(o.rollout.tokens_std, 0, 1e-9);
-  cr_assert_float_eq(o.rollout.latency_ms_mean, 0.5, 1e-9);
-  cr_assert_eq(o.rollout.dist, AGENT_DIST_NORMAL);
-  cr_assert_eq(o.seed, 9u);
-  cr_assert_eq(o.seed_set, 1);
+  cr_assert_float_eq(o.opts.rollout.tokens_mean, 100, 1e-9);
+  cr_assert_float_eq(o.opts.rollout.tokens_std, 0, 1e-9);
+  cr_assert_float_eq(o.opts.rollout.latency_ms_mean, 0.5, 1e-9);
+  cr_assert_eq(o.opts.rollout.dist, AGENT_DIST_NORMAL);
+  cr_assert_eq(o.opts.seed, 9u);
+  cr_assert_eq(o.opts.seed_set, 1);
 }
 
 Test(agent_opts, help) {
-  agent_opts o;
+  agent_flags o;
   char err[256];
   cr_assert_eq(PARSE(AGENT_ROLE_TRAINER, &o, err, "--help"), 1);
-  cr_assert(strstr(agent_opts_usage(AGENT_ROLE_TRAINER), "--offload"));
-  cr_assert(strstr(agent_opts_usage(AGENT_ROLE_INFERENCE), "--tokens-mean"));
+  cr_assert(strstr(agent_flags_usage(AGENT_ROLE_TRAINER), "--offload"));
+  cr_assert(strstr(agent_flags_usage(AGENT_ROLE_INFERENCE), "--tokens-mean"));
 }
 
 Test(agent_opts, errors_name_the_flag) {

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "orchestrator/log.h"
-#include "orchestrator/orch.h"
-#include "orchestrator/pbjson.h"
+#include "orchestrator/common/log.h"
+#include "orchestrator/daemon/orch.h"
+#include "orchestrator/common/pbjson.h"
 #include "workers/bcast/bcast_preset.h"
 
 #define MAX_STEPS 10000000u

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "orchestrator/log.h"
-#include "orchestrator/orch.h"
-#include "orchestrator/sched.h"
+#include "orchestrator/common/log.h"
+#include "orchestrator/daemon/orch.h"
+#include "orchestrator/daemon/sched_pb.h"
 #include "rlorch/v1/broadcast.pb-c.h"
 #include "workers/bcast/bcast.h"
 #include "workers/bcast/bcast_pb.h"

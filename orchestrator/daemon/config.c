@@ -13,7 +13,7 @@
 #include <string.h>
 #include <yaml.h>
 
-#include "orchestrator/config.h"
+#include "orchestrator/daemon/config.h"
 
 typedef enum {
   CONFIG__STR,    /* non-empty string */

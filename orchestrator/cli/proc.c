@@ -1,4 +1,4 @@
-#include "orchestrator/proc.h"
+#include "orchestrator/cli/proc.h"
 
 #include <netinet/in.h>
 #include <stdio.h>

@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "orchestrator/metrics.h"
+#include "orchestrator/daemon/metrics.h"
 
 typedef struct http_server http_server;
 

@@ -8,9 +8,9 @@
 #include <sys/time.h>
 
 #include "build_info.h"
-#include "orchestrator/commands.h"
-#include "orchestrator/log.h"
-#include "orchestrator/orch.h"
+#include "orchestrator/daemon/serve.h"
+#include "orchestrator/common/log.h"
+#include "orchestrator/daemon/orch.h"
 #include "workers/bcast/bcast.h"
 
 extern char **environ;
@@ -318,7 +318,7 @@ static int serve_loop(orch *o) {
   return o->exit_code;
 }
 
-int cmd_serve(int argc, char **argv) {
+int serve_main(int argc, char **argv) {
   config cfg;
   char err[1024];
   if (config_load(&cfg, argc, argv, environ, err, sizeof err) != 0) {

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "orchestrator/config.h"
-#include "orchestrator/http.h"
+#include "orchestrator/daemon/config.h"
+#include "orchestrator/daemon/http.h"
 
 #define HTTP__MAX_URL 2048
 #define HTTP__MAX_BODY 65536

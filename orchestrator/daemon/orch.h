@@ -12,10 +12,10 @@
 
 #include <uv.h>
 
-#include "orchestrator/config.h"
-#include "orchestrator/http.h"
-#include "orchestrator/metrics.h"
-#include "orchestrator/store.h"
+#include "orchestrator/daemon/config.h"
+#include "orchestrator/daemon/http.h"
+#include "orchestrator/daemon/metrics.h"
+#include "orchestrator/daemon/store.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc.h"

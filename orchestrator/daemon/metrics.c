@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "orchestrator/metrics.h"
+#include "orchestrator/daemon/metrics.h"
 
 typedef enum { METRICS__COUNTER, METRICS__GAUGE, METRICS__HISTOGRAM } metrics__kind;
 

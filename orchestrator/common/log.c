@@ -1,4 +1,4 @@
-#include "orchestrator/log.h"
+#include "orchestrator/common/log.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -18,11 +18,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "orchestrator/commands.h"
-#include "orchestrator/config.h"
-#include "orchestrator/ctl_format.h"
-#include "orchestrator/pbjson.h"
-#include "orchestrator/proc.h"
+#include "orchestrator/cli/commands.h"
+#include "orchestrator/daemon/config.h"
+#include "orchestrator/cli/ctl_format.h"
+#include "orchestrator/common/pbjson.h"
+#include "orchestrator/cli/proc.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rpc/rpc.h"
 #include "workers/bcast/bcast.h"

@@ -10,9 +10,9 @@
 #include <time.h>
 
 #include "grpc/health/v1/health.pb-c.h"
-#include "orchestrator/commands.h"
-#include "orchestrator/ctl_format.h"
-#include "orchestrator/pbjson.h"
+#include "orchestrator/cli/commands.h"
+#include "orchestrator/cli/ctl_format.h"
+#include "orchestrator/common/pbjson.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rpc/rpc.h"
 

@@ -168,11 +168,6 @@ typedef struct sched_step_record {
   uint32_t receivers;            /* inference workers in the plan */
 } sched_step_record;
 
-struct Rlorch__V1__StepRecord;
-/* Fills an initialised protobuf message from `r`. String fields point into `r`:
- * `r` must outlive `out`, and `out` must not be freed with the protobuf-c free. */
-void sched_step_record_to_pb(const sched_step_record *r, struct Rlorch__V1__StepRecord *out);
-
 /* What a participant reports with broadcast done. Only the sender's (rank 0)
  * figures go into the step record; receivers may pass NULL (then the step's
  * weights are not verified) or only `weights_checksum`. */

@@ -1,4 +1,4 @@
-#include "orchestrator/pbjson.h"
+#include "orchestrator/common/pbjson.h"
 
 #include <ctype.h>
 #include <inttypes.h>

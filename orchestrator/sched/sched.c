@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "orchestrator/sched.h"
+#include "orchestrator/sched/sched.h"
 
 typedef enum {
   SCHED__IDLE = 0,     /* waiting for a batch */

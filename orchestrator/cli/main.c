@@ -2,19 +2,21 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "orchestrator/commands.h"
+#include "bench/bench.h"
+#include "orchestrator/cli/commands.h"
+#include "orchestrator/daemon/serve.h"
 
 static const struct {
   const char *name;
   int (*fn)(int, char **);
   const char *help;
 } commands[] = {
-    {"serve", cmd_serve, "run the orchestrator daemon"},
+    {"serve", serve_main, "run the orchestrator daemon"},
     {"ctl", cmd_ctl, "call the control API"},
     {"trainer", cmd_trainer, "run a trainer worker agent"},
     {"inference", cmd_inference, "run an inference worker agent"},
     {"run", cmd_run, "run orchestrator and workers on this machine with defaults"},
-    {"bench", cmd_bench, "run a benchmark (rlorch bench --help)"},
+    {"bench", bench_main, "run a benchmark (rlorch bench --help)"},
     {"version", cmd_version, "print the version, what was built in and what this machine offers"},
 };
 

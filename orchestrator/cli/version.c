@@ -8,7 +8,7 @@
 #include <uv.h>
 
 #include "build_info.h"
-#include "orchestrator/commands.h"
+#include "orchestrator/cli/commands.h"
 #include "workers/bcast/bcast.h"
 
 int cmd_version(int argc, char **argv) {

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "orchestrator/store.h"
+#include "orchestrator/daemon/store.h"
 
 struct store {
   sqlite3 *db;
