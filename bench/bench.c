@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench/bench.h"
 
@@ -22,6 +23,12 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 void bench_sort(double *v, size_t n) { qsort(v, n, sizeof *v, cmp_double); }
+
+double bench_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 int bench_main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help")) {

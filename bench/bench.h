@@ -14,5 +14,7 @@ int bench_steploop(int argc, char **argv);  /* bench/bench_steploop.c */
 
 /* Sorts samples ascending, for medians and percentiles. */
 void bench_sort(double *v, size_t n);
+/* Monotonic seconds, for wall-clock timings. */
+double bench_now(void);
 
 #endif

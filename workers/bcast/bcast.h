@@ -245,6 +245,26 @@ int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err);
 int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
                          size_t n, bcast_stats *stats, bcast_err *err);
 
+/* ---- floors: what the hardware gives without the engine (bcast_floor.c) ---
+ * For benchmarks that put the engine's step time beside the bound it works
+ * against, measured in the same run (the bound moves from machine to machine).
+ * Both need CUDA (and NCCL) in the build and the devices at run time:
+ * BCAST_ENOTSUP with the reason otherwise; BCAST_EINVAL for a bad argument or
+ * a device index outside those visible.  They allocate what they time and free
+ * it before returning, and leave the calling thread's current device as it was. */
+
+/* Pinned host-to-device bandwidth of `device` in GB/s (1e9 bytes/s): one
+ * cudaMemcpyAsync of `bytes` from pinned host memory on the default stream,
+ * timed with CUDA events; one warm-up copy, then the best of `reps`. */
+int bcast_floor_h2d(int device, uint64_t bytes, int reps, double *gbps, bcast_err *err);
+
+/* Broadcast alone: `bytes` as one buffer from devices[0] to the other ndev - 1
+ * devices, all driven by this process (ncclCommInitAll, one ncclBroadcast per
+ * device in one group).  Host wall time from the launch until every device's
+ * stream finished; one warm-up, then the median of `reps` in *seconds. */
+int bcast_floor_broadcast(const int *devices, int ndev, uint64_t bytes, int reps, double *seconds,
+                          bcast_err *err);
+
 /* ---- CPU casts (round to nearest even; NaN, inf, subnormals as the reference) */
 uint16_t bcast_f32_to_bf16(float f);
 uint16_t bcast_f32_to_f16(float f);
