@@ -9,7 +9,7 @@
  *   control_api  the Control API handlers (runs, workers, WatchRun streams)
  *     -> runner, workers, watch, store, now
  *   worker_api   the Worker API handlers: decode, answer, call the runner/table
- *     -> runner, workers, sched_pb, now
+ *     -> runner, workers, sched_pb, bcast (manifest check)
  *   runner       the shell around the scheduler: actions -> commands, plans,
  *                records, events, metrics; timers; run start/stop/policy
  *     -> workers, watch, sched_pb, sched, store, metrics, bcast, now
