@@ -5,7 +5,8 @@
  * this struct, read by the modules that are handed an orch.
  *
  *   serve        start-up, signals, shutdown, daemon metrics: wires everything
- *     -> control_api, worker_api, runner, workers, watch, config, store, metrics, http
+ *     -> control_api, worker_api, runner, workers, watch, now, config, store,
+ *        metrics, http
  *   control_api  the Control API handlers (runs, workers, WatchRun streams)
  *     -> runner, workers, watch, store, now
  *   worker_api   the Worker API handlers: decode, answer, call the runner/table

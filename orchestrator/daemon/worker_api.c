@@ -100,7 +100,7 @@ static void on_attach_cancel(rpc_call *call, void *ud) {
   /* A stream replaced or ended by the daemon has its callback cleared, so
    * this is some worker's current stream. */
   workers_entry *w = workers_by_stream(o->workers, call);
-  if (w) w->attach = NULL;
+  if (w) workers_detach(w);
   rpc_call_finish(call, GRPC_STATUS_CANCELLED, "stream closed");
   if (w) runner_worker_stream_closed(o->runner, w);
 }

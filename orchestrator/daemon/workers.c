@@ -109,6 +109,8 @@ void workers_seen(workers_entry *w) {
   w->last_seen_mono_ms = now_mono_ms();
 }
 
+void workers_detach(workers_entry *w) { w->attach = NULL; }
+
 void workers_end_stream(workers_entry *w, grpc_status_code code, const char *msg) {
   if (!w->attach) return;
   rpc_call_set_cancel_cb(w->attach, NULL, NULL);

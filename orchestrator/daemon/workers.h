@@ -65,6 +65,8 @@ void workers_seen(workers_entry *w);
 /* `call` becomes the command stream (a previous one ends ABORTED); READY. The
  * caller sets the cancel callback. */
 void workers_attach(workers_entry *w, rpc_call *call);
+/* The peer closed the command stream: forget it (the closing side finishes it). */
+void workers_detach(workers_entry *w);
 /* Ends the command stream, if any, without its cancel callback. */
 void workers_end_stream(workers_entry *w, grpc_status_code code, const char *msg);
 /* Sends `cmd` on the stream with the next seq and the active run's id; -1
