@@ -1,19 +1,25 @@
 /* The Control API: what operators and tooling call. Validation happens here;
- * the run itself is driven by the runner (worker_svc.c). */
+ * the run itself is driven by the runner, WatchRun streams are kept by the
+ * watch hub. */
+#include "orchestrator/daemon/control_api.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "orchestrator/common/log.h"
+#include "orchestrator/daemon/now.h"
 #include "orchestrator/daemon/orch.h"
-#include "orchestrator/common/pbjson.h"
+#include "orchestrator/daemon/runner.h"
+#include "orchestrator/daemon/watch.h"
+#include "orchestrator/daemon/workers.h"
 #include "workers/bcast/bcast_preset.h"
 
 #define MAX_STEPS 10000000u
 #define MAX_ROLLOUTS_PER_STEP 65536u
 #define MIN_STAGING_BUDGET (1u << 20)
 
-int orch_run_is_final(Rlorch__V1__RunState s) {
+int control_api_run_is_final(Rlorch__V1__RunState s) {
   return s == RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED ||
          s == RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED ||
          s == RLORCH__V1__RUN_STATE__RUN_STATE_FAILED;
@@ -110,7 +116,7 @@ static void h_start_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s", err);
     return;
   }
-  const Rlorch__V1__Run *active = orch_runner_active(o->runner);
+  const Rlorch__V1__Run *active = runner_active(o->runner);
   if (active) {
     rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION,
                   "run '%s' is active (%s); stop it first", active->id,
@@ -119,7 +125,7 @@ static void h_start_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     return;
   }
   Rlorch__V1__Run *run = NULL;
-  if (store_run_create(o->db, spec, orch_now_ms(), &run) != 0) {
+  if (store_run_create(o->db, spec, now_unix_ms(), &run) != 0) {
     rpc_call_fail(call, GRPC_STATUS_INTERNAL, "store: %s", store_errmsg(o->db));
     return;
   }
@@ -127,7 +133,7 @@ static void h_start_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
            spec->steps, (int)spec->policy);
   /* Reply with the stored run before the runner may change it. */
   rpc_call_reply(call, &run->base);
-  if (orch_runner_start(o->runner, run, err, sizeof err) != 0)
+  if (runner_start(o->runner, run, err, sizeof err) != 0)
     log_error("run_start_failed", "run=%s error=\"%s\"", run->id, err);
 }
 
@@ -142,7 +148,7 @@ static void h_stop_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   const Rlorch__V1__StopRunRequest *r = (const void *)req;
   Rlorch__V1__Run *run = load_run(o, call, r->run_id);
   if (!run) return;
-  if (orch_run_is_final(run->state)) {
+  if (control_api_run_is_final(run->state)) {
     rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "run '%s' already ended (%s)", run->id,
                   protobuf_c_enum_descriptor_get_value(&rlorch__v1__run_state__descriptor,
                                                        run->state)->name);
@@ -151,7 +157,7 @@ static void h_stop_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   }
   protobuf_c_message_free_unpacked(&run->base, NULL);
   char err[256];
-  if (orch_runner_stop(o->runner, r->run_id, r->reason[0] ? r->reason : "stopped by operator",
+  if (runner_stop(o->runner, r->run_id, r->reason[0] ? r->reason : "stopped by operator",
                        err, sizeof err) != 0) {
     rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "%s", err);
     return;
@@ -195,11 +201,11 @@ static void h_list_workers(rpc_call *call, const ProtobufCMessage *req, void *ud
   }
   Rlorch__V1__ListWorkersResponse resp = RLORCH__V1__LIST_WORKERS_RESPONSE__INIT;
   Rlorch__V1__WorkerInfo **w = NULL;
-  size_t n = orch_runner_workers(o->runner, r->run_id, &w);
+  size_t n = workers_list(o->workers, r->run_id, &w);
   resp.workers = w;
   resp.n_workers = n;
   rpc_call_reply(call, &resp.base);
-  orch_workers_free(w, n);
+  workers_list_free(w, n);
 }
 
 static void h_set_policy(rpc_call *call, const ProtobufCMessage *req, void *ud) {
@@ -213,14 +219,14 @@ static void h_set_policy(rpc_call *call, const ProtobufCMessage *req, void *ud) 
   }
   Rlorch__V1__Run *run = load_run(o, call, r->run_id);
   if (!run) return;
-  int final = orch_run_is_final(run->state);
+  int final = control_api_run_is_final(run->state);
   protobuf_c_message_free_unpacked(&run->base, NULL);
   if (final) {
     rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "run '%s' already ended", r->run_id);
     return;
   }
   char err[256];
-  if (orch_runner_set_policy(o->runner, r->run_id, r->policy, err, sizeof err) != 0) {
+  if (runner_set_policy(o->runner, r->run_id, r->policy, err, sizeof err) != 0) {
     rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "%s", err);
     return;
   }
@@ -230,30 +236,13 @@ static void h_set_policy(rpc_call *call, const ProtobufCMessage *req, void *ud) 
 
 /* ---- WatchRun ---------------------------------------------------------------- */
 
-static void on_watch_cancel(rpc_call *call, void *ud) {
-  orch_watcher *w = ud;
-  /* Unlinked and freed by the next sweep; the call ends now. */
-  w->call = NULL;
-  rpc_call_finish(call, GRPC_STATUS_CANCELLED, "watch cancelled");
-}
-
-static int send_event(orch_watcher *w, Rlorch__V1__RunEvent *ev) {
-  ev->seq = ++w->seq;
-  if (!ev->unix_ms) ev->unix_ms = orch_now_ms();
-  return rpc_call_send(w->call, &ev->base);
-}
-
-typedef struct replay {
-  orch_watcher *w;
-} replay;
-
 static int replay_step(const Rlorch__V1__StepRecord *rec, void *arg) {
-  replay *r = arg;
+  watch_sub *sub = arg;
   Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
   ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_STEP;
   ev.step = (Rlorch__V1__StepRecord *)rec;
   ev.unix_ms = rec->finished_unix_ms;
-  return send_event(r->w, &ev) == 0 ? 0 : 1;
+  return watch_send(sub, &ev) == 0 ? 0 : 1;
 }
 
 static void h_watch_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
@@ -266,76 +255,31 @@ static void h_watch_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
     return;
   }
-  orch_watcher *w = calloc(1, sizeof *w);
-  if (!w) {
+  watch_sub *sub = watch_sub_new(call, r->run_id);
+  if (!sub) {
     protobuf_c_message_free_unpacked(&run->base, NULL);
     rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  w->call = call;
-  snprintf(w->run_id, sizeof w->run_id, "%s", r->run_id);
   /* First the run as it is, then stored steps after from_step, then live events. */
   Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
   ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_RUN;
   ev.run = run;
-  send_event(w, &ev);
-  if (r->from_step >= -1) {
-    replay rp = {w};
-    store_steps_list(o->db, r->run_id, r->from_step, replay_step, &rp);
-  }
-  int final = orch_run_is_final(run->state);
+  watch_send(sub, &ev);
+  if (r->from_step >= -1) store_steps_list(o->db, r->run_id, r->from_step, replay_step, sub);
+  int final = control_api_run_is_final(run->state);
   protobuf_c_message_free_unpacked(&run->base, NULL);
   if (final) {
     rpc_call_finish(call, GRPC_STATUS_OK, "run ended");
-    free(w);
+    watch_sub_free(sub);
     return;
   }
-  w->next = o->watchers;
-  o->watchers = w;
-  rpc_call_set_cancel_cb(call, on_watch_cancel, w);
-}
-
-/* Watchers whose client went away are unlinked lazily, here and on publish. */
-static void watchers_sweep(orch *o) {
-  orch_watcher **pp = &o->watchers;
-  while (*pp) {
-    orch_watcher *w = *pp;
-    if (!w->call) {
-      *pp = w->next;
-      free(w);
-    } else {
-      pp = &w->next;
-    }
-  }
-}
-
-void orch_publish(orch *o, const char *run_id, Rlorch__V1__RunEvent *ev) {
-  watchers_sweep(o);
-  for (orch_watcher *w = o->watchers; w; w = w->next) {
-    if (strcmp(w->run_id, run_id) != 0 || !w->call) continue;
-    Rlorch__V1__RunEvent copy = *ev;
-    copy.unix_ms = ev->unix_ms ? ev->unix_ms : orch_now_ms();
-    send_event(w, &copy);
-  }
-}
-
-void orch_watchers_end(orch *o, const char *run_id) {
-  for (orch_watcher *w = o->watchers; w; w = w->next) {
-    if (strcmp(w->run_id, run_id) != 0 || !w->call) continue;
-    rpc_call_set_cancel_cb(w->call, NULL, NULL);
-    /* A client must tell a run that ended from a daemon that went away. */
-    if (o->shutting_down)
-      rpc_call_finish(w->call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
-    else
-      rpc_call_finish(w->call, GRPC_STATUS_OK, "run ended");
-    w->call = NULL;
-  }
-  watchers_sweep(o);
+  watch_subscribe(o->watch, sub);
 }
 
 #define M(name, kind, req, resp, fn)                                                             \
   {"/rlorch.v1.Control/" name, kind, &req, &resp, 1, fn, NULL}
-const rpc_method orch_control_methods[] = {
+const rpc_method control_api_methods[] = {
     M("StartRun", RPC_UNARY, rlorch__v1__run_spec__descriptor, rlorch__v1__run__descriptor,
       h_start_run),
     M("StopRun", RPC_UNARY, rlorch__v1__stop_run_request__descriptor,
@@ -351,13 +295,5 @@ const rpc_method orch_control_methods[] = {
     M("SetBroadcastPolicy", RPC_UNARY, rlorch__v1__set_broadcast_policy_request__descriptor,
       rlorch__v1__run__descriptor, h_set_policy),
 };
-const size_t orch_control_nmethods = sizeof orch_control_methods / sizeof orch_control_methods[0];
+const size_t control_api_nmethods = sizeof control_api_methods / sizeof control_api_methods[0];
 #undef M
-
-void orch_watchers_free(orch *o) {
-  while (o->watchers) {
-    orch_watcher *w = o->watchers;
-    o->watchers = w->next;
-    free(w);
-  }
-}

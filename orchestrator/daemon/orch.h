@@ -1,10 +1,28 @@
 /* The daemon's state: owned by `rlorch serve`, touched on the loop thread only.
  *
- * serve.c        start-up, signals, graceful shutdown, daemon metrics
- * control_svc.c  the Control API handlers (runs, workers, WatchRun streams)
- * worker_svc.c   the Worker API handlers and the shell around the scheduler:
- *                turns scheduler actions into commands on Attach streams,
- *                plans, SQLite step records, events and metrics. */
+ * Modules of the daemon and who calls whom (an arrow: calls, includes). Every
+ * arrow points down the list, so there is no circle; orch.h itself is only
+ * this struct, read by the modules that are handed an orch.
+ *
+ *   serve        start-up, signals, shutdown, daemon metrics: wires everything
+ *     -> control_api, worker_api, runner, workers, watch, now, config, store,
+ *        metrics, http
+ *   control_api  the Control API handlers (runs, workers, WatchRun streams)
+ *     -> runner, workers, watch, store, now
+ *   worker_api   the Worker API handlers: decode, answer, call the runner/table
+ *     -> runner, workers, sched_pb, bcast (manifest check)
+ *   runner       the shell around the scheduler: actions -> commands, plans,
+ *                records, events, metrics; timers; run start/stop/policy
+ *     -> workers, watch, sched_pb, sched, store, metrics, bcast, now
+ *   workers      the worker table, command streams, heartbeat sweep, how
+ *                workers are shown (ListWorkers, gauge, store, events)
+ *     -> watch, store, metrics, now
+ *   watch        WatchRun subscribers: subscribe, publish, end
+ *     -> now, rpc
+ *   sched_pb     scheduler <-> protobuf and broadcast-engine conversions
+ *     -> sched, schemas, bcast (types only)
+ *   now          the wall and monotonic clocks
+ *   store, metrics, http, config: leaf modules with their own headers. */
 #ifndef RLORCH_ORCH_H
 #define RLORCH_ORCH_H
 
@@ -16,19 +34,12 @@
 #include "orchestrator/daemon/http.h"
 #include "orchestrator/daemon/metrics.h"
 #include "orchestrator/daemon/store.h"
-#include "rlorch/v1/control.pb-c.h"
-#include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc.h"
 
-typedef struct orch_runner orch_runner; /* worker_svc.c */
-
-/* An open WatchRun stream. */
-typedef struct orch_watcher {
-  rpc_call *call;
-  char run_id[64];
-  uint64_t seq;
-  struct orch_watcher *next;
-} orch_watcher;
+/* The modules' objects; each header declares the same names. */
+typedef struct runner runner;               /* runner.h */
+typedef struct workers_table workers_table; /* workers.h */
+typedef struct watch_hub watch_hub;         /* watch.h */
 
 typedef struct orch_metrics {
   metrics_registry *reg;
@@ -59,43 +70,11 @@ typedef struct orch {
   uv_signal_t sigterm, sigint;
   uv_timer_t lag_timer;
   uint64_t lag_expected_ms;
-  orch_watcher *watchers;
-  orch_runner *runner;
+  watch_hub *watch;
+  workers_table *workers;
+  runner *runner;
   int shutting_down;
   int exit_code;
 } orch;
-
-int64_t orch_now_ms(void); /* wall clock, Unix milliseconds */
-
-/* control_svc.c */
-extern const rpc_method orch_control_methods[];
-extern const size_t orch_control_nmethods;
-/* Sends an event to every watcher of run_id; seq and time are filled in here. */
-void orch_publish(orch *o, const char *run_id, Rlorch__V1__RunEvent *ev);
-/* Ends every watcher of run_id with OK after the run reached a final state. */
-void orch_watchers_end(orch *o, const char *run_id);
-int orch_run_is_final(Rlorch__V1__RunState s);
-/* Frees the watcher list at exit (their calls are already ended). */
-void orch_watchers_free(orch *o);
-
-/* worker_svc.c */
-extern const rpc_method orch_worker_methods[];
-extern const size_t orch_worker_nmethods;
-int orch_runner_new(orch *o, orch_runner **out);
-void orch_runner_free(orch_runner *r);
-/* Becomes the active run (takes ownership of run). FAILED_PRECONDITION-worthy
- * refusals return -1 with a message. */
-int orch_runner_start(orch_runner *r, Rlorch__V1__Run *run, char *err, size_t errlen);
-/* The active run, or NULL. */
-const Rlorch__V1__Run *orch_runner_active(const orch_runner *r);
-int orch_runner_stop(orch_runner *r, const char *run_id, const char *reason, char *err,
-                     size_t errlen);
-int orch_runner_set_policy(orch_runner *r, const char *run_id, Rlorch__V1__BroadcastMode p,
-                           char *err, size_t errlen);
-/* Workers as the control API shows them; free with orch_workers_free. */
-size_t orch_runner_workers(orch_runner *r, const char *run_id, Rlorch__V1__WorkerInfo ***out);
-void orch_workers_free(Rlorch__V1__WorkerInfo **w, size_t n);
-/* Shutdown: stop the active run, end Attach streams, tell workers to leave. */
-void orch_runner_shutdown(orch_runner *r);
 
 #endif

@@ -5,21 +5,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include "build_info.h"
 #include "orchestrator/daemon/serve.h"
 #include "orchestrator/common/log.h"
+#include "orchestrator/daemon/control_api.h"
+#include "orchestrator/daemon/now.h"
 #include "orchestrator/daemon/orch.h"
+#include "orchestrator/daemon/runner.h"
+#include "orchestrator/daemon/watch.h"
+#include "orchestrator/daemon/worker_api.h"
+#include "orchestrator/daemon/workers.h"
 #include "workers/bcast/bcast.h"
 
 extern char **environ;
-
-int64_t orch_now_ms(void) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
 
 /* ---- daemon metrics -------------------------------------------------------- */
 
@@ -106,10 +105,10 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
 }
 
 static const char *known_method(const char *method) {
-  for (size_t i = 0; i < orch_control_nmethods; i++)
-    if (!strcmp(orch_control_methods[i].name, method)) return method;
-  for (size_t i = 0; i < orch_worker_nmethods; i++)
-    if (!strcmp(orch_worker_methods[i].name, method)) return method;
+  for (size_t i = 0; i < control_api_nmethods; i++)
+    if (!strcmp(control_api_methods[i].name, method)) return method;
+  for (size_t i = 0; i < worker_api_nmethods; i++)
+    if (!strcmp(worker_api_methods[i].name, method)) return method;
   if (!strncmp(method, "/grpc.health.v1.Health/", 23)) return method;
   return "unknown"; /* bounded label set: clients choose method names */
 }
@@ -162,9 +161,9 @@ static void fail_interrupted_runs(orch *o) {
   size_t n = 0;
   if (store_run_list(o->db, 0, 1000000, &runs, &n) != 0) return;
   for (size_t i = 0; i < n; i++) {
-    if (orch_run_is_final(runs[i]->state)) continue;
+    if (control_api_run_is_final(runs[i]->state)) continue;
     runs[i]->state = RLORCH__V1__RUN_STATE__RUN_STATE_FAILED;
-    runs[i]->updated_unix_ms = orch_now_ms();
+    runs[i]->updated_unix_ms = now_unix_ms();
     char *old = runs[i]->message;
     runs[i]->message = "interrupted by an orchestrator restart";
     store_run_update(o->db, runs[i]);
@@ -192,7 +191,8 @@ static void begin_shutdown(orch *o, const char *why) {
   rpc_server_set_health(o->rpc, "", 2);
   rpc_server_set_health(o->rpc, "rlorch.v1.Control", 2);
   rpc_server_set_health(o->rpc, "rlorch.v1.Worker", 2);
-  orch_runner_shutdown(o->runner);
+  watch_hub_closing(o->watch);
+  runner_shutdown(o->runner);
   /* WatchRun streams are ended by the rpc layer with UNAVAILABLE. */
   rpc_server_shutdown(o->rpc, on_rpc_shutdown_done, o);
 }
@@ -212,11 +212,14 @@ static void serve_teardown(orch *o) {
   if (o->http) http_server_close(o->http, on_http_closed, o);
   o->http = NULL;
   if (o->runner) {
-    orch_runner_shutdown(o->runner);
-    orch_runner_free(o->runner);
+    runner_shutdown(o->runner);
+    runner_free(o->runner);
     o->runner = NULL;
   }
-  orch_watchers_free(o);
+  workers_free(o->workers);
+  o->workers = NULL;
+  watch_hub_free(o->watch);
+  o->watch = NULL;
   uv_walk(o->loop, close_walk, NULL);
   uv_run(o->loop, UV_RUN_DEFAULT);
   if (o->rpc) rpc_server_free(o->rpc);
@@ -225,12 +228,12 @@ static void serve_teardown(orch *o) {
 
 static int start_rpc(orch *o, char *err, size_t errlen) {
   config *cfg = o->cfg;
-  size_t nm = orch_control_nmethods + orch_worker_nmethods;
+  size_t nm = control_api_nmethods + worker_api_nmethods;
   rpc_method *methods = calloc(nm, sizeof *methods);
   if (!methods) return snprintf(err, errlen, "out of memory"), -1;
-  memcpy(methods, orch_control_methods, orch_control_nmethods * sizeof *methods);
-  memcpy(methods + orch_control_nmethods, orch_worker_methods,
-         orch_worker_nmethods * sizeof *methods);
+  memcpy(methods, control_api_methods, control_api_nmethods * sizeof *methods);
+  memcpy(methods + control_api_nmethods, worker_api_methods,
+         worker_api_nmethods * sizeof *methods);
   for (size_t i = 0; i < nm; i++) methods[i].ud = o;
   rpc_server_opts ro = {.listen = cfg->listen,
                         .max_message_bytes = cfg->max_message_bytes,
@@ -273,8 +276,12 @@ static int serve_loop(orch *o) {
     log_error("metrics_setup_failed", "error=\"%s\"", err);
     return 1;
   }
-  if (orch_runner_new(o, &o->runner) != 0) {
-    log_error("runner_setup_failed", NULL);
+  /* The runner uses the table and the hub: they are made first and freed last. */
+  if (watch_hub_new(&o->watch) != 0 ||
+      workers_new(o->db, o->m.workers, o->watch, &o->workers) != 0 ||
+      runner_new(o, &o->runner) != 0) {
+    log_error("runner_setup_failed", "error=\"out of memory\"");
+    serve_teardown(o);
     return 1;
   }
   if (start_rpc(o, err, sizeof err) != 0) {

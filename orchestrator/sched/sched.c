@@ -87,7 +87,7 @@ struct sched {
   sched__rollout *scratch;     /* batch selection */
 
   sched__step st;
-  sched_step_record record;
+  int64_t last_now;            /* latest event time: the clock must not go back */
   sched_participant *pscratch; /* sched_choose_mode input */
   size_t pscratch_cap;
 
@@ -99,6 +99,8 @@ struct sched {
   size_t n32, cap32;
   uint64_t *a64;               /* rollout ids of actions */
   size_t n64, cap64;
+  sched_step_record *recs;     /* records of COMMIT actions */
+  size_t nrecs, recs_cap;
 };
 
 /* ---- small helpers ---------------------------------------------------------------- */
@@ -527,6 +529,7 @@ int sched_new(const sched_settings *settings, sched **out, char *err, size_t err
   s->policy = settings->policy;
   s->next_request_id = 1;
   s->st.deadline_ms = SCHED_NEVER;
+  s->last_now = INT64_MIN;
   s->pool_cap = s->max_buffered;
   s->pool = malloc(s->pool_cap * sizeof *s->pool);
   s->scratch = malloc(s->pool_cap * sizeof *s->scratch);
@@ -556,12 +559,15 @@ void sched_free(sched *s) {
   free(s->act_off);
   free(s->a32);
   free(s->a64);
+  free(s->recs);
   free(s);
 }
 
 const char *sched_last_error(const sched *s) { return s->err; }
 
-size_t sched_actions(sched *s, const sched_action **out) {
+size_t sched_take_actions(sched *s, sched_action_batch *out) {
+  memset(out, 0, sizeof *out);
+  if (s->nacts == 0) return 0;
   /* Arena pointers are resolved only now: the arenas may move while an event grows them. */
   for (size_t i = 0; i < s->nacts; i++) {
     sched_action *a = &s->acts[i];
@@ -569,13 +575,34 @@ size_t sched_actions(sched *s, const sched_action **out) {
     if (a->kind == SCHED_ACT_BUILD_PLAN || a->kind == SCHED_ACT_TRIGGER ||
         a->kind == SCHED_ACT_ABORT)
       a->participants = a->nparticipants ? s->a32 + s->act_off[i] : NULL;
-    if (a->kind == SCHED_ACT_COMMIT) a->record = &s->record;
+    if (a->kind == SCHED_ACT_COMMIT) a->record = &s->recs[s->act_off[i]];
   }
-  if (out) *out = s->acts;
-  return s->nacts;
+  /* Hand the arenas over whole: nothing is copied, and the scheduler grows
+   * fresh ones for the next events. */
+  out->actions = s->acts;
+  out->n = s->nacts;
+  out->ids_ = s->a32;
+  out->rollouts_ = s->a64;
+  out->records_ = s->recs;
+  s->acts = NULL;
+  s->a32 = NULL;
+  s->a64 = NULL;
+  s->recs = NULL;
+  s->nacts = s->acts_cap = 0;
+  s->n32 = s->cap32 = 0;
+  s->n64 = s->cap64 = 0;
+  s->nrecs = s->recs_cap = 0;
+  return out->n;
 }
 
-void sched_actions_clear(sched *s) { s->nacts = s->n32 = s->n64 = 0; }
+void sched_action_batch_free(sched_action_batch *b) {
+  if (!b) return;
+  free(b->actions);
+  free(b->ids_);
+  free(b->rollouts_);
+  free(b->records_);
+  memset(b, 0, sizeof *b);
+}
 
 int64_t sched_next_deadline(const sched *s) {
   if (sched__terminal(s)) return SCHED_NEVER;
@@ -589,8 +616,19 @@ int64_t sched_next_deadline(const sched *s) {
   return d;
 }
 
-/* Every event starts here: a clean error message. */
-static void sched__begin(sched *s) { s->err[0] = '\0'; }
+/* Every event starts here: a clean error message, and time that does not go
+ * back (deadlines and durations would otherwise come out wrong without a
+ * trace). */
+static int sched__begin(sched *s, int64_t now) {
+  s->err[0] = '\0';
+  if (now < s->last_now)
+    return sched__fail_arg(s, SCHED_EINVAL,
+                           "now_ms: %" PRId64 " is before the previous event's %" PRId64
+                           " (the clock must be monotonic)",
+                           now, s->last_now);
+  s->last_now = now;
+  return SCHED_OK;
+}
 
 /* A known, live worker, or an error naming the id. */
 static int sched__get_live(sched *s, uint32_t id, sched_worker_info **out) {
@@ -613,7 +651,7 @@ static uint64_t sched__max_version(const sched *s) {
 int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
                             const char *name, const sched_caps *caps,
                             const sched_offload *offload) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   if (role != SCHED_ROLE_TRAINER && role != SCHED_ROLE_INFERENCE)
     return sched__fail_arg(s, SCHED_EINVAL, "worker %" PRIu32 ": role %d is not trainer or inference",
                            id, (int)role);
@@ -649,7 +687,7 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
 }
 
 int sched_worker_attached(sched *s, int64_t now, uint32_t id) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   sched_worker_info *w = NULL;
   int rc = sched__get_live(s, id, &w);
   if (rc) return rc;
@@ -662,7 +700,7 @@ int sched_worker_attached(sched *s, int64_t now, uint32_t id) {
 }
 
 int sched_worker_heartbeat(sched *s, int64_t now, uint32_t id, uint64_t policy_version) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   sched_worker_info *w = NULL;
   int rc = sched__get_live(s, id, &w);
   if (rc) return rc;
@@ -699,7 +737,7 @@ static void sched__lose(sched *s, sched_worker_info *w, const char *reason) {
 }
 
 int sched_worker_lost(sched *s, int64_t now, uint32_t id, const char *reason) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   sched_worker_info *w = NULL;
   int rc = sched__get_live(s, id, &w);
   if (rc) return rc;
@@ -747,7 +785,7 @@ static int sched__check_rollouts(sched *s, const sched_worker_info *w, const sch
 
 int sched_rollouts_done(sched *s, int64_t now, uint32_t worker, uint64_t request_id,
                         const sched_rollout *rollouts, size_t n) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   sched_worker_info *w = NULL;
   int rc = sched__get_live(s, worker, &w);
   if (rc) return rc;
@@ -784,7 +822,7 @@ static int sched__is_trainer(sched *s, uint32_t worker, sched_worker_info **out)
 
 int sched_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
                     double train_seconds, const sched_offload *offload) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   sched_worker_info *t = NULL;
   int rc = sched__is_trainer(s, worker, &t);
   if (rc) return rc;
@@ -834,7 +872,7 @@ static int sched__plan_rank(sched *s, sched__phase want, uint32_t worker, const 
 
 int sched_plan_built(sched *s, int64_t now, const char *plan_id, uint64_t hash,
                      const char *error) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   if (!plan_id) return sched__fail_arg(s, SCHED_EINVAL, "plan_id: NULL");
   if (!sched__plan_pending(s) || strcmp(plan_id, s->st.plan_id) != 0)
     return sched__fail_arg(s, SCHED_ESTALE, "plan %s: not the pending plan", plan_id);
@@ -854,7 +892,7 @@ int sched_plan_built(sched *s, int64_t now, const char *plan_id, uint64_t hash,
 
 int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id, uint64_t hash,
                      const char *error) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   sched_worker_info *w = NULL;
   int rc = sched__get_live(s, worker, &w);
   if (rc) return rc;
@@ -891,7 +929,8 @@ int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id
 
 static void sched__commit(sched *s, int64_t now) {
   sched__step *st = &s->st;
-  sched_step_record *r = &s->record;
+  sched_step_record rec;
+  sched_step_record *r = &rec;
   const sched_bcast_report *b = &st->sender;
   memset(r, 0, sizeof *r);
   snprintf(r->run_id, sizeof r->run_id, "%s", s->cfg.run_id);
@@ -916,7 +955,7 @@ static void sched__commit(sched *s, int64_t now) {
   r->staging_share = r->step_seconds > 0 ? r->exposed_staging_seconds / r->step_seconds : 0;
   r->policy_version = s->steps_done + 1;
   r->buckets = b->buckets;
-  r->finished_unix_ms = now;
+  r->finished_unix_ms = 0; /* wall time is the caller's */
   r->receivers = (uint32_t)(st->nparts - 1);
   r->weights_verified = b->weights_checksum != 0 && st->checksums_ok;
   for (size_t i = 1; i < st->nparts; i++)
@@ -933,7 +972,13 @@ static void sched__commit(sched *s, int64_t now) {
     if (w) w->policy_version = s->steps_done;
   }
   sched_action *a = sched__act(s, SCHED_ACT_COMMIT);
-  if (a) a->step = r->step;
+  if (a && sched__grow(&s->recs, &s->recs_cap, s->nrecs + 1, sizeof *s->recs) == 0) {
+    a->step = r->step;
+    s->act_off[a - s->acts] = s->nrecs;
+    s->recs[s->nrecs++] = rec;
+  } else if (a) {
+    s->nacts--; /* a COMMIT without its record would be useless to the caller */
+  }
   st->phase = SCHED__IDLE;
   st->deadline_ms = SCHED_NEVER;
   if (s->cfg.steps && s->steps_done >= s->cfg.steps)
@@ -942,7 +987,7 @@ static void sched__commit(sched *s, int64_t now) {
 
 int sched_broadcast_done(sched *s, int64_t now, uint32_t worker, const char *plan_id,
                          const char *error, const sched_bcast_report *report) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   sched_worker_info *w = NULL;
   int rc = sched__get_live(s, worker, &w);
   if (rc) return rc;
@@ -983,7 +1028,7 @@ int sched_broadcast_done(sched *s, int64_t now, uint32_t worker, const char *pla
 /* ---- operator ------------------------------------------------------------------------------------------ */
 
 int sched_set_policy(sched *s, int64_t now, sched_mode policy) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   if (policy < SCHED_MODE_AUTO || policy > SCHED_MODE_HOST)
     return sched__fail_arg(s, SCHED_EINVAL, "policy %d: not auto, direct, staged or host",
                            (int)policy);
@@ -991,12 +1036,11 @@ int sched_set_policy(sched *s, int64_t now, sched_mode policy) {
     return sched__fail_arg(s, SCHED_ESTATE, "run %s: already %s", s->cfg.run_id,
                            sched_run_state_name(s->state));
   s->policy = policy;
-  (void)now;
   return SCHED_OK;
 }
 
 int sched_stop(sched *s, int64_t now, const char *reason) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   if (sched__terminal(s) || s->state == SCHED_RUN_STOPPING)
     return sched__fail_arg(s, SCHED_ESTATE, "run %s: already %s", s->cfg.run_id,
                            sched_run_state_name(s->state));
@@ -1045,7 +1089,7 @@ static void sched__plan_timeout(sched *s) {
 }
 
 int sched_tick(sched *s, int64_t now) {
-  sched__begin(s);
+  if (sched__begin(s, now)) return SCHED_EINVAL;
   if (sched__terminal(s)) return SCHED_OK;
   /* Losses first: a silent participant re-plans the step rather than failing the run. */
   for (size_t i = 0; i < s->nworkers && !sched__terminal(s); i++) {

@@ -7,10 +7,12 @@
  * plan, trigger it, abort it, commit a step record, report state changes).
  *
  * Nothing here reads a clock, opens a socket or touches CUDA: every event
- * carries `now_ms`, a millisecond clock chosen by the caller (monotonic or
- * Unix; it must not go backwards). After every event the caller drains the
- * actions with sched_actions() and then calls sched_actions_clear(); it calls
- * sched_tick() no later than sched_next_deadline().
+ * carries `now_ms`, a monotonic millisecond clock chosen by the caller (its
+ * origin does not matter; it must never go backwards, so wall-clock time is
+ * unfit). An event whose `now_ms` is before the previous event's is refused
+ * with SCHED_EINVAL and changes nothing. After every event the caller takes
+ * the actions it produced with sched_take_actions() (it then owns them); it
+ * calls sched_tick() no later than sched_next_deadline().
  *
  * The step, as seen from here (policy version v = steps committed so far):
  *   rollouts(v) -> batch n -> TRAIN n -> step done -> BUILD_PLAN "RUN/step-n"
@@ -31,7 +33,8 @@
  * worker are forgotten; its results already received stay usable.
  *
  * Errors are negative SCHED_E* codes; sched_last_error() tells which field or
- * worker was at fault. A rejected event changes nothing unless its doc says so.
+ * worker was at fault. A rejected event changes nothing unless its doc says so
+ * (its `now_ms`, if not refused itself, still counts as the latest time seen).
  * Memory: sched_new allocates; registrations, rollouts and actions may grow
  * internal arrays geometrically (SCHED_ENOMEM if that fails). Not thread-safe:
  * one owner (the loop thread) calls everything. */
@@ -163,7 +166,8 @@ typedef struct sched_step_record {
   double staging_share;          /* exposed_staging_seconds / step_seconds */
   uint64_t policy_version;       /* after the broadcast: step + 1 */
   uint32_t buckets;
-  int64_t finished_unix_ms;      /* now_ms of the commit; the caller may overwrite */
+  int64_t finished_unix_ms;      /* 0 here: the scheduler's clock is not wall time, so
+                                    the caller stamps the commit's Unix time */
   int weights_verified;          /* every receiver reported the sender's checksum */
   uint32_t receivers;            /* inference workers in the plan */
 } sched_step_record;
@@ -226,6 +230,19 @@ typedef struct sched_action {
   const sched_step_record *record; /* COMMIT */
 } sched_action;
 
+/* Actions moved out of the scheduler: `actions[0..n)` in the order they were
+ * produced. The batch owns them and everything they point to (rollout_ids,
+ * participants, record), so they stay valid while the caller feeds the
+ * scheduler more events, until sched_action_batch_free(). */
+typedef struct sched_action_batch {
+  sched_action *actions;
+  size_t n;
+  /* Private: the storage the actions point into. */
+  uint32_t *ids_;
+  uint64_t *rollouts_;
+  sched_step_record *records_;
+} sched_action_batch;
+
 /* ---- counters the caller exports as metrics --------------------------------------- */
 typedef struct sched_counters {
   uint64_t rollouts_received;   /* accepted from workers */
@@ -260,11 +277,13 @@ void sched_free(sched *s); /* NULL is fine */
 /* Message of the last rejected call (empty after a successful one). */
 const char *sched_last_error(const sched *s);
 
-/* Actions produced since the last clear. Pointers inside (rollout_ids,
- * participants, record) stay valid until sched_actions_clear() or the next
- * event call, whichever comes first. */
-size_t sched_actions(sched *s, const sched_action **out);
-void sched_actions_clear(sched *s);
+/* Moves every action produced since the last take into `out` (overwritten:
+ * free a previous batch first) and returns their count; the scheduler holds
+ * none afterwards. With none pending `out` is empty and nothing is allocated. */
+size_t sched_take_actions(sched *s, sched_action_batch *out);
+/* Frees what the batch owns and leaves it empty; an empty or zeroed batch is
+ * fine, and so is freeing twice. */
+void sched_action_batch_free(sched_action_batch *b);
 
 /* Earliest time the caller must call sched_tick() (SCHED_NEVER: none). */
 int64_t sched_next_deadline(const sched *s);

@@ -1,5 +1,5 @@
 /* sched_choose_mode as a table: every policy against every kind of
- * participants and manifest. */
+ * participants and manifest; the conversions of daemon/sched_pb. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -112,7 +112,7 @@ Test(sched_record, converts_to_protobuf_and_round_trips) {
                          .policy_version = 5, .buckets = 7, .finished_unix_ms = 123,
                          .weights_verified = 1, .receivers = 2};
   Rlorch__V1__StepRecord pb = RLORCH__V1__STEP_RECORD__INIT;
-  sched_step_record_to_pb(&r, &pb);
+  sched_pb_step_record_to_pb(&r, &pb);
   uint8_t buf[1024];
   size_t len = rlorch__v1__step_record__pack(&pb, buf);
   cr_assert_lt(len, sizeof buf);
@@ -131,4 +131,111 @@ Test(sched_record, converts_to_protobuf_and_round_trips) {
   cr_assert_eq(back->receivers, 2);
   cr_assert_eq(back->finished_unix_ms, 123);
   rlorch__v1__step_record__free_unpacked(back, NULL);
+}
+
+Test(sched_pb, enums_convert_both_ways_and_refuse_unknown_values) {
+  static const struct {
+    sched_mode s;
+    Rlorch__V1__BroadcastMode pb;
+  } modes[] = {{SCHED_MODE_AUTO, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO},
+               {SCHED_MODE_DIRECT, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_DIRECT},
+               {SCHED_MODE_STAGED, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED},
+               {SCHED_MODE_HOST, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST}};
+  for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+    sched_mode back = (sched_mode)0;
+    cr_assert_eq(sched_pb_mode_to_pb(modes[i].s), modes[i].pb);
+    cr_assert_eq(sched_pb_mode_from_pb(modes[i].pb, &back), 0);
+    cr_assert_eq(back, modes[i].s);
+  }
+  sched_mode m = SCHED_MODE_HOST;
+  cr_assert_eq(sched_pb_mode_from_pb(RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_UNSPECIFIED, &m),
+               -1);
+  cr_assert_eq(sched_pb_mode_from_pb((Rlorch__V1__BroadcastMode)99, &m), -1);
+  cr_assert_eq(m, SCHED_MODE_HOST, "untouched on refusal");
+  cr_assert_eq(sched_pb_mode_to_pb((sched_mode)0),
+               RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_UNSPECIFIED);
+
+  bcast_mode bm;
+  cr_assert_eq(sched_pb_bcast_mode(SCHED_MODE_STAGED, &bm), 0);
+  cr_assert_eq(bm, BCAST_MODE_STAGED);
+  cr_assert_eq(sched_pb_bcast_mode(SCHED_MODE_AUTO, &bm), -1, "a plan is never auto");
+
+  cr_assert_eq(sched_pb_run_state_to_pb(SCHED_RUN_FAILED), RLORCH__V1__RUN_STATE__RUN_STATE_FAILED);
+  cr_assert_eq(sched_pb_run_state_to_pb(SCHED_RUN_PENDING),
+               RLORCH__V1__RUN_STATE__RUN_STATE_PENDING);
+  cr_assert_eq(sched_pb_run_state_to_pb((sched_run_state)42),
+               RLORCH__V1__RUN_STATE__RUN_STATE_UNSPECIFIED);
+  cr_assert_eq(sched_pb_worker_state_to_pb(SCHED_WORKER_LOST),
+               RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST);
+  cr_assert_eq(sched_pb_worker_state_to_pb((sched_worker_state)0),
+               RLORCH__V1__WORKER_STATE__WORKER_STATE_UNSPECIFIED);
+
+  sched_role role = SCHED_ROLE_TRAINER;
+  cr_assert_eq(sched_pb_role_from_pb(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, &role), 0);
+  cr_assert_eq(role, SCHED_ROLE_INFERENCE);
+  cr_assert_eq(sched_pb_role_from_pb(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_UNSPECIFIED, &role), -1);
+  cr_assert_eq(sched_pb_role_to_pb(SCHED_ROLE_TRAINER), RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER);
+}
+
+Test(sched_pb, messages_convert) {
+  Rlorch__V1__Capabilities caps = RLORCH__V1__CAPABILITIES__INIT;
+  caps.cuda_devices = 2;
+  caps.nccl_version = "2.28.3";
+  caps.pinned_limit_bytes = 1 << 20;
+  sched_caps sc;
+  sched_pb_caps(&caps, &sc);
+  cr_assert_eq(sc.cuda_devices, 2);
+  cr_assert(sc.nccl);
+  cr_assert_eq(sc.pinned_limit_bytes, 1 << 20);
+  caps.nccl_version = "";
+  sched_pb_caps(&caps, &sc);
+  cr_assert_not(sc.nccl, "an empty NCCL version is no NCCL");
+  sched_pb_caps(NULL, &sc);
+  cr_assert_eq(sc.cuda_devices, 0);
+
+  uint64_t shape[] = {4, 8};
+  Rlorch__V1__TensorSpec t[3];
+  Rlorch__V1__TensorSpec *tp[3];
+  for (int i = 0; i < 3; i++) {
+    rlorch__v1__tensor_spec__init(&t[i]);
+    t[i].shape = shape;
+    t[i].n_shape = 2;
+    tp[i] = &t[i];
+  }
+  t[0].storage_dtype = RLORCH__V1__DTYPE__DTYPE_FP32;
+  t[0].residency = RLORCH__V1__RESIDENCY__RESIDENCY_GPU;
+  t[1].storage_dtype = RLORCH__V1__DTYPE__DTYPE_BF16;
+  t[1].residency = RLORCH__V1__RESIDENCY__RESIDENCY_HOST_PINNED;
+  t[2].storage_dtype = RLORCH__V1__DTYPE__DTYPE_BF16;
+  t[2].residency = RLORCH__V1__RESIDENCY__RESIDENCY_HOST_PAGEABLE;
+  Rlorch__V1__WeightManifest man = RLORCH__V1__WEIGHT_MANIFEST__INIT;
+  man.tensors = tp;
+  man.n_tensors = 3;
+  sched_offload off;
+  sched_pb_offload(&man, &off);
+  cr_assert_eq(off.gpu_tensors, 1);
+  cr_assert_eq(off.gpu_bytes, 32 * 4);
+  cr_assert_eq(off.pinned_tensors, 1);
+  cr_assert_eq(off.pinned_bytes, 32 * 2);
+  cr_assert_eq(off.pageable_tensors, 1);
+  sched_pb_offload(NULL, &off);
+  cr_assert_eq(off.gpu_tensors + off.pinned_tensors + off.pageable_tensors, 0);
+
+  Rlorch__V1__StepRecord rec = RLORCH__V1__STEP_RECORD__INIT;
+  rec.transport = "host-tcp";
+  rec.wire_bytes = 99;
+  rec.buckets = 3;
+  Rlorch__V1__BroadcastDone done = RLORCH__V1__BROADCAST_DONE__INIT;
+  done.weights_checksum = 5;
+  done.record = &rec;
+  sched_bcast_report rep;
+  sched_pb_bcast_report(&done, &rep);
+  cr_assert_str_eq(rep.transport, "host-tcp");
+  cr_assert_eq(rep.wire_bytes, 99);
+  cr_assert_eq(rep.buckets, 3);
+  cr_assert_eq(rep.weights_checksum, 5);
+  done.record = NULL;
+  sched_pb_bcast_report(&done, &rep);
+  cr_assert_eq(rep.weights_checksum, 5, "a receiver sends only its checksum");
+  cr_assert_eq(rep.wire_bytes, 0);
 }

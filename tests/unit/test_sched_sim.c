@@ -94,8 +94,9 @@ static ev pop(sim *m) {
 
 /* The simulated agents react to what the scheduler asks. */
 static void react(sim *m) {
-  const sched_action *a;
-  size_t n = sched_actions(m->s, &a);
+  sched_action_batch b;
+  size_t n = sched_take_actions(m->s, &b);
+  const sched_action *a = b.actions;
   for (size_t i = 0; i < n; i++) {
     ev e = {0};
     switch (a[i].kind) {
@@ -167,7 +168,7 @@ static void react(sim *m) {
     default: break;
     }
   }
-  sched_actions_clear(m->s);
+  sched_action_batch_free(&b);
 }
 
 /* Accepts only what a correct shell may see in a world with losses. */

@@ -1,0 +1,614 @@
+/* The runner: the thin shell around the scheduler core.
+ *
+ * Every entry point feeds the active run's scheduler one event and, except
+ * for the reports (see runner.h), runs drain(): it takes the actions the
+ * scheduler produced and executes them. Executing an action may feed the
+ * scheduler again (a send fails -> worker lost), which queues more actions;
+ * drain loops until quiet and is not re-entered. The scheduler runs on the
+ * monotonic clock; wall-clock time only stamps records and plan deadlines. */
+#include "orchestrator/daemon/runner.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/common/log.h"
+#include "orchestrator/daemon/now.h"
+#include "orchestrator/daemon/sched_pb.h"
+#include "orchestrator/daemon/watch.h"
+#include "rlorch/v1/broadcast.pb-c.h"
+#include "workers/bcast/bcast.h"
+#include "workers/bcast/bcast_pb.h"
+
+#define TICK_MIN_MS 50
+#define SWEEP_MS 1000 /* the worker table's heartbeat sweep */
+
+_Static_assert(WORKERS_NAME_MAX == SCHED_NAME_MAX, "worker names must fit the scheduler's");
+
+struct runner {
+  orch *o;
+  workers_table *workers;
+  Rlorch__V1__Run *run; /* the active run, or NULL */
+  sched *sched;
+  uv_timer_t timer;
+  int timer_open;
+  /* NCCL communicator hand-off: the id the trainer made and for whom. */
+  uint8_t nccl_id[128];
+  int has_nccl_id;
+  uint32_t nccl_members[WORKERS_MAX];
+  size_t n_nccl_members;
+  int draining; /* inside drain(): re-entrant calls only queue */
+  int64_t plan_ack_timeout_ms, broadcast_timeout_ms; /* the active run's scheduler settings */
+};
+
+static void drain(runner *r);
+static void arm_timer(runner *r);
+static void release_run(runner *r);
+
+static int64_t mono(void) { return now_mono_ms(); }
+
+/* ---- the run's record ------------------------------------------------------------- */
+
+static void save_run(runner *r) {
+  r->run->updated_unix_ms = now_unix_ms();
+  if (store_run_update(r->o->db, r->run) != 0)
+    log_error("store_failed", "run=%s error=\"%s\"", r->run->id, store_errmsg(r->o->db));
+}
+
+static void publish_run(runner *r) {
+  Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
+  ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_RUN;
+  ev.run = r->run;
+  watch_publish(r->o->watch, r->run->id, &ev);
+}
+
+static void set_run_message(Rlorch__V1__Run *run, const char *msg) {
+  if (run->message && run->message != protobuf_c_empty_string) free(run->message);
+  run->message = strdup(msg ? msg : "");
+  if (!run->message) run->message = (char *)protobuf_c_empty_string;
+}
+
+static void publish_broadcast(runner *r, const sched_action *a,
+                              Rlorch__V1__BroadcastEvent__Phase phase, const char *reason) {
+  Rlorch__V1__BroadcastEvent be = RLORCH__V1__BROADCAST_EVENT__INIT;
+  be.plan_id = (char *)a->plan_id;
+  be.step = a->step;
+  be.phase = phase;
+  be.mode = sched_pb_mode_to_pb(a->mode);
+  be.reason = (char *)(reason ? reason : "");
+  Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
+  ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_BROADCAST;
+  ev.broadcast = &be;
+  watch_publish(r->o->watch, r->run->id, &ev);
+}
+
+/* ---- participants -------------------------------------------------------------------- */
+
+static uint64_t step_seed(const char *run_id, uint64_t step) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char *p = run_id; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+  return h ^ (step * 0x9E3779B97F4A7C15ull);
+}
+
+static workers_entry *trainer(runner *r) {
+  for (size_t i = 0; i < workers_count(r->workers); i++) {
+    workers_entry *w = workers_at(r->workers, i);
+    if (w->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER && w->in_run &&
+        w->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST)
+      return w;
+  }
+  return NULL;
+}
+
+/* The NCCL id is tied to the set of ranks it was made for. */
+static int nccl_members_match(runner *r, const uint32_t *ids, size_t n) {
+  if (!r->has_nccl_id || n != r->n_nccl_members) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (r->nccl_members[i] != ids[i]) return 0;
+  return 1;
+}
+
+static void live_members(runner *r, uint32_t *ids, size_t *n) {
+  *n = 0;
+  workers_entry *t = trainer(r);
+  if (t) ids[(*n)++] = t->id;
+  for (size_t i = 0; i < workers_count(r->workers); i++) {
+    workers_entry *w = workers_at(r->workers, i);
+    if (w->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE && w->in_run && w->attach &&
+        w->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST)
+      ids[(*n)++] = w->id;
+  }
+}
+
+/* Sends `cmd` to scheduler worker `id`; a worker that cannot be reached is lost. */
+static void send_or_lose(runner *r, uint32_t id, Rlorch__V1__Command *cmd) {
+  workers_entry *w = workers_by_id(r->workers, id);
+  if (!w || workers_send(r->workers, w, cmd) != 0)
+    sched_worker_lost(r->sched, mono(), id, "command stream closed");
+}
+
+/* ---- actions ------------------------------------------------------------------------------ */
+
+static void act_dispatch(runner *r, const sched_action *a) {
+  Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;
+  rq.request_id = a->request_id;
+  rq.count = a->count;
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_ROLLOUT;
+  cmd.rollout = &rq;
+  send_or_lose(r, a->worker, &cmd);
+}
+
+static void act_train(runner *r, const sched_action *a) {
+  Rlorch__V1__TrainStep ts = RLORCH__V1__TRAIN_STEP__INIT;
+  ts.step = a->step;
+  ts.rollout_ids = (uint64_t *)a->rollout_ids;
+  ts.n_rollout_ids = a->nrollouts;
+  ts.batch_tokens = a->batch_tokens;
+  ts.seed = step_seed(r->run->id, a->step);
+  uint32_t ids[WORKERS_MAX];
+  size_t n;
+  live_members(r, ids, &n);
+  ts.want_nccl_id = !nccl_members_match(r, ids, n);
+  if (ts.want_nccl_id) {
+    memcpy(r->nccl_members, ids, n * sizeof ids[0]);
+    r->n_nccl_members = n;
+    r->has_nccl_id = 0;
+  }
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_TRAIN;
+  cmd.train = &ts;
+  send_or_lose(r, a->worker, &cmd);
+}
+
+/* Builds the plan from the trainer's manifest and sends it to every participant. */
+static int build_plan(runner *r, const sched_action *a, uint64_t *hash, char *err,
+                      size_t errlen) {
+  workers_entry *t = workers_by_id(r->workers, a->participants[0]);
+  if (!t || !t->manifest) return snprintf(err, errlen, "no trainer manifest"), -1;
+  bcast_mode mode;
+  if (sched_pb_bcast_mode(a->mode, &mode) != 0)
+    return snprintf(err, errlen, "mode %s: not a broadcast mode", sched_mode_name(a->mode)), -1;
+  bcast_tensor *tensors = NULL;
+  size_t nt = 0;
+  bcast_err be = {0};
+  if (bcast_manifest_from_pb(t->manifest, &tensors, &nt, &be) != 0)
+    return snprintf(err, errlen, "trainer manifest: %s", be.msg), -1;
+  if (mode != BCAST_MODE_HOST && !nccl_members_match(r, a->participants, a->nparticipants)) {
+    free(tensors);
+    return snprintf(err, errlen,
+                    "the trainer's NCCL id was made for another set of participants"),
+           -1;
+  }
+  bcast_plan_opts po = {.id = a->plan_id,
+                        .mode = mode,
+                        .staging_budget = r->run->spec->staging_budget_bytes,
+                        .world_size = (uint32_t)a->nparticipants,
+                        .root_rank = 0,
+                        .policy_version = a->policy_version,
+                        /* Participants give up when the scheduler would; they
+                         * compare with their own clocks, so this one is wall time. */
+                        .deadline_unix_ms = now_unix_ms() + r->plan_ack_timeout_ms +
+                                            r->broadcast_timeout_ms,
+                        .host_endpoint = t->data_address,
+                        .checksum = BCAST_CHECKSUM_XXH3_64};
+  bcast_plan *plan = NULL;
+  int rc = bcast_plan_build(tensors, nt, &po, &plan, &be);
+  free(tensors);
+  if (rc != 0) return snprintf(err, errlen, "plan: %s", be.msg), -1;
+  snprintf(plan->mode_reason, sizeof plan->mode_reason, "%s", a->text);
+  if (mode != BCAST_MODE_HOST) {
+    memcpy(plan->nccl_id, r->nccl_id, sizeof plan->nccl_id);
+    plan->has_nccl_id = 1;
+  }
+  plan->hash = bcast_plan_hash(plan);
+  Rlorch__V1__BroadcastPlan *pb = NULL;
+  if (bcast_plan_to_pb(plan, &pb, &be) != 0) {
+    bcast_plan_free(plan);
+    return snprintf(err, errlen, "plan encoding: %s", be.msg), -1;
+  }
+  *hash = plan->hash;
+  log_info("plan_built", "run=%s plan=%s mode=%s buckets=%zu wire_bytes=%" PRIu64
+           " participants=%zu reason=\"%s\"", r->run->id, a->plan_id, bcast_mode_name(mode),
+           plan->nbuckets, bcast_plan_wire_bytes(plan), a->nparticipants, a->text);
+  for (size_t i = 0; i < a->nparticipants; i++) {
+    Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+    cmd.kind_case = RLORCH__V1__COMMAND__KIND_PLAN;
+    cmd.plan = pb;
+    cmd.rank = (uint32_t)i;
+    send_or_lose(r, a->participants[i], &cmd);
+  }
+  bcast_pb_free(&pb->base);
+  bcast_plan_free(plan);
+  return 0;
+}
+
+static void act_build_plan(runner *r, const sched_action *a) {
+  char err[768] = "";
+  uint64_t hash = 0;
+  if (build_plan(r, a, &hash, err, sizeof err) != 0) {
+    log_error("plan_failed", "run=%s plan=%s error=\"%s\"", r->run->id, a->plan_id, err);
+    sched_plan_built(r->sched, mono(), a->plan_id, 0, err);
+    return;
+  }
+  publish_broadcast(r, a, RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_PLANNED, a->text);
+  sched_plan_built(r->sched, mono(), a->plan_id, hash, NULL);
+}
+
+static void act_trigger(runner *r, const sched_action *a) {
+  publish_broadcast(r, a, RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_ACKED, NULL);
+  for (size_t i = 0; i < a->nparticipants; i++) {
+    Rlorch__V1__TriggerBroadcast tb = RLORCH__V1__TRIGGER_BROADCAST__INIT;
+    tb.plan_id = (char *)a->plan_id;
+    tb.plan_hash = a->plan_hash;
+    Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+    cmd.kind_case = RLORCH__V1__COMMAND__KIND_TRIGGER;
+    cmd.trigger = &tb;
+    cmd.rank = (uint32_t)i;
+    send_or_lose(r, a->participants[i], &cmd);
+  }
+}
+
+static void act_abort(runner *r, const sched_action *a) {
+  log_warn("broadcast_aborted", "run=%s plan=%s reason=\"%s\"", r->run->id, a->plan_id, a->text);
+  const char *lv[] = {"aborted"};
+  metrics_counter_inc(r->o->m.broadcast_aborts, lv);
+  publish_broadcast(r, a, RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_ABORTED, a->text);
+  /* A broken communicator must not be reused. */
+  r->has_nccl_id = 0;
+  r->n_nccl_members = 0;
+  for (size_t i = 0; i < a->nparticipants; i++) {
+    workers_entry *w = workers_by_id(r->workers, a->participants[i]);
+    Rlorch__V1__AbortCommand ab = RLORCH__V1__ABORT_COMMAND__INIT;
+    ab.plan_id = (char *)a->plan_id;
+    ab.reason = (char *)a->text;
+    Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+    cmd.kind_case = RLORCH__V1__COMMAND__KIND_ABORT;
+    cmd.abort = &ab;
+    /* Not send_or_lose: the abort is already the answer to a failure. */
+    if (w) workers_send(r->workers, w, &cmd);
+  }
+}
+
+static void record_metrics(runner *r, const sched_step_record *rec) {
+  orch_metrics *m = &r->o->m;
+  const char *mode[] = {sched_mode_name(rec->mode)};
+  metrics_histogram_observe(m->step_duration, NULL, rec->step_seconds);
+  metrics_histogram_observe(m->broadcast_duration, mode, rec->total_seconds);
+  const char *h2d[] = {"h2d"}, *cast[] = {"cast"}, *exposed[] = {"exposed"};
+  metrics_histogram_observe(m->staging_seconds, h2d, rec->h2d_seconds);
+  metrics_histogram_observe(m->staging_seconds, cast, rec->cast_seconds);
+  metrics_histogram_observe(m->staging_seconds, exposed, rec->exposed_staging_seconds);
+  const char *pcie[] = {mode[0], "pcie"}, *wire[] = {mode[0], "wire"};
+  metrics_counter_add(m->broadcast_bytes, pcie, (double)rec->pcie_bytes);
+  metrics_counter_add(m->broadcast_bytes, wire, (double)rec->wire_bytes);
+  metrics_gauge_set(m->broadcast_throughput, NULL, rec->gbps * 1e9);
+  metrics_gauge_set(m->policy_version, NULL, (double)rec->policy_version);
+  const char *used[] = {"used"}, *stale[] = {"dropped_stale"};
+  metrics_counter_add(m->rollouts, used, rec->rollouts_used);
+  metrics_counter_add(m->rollouts, stale, rec->rollouts_dropped);
+  sched_counters c;
+  sched_get_counters(r->sched, &c);
+  metrics_gauge_set(m->async_level, NULL, (double)c.async_level);
+}
+
+static void act_commit(runner *r, const sched_action *a) {
+  const sched_step_record *rec = a->record;
+  Rlorch__V1__StepRecord pb = RLORCH__V1__STEP_RECORD__INIT;
+  sched_pb_step_record_to_pb(rec, &pb);
+  pb.finished_unix_ms = now_unix_ms(); /* the scheduler's clock is not wall time */
+  if (store_step_put(r->o->db, &pb) != 0)
+    log_error("store_failed", "run=%s step=%" PRIu64 " error=\"%s\"", r->run->id, rec->step,
+              store_errmsg(r->o->db));
+  r->run->steps_done = rec->step + 1;
+  r->run->policy_version = rec->policy_version;
+  save_run(r);
+  record_metrics(r, rec);
+  log_info("step", "run=%s step=%" PRIu64 " mode=%s transport=%s used=%u dropped=%u "
+           "train_s=%.4f bcast_s=%.4f h2d_s=%.4f cast_s=%.4f wire_s=%.4f exposed_s=%.4f "
+           "gbps=%.3f verified=%d",
+           r->run->id, rec->step, sched_mode_name(rec->mode), rec->transport, rec->rollouts_used,
+           rec->rollouts_dropped, rec->train_seconds, rec->total_seconds, rec->h2d_seconds,
+           rec->cast_seconds, rec->wire_seconds, rec->exposed_staging_seconds, rec->gbps,
+           rec->weights_verified);
+  Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
+  ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_STEP;
+  ev.step = &pb;
+  ev.unix_ms = pb.finished_unix_ms;
+  watch_publish(r->o->watch, r->run->id, &ev);
+}
+
+static void act_run_state(runner *r, const sched_action *a) {
+  r->run->state = sched_pb_run_state_to_pb(a->run_state);
+  set_run_message(r->run, a->text);
+  save_run(r);
+  log_info("run_state", "run=%s state=%s message=\"%s\"", r->run->id,
+           sched_run_state_name(a->run_state), a->text);
+  publish_run(r);
+}
+
+static void act_worker_state(runner *r, const sched_action *a) {
+  workers_entry *w = workers_by_id(r->workers, a->worker);
+  if (!w) return;
+  if (a->worker_state == SCHED_WORKER_LOST) {
+    workers_mark_lost(r->workers, w, a->text);
+    return;
+  }
+  w->state = sched_pb_worker_state_to_pb(a->worker_state);
+  workers_publish(r->workers, w);
+}
+
+static int run_state_final(sched_run_state s) {
+  return s == SCHED_RUN_STOPPED || s == SCHED_RUN_SUCCEEDED || s == SCHED_RUN_FAILED;
+}
+
+/* Ends the active run once it reached a final state. */
+static void release_run(runner *r) {
+  if (!r->run) return;
+  watch_end(r->o->watch, r->run->id);
+  workers_set_run(r->workers, NULL);
+  protobuf_c_message_free_unpacked(&r->run->base, NULL);
+  r->run = NULL;
+  sched_free(r->sched);
+  r->sched = NULL;
+  r->has_nccl_id = 0;
+  r->n_nccl_members = 0;
+  workers_gauge(r->workers);
+}
+
+static void drain(runner *r) {
+  if (r->draining || !r->sched) return;
+  r->draining = 1;
+  for (int rounds = 0; r->sched && rounds < 1000; rounds++) {
+    /* The batch owns its actions: executing one may feed the scheduler (and
+     * queue more for the next round) without invalidating the rest. */
+    sched_action_batch b;
+    if (sched_take_actions(r->sched, &b) == 0) break;
+    int final = 0;
+    for (size_t i = 0; i < b.n && r->sched; i++) {
+      const sched_action *a = &b.actions[i];
+      switch (a->kind) {
+      case SCHED_ACT_DISPATCH: act_dispatch(r, a); break;
+      case SCHED_ACT_TRAIN: act_train(r, a); break;
+      case SCHED_ACT_BUILD_PLAN: act_build_plan(r, a); break;
+      case SCHED_ACT_TRIGGER: act_trigger(r, a); break;
+      case SCHED_ACT_ABORT: act_abort(r, a); break;
+      case SCHED_ACT_COMMIT: act_commit(r, a); break;
+      case SCHED_ACT_RUN_STATE:
+        act_run_state(r, a);
+        if (run_state_final(a->run_state)) final = 1;
+        break;
+      case SCHED_ACT_WORKER_STATE: act_worker_state(r, a); break;
+      }
+    }
+    sched_action_batch_free(&b);
+    if (final) release_run(r);
+  }
+  r->draining = 0;
+  arm_timer(r);
+}
+
+void runner_drain(runner *r) { drain(r); }
+
+/* ---- time ------------------------------------------------------------------------------- */
+
+static void on_timer(uv_timer_t *t) {
+  runner *r = t->data;
+  int64_t now = mono();
+  workers_sweep(r->workers, now, (int64_t)r->o->cfg->worker_timeout_ms);
+  if (r->sched) {
+    sched_tick(r->sched, now);
+    drain(r);
+  }
+  arm_timer(r);
+}
+
+static void arm_timer(runner *r) {
+  if (!r->timer_open) return;
+  int64_t due = SWEEP_MS;
+  if (r->sched) {
+    int64_t d = sched_next_deadline(r->sched);
+    if (d != SCHED_NEVER) {
+      int64_t in = d - mono();
+      if (in < due) due = in;
+    }
+  }
+  if (due < TICK_MIN_MS) due = TICK_MIN_MS;
+  uv_timer_start(&r->timer, on_timer, (uint64_t)due, 0);
+}
+
+/* ---- workers joining the run ---------------------------------------------------------------- */
+
+/* Tells the active run's scheduler about a live worker. */
+static void join_run(runner *r, workers_entry *w) {
+  if (!r->sched || w->in_run || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) return;
+  sched_role role;
+  if (sched_pb_role_from_pb(w->role, &role) != 0) return; /* the Worker API admits none */
+  sched_caps caps;
+  sched_offload off;
+  sched_pb_caps(w->caps, &caps);
+  sched_pb_offload(w->manifest, &off);
+  int64_t now = mono();
+  int rc = sched_worker_registered(r->sched, now, w->id, role, w->name, &caps,
+                                   role == SCHED_ROLE_TRAINER ? &off : NULL);
+  if (rc != 0) {
+    log_warn("worker_not_joined", "worker=%s run=%s error=\"%s\"", w->api_id, r->run->id,
+             sched_last_error(r->sched));
+    return;
+  }
+  w->in_run = 1;
+  if (w->attach) sched_worker_attached(r->sched, now, w->id);
+  workers_publish(r->workers, w);
+}
+
+void runner_worker_registered(runner *r, workers_entry *w) {
+  workers_publish(r->workers, w);
+  join_run(r, w);
+  drain(r);
+}
+
+void runner_worker_attached(runner *r, workers_entry *w) {
+  if (r->sched && w->in_run) sched_worker_attached(r->sched, mono(), w->id);
+  workers_publish(r->workers, w);
+  join_run(r, w);
+  drain(r);
+}
+
+void runner_worker_stream_closed(runner *r, workers_entry *w) {
+  if (r->sched && w->in_run) {
+    sched_worker_lost(r->sched, mono(), w->id, "command stream closed");
+    drain(r);
+  } else if (w->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) {
+    workers_mark_lost(r->workers, w, "command stream closed");
+  }
+}
+
+/* ---- reports -------------------------------------------------------------------------------- */
+
+static int in_run(const runner *r, const workers_entry *w) { return r->sched && w->in_run; }
+
+int runner_heartbeat(runner *r, workers_entry *w, uint64_t policy_version) {
+  return in_run(r, w) ? sched_worker_heartbeat(r->sched, mono(), w->id, policy_version) : 0;
+}
+
+int runner_rollouts_done(runner *r, workers_entry *w, uint64_t request_id,
+                         const sched_rollout *v, size_t n) {
+  return in_run(r, w) ? sched_rollouts_done(r->sched, mono(), w->id, request_id, v, n) : 0;
+}
+
+int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_seconds,
+                     const uint8_t *nccl_id, size_t nccl_len) {
+  if (nccl_id && nccl_len == sizeof r->nccl_id) {
+    memcpy(r->nccl_id, nccl_id, sizeof r->nccl_id);
+    r->has_nccl_id = 1;
+  }
+  if (!in_run(r, w)) return 0;
+  sched_offload off;
+  sched_pb_offload(w->manifest, &off);
+  return sched_step_done(r->sched, mono(), w->id, step, train_seconds, &off);
+}
+
+int runner_plan_acked(runner *r, workers_entry *w, const char *plan_id, uint64_t hash,
+                      const char *error) {
+  return in_run(r, w) ? sched_plan_acked(r->sched, mono(), w->id, plan_id, hash, error) : 0;
+}
+
+int runner_broadcast_done(runner *r, workers_entry *w, const char *plan_id, const char *error,
+                          const sched_bcast_report *report) {
+  return in_run(r, w) ? sched_broadcast_done(r->sched, mono(), w->id, plan_id, error, report)
+                      : 0;
+}
+
+const char *runner_last_error(const runner *r) {
+  return r->sched ? sched_last_error(r->sched) : "";
+}
+
+/* ---- the Control API's side ------------------------------------------------------------------ */
+
+/* A run that cannot start is stored FAILED with the reason, then freed. */
+static int refuse_run(runner *r, Rlorch__V1__Run *run, const char *err) {
+  run->state = RLORCH__V1__RUN_STATE__RUN_STATE_FAILED;
+  set_run_message(run, err);
+  r->run = run;
+  save_run(r);
+  r->run = NULL;
+  protobuf_c_message_free_unpacked(&run->base, NULL);
+  return -1;
+}
+
+int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
+  if (r->run) return snprintf(err, errlen, "run '%s' is active", r->run->id), -1;
+  const config *cfg = r->o->cfg;
+  sched_settings st;
+  sched_settings_default(&st);
+  snprintf(st.run_id, sizeof st.run_id, "%s", run->id);
+  st.steps = run->spec->steps;
+  st.rollouts_per_step = run->spec->rollouts_per_step;
+  st.max_async_level = run->spec->max_async_level;
+  if (sched_pb_mode_from_pb(run->policy, &st.policy) != 0) {
+    snprintf(err, errlen, "policy: unknown value %d", (int)run->policy);
+    return refuse_run(r, run, err);
+  }
+  st.heartbeat_timeout_ms = cfg->worker_timeout_ms;
+  r->plan_ack_timeout_ms = st.plan_ack_timeout_ms;
+  r->broadcast_timeout_ms = st.broadcast_timeout_ms;
+  if (sched_new(&st, &r->sched, err, errlen) != 0) return refuse_run(r, run, err);
+  r->run = run;
+  workers_set_run(r->workers, run->id);
+  set_run_message(run, "waiting for 1 trainer and at least 1 inference worker");
+  save_run(r);
+  for (size_t i = 0; i < workers_count(r->workers); i++) join_run(r, workers_at(r->workers, i));
+  drain(r);
+  return 0;
+}
+
+const Rlorch__V1__Run *runner_active(const runner *r) { return r->run; }
+
+int runner_stop(runner *r, const char *run_id, const char *reason, char *err, size_t errlen) {
+  if (!r->run || strcmp(r->run->id, run_id) != 0)
+    return snprintf(err, errlen, "run '%s' is not active", run_id), -1;
+  sched_stop(r->sched, mono(), reason);
+  drain(r);
+  return 0;
+}
+
+int runner_set_policy(runner *r, const char *run_id, Rlorch__V1__BroadcastMode p, char *err,
+                      size_t errlen) {
+  if (!r->run || strcmp(r->run->id, run_id) != 0)
+    return snprintf(err, errlen, "run '%s' is not active", run_id), -1;
+  sched_mode mode;
+  if (sched_pb_mode_from_pb(p, &mode) != 0)
+    return snprintf(err, errlen, "policy: unknown value %d", (int)p), -1;
+  if (sched_set_policy(r->sched, mono(), mode) != 0)
+    return snprintf(err, errlen, "%s", sched_last_error(r->sched)), -1;
+  r->run->policy = p;
+  save_run(r);
+  log_info("policy_set", "run=%s policy=%s", run_id, sched_mode_name(mode));
+  drain(r);
+  return 0;
+}
+
+/* ---- life cycle -------------------------------------------------------------------------------- */
+
+int runner_new(orch *o, runner **out) {
+  runner *r = calloc(1, sizeof *r);
+  if (!r) return -1;
+  r->o = o;
+  r->workers = o->workers;
+  uv_timer_init(o->loop, &r->timer);
+  r->timer.data = r;
+  r->timer_open = 1;
+  arm_timer(r);
+  workers_gauge(r->workers);
+  *out = r;
+  return 0;
+}
+
+void runner_shutdown(runner *r) {
+  if (r->run) {
+    sched_stop(r->sched, mono(), "orchestrator shutting down");
+    drain(r);
+    if (r->run) {
+      /* Not quiet yet: the daemon is going away regardless. */
+      r->run->state = RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED;
+      set_run_message(r->run, "stopped: orchestrator shut down");
+      save_run(r);
+      publish_run(r);
+      release_run(r);
+    }
+  }
+  workers_shutdown(r->workers);
+  if (r->timer_open) {
+    uv_timer_stop(&r->timer);
+    uv_close((uv_handle_t *)&r->timer, NULL);
+    r->timer_open = 0;
+  }
+}
+
+void runner_free(runner *r) {
+  if (!r) return;
+  if (r->run) protobuf_c_message_free_unpacked(&r->run->base, NULL);
+  sched_free(r->sched);
+  free(r);
+}

@@ -1,0 +1,65 @@
+/* The runner: the shell around the scheduler core of the active run (one at a
+ * time). It feeds the scheduler events (from the Worker API, the Control API
+ * and its timer) and turns the actions that come out into commands on the
+ * workers' Attach streams, broadcast plans built from the trainer's manifest,
+ * SQLite step and run records, WatchRun events and metrics. It knows neither
+ * API: both call it. Loop thread only. */
+#ifndef RLORCH_DAEMON_RUNNER_H
+#define RLORCH_DAEMON_RUNNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "orchestrator/daemon/orch.h"
+#include "orchestrator/daemon/workers.h"
+#include "orchestrator/sched/sched.h"
+#include "rlorch/v1/control.pb-c.h"
+
+typedef struct runner runner;
+
+/* Uses o's loop, config, store, metrics, worker table and watch hub, which
+ * must outlive it. 0, or -1 out of memory. */
+int runner_new(orch *o, runner **out);
+void runner_free(runner *r); /* NULL is fine; call runner_shutdown first */
+/* Stops the active run, tells every worker to leave and ends their streams,
+ * closes the timer. Safe to call twice. */
+void runner_shutdown(runner *r);
+
+/* ---- the Control API's side ---- */
+/* Becomes the active run (takes ownership of run). A refusal returns -1 with
+ * a message; a run the scheduler refuses is stored FAILED and freed. */
+int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen);
+const Rlorch__V1__Run *runner_active(const runner *r); /* or NULL */
+int runner_stop(runner *r, const char *run_id, const char *reason, char *err, size_t errlen);
+int runner_set_policy(runner *r, const char *run_id, Rlorch__V1__BroadcastMode p, char *err,
+                      size_t errlen);
+
+/* ---- the Worker API's side ----
+ * A worker's life; each of these also runs the actions it causes. */
+void runner_worker_registered(runner *r, workers_entry *w);
+void runner_worker_attached(runner *r, workers_entry *w); /* after workers_attach */
+/* Its command stream closed (process gone, network cut): it is lost now, not
+ * after a heartbeat timeout. The stream must be detached already. */
+void runner_worker_stream_closed(runner *r, workers_entry *w);
+
+/* Reports, fed to the scheduler when the worker is in the active run (0
+ * otherwise). They return 0 or a negative SCHED_E* code (message:
+ * runner_last_error) and run no actions: the caller answers the report, then
+ * calls runner_drain, so that the answer goes out before the commands it
+ * causes. */
+int runner_heartbeat(runner *r, workers_entry *w, uint64_t policy_version);
+int runner_rollouts_done(runner *r, workers_entry *w, uint64_t request_id,
+                         const sched_rollout *v, size_t n);
+/* The trainer finished `step`; its manifest (workers_set_manifest) is current.
+ * `nccl_id` of the engine's size replaces the NCCL id the next plans carry. */
+int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_seconds,
+                     const uint8_t *nccl_id, size_t nccl_len);
+int runner_plan_acked(runner *r, workers_entry *w, const char *plan_id, uint64_t hash,
+                      const char *error);
+int runner_broadcast_done(runner *r, workers_entry *w, const char *plan_id, const char *error,
+                          const sched_bcast_report *report);
+const char *runner_last_error(const runner *r); /* "" without an active run */
+/* Executes every pending scheduler action. */
+void runner_drain(runner *r);
+
+#endif

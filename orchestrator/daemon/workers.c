@@ -1,0 +1,254 @@
+/* The worker table: a flat array in registration order (ids only grow, so it
+ * is also in id order). A few thousand workers at most: lookups scan. */
+#include "orchestrator/daemon/workers.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/common/log.h"
+#include "orchestrator/daemon/now.h"
+
+struct workers_table {
+  store *db;
+  metrics_gauge *gauge;
+  watch_hub *watch;
+  workers_entry *v[WORKERS_MAX];
+  size_t n;
+  uint32_t next_id;
+  char run_id[64]; /* the active run, or "" */
+};
+
+int workers_new(store *db, metrics_gauge *gauge, watch_hub *watch, workers_table **out) {
+  workers_table *t = calloc(1, sizeof *t);
+  if (!t) return -1;
+  t->db = db;
+  t->gauge = gauge;
+  t->watch = watch;
+  *out = t;
+  return 0;
+}
+
+static void workers__entry_free(workers_entry *w) {
+  if (w->caps) protobuf_c_message_free_unpacked(&w->caps->base, NULL);
+  if (w->manifest) protobuf_c_message_free_unpacked(&w->manifest->base, NULL);
+  free(w);
+}
+
+void workers_free(workers_table *t) {
+  if (!t) return;
+  for (size_t i = 0; i < t->n; i++) workers__entry_free(t->v[i]);
+  free(t);
+}
+
+size_t workers_count(const workers_table *t) { return t->n; }
+
+workers_entry *workers_at(workers_table *t, size_t i) { return i < t->n ? t->v[i] : NULL; }
+
+workers_entry *workers_by_id(workers_table *t, uint32_t id) {
+  for (size_t i = 0; i < t->n; i++)
+    if (t->v[i]->id == id) return t->v[i];
+  return NULL;
+}
+
+workers_entry *workers_by_api_id(workers_table *t, const char *api_id) {
+  for (size_t i = 0; i < t->n; i++)
+    if (!strcmp(t->v[i]->api_id, api_id)) return t->v[i];
+  return NULL;
+}
+
+workers_entry *workers_by_stream(workers_table *t, const rpc_call *attach) {
+  for (size_t i = 0; i < t->n; i++)
+    if (t->v[i]->attach == attach) return t->v[i];
+  return NULL;
+}
+
+/* protobuf-c has no deep copy: pack and unpack. */
+static ProtobufCMessage *workers__pb_copy(const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) return NULL;
+  protobuf_c_message_pack(m, buf);
+  ProtobufCMessage *c = protobuf_c_message_unpack(m->descriptor, NULL, n, buf);
+  free(buf);
+  return c;
+}
+
+int workers_add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
+                const char *data_address, const Rlorch__V1__Capabilities *caps,
+                const Rlorch__V1__WeightManifest *manifest, workers_entry **out) {
+  if (t->n >= WORKERS_MAX) return -1;
+  workers_entry *w = calloc(1, sizeof *w);
+  if (!w) return -2;
+  w->id = ++t->next_id;
+  snprintf(w->api_id, sizeof w->api_id, "w-%u", w->id);
+  w->role = role;
+  w->state = RLORCH__V1__WORKER_STATE__WORKER_STATE_REGISTERED;
+  snprintf(w->name, sizeof w->name, "%s", name && name[0] ? name : w->api_id);
+  snprintf(w->data_address, sizeof w->data_address, "%s", data_address ? data_address : "");
+  /* A failed copy leaves the worker without capabilities: it then plans as
+   * one without CUDA or NCCL, which is safe. */
+  if (caps) w->caps = (Rlorch__V1__Capabilities *)workers__pb_copy(&caps->base);
+  if (manifest) w->manifest = (Rlorch__V1__WeightManifest *)workers__pb_copy(&manifest->base);
+  workers_seen(w);
+  t->v[t->n++] = w;
+  *out = w;
+  return 0;
+}
+
+int workers_set_manifest(workers_entry *w, const Rlorch__V1__WeightManifest *m) {
+  Rlorch__V1__WeightManifest *c = (Rlorch__V1__WeightManifest *)workers__pb_copy(&m->base);
+  if (!c) return -1;
+  if (w->manifest) protobuf_c_message_free_unpacked(&w->manifest->base, NULL);
+  w->manifest = c;
+  return 0;
+}
+
+void workers_seen(workers_entry *w) {
+  w->last_seen_unix_ms = now_unix_ms();
+  w->last_seen_mono_ms = now_mono_ms();
+}
+
+void workers_detach(workers_entry *w) { w->attach = NULL; }
+
+void workers_end_stream(workers_entry *w, grpc_status_code code, const char *msg) {
+  if (!w->attach) return;
+  rpc_call_set_cancel_cb(w->attach, NULL, NULL);
+  rpc_call_finish(w->attach, code, msg);
+  w->attach = NULL;
+}
+
+void workers_attach(workers_entry *w, rpc_call *call) {
+  workers_end_stream(w, GRPC_STATUS_ABORTED, "replaced by a newer Attach");
+  w->attach = call;
+  workers_seen(w);
+  w->state = RLORCH__V1__WORKER_STATE__WORKER_STATE_READY;
+}
+
+int workers_send(workers_table *t, workers_entry *w, Rlorch__V1__Command *cmd) {
+  if (!w->attach) return -1;
+  cmd->seq = ++w->cmd_seq;
+  cmd->run_id = t->run_id; /* protobuf-c never writes through it */
+  return rpc_call_send(w->attach, &cmd->base);
+}
+
+void workers_set_run(workers_table *t, const char *run_id) {
+  snprintf(t->run_id, sizeof t->run_id, "%s", run_id ? run_id : "");
+  if (!run_id)
+    for (size_t i = 0; i < t->n; i++) t->v[i]->in_run = 0;
+}
+
+const char *workers_role_label(Rlorch__V1__WorkerRole r) {
+  return r == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER ? "trainer" : "inference";
+}
+
+static const char *workers__state_label(Rlorch__V1__WorkerState s) {
+  switch (s) {
+  case RLORCH__V1__WORKER_STATE__WORKER_STATE_REGISTERED: return "registered";
+  case RLORCH__V1__WORKER_STATE__WORKER_STATE_READY: return "ready";
+  case RLORCH__V1__WORKER_STATE__WORKER_STATE_BUSY: return "busy";
+  case RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST: return "lost";
+  default: return "unknown";
+  }
+}
+
+void workers_gauge(workers_table *t) {
+  static const Rlorch__V1__WorkerState states[] = {
+      RLORCH__V1__WORKER_STATE__WORKER_STATE_REGISTERED,
+      RLORCH__V1__WORKER_STATE__WORKER_STATE_READY, RLORCH__V1__WORKER_STATE__WORKER_STATE_BUSY,
+      RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST};
+  static const Rlorch__V1__WorkerRole roles[] = {RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER,
+                                                 RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE};
+  for (size_t a = 0; a < 2; a++) {
+    for (size_t b = 0; b < 4; b++) {
+      double n = 0;
+      for (size_t i = 0; i < t->n; i++)
+        if (t->v[i]->role == roles[a] && t->v[i]->state == states[b]) n++;
+      const char *lv[] = {workers_role_label(roles[a]), workers__state_label(states[b])};
+      metrics_gauge_set(t->gauge, lv, n);
+    }
+  }
+}
+
+static void workers__info(const workers_table *t, const workers_entry *w,
+                          Rlorch__V1__WorkerInfo *info) {
+  rlorch__v1__worker_info__init(info);
+  /* protobuf-c wants char*, but never writes through it when packing. */
+  info->id = (char *)w->api_id;
+  info->role = w->role;
+  info->state = w->state;
+  info->name = (char *)w->name;
+  info->capabilities = w->caps;
+  info->run_id = (char *)(t->run_id[0] && w->in_run ? t->run_id : "");
+  info->policy_version = w->policy_version;
+  info->last_heartbeat_unix_ms = w->last_seen_unix_ms;
+  info->data_address = (char *)w->data_address;
+}
+
+void workers_publish(workers_table *t, workers_entry *w) {
+  workers_gauge(t);
+  Rlorch__V1__WorkerInfo info;
+  workers__info(t, w, &info);
+  store_worker_put(t->db, &info);
+  if (!t->run_id[0]) return;
+  Rlorch__V1__WorkerEvent we = RLORCH__V1__WORKER_EVENT__INIT;
+  we.worker = &info;
+  Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
+  ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_WORKER;
+  ev.worker = &we;
+  watch_publish(t->watch, t->run_id, &ev);
+}
+
+void workers_mark_lost(workers_table *t, workers_entry *w, const char *reason) {
+  w->state = RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST;
+  log_warn("worker_lost", "worker=%s name=%s reason=\"%s\"", w->api_id, w->name, reason);
+  workers_end_stream(w, GRPC_STATUS_UNAVAILABLE, "worker declared lost");
+  workers_publish(t, w);
+}
+
+void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms) {
+  for (size_t i = 0; i < t->n; i++) {
+    workers_entry *w = t->v[i];
+    if (w->in_run || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) continue;
+    if (now_mono_ms - w->last_seen_mono_ms > timeout_ms) workers_mark_lost(t, w, "no heartbeat");
+  }
+}
+
+void workers_shutdown(workers_table *t) {
+  for (size_t i = 0; i < t->n; i++) {
+    workers_entry *w = t->v[i];
+    if (!w->attach) continue;
+    Rlorch__V1__ShutdownCommand sc = RLORCH__V1__SHUTDOWN_COMMAND__INIT;
+    sc.reason = "orchestrator shutting down";
+    Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+    cmd.kind_case = RLORCH__V1__COMMAND__KIND_SHUTDOWN;
+    cmd.shutdown = &sc;
+    workers_send(t, w, &cmd);
+    workers_end_stream(w, GRPC_STATUS_UNAVAILABLE, "server shutting down");
+  }
+}
+
+size_t workers_list(workers_table *t, const char *run_id, Rlorch__V1__WorkerInfo ***out) {
+  Rlorch__V1__WorkerInfo **v = calloc(t->n ? t->n : 1, sizeof *v);
+  size_t n = 0;
+  if (!v) {
+    *out = NULL;
+    return 0;
+  }
+  for (size_t i = 0; i < t->n; i++) {
+    workers_entry *w = t->v[i];
+    if (run_id && run_id[0] && !(t->run_id[0] && w->in_run && !strcmp(t->run_id, run_id)))
+      continue;
+    Rlorch__V1__WorkerInfo tmp;
+    workers__info(t, w, &tmp);
+    v[n] = (Rlorch__V1__WorkerInfo *)workers__pb_copy(&tmp.base);
+    if (v[n]) n++;
+  }
+  *out = v;
+  return n;
+}
+
+void workers_list_free(Rlorch__V1__WorkerInfo **w, size_t n) {
+  for (size_t i = 0; i < n; i++) protobuf_c_message_free_unpacked(&w[i]->base, NULL);
+  free(w);
+}

@@ -1,0 +1,96 @@
+/* The worker table: every worker that registered with the daemon (lost ones
+ * included: ids are never reused), their command streams, the heartbeat sweep
+ * of workers outside a run, and how workers are shown (ListWorkers, the
+ * rlorch_workers gauge, the store, WatchRun worker events). Workers register
+ * with the daemon, not with a run; the runner tells the table which run is
+ * active and which workers joined it. Loop thread only. */
+#ifndef RLORCH_DAEMON_WORKERS_H
+#define RLORCH_DAEMON_WORKERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "orchestrator/daemon/metrics.h"
+#include "orchestrator/daemon/store.h"
+#include "orchestrator/daemon/watch.h"
+#include "rlorch/v1/control.pb-c.h"
+#include "rlorch/v1/worker.pb-c.h"
+#include "rpc/rpc.h"
+
+#define WORKERS_MAX 4096
+#define WORKERS_NAME_MAX 64 /* NUL included; equals the scheduler's SCHED_NAME_MAX */
+#define WORKERS_ADDRESS_MAX 256
+
+/* One worker. The table owns it; fields are read by the runner and the
+ * Worker API, and changed only through the functions below unless noted. */
+typedef struct workers_entry {
+  uint32_t id;         /* scheduler id; the API id is "w-<id>" */
+  char api_id[24];
+  Rlorch__V1__WorkerRole role;
+  Rlorch__V1__WorkerState state;           /* the runner sets it from the scheduler */
+  char name[WORKERS_NAME_MAX];
+  Rlorch__V1__Capabilities *caps;          /* owned copy, or NULL */
+  Rlorch__V1__WeightManifest *manifest;    /* trainer: owned copy */
+  char data_address[WORKERS_ADDRESS_MAX];
+  rpc_call *attach;                        /* open command stream, or NULL */
+  uint64_t cmd_seq;
+  uint64_t policy_version;                 /* as last reported; the Worker API sets it */
+  int64_t last_seen_unix_ms;               /* shown to operators */
+  int64_t last_seen_mono_ms;               /* what the heartbeat sweep compares */
+  int in_run;                              /* known to the active run's scheduler; the runner sets it */
+} workers_entry;
+
+typedef struct workers_table workers_table;
+
+/* `db`, `gauge` (labels role, state) and `watch` must outlive the table. */
+int workers_new(store *db, metrics_gauge *gauge, watch_hub *watch, workers_table **out);
+void workers_free(workers_table *t); /* NULL is fine; streams must be ended already */
+
+size_t workers_count(const workers_table *t);
+workers_entry *workers_at(workers_table *t, size_t i); /* 0 <= i < workers_count() */
+workers_entry *workers_by_id(workers_table *t, uint32_t id);
+workers_entry *workers_by_api_id(workers_table *t, const char *api_id);
+workers_entry *workers_by_stream(workers_table *t, const rpc_call *attach);
+
+/* Adds a REGISTERED worker, copying caps and manifest (either may be NULL);
+ * an empty name becomes the API id. 0; -1 when the table is full
+ * (WORKERS_MAX); -2 out of memory. */
+int workers_add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
+                const char *data_address, const Rlorch__V1__Capabilities *caps,
+                const Rlorch__V1__WeightManifest *manifest, workers_entry **out);
+/* Replaces the manifest with a copy of `m`; 0, or -1 (out of memory, old kept). */
+int workers_set_manifest(workers_entry *w, const Rlorch__V1__WeightManifest *m);
+/* Proof of life now, on both clocks. */
+void workers_seen(workers_entry *w);
+/* `call` becomes the command stream (a previous one ends ABORTED); READY. The
+ * caller sets the cancel callback. */
+void workers_attach(workers_entry *w, rpc_call *call);
+/* The peer closed the command stream: forget it (the closing side finishes it). */
+void workers_detach(workers_entry *w);
+/* Ends the command stream, if any, without its cancel callback. */
+void workers_end_stream(workers_entry *w, grpc_status_code code, const char *msg);
+/* Sends `cmd` on the stream with the next seq and the active run's id; -1
+ * without a stream or when the send fails. */
+int workers_send(workers_table *t, workers_entry *w, Rlorch__V1__Command *cmd);
+
+/* The active run (NULL: none). Ending it clears every worker's in_run. */
+void workers_set_run(workers_table *t, const char *run_id);
+/* Gauge, store and a WatchRun worker event for the active run. */
+void workers_publish(workers_table *t, workers_entry *w);
+/* Recomputes the rlorch_workers gauge. */
+void workers_gauge(workers_table *t);
+/* LOST, logged with `reason`, stream ended, published. */
+void workers_mark_lost(workers_table *t, workers_entry *w, const char *reason);
+/* Heartbeat loss of workers outside the run (the run's scheduler judges its own). */
+void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms);
+/* Every worker's stream gets a Shutdown command and ends UNAVAILABLE. */
+void workers_shutdown(workers_table *t);
+
+/* Workers as the Control API shows them, all or those of run_id; free with
+ * workers_list_free. */
+size_t workers_list(workers_table *t, const char *run_id, Rlorch__V1__WorkerInfo ***out);
+void workers_list_free(Rlorch__V1__WorkerInfo **w, size_t n);
+
+const char *workers_role_label(Rlorch__V1__WorkerRole r); /* "trainer", "inference" */
+
+#endif

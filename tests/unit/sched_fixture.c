@@ -1,0 +1,147 @@
+/* The scheduler test fixture (see sched_fixture.h). */
+#include "sched_fixture.h"
+
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+const sched_caps FX_GPU = {.cuda_devices = 1, .nccl = 1, .pinned_limit_bytes = 1 << 30};
+const sched_offload FX_ALL_GPU = {.gpu_tensors = 10, .gpu_bytes = 1000};
+
+void fx_drain(fx *h) {
+  sched_action_batch b;
+  size_t n = sched_take_actions(h->s, &b);
+  cr_assert_eq(n, b.n);
+  const sched_action *a = b.actions;
+  for (size_t i = 0; i < n; i++) {
+    switch (a[i].kind) {
+    case SCHED_ACT_DISPATCH:
+      cr_assert_lt(h->nreqs, FX_MAXQ);
+      h->reqs[h->nreqs].worker = a[i].worker;
+      h->reqs[h->nreqs].id = a[i].request_id;
+      h->reqs[h->nreqs++].count = a[i].count;
+      h->dispatch_log[h->ndispatch++] = a[i].worker;
+      break;
+    case SCHED_ACT_TRAIN:
+      h->ntrain++;
+      h->train_step = a[i].step;
+      h->ntrain_ids = a[i].nrollouts;
+      memcpy(h->train_ids, a[i].rollout_ids, a[i].nrollouts * sizeof(uint64_t));
+      break;
+    case SCHED_ACT_BUILD_PLAN:
+      h->nplan++;
+      snprintf(h->plan_id, sizeof h->plan_id, "%s", a[i].plan_id);
+      h->plan_mode = a[i].mode;
+      h->nparts = a[i].nparticipants;
+      memcpy(h->parts, a[i].participants, a[i].nparticipants * sizeof(uint32_t));
+      break;
+    case SCHED_ACT_TRIGGER: h->ntrigger++; break;
+    case SCHED_ACT_ABORT:
+      h->nabort++;
+      snprintf(h->abort_reason, sizeof h->abort_reason, "%s", a[i].text);
+      break;
+    case SCHED_ACT_COMMIT: h->records[h->ncommit++] = *a[i].record; break;
+    case SCHED_ACT_RUN_STATE:
+      h->run_state = a[i].run_state;
+      snprintf(h->run_msg, sizeof h->run_msg, "%s", a[i].text);
+      break;
+    case SCHED_ACT_WORKER_STATE:
+      if (a[i].worker_state == SCHED_WORKER_LOST && a[i].worker < 64) h->lost[a[i].worker] = 1;
+      break;
+    }
+  }
+  sched_action_batch_free(&b);
+}
+
+sched_settings fx_settings(uint32_t per_step, uint32_t async, uint32_t k, uint32_t cap) {
+  sched_settings c;
+  sched_settings_default(&c);
+  snprintf(c.run_id, sizeof c.run_id, "r1");
+  c.rollouts_per_step = per_step;
+  c.max_async_level = async;
+  c.max_outstanding = k;
+  c.max_buffered = cap;
+  c.heartbeat_timeout_ms = 1000000;
+  c.plan_ack_timeout_ms = 1000;
+  c.broadcast_timeout_ms = 5000;
+  return c;
+}
+
+void fx_start(fx *h, const sched_settings *c) {
+  memset(h, 0, sizeof *h);
+  char err[256];
+  cr_assert_eq(sched_new(c, &h->s, err, sizeof err), SCHED_OK, "%s", err);
+  h->now = 1000;
+}
+
+void fx_add(fx *h, uint32_t id, sched_role role, const char *name, const sched_caps *c) {
+  cr_assert_eq(sched_worker_registered(h->s, h->now, id, role, name, c, &FX_ALL_GPU), SCHED_OK,
+               "%s", sched_last_error(h->s));
+  cr_assert_eq(sched_worker_attached(h->s, h->now, id), SCHED_OK);
+  fx_drain(h);
+}
+
+void fx_answer(fx *h, uint32_t worker, uint64_t rid, uint64_t version) {
+  for (size_t i = 0; i < h->nreqs; i++) {
+    if (worker && h->reqs[i].worker != worker) continue;
+    sched_rollout r = {.id = rid, .policy_version = version, .tokens = 10};
+    uint32_t w = h->reqs[i].worker;
+    uint64_t q = h->reqs[i].id;
+    memmove(&h->reqs[i], &h->reqs[i + 1], (h->nreqs - i - 1) * sizeof h->reqs[0]);
+    h->nreqs--;
+    cr_assert_eq(sched_rollouts_done(h->s, h->now, w, q, &r, 1), SCHED_OK, "%s",
+                 sched_last_error(h->s));
+    fx_drain(h);
+    return;
+  }
+  cr_assert_fail("no request in flight for worker %" PRIu32, worker);
+}
+
+void fx_step_done(fx *h) {
+  h->now += 100;
+  cr_assert_eq(sched_step_done(h->s, h->now, FX_TRAINER, h->train_step, 0.1, NULL), SCHED_OK,
+               "%s", sched_last_error(h->s));
+  fx_drain(h);
+}
+
+void fx_build_and_ack(fx *h) {
+  cr_assert_eq(sched_plan_built(h->s, h->now, h->plan_id, 0xabc, NULL), SCHED_OK);
+  for (size_t i = 0; i < h->nparts; i++)
+    cr_assert_eq(sched_plan_acked(h->s, h->now, h->parts[i], h->plan_id, 0xabc, NULL),
+                 SCHED_OK);
+  fx_drain(h);
+}
+
+void fx_bcast_done(fx *h) {
+  h->now += 50;
+  sched_bcast_report rep = {.transport = "nccl", .pcie_bytes = 400, .wire_bytes = 2000,
+                            .h2d_seconds = 0.01, .cast_seconds = 0.005, .wire_seconds = 0.02,
+                            .total_seconds = 0.04, .exposed_staging_seconds = 0.01,
+                            .buckets = 3, .weights_checksum = 77};
+  sched_bcast_report rx = {.weights_checksum = 77};
+  for (size_t i = 0; i < h->nparts; i++)
+    cr_assert_eq(sched_broadcast_done(h->s, h->now, h->parts[i], h->plan_id, NULL,
+                                      i == 0 ? &rep : &rx),
+                 SCHED_OK, "%s", sched_last_error(h->s));
+  fx_drain(h);
+}
+
+void fx_finish_step(fx *h) {
+  fx_step_done(h);
+  fx_build_and_ack(h);
+  fx_bcast_done(h);
+}
+
+void fx_to_plan(fx *h) {
+  sched_settings c = fx_settings(1, 0, 1, 4);
+  c.steps = 2;
+  fx_start(h, &c);
+  fx_add(h, FX_TRAINER, SCHED_ROLE_TRAINER, "trainer", &FX_GPU);
+  fx_add(h, 2, SCHED_ROLE_INFERENCE, "inference-2", &FX_GPU);
+  fx_add(h, 3, SCHED_ROLE_INFERENCE, "inference-3", &FX_GPU);
+  fx_answer(h, 2, 1, 0);
+  cr_assert_eq(h->ntrain, 1);
+  fx_step_done(h);
+  cr_assert_eq(h->nplan, 1);
+}

@@ -1,0 +1,63 @@
+/* The scheduler test fixture: a scheduler plus what a shell would have seen
+ * of its actions, and the steps most tests take (register workers, answer
+ * rollout requests, finish a step, reach a pending plan). Compiled into each
+ * scheduler test that drives event sequences. */
+#ifndef RLORCH_TESTS_SCHED_FIXTURE_H
+#define RLORCH_TESTS_SCHED_FIXTURE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "orchestrator/sched/sched.h"
+
+#define FX_TRAINER 1 /* trainer id in most tests */
+#define FX_MAXQ 256
+
+typedef struct fx {
+  sched *s;
+  int64_t now;
+  struct { uint32_t worker; uint64_t id; uint32_t count; } reqs[FX_MAXQ]; /* in flight */
+  size_t nreqs;
+  size_t dispatch_log[FX_MAXQ]; /* worker ids of every DISPATCH, in order */
+  size_t ndispatch;
+  int ntrain, nplan, ntrigger, nabort, ncommit;
+  uint64_t train_step;
+  uint64_t train_ids[64];
+  size_t ntrain_ids;
+  char plan_id[SCHED_PLAN_ID_MAX];
+  sched_mode plan_mode;
+  uint32_t parts[16];
+  size_t nparts;
+  char abort_reason[SCHED_TEXT_MAX];
+  sched_step_record records[16];
+  sched_run_state run_state;
+  char run_msg[SCHED_TEXT_MAX];
+  int lost[64];
+} fx;
+
+extern const sched_caps FX_GPU;         /* CUDA and NCCL */
+extern const sched_offload FX_ALL_GPU;  /* every tensor on the GPU */
+
+/* Settings of run "r1": batch `per_step`, async bound, K, buffer cap; ack
+ * timeout 1 s, broadcast timeout 5 s, heartbeats never time out. */
+sched_settings fx_settings(uint32_t per_step, uint32_t async, uint32_t k, uint32_t cap);
+/* A fresh scheduler at time 1000. */
+void fx_start(fx *h, const sched_settings *c);
+/* Takes the pending actions and records them in `h`. */
+void fx_drain(fx *h);
+/* Registers and attaches worker `id`. */
+void fx_add(fx *h, uint32_t id, sched_role role, const char *name, const sched_caps *c);
+/* Answers the oldest request in flight of `worker` (0: any) with one rollout. */
+void fx_answer(fx *h, uint32_t worker, uint64_t rid, uint64_t version);
+/* The trainer reports the step in training done, 100 ms later. */
+void fx_step_done(fx *h);
+/* The pending plan is built (hash 0xabc) and every participant acks it. */
+void fx_build_and_ack(fx *h);
+/* Every participant reports the broadcast done, 50 ms later; checksums match. */
+void fx_bcast_done(fx *h);
+/* fx_step_done, fx_build_and_ack, fx_bcast_done. */
+void fx_finish_step(fx *h);
+/* Trainer 1, inference 2 and 3, two steps; step 0 trained, its plan asked for. */
+void fx_to_plan(fx *h);
+
+#endif

@@ -1,0 +1,163 @@
+/* The daemon's worker table without streams: ids and lookups, the table
+ * limit, which workers a run lists, the heartbeat sweep outside a run, and
+ * what publishing stores and counts. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orchestrator/daemon/metrics.h"
+#include "orchestrator/daemon/now.h"
+#include "orchestrator/daemon/store.h"
+#include "orchestrator/daemon/watch.h"
+#include "orchestrator/daemon/workers.h"
+
+static char dir[64];
+static store *db;
+static metrics_registry *reg;
+static metrics_gauge *gauge;
+static watch_hub *hub;
+static workers_table *tab;
+
+static void setup(void) {
+  snprintf(dir, sizeof dir, "%s/rlorch_workers_XXXXXX", P_tmpdir);
+  cr_assert_not_null(mkdtemp(dir));
+  char err[512] = "";
+  cr_assert_eq(store_open(dir, &db, err, sizeof err), 0, "%s", err);
+  reg = metrics_registry_new();
+  static const char *const labels[] = {"role", "state", NULL};
+  gauge = metrics_gauge_new(reg, "rlorch_workers", "Workers by role and state.", labels, err,
+                            sizeof err);
+  cr_assert_not_null(gauge, "%s", err);
+  cr_assert_eq(watch_hub_new(&hub), 0);
+  cr_assert_eq(workers_new(db, gauge, hub, &tab), 0);
+}
+
+static void teardown(void) {
+  workers_free(tab);
+  watch_hub_free(hub);
+  metrics_registry_free(reg);
+  store_close(db);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(workers, .init = setup, .fini = teardown);
+
+static workers_entry *add(Rlorch__V1__WorkerRole role, const char *name) {
+  workers_entry *w = NULL;
+  cr_assert_eq(workers_add(tab, role, name, "", NULL, NULL, &w), 0);
+  return w;
+}
+
+static int count_stored(const Rlorch__V1__WorkerInfo *w, void *arg) {
+  (void)w;
+  ++*(int *)arg;
+  return 0;
+}
+
+/* Whether the rendered metrics hold `series` (name, labels and value). */
+static int gauge_has(const char *series) {
+  char *buf = NULL;
+  size_t len = 0;
+  cr_assert_eq(metrics_render(reg, &buf, &len), 0);
+  int found = strstr(buf, series) != NULL;
+  free(buf);
+  return found;
+}
+
+Test(workers, ids_names_and_lookups) {
+  workers_entry *t = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER, "trainer-0");
+  workers_entry *i = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "");
+  cr_assert_str_eq(t->api_id, "w-1");
+  cr_assert_str_eq(i->api_id, "w-2");
+  cr_assert_str_eq(i->name, "w-2", "an empty name becomes the API id");
+  cr_assert_eq(i->state, RLORCH__V1__WORKER_STATE__WORKER_STATE_REGISTERED);
+  cr_assert_eq(workers_by_id(tab, 2), i);
+  cr_assert_eq(workers_by_api_id(tab, "w-1"), t);
+  cr_assert_null(workers_by_api_id(tab, "w-9"));
+  cr_assert_null(workers_by_id(tab, 9));
+  cr_assert_eq(workers_count(tab), 2);
+  cr_assert_eq(workers_at(tab, 1), i);
+  cr_assert_null(workers_at(tab, 2));
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cr_assert_eq(workers_send(tab, t, &cmd), -1, "no command stream yet");
+  cr_assert_eq(t->cmd_seq, 0);
+}
+
+Test(workers, table_is_bounded) {
+  for (int k = 0; k < WORKERS_MAX; k++) add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "x");
+  workers_entry *w = NULL;
+  cr_assert_eq(workers_add(tab, RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "y", "", NULL,
+                           NULL, &w),
+               -1);
+  cr_assert_null(w);
+}
+
+Test(workers, list_by_run_and_leaving_it) {
+  workers_entry *a = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER, "a");
+  add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "b");
+  workers_set_run(tab, "r1");
+  a->in_run = 1;
+  Rlorch__V1__WorkerInfo **v = NULL;
+  size_t n = workers_list(tab, "r1", &v);
+  cr_assert_eq(n, 1);
+  cr_assert_str_eq(v[0]->id, "w-1");
+  cr_assert_str_eq(v[0]->run_id, "r1");
+  workers_list_free(v, n);
+  n = workers_list(tab, "r2", &v);
+  cr_assert_eq(n, 0, "another run has no workers");
+  workers_list_free(v, n);
+  n = workers_list(tab, "", &v);
+  cr_assert_eq(n, 2);
+  cr_assert_str_eq(v[1]->run_id, "", "not in the run");
+  workers_list_free(v, n);
+  workers_set_run(tab, NULL);
+  cr_assert_not(a->in_run, "the run ended");
+  n = workers_list(tab, "r1", &v);
+  cr_assert_eq(n, 0);
+  workers_list_free(v, n);
+}
+
+Test(workers, sweep_loses_silent_workers_outside_the_run) {
+  workers_entry *quiet = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "quiet");
+  workers_entry *inrun = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "in-run");
+  workers_entry *fresh = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "fresh");
+  int64_t now = now_mono_ms();
+  quiet->last_seen_mono_ms = now - 5001;
+  inrun->last_seen_mono_ms = now - 5001;
+  inrun->in_run = 1; /* its run's scheduler judges it */
+  fresh->last_seen_mono_ms = now - 5000;
+  workers_sweep(tab, now, 5000);
+  cr_assert_eq(quiet->state, RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST);
+  cr_assert_eq(inrun->state, RLORCH__V1__WORKER_STATE__WORKER_STATE_REGISTERED);
+  cr_assert_eq(fresh->state, RLORCH__V1__WORKER_STATE__WORKER_STATE_REGISTERED);
+  int stored = 0;
+  cr_assert_eq(store_workers_list(db, NULL, count_stored, &stored), 0);
+  cr_assert_eq(stored, 1, "the lost worker is stored");
+  cr_assert(gauge_has("rlorch_workers{role=\"inference\",state=\"lost\"} 1"));
+  cr_assert(gauge_has("rlorch_workers{role=\"inference\",state=\"registered\"} 2"));
+}
+
+Test(workers, manifest_is_copied) {
+  uint64_t shape[] = {2};
+  Rlorch__V1__TensorSpec t = RLORCH__V1__TENSOR_SPEC__INIT;
+  t.name = "w";
+  t.shape = shape;
+  t.n_shape = 1;
+  Rlorch__V1__TensorSpec *tp[] = {&t};
+  Rlorch__V1__WeightManifest m = RLORCH__V1__WEIGHT_MANIFEST__INIT;
+  m.tensors = tp;
+  m.n_tensors = 1;
+  workers_entry *w = NULL;
+  cr_assert_eq(workers_add(tab, RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER, "t", "h:1", NULL,
+                           &m, &w),
+               0);
+  cr_assert_neq(w->manifest, &m);
+  cr_assert_str_eq(w->manifest->tensors[0]->name, "w");
+  cr_assert_str_eq(w->data_address, "h:1");
+  t.name = "v";
+  cr_assert_eq(workers_set_manifest(w, &m), 0);
+  cr_assert_str_eq(w->manifest->tensors[0]->name, "v");
+}
