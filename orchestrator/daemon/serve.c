@@ -322,7 +322,7 @@ int serve_main(int argc, char **argv) {
   config cfg;
   char err[1024];
   if (config_load(&cfg, argc, argv, environ, err, sizeof err) != 0) {
-    fprintf(stderr, "rlorch serve: %s\n", err);
+    fprintf(stderr, "%s\n", err);
     config_free(&cfg);
     return 2;
   }

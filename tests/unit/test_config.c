@@ -58,7 +58,7 @@ static void expect_file_error(const char *yaml, const char *want) {
   int rc = LOAD(&c, err, NULL, "--config", (char *)path);
   cr_assert_eq(rc, -1, "accepted:\n%s", yaml);
   cr_assert(strstr(err, want), "yaml:\n%s\ngot:  %s\nwant: %s", yaml, err, want);
-  cr_assert(!strncmp(err, "config: ", 8), "%s", err);
+  cr_assert(!strncmp(err, "rlorch serve: ", 14), "%s", err);
   config_free(&c);
 }
 
@@ -315,21 +315,21 @@ Test(config, missing_config_file) {
   config c;
   char err[512] = "";
   cr_assert_eq(LOAD(&c, err, NULL, "--config", "/nonexistent/rlorch.yaml"), -1);
-  cr_assert(strstr(err, "config: /nonexistent/rlorch.yaml: cannot open: No such file"), "%s", err);
+  cr_assert(strstr(err, "rlorch serve: /nonexistent/rlorch.yaml: cannot open: No such file"), "%s", err);
   config_free(&c);
 }
 
 Test(config, env_errors_name_the_variable) {
-  expect_env_error("RLORCH_MAX_ASYNC_LEVEL=abc", "config: RLORCH_MAX_ASYNC_LEVEL: not an integer: \"abc\"");
-  expect_env_error("RLORCH_LISTEN=x:y:z", "config: RLORCH_LISTEN: invalid address \"x:y:z\"");
-  expect_env_error("RLORCH_METRICS_LISTEN=", "config: RLORCH_METRICS_LISTEN: empty value");
-  expect_env_error("RLORCH_LOG_LEVEL=verbose", "config: RLORCH_LOG_LEVEL: invalid value \"verbose\"");
-  expect_env_error("RLORCH_HTTP_TIMEOUT_MS=5s", "config: RLORCH_HTTP_TIMEOUT_MS: not an integer: \"5s\"");
-  expect_env_error("RLORCH_SHUTDOWN_GRACE_S=-1", "config: RLORCH_SHUTDOWN_GRACE_S: -1 out of range");
-  expect_env_error("RLORCH_DEFAULT_POLICY=AUTO", "config: RLORCH_DEFAULT_POLICY: invalid value");
-  expect_env_error("RLORCH_TOKEN_FILE=/nonexistent/t", "config: RLORCH_TOKEN_FILE: cannot read");
-  expect_env_error("RLORCH_TLS_KEY_FILE=/k", "config: RLORCH_TLS_KEY_FILE: set without tls_cert_file");
-  expect_env_error("RLORCH_CONFIG=/nonexistent/x.yaml", "config: /nonexistent/x.yaml: cannot open");
+  expect_env_error("RLORCH_MAX_ASYNC_LEVEL=abc", "rlorch serve: RLORCH_MAX_ASYNC_LEVEL: not an integer: \"abc\"");
+  expect_env_error("RLORCH_LISTEN=x:y:z", "rlorch serve: RLORCH_LISTEN: invalid address \"x:y:z\"");
+  expect_env_error("RLORCH_METRICS_LISTEN=", "rlorch serve: RLORCH_METRICS_LISTEN: empty value");
+  expect_env_error("RLORCH_LOG_LEVEL=verbose", "rlorch serve: RLORCH_LOG_LEVEL: invalid value \"verbose\"");
+  expect_env_error("RLORCH_HTTP_TIMEOUT_MS=5s", "rlorch serve: RLORCH_HTTP_TIMEOUT_MS: not an integer: \"5s\"");
+  expect_env_error("RLORCH_SHUTDOWN_GRACE_S=-1", "rlorch serve: RLORCH_SHUTDOWN_GRACE_S: -1 out of range");
+  expect_env_error("RLORCH_DEFAULT_POLICY=AUTO", "rlorch serve: RLORCH_DEFAULT_POLICY: invalid value");
+  expect_env_error("RLORCH_TOKEN_FILE=/nonexistent/t", "rlorch serve: RLORCH_TOKEN_FILE: cannot read");
+  expect_env_error("RLORCH_TLS_KEY_FILE=/k", "rlorch serve: RLORCH_TLS_KEY_FILE: set without tls_cert_file");
+  expect_env_error("RLORCH_CONFIG=/nonexistent/x.yaml", "rlorch serve: /nonexistent/x.yaml: cannot open");
 }
 
 Test(config, env_empty_clears_optional_path) {
@@ -348,18 +348,18 @@ Test(config, flag_errors) {
     const char *args[4];
     const char *want;
   } cases[] = {
-      {{"--listen"}, "config: --listen: missing value"},
-      {{"--listen", "--data-dir", "x"}, "config: --listen: missing value"},
-      {{"--listen="}, "config: --listen: missing value"},
-      {{"--config"}, "config: --config: missing value"},
-      {{"--listen", "x:y:z"}, "config: --listen: invalid address \"x:y:z\" (want HOST:PORT)"},
-      {{"--metrics-listen=bad"}, "config: --metrics-listen: invalid address \"bad\""},
-      {{"--log-level", "chatty"}, "config: --log-level: invalid value \"chatty\""},
-      {{"--log-format", "xml"}, "config: --log-format: invalid value \"xml\""},
-      {{"--bogus", "1"}, "config: --bogus: unknown flag"},
+      {{"--listen"}, "rlorch serve: --listen: missing value"},
+      {{"--listen", "--data-dir", "x"}, "rlorch serve: --listen: missing value"},
+      {{"--listen="}, "rlorch serve: --listen: missing value"},
+      {{"--config"}, "rlorch serve: --config: missing value"},
+      {{"--listen", "x:y:z"}, "rlorch serve: --listen: invalid address \"x:y:z\" (want HOST:PORT)"},
+      {{"--metrics-listen=bad"}, "rlorch serve: --metrics-listen: invalid address \"bad\""},
+      {{"--log-level", "chatty"}, "rlorch serve: --log-level: invalid value \"chatty\""},
+      {{"--log-format", "xml"}, "rlorch serve: --log-format: invalid value \"xml\""},
+      {{"--bogus", "1"}, "rlorch serve: --bogus: unknown flag"},
       {{"stray"}, "unexpected argument \"stray\""},
-      {{"--tls-cert", "/c"}, "config: --tls-cert: set without tls_key_file"},
-      {{"--token-file", "/nonexistent/t"}, "config: --token-file: cannot read \"/nonexistent/t\""},
+      {{"--tls-cert", "/c"}, "rlorch serve: --tls-cert: set without tls_key_file"},
+      {{"--token-file", "/nonexistent/t"}, "rlorch serve: --token-file: cannot read \"/nonexistent/t\""},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *argv[6] = {"serve"};
