@@ -652,12 +652,9 @@ void opt_usage(const opt_cmd *cmd, const void *defaults, FILE *out) {
   for (size_t i = 0; i < cmd->nfields; i++) {
     const opt_field *f = &cmd->fields[i];
     if (!f->flag || (f->flags & OPT_ARG)) continue;
-    if (f->type == OPT_SWITCH) snprintf(left, sizeof left, "%s", f->flag);
-    else snprintf(left, sizeof left, "%s %s", f->flag, f->metavar ? f->metavar : "VALUE");
-    if (f->alias) {
-      size_t l = strlen(left);
-      snprintf(left + l, sizeof left - l, ", %s", f->alias);
-    }
+    snprintf(left, sizeof left, "%s%s%s%s%s", f->flag, f->alias ? ", " : "",
+             f->alias ? f->alias : "", f->type == OPT_SWITCH ? "" : " ",
+             f->type == OPT_SWITCH ? "" : (f->metavar ? f->metavar : "VALUE"));
     opt__help_line(out, left, f, defaults);
   }
   fprintf(out, "  %-26s print this text and exit\n", "--help");
@@ -670,9 +667,17 @@ void opt_usage(const opt_cmd *cmd, const void *defaults, FILE *out) {
       opt__help_line(out, left, f, defaults);
     }
   }
-  int cfg = (cmd->flags & OPT_CMD_CONFIG) != 0;
-  fprintf(out, "\nenvironment%s:\n", cfg ? " (variable, YAML key, flag)" : " (variable, flag)");
+  int cfg = (cmd->flags & OPT_CMD_CONFIG) != 0, nenv = 0;
   char env[64];
+  for (size_t i = 0; i < cmd->nfields; i++) {
+    opt_env_name(&cmd->fields[i], env, sizeof env);
+    nenv += env[0] != 0;
+  }
+  if (!nenv) {
+    if (cmd->footer) fprintf(out, "\n%s", cmd->footer);
+    return;
+  }
+  fprintf(out, "\nenvironment%s:\n", cfg ? " (variable, YAML key, flag)" : " (variable, flag)");
   for (size_t i = 0; i < cmd->nfields; i++) {
     const opt_field *f = &cmd->fields[i];
     opt_env_name(f, env, sizeof env);
