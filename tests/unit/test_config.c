@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "orchestrator/daemon/config.h"
+#include "rpc/rpc.h"
 
 static char tmpdir[64];
 
@@ -388,6 +389,32 @@ Test(config, token_is_trimmed) {
   char err[256] = "";
   cr_assert_eq(LOAD(&c, err, NULL, "--token-file", (char *)tok), 0, "%s", err);
   cr_assert_str_eq(c.token, "abc def");
+  config_free(&c);
+}
+
+/* The server reads token files with the clients' reader (rpc_token_read):
+ * white space on both sides goes, so a file that works for ctl and the agents
+ * works for serve. A server that kept the leading blanks would expect a token
+ * no client sends. */
+Test(config, token_is_trimmed_on_both_sides_like_the_clients) {
+  const char *tok = write_file("padded", " \t  abc def \r\n\n");
+  config c;
+  char err[256] = "";
+  cr_assert_eq(LOAD(&c, err, NULL, "--token-file", (char *)tok), 0, "%s", err);
+  cr_assert_str_eq(c.token, "abc def");
+  char buf[64], terr[256];
+  cr_assert_eq(rpc_token_read(tok, buf, sizeof buf, terr, sizeof terr), 0, "%s", terr);
+  cr_assert_str_eq(c.token, buf, "server and clients read the same token");
+  config_free(&c);
+  /* A NUL byte would cut the token short for one side only: refused. */
+  const char *nul = write_file("nul", "");
+  FILE *f = fopen(nul, "wb");
+  cr_assert_not_null(f);
+  fwrite("ab\0cd", 1, 5, f);
+  fclose(f);
+  cr_assert_eq(LOAD(&c, err, NULL, "--token-file", (char *)nul), -1);
+  cr_assert(strstr(err, "rlorch serve: --token-file: \""), "%s", err);
+  cr_assert(strstr(err, "\" holds a NUL byte"), "%s", err);
   config_free(&c);
 }
 
