@@ -74,11 +74,15 @@ const char *opt_enum_name(const opt_name *names, int value) {
   return NULL;
 }
 
+/* "a|b|c": the first name of each value; later ones are aliases. */
 static void opt__choices(const opt_name *names, char *buf, size_t len) {
   size_t off = 0;
   buf[0] = 0;
   for (size_t i = 0; names && names[i].name && off < len; i++) {
-    int n = snprintf(buf + off, len - off, "%s%s", i ? "|" : "", names[i].name);
+    size_t k = 0;
+    while (k < i && names[k].value != names[i].value) k++;
+    if (k < i) continue;
+    int n = snprintf(buf + off, len - off, "%s%s", off ? "|" : "", names[i].name);
     if (n < 0) break;
     off += (size_t)n;
   }

@@ -59,10 +59,12 @@ enum {
   OPT_CMD_SUBCOMMAND = 1u << 1, /* stops at the first word that is not a flag (opt_state.rest) */
 };
 
+/* Tables end with {NULL, 0}. A value may have several names: the first is
+ * the one --help, messages and opt_enum_name use, the others are aliases. */
 typedef struct opt_name {
   const char *name;
   int value;
-} opt_name; /* tables end with {NULL, 0} */
+} opt_name;
 
 typedef struct opt_field {
   const char *name;     /* YAML key; RLORCH_ + upper-case name is the variable */

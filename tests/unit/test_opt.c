@@ -22,7 +22,7 @@ typedef struct t_opts {
   int arg_mode;
 } t_opts;
 
-static const opt_name t_modes[] = {{"slow", 1}, {"fast", 2}, {NULL, 0}};
+static const opt_name t_modes[] = {{"slow", 1}, {"fast", 2}, {"quick", 2}, {NULL, 0}};
 
 #define T(m, ctype) OPT_OFF(t_opts, m, ctype)
 static const opt_field t_fields[] = {
@@ -227,6 +227,10 @@ Test(opt, every_type_from_flags) {
   cr_assert_eq(PARSE(&o, NULL, &st, "--sw=false", "--bytes=1GiB", "--bytes", "3KiB"), 0, "%s", st.err);
   cr_assert(!o.sw);
   cr_assert_eq(o.bytes, 3072, "the last flag wins");
+  opt_free(&t_cmd, &o);
+  t_defaults(&o);
+  cr_assert_eq(PARSE(&o, NULL, &st, "--mode", "quick"), 0, "%s", st.err);
+  cr_assert_eq(o.mode, 2, "an alias names the same value");
   opt_free(&t_cmd, &o);
 }
 
@@ -493,7 +497,7 @@ Test(opt, parse_addr) {
 }
 
 Test(opt, enum_names) {
-  cr_assert_str_eq(opt_enum_name(t_modes, 2), "fast");
+  cr_assert_str_eq(opt_enum_name(t_modes, 2), "fast", "the first name, not the alias");
   cr_assert_null(opt_enum_name(t_modes, 3));
   cr_assert_str_eq(opt_enum_name(opt_log_level_names, 0), "debug");
 }
