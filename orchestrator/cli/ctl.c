@@ -330,14 +330,30 @@ static const struct {
   opt_cmd cmd;
   ctl__fn fn;
 } ctl__commands[] = {
-    {"start-run", CTL__CMD("start-run", ctl__start_fields, "Starts a run; unset fields take the orchestrator's defaults."), do_start_run},
-    {"stop-run", CTL__CMD("stop-run", ctl__stop_fields, "Stops a run after the step in flight."), do_stop_run},
-    {"get-run", CTL__CMD("get-run", ctl__get_fields, "Shows one run."), do_get_run},
-    {"list-runs", CTL__CMD("list-runs", ctl__list_runs_fields, "Lists runs, newest first."), do_list_runs},
-    {"list-workers", CTL__CMD("list-workers", ctl__list_workers_fields, "Lists the workers the orchestrator knows."), do_list_workers},
-    {"watch-run", CTL__CMD("watch-run", ctl__watch_fields, "Streams a run's events until it ends (Ctrl-C stops)."), do_watch},
-    {"set-policy", CTL__CMD("set-policy", ctl__set_policy_fields, "Overrides the broadcast mode of a run from its next step."), do_set_policy},
-    {"health", CTL__CMD("health", ctl__health_fields, "gRPC health check; exit 0 when SERVING."), do_health},
+    {"start-run", CTL__CMD("start-run", ctl__start_fields,
+                           "Starts a run; unset fields take the orchestrator's defaults."),
+     do_start_run},
+    {"stop-run", CTL__CMD("stop-run", ctl__stop_fields,
+                           "Stops a run after the step in flight."),
+     do_stop_run},
+    {"get-run", CTL__CMD("get-run", ctl__get_fields,
+                           "Shows one run."),
+     do_get_run},
+    {"list-runs", CTL__CMD("list-runs", ctl__list_runs_fields,
+                           "Lists runs, newest first."),
+     do_list_runs},
+    {"list-workers", CTL__CMD("list-workers", ctl__list_workers_fields,
+                           "Lists the workers the orchestrator knows."),
+     do_list_workers},
+    {"watch-run", CTL__CMD("watch-run", ctl__watch_fields,
+                           "Streams a run's events until it ends (Ctrl-C stops)."),
+     do_watch},
+    {"set-policy", CTL__CMD("set-policy", ctl__set_policy_fields,
+                           "Overrides the broadcast mode of a run from its next step."),
+     do_set_policy},
+    {"health", CTL__CMD("health", ctl__health_fields,
+                           "gRPC health check; exit 0 when SERVING."),
+     do_health},
 };
 
 static ctl *ctl_current; /* only for the SIGINT handler below */

@@ -22,7 +22,8 @@
 static int opt__vfail(opt_state *st, const char *origin, const char *fmt, va_list ap) {
   int n = snprintf(st->err, sizeof st->err, "rlorch %s: %s: ", st->cmd ? st->cmd->name : "?",
                    origin);
-  if (n >= 0 && (size_t)n < sizeof st->err) vsnprintf(st->err + n, sizeof st->err - (size_t)n, fmt, ap);
+  if (n >= 0 && (size_t)n < sizeof st->err)
+    vsnprintf(st->err + n, sizeof st->err - (size_t)n, fmt, ap);
   return -1;
 }
 
@@ -227,7 +228,9 @@ static int opt__bool(const char *v, bool *out) {
   return -1;
 }
 
-static size_t opt__index(const opt_cmd *cmd, const opt_field *f) { return (size_t)(f - cmd->fields); }
+static size_t opt__index(const opt_cmd *cmd, const opt_field *f) {
+  return (size_t)(f - cmd->fields);
+}
 
 /* Sets field f from text v (NULL: an explicit YAML null). `where` names the source. */
 static int opt__set(opt_state *st, void *obj, const opt_field *f, const char *v,
@@ -455,7 +458,9 @@ static int opt__load_env(opt_state *st, void *obj, char **envp) {
     opt_env_name(f, name, sizeof name);
     if (!name[0]) continue;
     const char *v = opt__getenv(envp, name);
-    if (!v && f->env_old && (v = opt__getenv(envp, f->env_old))) snprintf(name, sizeof name, "%s", f->env_old);
+    /* The former name counts only while the current one is unset. */
+    if (!v && f->env_old && (v = opt__getenv(envp, f->env_old)))
+      snprintf(name, sizeof name, "%s", f->env_old);
     if (v && opt__set(st, obj, f, v, name) != 0) return -1;
   }
   return 0;
@@ -523,7 +528,9 @@ static int opt__scan(opt_state *st, int argc, char **argv, opt__item *out, size_
     if (!eq && f && f->type == OPT_SWITCH) {
       v = "true";
     } else if (!eq) {
-      if (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2)) return opt_fail(st, flag, "missing value");
+      /* "--flag --other": the value was forgotten, not "--other". */
+      if (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))
+        return opt_fail(st, flag, "missing value");
       v = argv[++i];
     }
     if (!*v) return opt_fail(st, flag, "missing value");
