@@ -43,13 +43,16 @@ static int opt__is_number(opt_type t) {
 }
 
 int opt_own(const opt_cmd *cmd, void *obj) {
+  int rc = 0;
   for (size_t i = 0; i < cmd->nfields; i++) {
     const opt_field *f = &cmd->fields[i];
     if (!opt__is_string(f->type)) continue;
     char **p = OPT__AT(obj, f, char *);
-    if (*p && !(*p = strdup(*p))) return -1;
+    /* After a failure the rest become NULL, so opt_free never frees a literal. */
+    if (rc) *p = NULL;
+    else if (*p && !(*p = strdup(*p))) rc = -1;
   }
-  return 0;
+  return rc;
 }
 
 void opt_free(const opt_cmd *cmd, void *obj) {

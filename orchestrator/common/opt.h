@@ -110,7 +110,9 @@ typedef struct opt_state {
 } opt_state;
 
 /* Makes every string field of obj an owned copy (defaults may be literals).
- * 0, or -1 when out of memory (the copies made so far are kept: opt_free). */
+ * 0, or -1 when out of memory: the copies made so far are kept and the other
+ * string fields are NULL, so opt_free is right on both paths. Two fields that
+ * share one member would be copied twice: give a member one string field. */
 int opt_own(const opt_cmd *cmd, void *obj);
 
 /* Parses argv (argv[0] is skipped) and envp ("NAME=value", NULL-terminated;
