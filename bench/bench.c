@@ -5,16 +5,19 @@
 #include <time.h>
 
 #include "bench/bench.h"
+#include "orchestrator/common/opt.h"
 
+extern char **environ;
+
+/* What each one measures is in the --help footer below. */
 static const struct {
   const char *name;
   int (*fn)(int, char **);
-  const char *help;
 } benches[] = {
-    {"broadcast", bench_broadcast, "weight broadcast vs PCIe and wire floors"},
-    {"rpc", bench_rpc, "control-call latency vs a bare gRPC C-core echo server"},
-    {"steploop", bench_steploop, "orchestration overhead per step and per rollout"},
-    {NULL, NULL, NULL},
+    {"broadcast", bench_broadcast},
+    {"rpc", bench_rpc},
+    {"steploop", bench_steploop},
+    {NULL, NULL},
 };
 
 static int cmp_double(const void *a, const void *b) {
@@ -30,15 +33,36 @@ double bench_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static const opt_cmd bench__cmd = {
+    .name = "bench",
+    .about = "Runs one benchmark; each prints its figure, the baseline measured in the same\n"
+             "run, and their ratio (`rlorch bench NAME --help` for its flags).",
+    .flags = OPT_CMD_SUBCOMMAND,
+    .footer = "benchmarks:\n"
+              "  broadcast  weight broadcast vs PCIe and wire floors\n"
+              "  rpc        control-call latency vs a bare gRPC C-core echo server\n"
+              "  steploop   orchestration overhead per step and per rollout\n",
+};
+
 int bench_main(int argc, char **argv) {
-  if (argc < 2 || !strcmp(argv[1], "--help")) {
-    fprintf(argc < 2 ? stderr : stdout, "usage: rlorch bench NAME [FLAGS]\n\nbenchmarks:\n");
-    for (int i = 0; benches[i].name; i++)
-      fprintf(argc < 2 ? stderr : stdout, "  %-10s %s\n", benches[i].name, benches[i].help);
-    return argc < 2 ? 2 : 0;
+  opt_state st;
+  if (opt_parse(&bench__cmd, NULL, argc, argv, environ, &st) != 0) {
+    fprintf(stderr, "%s\n", st.err);
+    return 2;
   }
+  if (st.help) {
+    opt_usage(&bench__cmd, NULL, stdout);
+    return 0;
+  }
+  if (st.rest >= argc) {
+    opt_fail(&st, "arguments", "missing NAME (see rlorch bench --help)");
+    fprintf(stderr, "%s\n", st.err);
+    return 2;
+  }
+  const char *name = argv[st.rest];
   for (int i = 0; benches[i].name; i++)
-    if (!strcmp(argv[1], benches[i].name)) return benches[i].fn(argc - 1, argv + 1);
-  fprintf(stderr, "rlorch bench: unknown benchmark '%s'\n", argv[1]);
+    if (!strcmp(name, benches[i].name)) return benches[i].fn(argc - st.rest, argv + st.rest);
+  opt_fail(&st, "arguments", "unknown benchmark \"%s\" (see rlorch bench --help)", name);
+  fprintf(stderr, "%s\n", st.err);
   return 2;
 }

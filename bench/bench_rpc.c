@@ -2,6 +2,7 @@
  * the rpc module (cq thread -> libuv loop -> method table -> protobuf-c
  * handler) against a bare gRPC C-core echo server answering from its own cq
  * thread, both in this process, both on loopback, same client. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +12,11 @@
 #include <grpc/support/time.h>
 
 #include "bench/bench.h"
+#include "orchestrator/common/opt.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rpc/rpc.h"
+
+extern char **environ;
 
 #define BENCH_METHOD "/rlorch.v1.Control/GetRun"
 #define BASE_ARMED 64
@@ -219,22 +223,40 @@ static result measure(const char *target, int threads, int requests) {
   return r;
 }
 
+typedef struct bench_rpc_opts {
+  uint32_t requests;
+  bool json;
+} bench_rpc_opts;
+
+static const opt_field bench_rpc__fields[] = {
+    {.name = "requests", .flag = "--requests", .type = OPT_U32,
+     .off = OPT_OFF(bench_rpc_opts, requests, uint32_t), .min = 16, .max = 100000000,
+     .metavar = "N", .help = "calls per setting"},
+    {.name = "json", .flag = "--json", .type = OPT_SWITCH,
+     .off = OPT_OFF(bench_rpc_opts, json, bool), .help = "one JSON object instead of a table"},
+};
+
+static const opt_cmd bench_rpc__cmd = {
+    .name = "bench rpc",
+    .about = "Latency and throughput of a unary control call through the rpc module against\n"
+             "a bare gRPC C-core echo server, both in this process, on loopback.",
+    .fields = bench_rpc__fields,
+    .nfields = sizeof bench_rpc__fields / sizeof bench_rpc__fields[0],
+};
+
 int bench_rpc(int argc, char **argv) {
-  int requests = 20000, json = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--requests") && i + 1 < argc) {
-      requests = atoi(argv[++i]);
-      if (requests < 16) {
-        fprintf(stderr, "bench rpc: --requests must be >= 16\n");
-        return 2;
-      }
-    } else if (!strcmp(argv[i], "--json")) {
-      json = 1;
-    } else {
-      fprintf(stderr, "usage: rlorch bench rpc [--requests N] [--json]\n");
-      return !strcmp(argv[i], "--help") ? 0 : 2;
-    }
+  const bench_rpc_opts defaults = {.requests = 20000};
+  bench_rpc_opts o = defaults;
+  opt_state st;
+  if (opt_parse(&bench_rpc__cmd, &o, argc, argv, environ, &st) != 0) {
+    fprintf(stderr, "%s\n", st.err);
+    return 2;
   }
+  if (st.help) {
+    opt_usage(&bench_rpc__cmd, &defaults, stdout);
+    return 0;
+  }
+  int requests = (int)o.requests, json = o.json;
   grpc_init();
   char err[256];
   rl_server rl;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "orchestrator/common/opt.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "orchestrator/cli/proc.h"
 #include "rlorch/v1/control.pb-c.h"
@@ -312,23 +313,44 @@ static pid_t start_serve(const char *exe, const char *addr, const char *maddr, c
   return pid;
 }
 
+typedef struct bench_steploop_opts {
+  uint32_t steps, rollouts_per_step;
+  bool json;
+} bench_steploop_opts;
+
+#define BSO(m, ctype) OPT_OFF(bench_steploop_opts, m, ctype)
+static const opt_field bench_steploop__fields[] = {
+    {.name = "steps", .flag = "--steps", .type = OPT_U32, .off = BSO(steps, uint32_t), .min = 1,
+     .max = 1000000, .metavar = "N", .help = "steps per round"},
+    {.name = "rollouts_per_step", .flag = "--rollouts-per-step", .type = OPT_U32,
+     .off = BSO(rollouts_per_step, uint32_t), .min = 1, .max = 65536, .metavar = "N",
+     .help = "rollouts in a training batch"},
+    {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BSO(json, bool),
+     .help = "one JSON object instead of a table"},
+};
+
+static const opt_cmd bench_steploop__cmd = {
+    .name = "bench steploop",
+    .about = "Orchestration overhead per step and per rollout: a real `rlorch serve` driven by\n"
+             "zero-cost in-process workers.",
+    .fields = bench_steploop__fields,
+    .nfields = sizeof bench_steploop__fields / sizeof bench_steploop__fields[0],
+};
+
 int bench_steploop(int argc, char **argv) {
-  uint32_t steps = 50, per_step = 16;
-  int json = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--json")) json = 1;
-    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = (uint32_t)atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--rollouts-per-step") && i + 1 < argc)
-      per_step = (uint32_t)atoi(argv[++i]);
-    else {
-      fprintf(stderr, "usage: rlorch bench steploop [--steps N] [--rollouts-per-step N] [--json]\n");
-      return 2;
-    }
-  }
-  if (steps == 0 || per_step == 0) {
-    fprintf(stderr, "rlorch bench steploop: --steps and --rollouts-per-step must be positive\n");
+  const bench_steploop_opts defaults = {.steps = 50, .rollouts_per_step = 16};
+  bench_steploop_opts o = defaults;
+  opt_state st;
+  if (opt_parse(&bench_steploop__cmd, &o, argc, argv, environ, &st) != 0) {
+    fprintf(stderr, "%s\n", st.err);
     return 2;
   }
+  if (st.help) {
+    opt_usage(&bench_steploop__cmd, &defaults, stdout);
+    return 0;
+  }
+  uint32_t steps = o.steps, per_step = o.rollouts_per_step;
+  int json = o.json;
   char exe[PATH_MAX];
   if (proc_self_exe(exe, sizeof exe) != 0) return 1;
   const char *tmp = getenv("TMPDIR");

@@ -335,18 +335,36 @@ void rpc_client_cancel_streams(rpc_client *c) {
 }
 
 /* Clients of every kind (ctl, agents) read their bearer token the same way. */
+/* The one reader of bearer-token files, for the server and every client, so
+ * a file that authenticates a client also configures the server. The message
+ * names the path, not the flag or variable: the caller prefixes where the path
+ * came from. */
 int rpc_token_read(const char *path, char *buf, size_t len, char *err, size_t errlen) {
-  FILE *f = fopen(path, "r");
+  if (len < 2) {
+    snprintf(err, errlen, "\"%s\": no room for a token", path);
+    return -1;
+  }
+  FILE *f = fopen(path, "rb");
   if (!f) {
-    snprintf(err, errlen, "--token-file %s: %s", path, strerror(errno));
+    snprintf(err, errlen, "cannot read \"%s\": %s", path, strerror(errno));
     return -1;
   }
   size_t n = fread(buf, 1, len - 1, f);
-  int big = n == len - 1 && fgetc(f) != EOF;
+  int bad = ferror(f);
+  int big = !bad && n == len - 1 && fgetc(f) != EOF;
+  bad = bad || ferror(f);
   fclose(f);
   buf[n] = 0;
+  if (bad) {
+    snprintf(err, errlen, "cannot read \"%s\": %s", path, strerror(errno ? errno : EIO));
+    return -1;
+  }
   if (big) {
-    snprintf(err, errlen, "--token-file %s: longer than %zu bytes", path, len - 2);
+    snprintf(err, errlen, "\"%s\" is larger than %zu bytes", path, len - 2);
+    return -1;
+  }
+  if (memchr(buf, 0, n)) {
+    snprintf(err, errlen, "\"%s\" holds a NUL byte", path);
     return -1;
   }
   while (n > 0 && isspace((unsigned char)buf[n - 1])) buf[--n] = 0;
@@ -354,7 +372,7 @@ int rpc_token_read(const char *path, char *buf, size_t len, char *err, size_t er
   while (buf[s] && isspace((unsigned char)buf[s])) s++;
   memmove(buf, buf + s, n - s + 1);
   if (!buf[0]) {
-    snprintf(err, errlen, "--token-file %s: is empty", path);
+    snprintf(err, errlen, "\"%s\" is empty", path);
     return -1;
   }
   return 0;

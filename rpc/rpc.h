@@ -125,8 +125,9 @@ grpc_status_code rpc_client_call_raw(rpc_client *c, const char *method, const vo
 
 const char *rpc_status_name(grpc_status_code code); /* "NOT_FOUND" */
 
-/* Reads a bearer token file into buf, trimming surrounding white space.
- * 0, or -1 with a message naming --token-file and the path in err. */
+/* Reads a bearer token file into buf, trimming surrounding white space; the
+ * one reader for the server and every client. 0, or -1 with a message naming
+ * the path in err (the caller says which flag or variable gave it). */
 int rpc_token_read(const char *path, char *buf, size_t len, char *err, size_t errlen);
 
 #endif

@@ -1,186 +1,164 @@
-/* Flags of `rlorch trainer` and `rlorch inference`: "--flag value" or
- * "--flag=value". No getopt: its global state would make repeated parses
- * (tests) order-dependent. */
+/* Settings of `rlorch trainer` and `rlorch inference` on the opt mechanism:
+ * one table per role over agent_flags. */
 #include "orchestrator/cli/agent_flags.h"
 
-#include <errno.h>
-#include <math.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "orchestrator/common/opt.h"
+#include "rpc/rpc.h"
 #include "workers/bcast/bcast_preset.h"
 
-static const char agent__usage_trainer[] =
-    "usage: rlorch trainer --orchestrator ADDR [flags]\n"
-    "\n"
-    "Trainer worker agent: holds fp32 master weights of a model preset, takes a real\n"
-    "AdamW step on each train command and sends the weight broadcast.\n"
-    "\n"
-    "  --orchestrator ADDR     orchestrator's gRPC address (host:port), required\n"
-    "  --token-file F          file holding the bearer token\n"
-    "  --name NAME             worker name (default: host name and pid)\n"
-    "  --preset P              model preset: 100m, 1b, 4b, 8b (default 100m)\n"
-    "  --layers N              keep only the first N decoder layers (default: all)\n"
-    "  --offload O             none | params | params+optimizer (default none)\n"
-    "  --device N              CUDA device, -1 for none (default 0 when a GPU exists)\n"
-    "  --data-listen HOST:PORT host-transport listen address (default 127.0.0.1:0)\n"
-    "  --threads N             CPU optimizer threads (default: one per core)\n"
-    "  --seed N                seed of the initial weights (default 1)\n"
-    "  --log-level L           debug | info | warn | error (default info)\n"
-    "  --log-format F          logfmt | json (default logfmt)\n"
-    "  --help                  this text\n";
+#define AF(m, ctype) OPT_OFF(agent_flags, m, ctype)
 
-static const char agent__usage_inference[] =
-    "usage: rlorch inference --orchestrator ADDR [flags]\n"
-    "\n"
-    "Inference worker agent: generates synthetic rollouts with the policy version it\n"
-    "holds and receives the weight broadcast.\n"
-    "\n"
-    "  --orchestrator ADDR     orchestrator's gRPC address (host:port), required\n"
-    "  --token-file F          file holding the bearer token\n"
-    "  --name NAME             worker name (default: host name and pid)\n"
-    "  --device N              CUDA device, -1 for none (default 0 when a GPU exists)\n"
-    "  --distribution D        lognormal | normal (default lognormal)\n"
-    "  --tokens-mean X         mean tokens per rollout (default 256)\n"
-    "  --tokens-std X          standard deviation of tokens (default 64)\n"
-    "  --latency-ms-mean X     mean generation latency in ms (default 2)\n"
-    "  --latency-ms-std X      standard deviation of the latency in ms (default 0.5)\n"
-    "  --seed N                rollout generator seed (default: from the pid)\n"
-    "  --log-level L           debug | info | warn | error (default info)\n"
-    "  --log-format F          logfmt | json (default logfmt)\n"
-    "  --help                  this text\n";
+static const opt_name agent__offloads[] = {
+    {"none", AGENT_OFFLOAD_NONE},
+    {"params", AGENT_OFFLOAD_PARAMS},
+    {"params+optimizer", AGENT_OFFLOAD_PARAMS_OPTIMIZER},
+    {NULL, 0},
+};
 
-const char *agent_flags_usage(agent_role role) {
-  return role == AGENT_ROLE_TRAINER ? agent__usage_trainer : agent__usage_inference;
+static const opt_name agent__dists[] = {
+    {"lognormal", AGENT_DIST_LOGNORMAL}, {"normal", AGENT_DIST_NORMAL}, {NULL, 0}};
+
+/* The settings both roles share; the names match ctl's and serve's where the
+ * meaning is the same (RLORCH_ORCHESTRATOR, RLORCH_TOKEN_FILE, RLORCH_LOG_*). */
+#define AGENT__COMMON                                                                              \
+  {.name = "orchestrator", .flag = "--orchestrator", .type = OPT_ADDR,                             \
+   .off = AF(opts.orchestrator, char *), .metavar = "ADDR",                                        \
+   .help = "orchestrator's gRPC address, HOST:PORT", .flags = OPT_REQUIRED},                       \
+  {.name = "token_file", .flag = "--token-file", .type = OPT_PATH,                                 \
+   .off = AF(opts.token_file, char *), .metavar = "FILE", .help = "file holding the bearer token"}, \
+  {.name = "name", .flag = "--name", .type = OPT_STR, .off = AF(opts.name, char *),                \
+   .metavar = "NAME", .help = "worker name, at most 200 bytes", .dflt = "host name and pid"},      \
+  {.name = "device", .flag = "--device", .type = OPT_I32, .off = AF(opts.device, int),             \
+   .min = -1, .max = 1023, .metavar = "N", .help = "CUDA device, -1 for none",                     \
+   .dflt = "0 when a GPU exists, else -1"}
+
+#define AGENT__TAIL                                                                                \
+  {.name = "log_level", .flag = "--log-level", .type = OPT_ENUM, .off = AF(log_level, int),        \
+   .names = opt_log_level_names, .metavar = "LEVEL", .help = "log threshold"},                     \
+  {.name = "log_format", .flag = "--log-format", .type = OPT_ENUM, .off = AF(log_format, int),     \
+   .names = opt_log_format_names, .metavar = "FMT", .help = "log line format"}
+
+static const opt_field agent__trainer_fields[] = {
+    AGENT__COMMON,
+    {.name = "preset", .flag = "--preset", .type = OPT_STR, .off = AF(opts.preset, char *),
+     .metavar = "P", .help = "model preset: 100m, 1b, 4b, 8b"},
+    {.name = "layers", .flag = "--layers", .type = OPT_U32, .off = AF(opts.max_layers, uint32_t),
+     .min = 0, .max = 100000, .metavar = "N", .help = "keep only the first N decoder layers",
+     .dflt = "0: all"},
+    {.name = "offload", .flag = "--offload", .type = OPT_ENUM, .off = AF(opts.offload, int),
+     .names = agent__offloads, .metavar = "O", .help = "what lives in host memory"},
+    {.name = "data_listen", .flag = "--data-listen", .type = OPT_ADDR,
+     .off = AF(opts.data_listen, char *), .metavar = "ADDR",
+     .help = "host-transport listen address", .dflt = "127.0.0.1:0"},
+    {.name = "threads", .flag = "--threads", .type = OPT_I32, .off = AF(opts.threads, int),
+     .min = 0, .max = 1024, .metavar = "N", .help = "CPU optimizer threads",
+     .dflt = "0: one per core"},
+    {.name = "seed", .flag = "--seed", .type = OPT_U64, .off = AF(opts.seed, uint64_t),
+     .metavar = "N", .help = "seed of the initial weights"},
+    AGENT__TAIL,
+};
+
+static const opt_field agent__inference_fields[] = {
+    AGENT__COMMON,
+    {.name = "distribution", .flag = "--distribution", .type = OPT_ENUM,
+     .off = AF(opts.rollout.dist, int), .names = agent__dists, .metavar = "D",
+     .help = "distribution of rollout lengths and latencies"},
+    {.name = "tokens_mean", .flag = "--tokens-mean", .type = OPT_DOUBLE,
+     .off = AF(opts.rollout.tokens_mean, double), .min = 1, .max = 1e9, .metavar = "X",
+     .help = "mean tokens per rollout"},
+    {.name = "tokens_std", .flag = "--tokens-std", .type = OPT_DOUBLE,
+     .off = AF(opts.rollout.tokens_std, double), .min = 0, .max = 1e9, .metavar = "X",
+     .help = "standard deviation of tokens"},
+    {.name = "latency_ms_mean", .flag = "--latency-ms-mean", .type = OPT_DOUBLE,
+     .off = AF(opts.rollout.latency_ms_mean, double), .min = 0, .max = 3.6e6, .metavar = "X",
+     .help = "mean generation latency in ms"},
+    {.name = "latency_ms_std", .flag = "--latency-ms-std", .type = OPT_DOUBLE,
+     .off = AF(opts.rollout.latency_ms_std, double), .min = 0, .max = 3.6e6, .metavar = "X",
+     .help = "standard deviation of the latency in ms"},
+    {.name = "seed", .flag = "--seed", .type = OPT_U64, .off = AF(opts.seed, uint64_t),
+     .metavar = "N", .help = "rollout generator seed", .dflt = "from the pid"},
+    AGENT__TAIL,
+};
+
+static const opt_cmd agent__trainer_cmd = {
+    .name = "trainer",
+    .about = "Trainer worker agent: holds fp32 master weights of a model preset, takes a real\n"
+             "AdamW step on each train command and sends the weight broadcast.",
+    .fields = agent__trainer_fields,
+    .nfields = sizeof agent__trainer_fields / sizeof agent__trainer_fields[0],
+};
+
+static const opt_cmd agent__inference_cmd = {
+    .name = "inference",
+    .about = "Inference worker agent: generates synthetic rollouts with the policy version it\n"
+             "holds and receives the weight broadcast.",
+    .fields = agent__inference_fields,
+    .nfields = sizeof agent__inference_fields / sizeof agent__inference_fields[0],
+};
+
+static const opt_cmd *agent__cmd(agent_role role) {
+  return role == AGENT_ROLE_TRAINER ? &agent__trainer_cmd : &agent__inference_cmd;
 }
 
-static int agent__double(const char *s, double *out) {
-  char *end;
-  errno = 0;
-  double d = strtod(s, &end);
-  if (errno || end == s || *end || !isfinite(d)) return -1;
-  *out = d;
-  return 0;
-}
-
-static int agent__int(const char *s, long long lo, long long hi, long long *out) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return -1;
-  *out = v;
-  return 0;
-}
-
-static int agent__u64(const char *s, uint64_t *out) {
-  char *end;
-  errno = 0;
-  if (*s == '-') return -1;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (errno || end == s || *end) return -1;
-  *out = v;
-  return 0;
-}
-
-/* One flag with its value; returns 0 or -1 with err set. */
-static int agent__apply(agent_flags *fl, const char *flag, const char *val, char *err,
-                        size_t errlen) {
-  agent_opts *o = &fl->opts;
-  int tr = o->role == AGENT_ROLE_TRAINER, inf = o->role == AGENT_ROLE_INFERENCE;
-  long long ll;
-  if (!strcmp(flag, "--orchestrator")) {
-    if (!*val) goto bad;
-    o->orchestrator = val;
-  } else if (!strcmp(flag, "--token-file")) {
-    o->token_file = val;
-  } else if (!strcmp(flag, "--name")) {
-    if (!*val || strlen(val) > 200) goto bad;
-    o->name = val;
-  } else if (!strcmp(flag, "--device")) {
-    if (agent__int(val, -1, 1023, &ll)) goto bad;
-    o->device = (int)ll;
-    o->device_set = 1;
-  } else if (!strcmp(flag, "--seed")) {
-    if (agent__u64(val, &o->seed)) goto bad;
-    o->seed_set = 1;
-  } else if (!strcmp(flag, "--log-level")) {
-    if (log_level_parse(val, &fl->log_level)) goto bad;
-  } else if (!strcmp(flag, "--log-format")) {
-    if (log_format_parse(val, &fl->log_format)) goto bad;
-  } else if (tr && !strcmp(flag, "--preset")) {
-    if (!bcast_preset_find(val)) goto bad;
-    o->preset = val;
-  } else if (tr && !strcmp(flag, "--layers")) {
-    if (agent__int(val, 0, 100000, &ll)) goto bad;
-    o->max_layers = (uint32_t)ll;
-  } else if (tr && !strcmp(flag, "--offload")) {
-    if (!strcmp(val, "none")) o->offload = AGENT_OFFLOAD_NONE;
-    else if (!strcmp(val, "params")) o->offload = AGENT_OFFLOAD_PARAMS;
-    else if (!strcmp(val, "params+optimizer")) o->offload = AGENT_OFFLOAD_PARAMS_OPTIMIZER;
-    else goto bad;
-  } else if (tr && !strcmp(flag, "--data-listen")) {
-    if (!*val || !strchr(val, ':')) goto bad;
-    o->data_listen = val;
-  } else if (tr && !strcmp(flag, "--threads")) {
-    if (agent__int(val, 0, 1024, &ll)) goto bad;
-    o->threads = (int)ll;
-  } else if (inf && !strcmp(flag, "--distribution")) {
-    if (agent_dist_parse(val, &o->rollout.dist)) goto bad;
-  } else if (inf && !strcmp(flag, "--tokens-mean")) {
-    if (agent__double(val, &o->rollout.tokens_mean)) goto bad;
-  } else if (inf && !strcmp(flag, "--tokens-std")) {
-    if (agent__double(val, &o->rollout.tokens_std)) goto bad;
-  } else if (inf && !strcmp(flag, "--latency-ms-mean")) {
-    if (agent__double(val, &o->rollout.latency_ms_mean)) goto bad;
-  } else if (inf && !strcmp(flag, "--latency-ms-std")) {
-    if (agent__double(val, &o->rollout.latency_ms_std)) goto bad;
-  } else {
-    snprintf(err, errlen, "unknown flag %s", flag);
-    return -1;
-  }
-  return 0;
-bad:
-  snprintf(err, errlen, "%s: invalid value '%s'", flag, val);
-  return -1;
-}
-
-int agent_flags_parse(agent_role role, int argc, char **argv, agent_flags *o, char *err,
-                      size_t errlen) {
+static void agent__defaults(agent_role role, agent_flags *o) {
   memset(o, 0, sizeof *o);
   agent_opts_defaults(role, &o->opts);
   o->log_level = LOG_INFO;
   o->log_format = LOG_FORMAT_LOGFMT;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      o->help = 1;
-      return 1;
-    }
-    if (strncmp(a, "--", 2) != 0 || !a[2]) {
-      snprintf(err, errlen, "unexpected argument '%s'", a);
-      return -1;
-    }
-    char flag[64];
-    const char *eq = strchr(a, '='), *val;
-    if (eq) {
-      if ((size_t)(eq - a) >= sizeof flag) {
-        snprintf(err, errlen, "unknown flag %.40s...", a);
-        return -1;
-      }
-      memcpy(flag, a, (size_t)(eq - a));
-      flag[eq - a] = 0;
-      val = eq + 1;
-    } else {
-      snprintf(flag, sizeof flag, "%s", a);
-      if (i + 1 >= argc) {
-        snprintf(err, errlen, "%s needs a value", a);
-        return -1;
-      }
-      val = argv[++i];
-    }
-    if (agent__apply(o, flag, val, err, errlen)) return -1;
+}
+
+void agent_flags_usage(agent_role role, FILE *f) {
+  agent_flags d;
+  agent__defaults(role, &d);
+  opt_usage(agent__cmd(role), &d, f); /* the defaults' strings are literals: nothing to free */
+}
+
+void agent_flags_free(agent_flags *o) {
+  if (o) opt_free(agent__cmd(o->opts.role), o);
+}
+
+/* Checks that need more than one value's syntax. */
+static int agent__check(agent_flags *o, opt_state *st) {
+  agent_opts *a = &o->opts;
+  if (a->name && strlen(a->name) > 200)
+    return opt_fail(st, opt_origin(st, "name"), "longer than 200 bytes");
+  if (a->role == AGENT_ROLE_TRAINER && !bcast_preset_find(a->preset))
+    return opt_fail(st, opt_origin(st, "preset"), "unknown preset \"%s\" (want 100m, 1b, 4b, 8b)",
+                    a->preset);
+  if (a->token_file) {
+    /* Read once here so a bad file is a usage error naming its origin; the
+     * agent reads it again with the same reader when it starts. */
+    char tok[4096], terr[512];
+    int rc = rpc_token_read(a->token_file, tok, sizeof tok, terr, sizeof terr);
+    memset(tok, 0, sizeof tok);
+    if (rc) return opt_fail(st, opt_origin(st, "token_file"), "%s", terr);
   }
-  return agent_opts_check(&o->opts, err, errlen);
+  a->device_set = opt_is_set(st, "device");
+  a->seed_set = opt_is_set(st, "seed");
+  char err[256];
+  if (agent_opts_check(a, err, sizeof err)) return opt_fail(st, "settings", "%s", err);
+  return 0;
+}
+
+int agent_flags_parse(agent_role role, int argc, char **argv, char **envp, agent_flags *o,
+                      char *err, size_t errlen) {
+  const opt_cmd *cmd = agent__cmd(role);
+  agent__defaults(role, o);
+  opt_state *st = malloc(sizeof *st);
+  if (!st || opt_own(cmd, o)) {
+    free(st);
+    snprintf(err, errlen, "rlorch %s: out of memory", cmd->name);
+    return -1;
+  }
+  int rc = opt_parse(cmd, o, argc, argv, envp, st);
+  o->help = st->help;
+  if (rc == 0 && o->help) rc = 1;
+  else if (rc == 0) rc = agent__check(o, st);
+  if (rc < 0) snprintf(err, errlen, "%s", st->err);
+  free(st);
+  return rc;
 }

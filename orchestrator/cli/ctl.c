@@ -1,7 +1,6 @@
 /* `rlorch ctl`: command-line client of the Control API. Tables for people,
  * one JSON object per line with --json. */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,9 +11,30 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "orchestrator/cli/commands.h"
 #include "orchestrator/cli/ctl_format.h"
+#include "orchestrator/common/opt.h"
 #include "orchestrator/common/pbjson.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rpc/rpc.h"
+
+extern char **environ;
+
+/* Global settings, before the command word. */
+typedef struct ctl_opts {
+  char *orchestrator;
+  char *token_file;
+  char *tls_ca_file;
+  bool json;
+  double timeout_s;
+} ctl_opts;
+
+/* Every command's flags and arguments; each command's table uses its part. */
+typedef struct ctl_args {
+  char *run_name, *preset, *stop_reason, *run_id, *run_filter, *service;
+  uint32_t steps, max_async_level, rollouts_per_step, limit;
+  int policy, offload, run_state;
+  uint64_t staging_budget_bytes;
+  int64_t from_step;
+} ctl_args;
 
 typedef struct ctl {
   rpc_client *client;
@@ -23,49 +43,141 @@ typedef struct ctl {
   int timeout_set;
 } ctl;
 
-static int usage(FILE *f) {
-  fprintf(f,
-          "usage: rlorch ctl [--target ADDR] [--token-file F] [--tls-ca F] [--json]\n"
-          "                  [--timeout SECONDS] COMMAND [ARGS]\n\n"
-          "commands:\n"
-          "  start-run [--name N] [--preset P] [--steps N] [--max-async-level N]\n"
-          "            [--policy auto|direct|staged|host] [--rollouts-per-step N]\n"
-          "            [--offload none|params|params+optimizer] [--staging-budget BYTES]\n"
-          "  stop-run RUN_ID [--reason TEXT]\n"
-          "  get-run RUN_ID\n"
-          "  list-runs [--state STATE] [--limit N]\n"
-          "  list-workers [--run RUN_ID]\n"
-          "  watch-run RUN_ID [--from-step N]\n"
-          "  set-policy RUN_ID auto|direct|staged|host\n"
-          "  health [SERVICE]\n\n"
-          "--target defaults to $RLORCH_TARGET or 127.0.0.1:7070.\n");
-  return 2;
-}
+/* Short names first; the protobuf names (RUN_STATE_STOPPED, ...) are accepted
+ * too, as ctl always did. */
+static const opt_name ctl__modes[] = {
+    {"auto", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO},
+    {"direct", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_DIRECT},
+    {"staged", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED},
+    {"host", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST},
+    {"BROADCAST_MODE_AUTO", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO},
+    {"BROADCAST_MODE_DIRECT", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_DIRECT},
+    {"BROADCAST_MODE_STAGED", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED},
+    {"BROADCAST_MODE_HOST", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST},
+    {NULL, 0}};
+static const opt_name ctl__offloads[] = {
+    {"none", RLORCH__V1__OFFLOAD__OFFLOAD_NONE},
+    {"params", RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS},
+    {"params+optimizer", RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS_AND_OPTIMIZER},
+    {"OFFLOAD_NONE", RLORCH__V1__OFFLOAD__OFFLOAD_NONE},
+    {"OFFLOAD_PARAMS", RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS},
+    {"OFFLOAD_PARAMS_AND_OPTIMIZER", RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS_AND_OPTIMIZER},
+    {NULL, 0}};
+static const opt_name ctl__states[] = {
+    {"pending", RLORCH__V1__RUN_STATE__RUN_STATE_PENDING},
+    {"running", RLORCH__V1__RUN_STATE__RUN_STATE_RUNNING},
+    {"stopping", RLORCH__V1__RUN_STATE__RUN_STATE_STOPPING},
+    {"stopped", RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED},
+    {"succeeded", RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED},
+    {"failed", RLORCH__V1__RUN_STATE__RUN_STATE_FAILED},
+    {"RUN_STATE_PENDING", RLORCH__V1__RUN_STATE__RUN_STATE_PENDING},
+    {"RUN_STATE_RUNNING", RLORCH__V1__RUN_STATE__RUN_STATE_RUNNING},
+    {"RUN_STATE_STOPPING", RLORCH__V1__RUN_STATE__RUN_STATE_STOPPING},
+    {"RUN_STATE_STOPPED", RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED},
+    {"RUN_STATE_SUCCEEDED", RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED},
+    {"RUN_STATE_FAILED", RLORCH__V1__RUN_STATE__RUN_STATE_FAILED},
+    {NULL, 0}};
 
+#define CO(m, ctype) OPT_OFF(ctl_opts, m, ctype)
+#define CA(m, ctype) OPT_OFF(ctl_args, m, ctype)
+
+static const opt_field ctl__global_fields[] = {
+    /* The address the agents dial too, hence RLORCH_ORCHESTRATOR; --target and
+     * RLORCH_TARGET are the names ctl had first. */
+    {.name = "orchestrator", .flag = "--target", .alias = "--orchestrator", .type = OPT_ADDR,
+     .off = CO(orchestrator, char *), .metavar = "ADDR",
+     .help = "orchestrator's gRPC address, HOST:PORT", .env_old = "RLORCH_TARGET"},
+    {.name = "token_file", .flag = "--token-file", .type = OPT_PATH, .off = CO(token_file, char *),
+     .metavar = "FILE", .help = "file holding the bearer token"},
+    {.name = "tls_ca_file", .flag = "--tls-ca", .type = OPT_PATH, .off = CO(tls_ca_file, char *),
+     .metavar = "FILE", .help = "PEM roots to verify the server by; turns TLS on"},
+    {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = CO(json, bool),
+     .help = "one JSON object per line instead of tables"},
+    {.name = "timeout_s", .flag = "--timeout", .type = OPT_DOUBLE, .off = CO(timeout_s, double),
+     .min = 0, .max = 86400, .flags = OPT_GT_MIN, .metavar = "SECONDS",
+     .help = "deadline of a call; a watch-run has none unless set"},
+};
+
+static const opt_cmd ctl__global_cmd = {
+    .name = "ctl",
+    .about = "Calls the Control API: one call or one stream, then exits.",
+    .fields = ctl__global_fields,
+    .nfields = sizeof ctl__global_fields / sizeof ctl__global_fields[0],
+    .flags = OPT_CMD_SUBCOMMAND,
+    .footer = "commands (`rlorch ctl COMMAND --help` for each):\n"
+              "  start-run      start a run\n"
+              "  stop-run       stop a run\n"
+              "  get-run        show a run\n"
+              "  list-runs      list runs\n"
+              "  list-workers   list workers\n"
+              "  watch-run      stream a run's events\n"
+              "  set-policy     override the broadcast mode of a run\n"
+              "  health         gRPC health of a service\n",
+};
+
+#define CTL__RUN_ID                                                                           \
+  {.name = "run_id", .type = OPT_STR, .off = CA(run_id, char *), .metavar = "RUN_ID",          \
+   .flags = OPT_ARG, .help = "the run"}
+
+static const opt_field ctl__start_fields[] = {
+    {.name = "run_name", .flag = "--name", .type = OPT_STR, .off = CA(run_name, char *),
+     .metavar = "NAME", .help = "name of the run"},
+    {.name = "preset", .flag = "--preset", .type = OPT_STR, .off = CA(preset, char *),
+     .metavar = "P", .help = "model preset: 100m, 1b, 4b, 8b", .dflt = "the orchestrator's"},
+    {.name = "steps", .flag = "--steps", .type = OPT_U32, .off = CA(steps, uint32_t),
+     .metavar = "N", .help = "steps to take", .dflt = "the orchestrator's"},
+    {.name = "max_async_level", .flag = "--max-async-level", .type = OPT_U32,
+     .off = CA(max_async_level, uint32_t), .metavar = "N", .help = "off-policy bound",
+     .dflt = "the orchestrator's"},
+    {.name = "policy", .flag = "--policy", .type = OPT_ENUM, .off = CA(policy, int),
+     .names = ctl__modes, .metavar = "MODE", .help = "broadcast mode",
+     .dflt = "the orchestrator's"},
+    {.name = "rollouts_per_step", .flag = "--rollouts-per-step", .type = OPT_U32,
+     .off = CA(rollouts_per_step, uint32_t), .metavar = "N", .help = "rollouts in a batch",
+     .dflt = "the orchestrator's"},
+    {.name = "offload", .flag = "--offload", .type = OPT_ENUM, .off = CA(offload, int),
+     .names = ctl__offloads, .metavar = "O", .help = "what the trainer keeps in host memory",
+     .dflt = "the orchestrator's"},
+    {.name = "staging_budget_bytes", .flag = "--staging-budget", .type = OPT_BYTES,
+     .off = CA(staging_budget_bytes, uint64_t), .metavar = "BYTES",
+     .help = "staging memory per bucket", .dflt = "the orchestrator's"},
+};
+static const opt_field ctl__stop_fields[] = {
+    CTL__RUN_ID,
+    {.name = "stop_reason", .flag = "--reason", .type = OPT_STR, .off = CA(stop_reason, char *),
+     .metavar = "TEXT", .help = "why, kept with the run"},
+};
+static const opt_field ctl__get_fields[] = {CTL__RUN_ID};
+static const opt_field ctl__list_runs_fields[] = {
+    {.name = "run_state", .flag = "--state", .type = OPT_ENUM, .off = CA(run_state, int),
+     .names = ctl__states, .metavar = "STATE", .help = "only runs in this state",
+     .dflt = "all"},
+    {.name = "limit", .flag = "--limit", .type = OPT_U32, .off = CA(limit, uint32_t),
+     .metavar = "N", .help = "at most N runs", .dflt = "the orchestrator's"},
+};
+static const opt_field ctl__list_workers_fields[] = {
+    {.name = "run_id", .flag = "--run", .type = OPT_STR, .off = CA(run_filter, char *),
+     .metavar = "RUN_ID", .help = "only the workers of this run", .dflt = "all"},
+};
+static const opt_field ctl__watch_fields[] = {
+    CTL__RUN_ID,
+    {.name = "from_step", .flag = "--from-step", .type = OPT_I64, .off = CA(from_step, int64_t),
+     .metavar = "N", .help = "replay step records from step N; -1: only new events"},
+};
+static const opt_field ctl__set_policy_fields[] = {
+    CTL__RUN_ID,
+    {.name = "policy", .type = OPT_ENUM, .off = CA(policy, int), .names = ctl__modes,
+     .metavar = "MODE", .flags = OPT_ARG, .help = "broadcast mode"},
+};
+static const opt_field ctl__health_fields[] = {
+    {.name = "service", .type = OPT_STR, .off = CA(service, char *), .metavar = "SERVICE",
+     .flags = OPT_ARG | OPT_OPTIONAL, .help = "service name", .dflt = "the whole server"},
+};
+
+typedef int (*ctl__fn)(ctl *c, const ctl_args *a);
 static int fail_status(const char *what, const rpc_status *st) {
   fprintf(stderr, "rlorch ctl: %s: %s: %s\n", what, rpc_status_name(st->code), st->message);
   return 1;
-}
-
-static int parse_u64(const char *flag, const char *s, uint64_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || *end || !*s || s[0] == '-') {
-    fprintf(stderr, "rlorch ctl: %s: not a non-negative integer: '%s'\n", flag, s);
-    return -1;
-  }
-  *out = v;
-  return 0;
-}
-
-static int parse_enum(const char *flag, const ProtobufCEnumDescriptor *d, const char *s,
-                      int *out) {
-  if (pbjson_enum_parse(d, s, out) == 0) return 0;
-  char choices[256];
-  pbjson_enum_choices(d, choices, sizeof choices);
-  fprintf(stderr, "rlorch ctl: %s: unknown value '%s' (want %s)\n", flag, s, choices);
-  return -1;
 }
 
 static void print_json(const ProtobufCMessage *m) {
@@ -89,69 +201,45 @@ static int show_run(ctl *c, ProtobufCMessage *m) {
   return 0;
 }
 
-static int do_start_run(ctl *c, int argc, char **argv) {
+static int do_start_run(ctl *c, const ctl_args *a) {
   Rlorch__V1__RunSpec spec = RLORCH__V1__RUN_SPEC__INIT;
-  static const struct option opts[] = {
-      {"name", required_argument, 0, 'n'},          {"preset", required_argument, 0, 'p'},
-      {"steps", required_argument, 0, 's'},         {"max-async-level", required_argument, 0, 'a'},
-      {"policy", required_argument, 0, 'P'},        {"rollouts-per-step", required_argument, 0, 'r'},
-      {"offload", required_argument, 0, 'o'},       {"staging-budget", required_argument, 0, 'b'},
-      {0, 0, 0, 0}};
-  int ch, e;
-  uint64_t v;
-  optind = 1;
-  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-    switch (ch) {
-    case 'n': spec.name = optarg; break;
-    case 'p': spec.preset = optarg; break;
-    case 's': if (parse_u64("--steps", optarg, &v)) return 2; spec.steps = (uint32_t)v; break;
-    case 'a': if (parse_u64("--max-async-level", optarg, &v)) return 2; spec.max_async_level = (uint32_t)v; break;
-    case 'r': if (parse_u64("--rollouts-per-step", optarg, &v)) return 2; spec.rollouts_per_step = (uint32_t)v; break;
-    case 'b': if (parse_u64("--staging-budget", optarg, &v)) return 2; spec.staging_budget_bytes = v; break;
-    case 'P':
-      if (parse_enum("--policy", &rlorch__v1__broadcast_mode__descriptor, optarg, &e)) return 2;
-      spec.policy = (Rlorch__V1__BroadcastMode)e;
-      break;
-    case 'o':
-      if (parse_enum("--offload", &rlorch__v1__offload__descriptor, optarg, &e)) return 2;
-      spec.offload = (Rlorch__V1__Offload)e;
-      break;
-    default: return usage(stderr);
-    }
-  }
-  if (optind != argc) return usage(stderr);
+  if (a->run_name) spec.name = a->run_name;
+  if (a->preset) spec.preset = a->preset;
+  spec.steps = a->steps;
+  spec.max_async_level = a->max_async_level;
+  spec.rollouts_per_step = a->rollouts_per_step;
+  spec.staging_budget_bytes = a->staging_budget_bytes;
+  spec.policy = (Rlorch__V1__BroadcastMode)a->policy;
+  spec.offload = (Rlorch__V1__Offload)a->offload;
   ProtobufCMessage *resp;
   if (unary(c, "/rlorch.v1.Control/StartRun", &spec.base, &rlorch__v1__run__descriptor, &resp))
     return 1;
   return show_run(c, resp);
 }
 
-static int do_run_id_call(ctl *c, int argc, char **argv, const char *method) {
-  if (argc < 2) return usage(stderr);
+static int do_stop_run(ctl *c, const ctl_args *a) {
+  Rlorch__V1__StopRunRequest req = RLORCH__V1__STOP_RUN_REQUEST__INIT;
+  req.run_id = a->run_id;
+  if (a->stop_reason) req.reason = a->stop_reason;
   ProtobufCMessage *resp;
-  int rc;
-  if (!strcmp(method, "/rlorch.v1.Control/StopRun")) {
-    Rlorch__V1__StopRunRequest req = RLORCH__V1__STOP_RUN_REQUEST__INIT;
-    req.run_id = argv[1];
-    if (argc == 4 && !strcmp(argv[2], "--reason")) req.reason = argv[3];
-    else if (argc != 2) return usage(stderr);
-    rc = unary(c, method, &req.base, &rlorch__v1__run__descriptor, &resp);
-  } else {
-    if (argc != 2) return usage(stderr);
-    Rlorch__V1__GetRunRequest req = RLORCH__V1__GET_RUN_REQUEST__INIT;
-    req.run_id = argv[1];
-    rc = unary(c, method, &req.base, &rlorch__v1__run__descriptor, &resp);
-  }
-  return rc ? rc : show_run(c, resp);
+  if (unary(c, "/rlorch.v1.Control/StopRun", &req.base, &rlorch__v1__run__descriptor, &resp))
+    return 1;
+  return show_run(c, resp);
 }
 
-static int do_set_policy(ctl *c, int argc, char **argv) {
-  if (argc != 3) return usage(stderr);
+static int do_get_run(ctl *c, const ctl_args *a) {
+  Rlorch__V1__GetRunRequest req = RLORCH__V1__GET_RUN_REQUEST__INIT;
+  req.run_id = a->run_id;
+  ProtobufCMessage *resp;
+  if (unary(c, "/rlorch.v1.Control/GetRun", &req.base, &rlorch__v1__run__descriptor, &resp))
+    return 1;
+  return show_run(c, resp);
+}
+
+static int do_set_policy(ctl *c, const ctl_args *a) {
   Rlorch__V1__SetBroadcastPolicyRequest req = RLORCH__V1__SET_BROADCAST_POLICY_REQUEST__INIT;
-  int e;
-  req.run_id = argv[1];
-  if (parse_enum("policy", &rlorch__v1__broadcast_mode__descriptor, argv[2], &e)) return 2;
-  req.policy = (Rlorch__V1__BroadcastMode)e;
+  req.run_id = a->run_id;
+  req.policy = (Rlorch__V1__BroadcastMode)a->policy;
   ProtobufCMessage *resp;
   if (unary(c, "/rlorch.v1.Control/SetBroadcastPolicy", &req.base, &rlorch__v1__run__descriptor,
             &resp))
@@ -159,22 +247,10 @@ static int do_set_policy(ctl *c, int argc, char **argv) {
   return show_run(c, resp);
 }
 
-static int do_list_runs(ctl *c, int argc, char **argv) {
+static int do_list_runs(ctl *c, const ctl_args *a) {
   Rlorch__V1__ListRunsRequest req = RLORCH__V1__LIST_RUNS_REQUEST__INIT;
-  for (int i = 1; i < argc; i += 2) {
-    uint64_t v;
-    int e;
-    if (i + 1 >= argc) return usage(stderr);
-    if (!strcmp(argv[i], "--limit")) {
-      if (parse_u64("--limit", argv[i + 1], &v)) return 2;
-      req.limit = (uint32_t)v;
-    } else if (!strcmp(argv[i], "--state")) {
-      if (parse_enum("--state", &rlorch__v1__run_state__descriptor, argv[i + 1], &e)) return 2;
-      req.state = (Rlorch__V1__RunState)e;
-    } else {
-      return usage(stderr);
-    }
-  }
+  req.limit = a->limit;
+  req.state = (Rlorch__V1__RunState)a->run_state;
   ProtobufCMessage *resp;
   if (unary(c, "/rlorch.v1.Control/ListRuns", &req.base,
             &rlorch__v1__list_runs_response__descriptor, &resp))
@@ -186,10 +262,9 @@ static int do_list_runs(ctl *c, int argc, char **argv) {
   return 0;
 }
 
-static int do_list_workers(ctl *c, int argc, char **argv) {
+static int do_list_workers(ctl *c, const ctl_args *a) {
   Rlorch__V1__ListWorkersRequest req = RLORCH__V1__LIST_WORKERS_REQUEST__INIT;
-  if (argc == 3 && !strcmp(argv[1], "--run")) req.run_id = argv[2];
-  else if (argc != 1) return usage(stderr);
+  if (a->run_filter) req.run_id = a->run_filter;
   ProtobufCMessage *resp;
   if (unary(c, "/rlorch.v1.Control/ListWorkers", &req.base,
             &rlorch__v1__list_workers_response__descriptor, &resp))
@@ -215,35 +290,23 @@ static int on_event(ProtobufCMessage *m, void *ud) {
   return 0;
 }
 
-static int do_watch(ctl *c, int argc, char **argv) {
+static int do_watch(ctl *c, const ctl_args *a) {
   Rlorch__V1__WatchRunRequest req = RLORCH__V1__WATCH_RUN_REQUEST__INIT;
-  req.from_step = -1;
-  if (argc < 2) return usage(stderr);
-  req.run_id = argv[1];
-  if (argc == 4 && !strcmp(argv[2], "--from-step")) {
-    char *end;
-    req.from_step = strtoll(argv[3], &end, 10);
-    if (*end || !argv[3][0]) {
-      fprintf(stderr, "rlorch ctl: --from-step: not an integer: '%s'\n", argv[3]);
-      return 2;
-    }
-  } else if (argc != 2) {
-    return usage(stderr);
-  }
+  req.run_id = a->run_id;
+  req.from_step = a->from_step;
   watch_state w = {c, 0};
   rpc_status st;
   /* A watch lasts as long as the run unless --timeout was given. */
   if (rpc_client_stream(c->client, "/rlorch.v1.Control/WatchRun", &req.base,
                         &rlorch__v1__run_event__descriptor, c->timeout_set ? c->timeout_s : 0,
-                        on_event, &w,
-                        &st) != GRPC_STATUS_OK)
+                        on_event, &w, &st) != GRPC_STATUS_OK)
     return fail_status("WatchRun", &st);
   return 0;
 }
 
-static int do_health(ctl *c, int argc, char **argv) {
+static int do_health(ctl *c, const ctl_args *a) {
   Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-  req.service = argc > 1 ? argv[1] : "";
+  req.service = a->service ? a->service : "";
   ProtobufCMessage *resp;
   if (unary(c, "/grpc.health.v1.Health/Check", &req.base,
             &grpc__health__v1__health_check_response__descriptor, &resp))
@@ -259,6 +322,40 @@ static int do_health(ctl *c, int argc, char **argv) {
   return serving ? 0 : 1;
 }
 
+#define CTL__CMD(n, tbl, what) \
+  {.name = "ctl " n, .about = what, .fields = tbl, .nfields = sizeof tbl / sizeof tbl[0]}
+
+static const struct {
+  const char *word;
+  opt_cmd cmd;
+  ctl__fn fn;
+} ctl__commands[] = {
+    {"start-run", CTL__CMD("start-run", ctl__start_fields,
+                           "Starts a run; unset fields take the orchestrator's defaults."),
+     do_start_run},
+    {"stop-run", CTL__CMD("stop-run", ctl__stop_fields,
+                           "Stops a run after the step in flight."),
+     do_stop_run},
+    {"get-run", CTL__CMD("get-run", ctl__get_fields,
+                           "Shows one run."),
+     do_get_run},
+    {"list-runs", CTL__CMD("list-runs", ctl__list_runs_fields,
+                           "Lists runs, newest first."),
+     do_list_runs},
+    {"list-workers", CTL__CMD("list-workers", ctl__list_workers_fields,
+                           "Lists the workers the orchestrator knows."),
+     do_list_workers},
+    {"watch-run", CTL__CMD("watch-run", ctl__watch_fields,
+                           "Streams a run's events until it ends (Ctrl-C stops)."),
+     do_watch},
+    {"set-policy", CTL__CMD("set-policy", ctl__set_policy_fields,
+                           "Overrides the broadcast mode of a run from its next step."),
+     do_set_policy},
+    {"health", CTL__CMD("health", ctl__health_fields,
+                           "gRPC health check; exit 0 when SERVING."),
+     do_health},
+};
+
 static ctl *ctl_current; /* only for the SIGINT handler below */
 
 static void on_sigint(int sig) {
@@ -266,74 +363,103 @@ static void on_sigint(int sig) {
   if (ctl_current) rpc_client_cancel_streams(ctl_current->client);
 }
 
+static void ctl__defaults(ctl_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->orchestrator = "127.0.0.1:7070";
+  o->timeout_s = 30.0;
+}
+
+/* Parses the command's own flags and arguments, then calls it. */
+static int ctl__run_command(ctl *c, size_t k, int argc, char **argv) {
+  const opt_cmd *cmd = &ctl__commands[k].cmd;
+  ctl_args a;
+  memset(&a, 0, sizeof a);
+  a.from_step = -1;
+  opt_state *st = malloc(sizeof *st);
+  if (!st) return 1;
+  int rc = 2;
+  if (opt_parse(cmd, &a, argc, argv, environ, st) != 0) {
+    fprintf(stderr, "%s\n", st->err);
+  } else if (st->help) {
+    ctl_args d;
+    memset(&d, 0, sizeof d);
+    d.from_step = -1;
+    opt_usage(cmd, &d, stdout);
+    rc = 0;
+  } else {
+    ctl_current = c;
+    signal(SIGINT, on_sigint);
+    rc = ctl__commands[k].fn(c, &a);
+    signal(SIGINT, SIG_DFL);
+    ctl_current = NULL;
+  }
+  opt_free(cmd, &a);
+  free(st);
+  return rc;
+}
+
 int cmd_ctl(int argc, char **argv) {
-  const char *target = getenv("RLORCH_TARGET");
-  const char *token_file = NULL, *ca = NULL;
+  ctl_opts o;
+  ctl__defaults(&o);
+  opt_state *st = malloc(sizeof *st);
+  if (!st || opt_own(&ctl__global_cmd, &o)) {
+    free(st);
+    opt_free(&ctl__global_cmd, &o);
+    fprintf(stderr, "rlorch ctl: out of memory\n");
+    return 1;
+  }
   ctl c = {NULL, 0, 30.0, 0};
-  if (!target || !*target) target = "127.0.0.1:7070";
-  int i = 1;
-  for (; i < argc && argv[i][0] == '-'; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      usage(stdout);
-      return 0;
-    } else if (!strcmp(a, "--json")) {
-      c.json = 1;
-    } else if (i + 1 < argc && !strcmp(a, "--target")) {
-      target = argv[++i];
-    } else if (i + 1 < argc && !strcmp(a, "--token-file")) {
-      token_file = argv[++i];
-    } else if (i + 1 < argc && !strcmp(a, "--tls-ca")) {
-      ca = argv[++i];
-    } else if (i + 1 < argc && !strcmp(a, "--timeout")) {
-      char *end;
-      c.timeout_s = strtod(argv[++i], &end);
-      c.timeout_set = 1;
-      if (*end || c.timeout_s <= 0) {
-        fprintf(stderr, "rlorch ctl: --timeout: want a positive number of seconds\n");
-        return 2;
-      }
-    } else {
-      fprintf(stderr, "rlorch ctl: unknown or incomplete flag '%s'\n", a);
-      return usage(stderr);
-    }
+  int rc = 2;
+  if (opt_parse(&ctl__global_cmd, &o, argc, argv, environ, st) != 0) {
+    fprintf(stderr, "%s\n", st->err);
+    goto out;
   }
-  if (i >= argc) return usage(stderr);
-  char *token = NULL, tokbuf[4096];
-  if (token_file) {
-    char terr[512];
-    if (rpc_token_read(token_file, tokbuf, sizeof tokbuf, terr, sizeof terr) != 0) {
-      fprintf(stderr, "rlorch ctl: %s\n", terr);
-      return 2;
-    }
-    token = tokbuf;
+  if (st->help) {
+    ctl_opts d;
+    ctl__defaults(&d);
+    opt_usage(&ctl__global_cmd, &d, stdout);
+    rc = 0;
+    goto out;
   }
-  rpc_client_opts o = {.target = target, .token = token, .tls_ca_file = ca};
+  if (st->rest >= argc) {
+    opt_fail(st, "arguments", "missing COMMAND (see rlorch ctl --help)");
+    fprintf(stderr, "%s\n", st->err);
+    goto out;
+  }
+  const char *word = argv[st->rest];
+  size_t k = 0, n = sizeof ctl__commands / sizeof ctl__commands[0];
+  while (k < n && strcmp(ctl__commands[k].word, word)) k++;
+  if (k == n) {
+    opt_fail(st, "arguments", "unknown command \"%s\" (see rlorch ctl --help)", word);
+    fprintf(stderr, "%s\n", st->err);
+    goto out;
+  }
+  c.json = o.json;
+  c.timeout_s = o.timeout_s;
+  c.timeout_set = opt_is_set(st, "timeout_s");
+  char tokbuf[4096];
+  if (o.token_file &&
+      rpc_token_read(o.token_file, tokbuf, sizeof tokbuf, st->err, sizeof st->err) != 0) {
+    char terr[sizeof st->err];
+    snprintf(terr, sizeof terr, "%s", st->err);
+    opt_fail(st, opt_origin(st, "token_file"), "%s", terr);
+    fprintf(stderr, "%s\n", st->err);
+    goto out;
+  }
+  rpc_client_opts co = {.target = o.orchestrator,
+                        .token = o.token_file ? tokbuf : NULL,
+                        .tls_ca_file = o.tls_ca_file};
   char err[256];
-  if (rpc_client_new(&o, &c.client, err, sizeof err) != 0) {
+  if (rpc_client_new(&co, &c.client, err, sizeof err) != 0) {
     fprintf(stderr, "rlorch ctl: %s\n", err);
-      return 1;
+    rc = 1;
+    goto out;
   }
-  const char *cmd = argv[i];
-  int sub_argc = argc - i;
-  char **sub_argv = argv + i;
-  int rc;
-  ctl_current = &c;
-  signal(SIGINT, on_sigint);
-  if (!strcmp(cmd, "start-run")) rc = do_start_run(&c, sub_argc, sub_argv);
-  else if (!strcmp(cmd, "stop-run")) rc = do_run_id_call(&c, sub_argc, sub_argv, "/rlorch.v1.Control/StopRun");
-  else if (!strcmp(cmd, "get-run")) rc = do_run_id_call(&c, sub_argc, sub_argv, "/rlorch.v1.Control/GetRun");
-  else if (!strcmp(cmd, "list-runs")) rc = do_list_runs(&c, sub_argc, sub_argv);
-  else if (!strcmp(cmd, "list-workers")) rc = do_list_workers(&c, sub_argc, sub_argv);
-  else if (!strcmp(cmd, "watch-run")) rc = do_watch(&c, sub_argc, sub_argv);
-  else if (!strcmp(cmd, "set-policy")) rc = do_set_policy(&c, sub_argc, sub_argv);
-  else if (!strcmp(cmd, "health")) rc = do_health(&c, sub_argc, sub_argv);
-  else {
-    fprintf(stderr, "rlorch ctl: unknown command '%s'\n", cmd);
-    rc = usage(stderr);
-  }
-  signal(SIGINT, SIG_DFL);
-  ctl_current = NULL;
+  memset(tokbuf, 0, sizeof tokbuf);
+  rc = ctl__run_command(&c, k, argc - st->rest, argv + st->rest);
   rpc_client_free(c.client);
+out:
+  opt_free(&ctl__global_cmd, &o);
+  free(st);
   return rc;
 }

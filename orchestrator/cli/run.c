@@ -4,7 +4,6 @@
  * every process cleanly (also on Ctrl-C). */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -19,10 +18,11 @@
 #include <unistd.h>
 
 #include "orchestrator/cli/commands.h"
-#include "orchestrator/daemon/config.h"
 #include "orchestrator/cli/ctl_format.h"
-#include "orchestrator/common/pbjson.h"
 #include "orchestrator/cli/proc.h"
+#include "orchestrator/common/log.h"
+#include "orchestrator/common/opt.h"
+#include "orchestrator/common/pbjson.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rpc/rpc.h"
 #include "workers/bcast/bcast.h"
@@ -41,12 +41,75 @@ typedef struct child {
 
 typedef struct run_opts {
   uint32_t steps, inference, max_async, rollouts_per_step, layers;
-  const char *preset, *offload, *policy, *listen, *metrics_listen, *data_dir, *log_level;
-  int json;
+  char *preset, *listen, *metrics_listen, *data_dir; /* owned: opt_free */
+  int offload, policy, log_level;
+  bool json;
 } run_opts;
+
+static const opt_name run__offloads[] = {
+    {"none", RLORCH__V1__OFFLOAD__OFFLOAD_NONE},
+    {"params", RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS},
+    {"params+optimizer", RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS_AND_OPTIMIZER},
+    {NULL, 0}};
+static const opt_name run__modes[] = {
+    {"auto", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO},
+    {"direct", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_DIRECT},
+    {"staged", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED},
+    {"host", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST},
+    {NULL, 0}};
+
+#define RO(m, ctype) OPT_OFF(run_opts, m, ctype)
+/* Names shared with serve, the agents and ctl start-run where the meaning is
+ * the same; the children never see them (see child_env). */
+static const opt_field run__fields[] = {
+    {.name = "steps", .flag = "--steps", .type = OPT_U32, .off = RO(steps, uint32_t), .min = 1,
+     .max = 1000000, .metavar = "N", .help = "steps of the run"},
+    {.name = "preset", .flag = "--preset", .type = OPT_STR, .off = RO(preset, char *),
+     .metavar = "P", .help = "model preset: 100m, 1b, 4b, 8b"},
+    {.name = "inference_workers", .flag = "--inference-workers", .type = OPT_U32,
+     .off = RO(inference, uint32_t), .min = 1, .max = MAX_INFERENCE, .metavar = "N",
+     .help = "inference workers to start",
+     .dflt = "2, or one per spare GPU when there are 2 or more GPUs"},
+    {.name = "offload", .flag = "--offload", .type = OPT_ENUM, .off = RO(offload, int),
+     .names = run__offloads, .metavar = "O", .help = "what the trainer keeps in host memory"},
+    {.name = "max_async_level", .flag = "--max-async-level", .type = OPT_U32,
+     .off = RO(max_async, uint32_t), .min = 0, .max = 64, .metavar = "N",
+     .help = "off-policy bound"},
+    {.name = "policy", .flag = "--policy", .type = OPT_ENUM, .off = RO(policy, int),
+     .names = run__modes, .metavar = "MODE", .help = "broadcast mode"},
+    {.name = "rollouts_per_step", .flag = "--rollouts-per-step", .type = OPT_U32,
+     .off = RO(rollouts_per_step, uint32_t), .min = 0, .max = 65536, .metavar = "N",
+     .help = "rollouts in a training batch"},
+    {.name = "listen", .flag = "--listen", .type = OPT_ADDR, .off = RO(listen, char *),
+     .metavar = "ADDR", .help = "orchestrator's gRPC address; port 0 picks a free one"},
+    {.name = "metrics_listen", .flag = "--metrics-listen", .type = OPT_ADDR,
+     .off = RO(metrics_listen, char *), .metavar = "ADDR",
+     .help = "orchestrator's HTTP address; port 0 picks a free one"},
+    {.name = "data_dir", .flag = "--data-dir", .type = OPT_STR, .off = RO(data_dir, char *),
+     .metavar = "DIR", .help = "SQLite database and the children's logs (DIR/logs)"},
+    {.name = "layers", .flag = "--layers", .type = OPT_U32, .off = RO(layers, uint32_t), .min = 0,
+     .max = 1024, .metavar = "N", .help = "keep only the first N decoder layers (quick runs)",
+     .dflt = "0: all"},
+    {.name = "log_level", .flag = "--log-level", .type = OPT_ENUM, .off = RO(log_level, int),
+     .names = opt_log_level_names, .metavar = "LEVEL", .help = "log threshold of the children"},
+    {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = RO(json, bool),
+     .help = "print every run event as one JSON object per line"},
+};
+
+static const opt_cmd run__cmd = {
+    .name = "run",
+    .about = "Starts the orchestrator, 1 trainer and N inference workers on this machine,\n"
+             "runs N steps and prints one line per step, then a summary.",
+    .fields = run__fields,
+    .nfields = sizeof run__fields / sizeof run__fields[0],
+    .footer = "The children (serve, trainer, inference) get every setting as a flag and an\n"
+              "environment without RLORCH_* variables, so a variable meant for one of them\n"
+              "cannot change another. Their logs are in DIR/logs.\n",
+};
 
 typedef struct run_ctx {
   run_opts o;
+  char **child_env; /* environ without RLORCH_* (pointers into environ) */
   char exe[PATH_MAX];
   char grpc_addr[128], metrics_addr[128], log_dir[PATH_MAX];
   child kids[MAX_CHILDREN];
@@ -65,45 +128,38 @@ typedef struct run_ctx {
   int header_done;
 } run_ctx;
 
-static int usage(FILE *f) {
-  fprintf(f,
-          "usage: rlorch run [--steps N] [--preset P] [--inference-workers N]\n"
-          "                  [--offload none|params|params+optimizer] [--max-async-level N]\n"
-          "                  [--policy auto|direct|staged|host] [--rollouts-per-step N]\n"
-          "                  [--listen ADDR] [--metrics-listen ADDR] [--data-dir DIR]\n"
-          "                  [--layers N] [--log-level LEVEL] [--json]\n\n"
-          "Starts the orchestrator, 1 trainer and N inference workers on this machine,\n"
-          "runs N steps and prints one line per step. Defaults: 5 steps, preset 100m,\n"
-          "2 inference workers (one per spare GPU when there are 2 or more GPUs),\n"
-          "offload params, policy auto, loopback ports picked\n"
-          "at random, data under ./rlorch-run. --layers keeps only the first N decoder\n"
-          "layers of the preset (quick runs).\n");
-  return f == stdout ? 0 : 2;
+static void run__defaults(run_opts *o) {
+  *o = (run_opts){.steps = 5, .inference = 2, .max_async = 1, .rollouts_per_step = 8,
+                  .preset = "100m", .offload = RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS,
+                  .policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO,
+                  .listen = "127.0.0.1:0", .metrics_listen = "127.0.0.1:0",
+                  .data_dir = "rlorch-run", .log_level = LOG_INFO};
 }
 
-static int parse_u32(const char *flag, const char *s, uint32_t max, uint32_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long v = strtoul(s, &end, 10);
-  if (errno || *end || !*s || s[0] == '-' || v > max) {
-    fprintf(stderr, "rlorch run: %s: want an integer from 0 to %u, got '%s'\n", flag, max, s);
-    return -1;
-  }
-  *out = (uint32_t)v;
-  return 0;
+/* The children's environment: ours without any RLORCH_* variable. run reads
+ * those for itself and hands each child its settings as flags; a variable
+ * left in place would reach every child, and one meant for a single role
+ * (RLORCH_TOKEN_FILE for a client, RLORCH_DEVICE for one agent) would
+ * silently reconfigure the others. */
+static char **child_env(void) {
+  size_t n = 0;
+  while (environ && environ[n]) n++;
+  char **env = calloc(n + 1, sizeof *env);
+  if (!env) return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(environ[i], "RLORCH_", 7) != 0) env[k++] = environ[i];
+  env[k] = NULL;
+  return env;
 }
 
-static int resolve_addr(const char *flag, const char *in, char *out, size_t len) {
+static int resolve_addr(opt_state *st, const char *name, const char *in, char *out, size_t len) {
   char host[64];
   int port;
-  if (config_parse_addr(in, host, sizeof host, &port) != 0) {
-    fprintf(stderr, "rlorch run: %s: invalid address '%s' (want HOST:PORT)\n", flag, in);
-    return -1;
-  }
-  if (port == 0 && (port = proc_free_port()) < 0) {
-    fprintf(stderr, "rlorch run: %s: no free port: %s\n", flag, strerror(errno));
-    return -1;
-  }
+  if (opt_parse_addr(in, host, sizeof host, &port) != 0)
+    return opt_fail(st, opt_origin(st, name), "invalid address \"%s\" (want HOST:PORT)", in);
+  if (port == 0 && (port = proc_free_port()) < 0)
+    return opt_fail(st, opt_origin(st, name), "no free port: %s", strerror(errno));
   snprintf(out, len, "%s:%d", host[0] ? host : "127.0.0.1", port);
   return 0;
 }
@@ -146,7 +202,7 @@ static int spawn(run_ctx *c, const char *name, char *const argv[]) {
   posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
                                     POSIX_SPAWN_SETPGROUP);
   pid_t pid;
-  int rc = posix_spawn(&pid, c->exe, &fa, &at, argv, environ);
+  int rc = posix_spawn(&pid, c->exe, &fa, &at, argv, c->child_env);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&at);
   if (rc != 0) {
@@ -373,25 +429,25 @@ static int device_for(const run_ctx *c, int index) {
 static int start_processes(run_ctx *c) {
   const run_opts *o = &c->o;
   char dev[16];
+  char *level = (char *)opt_enum_name(opt_log_level_names, o->log_level);
+  char *offload = (char *)opt_enum_name(run__offloads, o->offload);
   char *serve_argv[] = {c->exe, "serve", "--listen", c->grpc_addr, "--metrics-listen",
-                        c->metrics_addr, "--data-dir", (char *)o->data_dir, "--log-level",
-                        (char *)o->log_level, NULL};
+                        c->metrics_addr, "--data-dir", o->data_dir, "--log-level", level, NULL};
   if (spawn(c, "serve", serve_argv) != 0) return -1;
   if (wait_serving(c) != 0) return -1;
   char layers[16];
   snprintf(layers, sizeof layers, "%u", o->layers);
   snprintf(dev, sizeof dev, "%d", device_for(c, 0));
-  char *tr_argv[] = {c->exe, "trainer", "--orchestrator", c->grpc_addr, "--preset",
-                     (char *)o->preset, "--offload", (char *)o->offload, "--name", "trainer-0",
-                     "--device", dev, "--log-level", (char *)o->log_level,
-                     o->layers ? "--layers" : NULL, layers, NULL};
+  char *tr_argv[] = {c->exe, "trainer", "--orchestrator", c->grpc_addr, "--preset", o->preset,
+                     "--offload", offload, "--name", "trainer-0", "--device", dev,
+                     "--log-level", level, "--layers", layers, NULL};
   if (spawn(c, "trainer-0", tr_argv) != 0) return -1;
   for (uint32_t i = 0; i < o->inference; i++) {
     char name[32];
     snprintf(name, sizeof name, "inference-%u", i);
     snprintf(dev, sizeof dev, "%d", device_for(c, 1 + (int)i));
     char *in_argv[] = {c->exe, "inference", "--orchestrator", c->grpc_addr, "--name", name,
-                       "--device", dev, "--log-level", (char *)o->log_level, NULL};
+                       "--device", dev, "--log-level", level, NULL};
     if (spawn(c, name, in_argv) != 0) return -1;
   }
   return 0;
@@ -399,17 +455,13 @@ static int start_processes(run_ctx *c) {
 
 static int start_and_watch(run_ctx *c) {
   Rlorch__V1__RunSpec spec = RLORCH__V1__RUN_SPEC__INIT;
-  int e;
   spec.name = "rlorch-run";
-  spec.preset = (char *)c->o.preset;
+  spec.preset = c->o.preset;
   spec.steps = c->o.steps;
   spec.max_async_level = c->o.max_async;
- 
   spec.rollouts_per_step = c->o.rollouts_per_step;
-  pbjson_enum_parse(&rlorch__v1__broadcast_mode__descriptor, c->o.policy, &e);
-  spec.policy = (Rlorch__V1__BroadcastMode)e;
-  pbjson_enum_parse(&rlorch__v1__offload__descriptor, c->o.offload, &e);
-  spec.offload = (Rlorch__V1__Offload)e;
+  spec.policy = (Rlorch__V1__BroadcastMode)c->o.policy;
+  spec.offload = (Rlorch__V1__Offload)c->o.offload;
   ProtobufCMessage *resp = NULL;
   rpc_status st;
   if (rpc_client_call(c->client, "/rlorch.v1.Control/StartRun", &spec.base,
@@ -465,81 +517,52 @@ static void stop_run(run_ctx *c) {
 
 int cmd_run(int argc, char **argv) {
   run_ctx *c = calloc(1, sizeof *c);
-  if (!c) return 1;
-  c->o = (run_opts){.steps = 5, .inference = 2, .max_async = 1, .rollouts_per_step = 8,
-                    .preset = "100m", .offload = "params", .policy = "auto",
-                    .listen = "127.0.0.1:0", .metrics_listen = "127.0.0.1:0",
-                    .data_dir = "rlorch-run", .log_level = "info"};
-  static const struct option opts[] = {
-      {"steps", required_argument, 0, 's'},        {"preset", required_argument, 0, 'p'},
-      {"inference-workers", required_argument, 0, 'i'}, {"offload", required_argument, 0, 'o'},
-      {"max-async-level", required_argument, 0, 'a'}, {"policy", required_argument, 0, 'P'},
-      {"rollouts-per-step", required_argument, 0, 'r'}, {"listen", required_argument, 0, 'l'},
-      {"metrics-listen", required_argument, 0, 'm'}, {"data-dir", required_argument, 0, 'd'},
-      {"log-level", required_argument, 0, 'L'},    {"json", no_argument, 0, 'j'},
-      {"layers", required_argument, 0, 'y'},
-      {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
-  int ch, rc = 2, e;
-  optind = 1;
-  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-    switch (ch) {
-    case 's': if (parse_u32("--steps", optarg, 1000000, &c->o.steps)) goto out; break;
-    case 'i':
-      if (parse_u32("--inference-workers", optarg, MAX_INFERENCE, &c->o.inference)) goto out;
-      c->inference_set = 1;
-      break;
-    case 'a': if (parse_u32("--max-async-level", optarg, 64, &c->o.max_async)) goto out; break;
-    case 'r': if (parse_u32("--rollouts-per-step", optarg, 65536, &c->o.rollouts_per_step)) goto out; break;
-    case 'y': if (parse_u32("--layers", optarg, 1024, &c->o.layers)) goto out; break;
-    case 'p': c->o.preset = optarg; break;
-    case 'o': c->o.offload = optarg; break;
-    case 'P': c->o.policy = optarg; break;
-    case 'l': c->o.listen = optarg; break;
-    case 'm': c->o.metrics_listen = optarg; break;
-    case 'd': c->o.data_dir = optarg; break;
-    case 'L': c->o.log_level = optarg; break;
-    case 'j': c->o.json = 1; break;
-    case 'h': rc = usage(stdout); goto out;
-    default: rc = usage(stderr); goto out;
-    }
+  opt_state *st = malloc(sizeof *st);
+  int rc = 2;
+  if (!c || !st) {
+    free(c);
+    free(st);
+    return 1;
   }
-  if (optind != argc) {
-    fprintf(stderr, "rlorch run: unexpected argument '%s'\n", argv[optind]);
+  run__defaults(&c->o);
+  if (opt_own(&run__cmd, &c->o) != 0) {
+    fprintf(stderr, "rlorch run: out of memory\n");
+    rc = 1;
     goto out;
   }
-  if (c->o.steps == 0) {
-    fprintf(stderr, "rlorch run: --steps: want at least 1\n");
+  if (opt_parse(&run__cmd, &c->o, argc, argv, environ, st) != 0) {
+    fprintf(stderr, "%s\n", st->err);
     goto out;
   }
-  if (c->o.inference == 0) {
-    fprintf(stderr, "rlorch run: --inference-workers: want at least 1\n");
+  if (st->help) {
+    run_opts d;
+    run__defaults(&d);
+    opt_usage(&run__cmd, &d, stdout);
+    rc = 0;
     goto out;
   }
+  c->inference_set = opt_is_set(st, "inference_workers");
   if (!bcast_preset_find(c->o.preset)) {
-    fprintf(stderr, "rlorch run: --preset: unknown preset '%s'\n", c->o.preset);
+    opt_fail(st, opt_origin(st, "preset"), "unknown preset \"%s\" (want 100m, 1b, 4b, 8b)",
+             c->o.preset);
+    fprintf(stderr, "%s\n", st->err);
     goto out;
   }
-  if (pbjson_enum_parse(&rlorch__v1__offload__descriptor, c->o.offload, &e) != 0) {
-    fprintf(stderr, "rlorch run: --offload: want none, params or params+optimizer\n");
+  if (resolve_addr(st, "listen", c->o.listen, c->grpc_addr, sizeof c->grpc_addr) ||
+      resolve_addr(st, "metrics_listen", c->o.metrics_listen, c->metrics_addr,
+                   sizeof c->metrics_addr)) {
+    fprintf(stderr, "%s\n", st->err);
     goto out;
   }
-  if (pbjson_enum_parse(&rlorch__v1__broadcast_mode__descriptor, c->o.policy, &e) != 0) {
-    fprintf(stderr, "rlorch run: --policy: want auto, direct, staged or host\n");
-    goto out;
-  }
-  log_level lvl;
-  if (log_level_parse(c->o.log_level, &lvl) != 0) {
-    fprintf(stderr, "rlorch run: --log-level: want debug, info, warn or error\n");
-    goto out;
-  }
-  if (resolve_addr("--listen", c->o.listen, c->grpc_addr, sizeof c->grpc_addr) ||
-      resolve_addr("--metrics-listen", c->o.metrics_listen, c->metrics_addr,
-                   sizeof c->metrics_addr))
-    goto out;
   snprintf(c->log_dir, sizeof c->log_dir, "%s/logs", c->o.data_dir);
   if (mkdirs(c->log_dir) != 0) {
-    fprintf(stderr, "rlorch run: --data-dir: cannot create %s: %s\n", c->log_dir,
-            strerror(errno));
+    opt_fail(st, opt_origin(st, "data_dir"), "cannot create %s: %s", c->log_dir, strerror(errno));
+    fprintf(stderr, "%s\n", st->err);
+    goto out;
+  }
+  if (!(c->child_env = child_env())) {
+    fprintf(stderr, "rlorch run: out of memory\n");
+    rc = 1;
     goto out;
   }
   if (proc_self_exe(c->exe, sizeof c->exe) != 0) {
@@ -579,8 +602,9 @@ int cmd_run(int argc, char **argv) {
   if (!c->o.json) {
     printf("rlorch run: preset %s (%.0fM parameters), 1 trainer + %u inference workers, "
            "offload %s, policy %s, %u steps\n",
-           c->o.preset, (double)bcast_preset_params(pr, &po) / 1e6, c->o.inference, c->o.offload,
-           c->o.policy, c->o.steps);
+           c->o.preset, (double)bcast_preset_params(pr, &po) / 1e6, c->o.inference,
+           opt_enum_name(run__offloads, c->o.offload), opt_enum_name(run__modes, c->o.policy),
+           c->o.steps);
     if (c->ndevices > 0)
       printf("transport:  CUDA (%d device%s, %s) and NCCL %s\n", caps.cuda_devices,
              caps.cuda_devices > 1 ? "s" : "", caps.gpu_name, caps.nccl_version);
@@ -615,6 +639,9 @@ stop_thread:
 out:
   for (size_t i = 0; i < c->nsteps; i++) protobuf_c_message_free_unpacked(&c->steps[i]->base, NULL);
   free(c->steps);
+  free(c->child_env);
+  opt_free(&run__cmd, &c->o);
+  free(st);
   free(c);
   return rc;
 }

@@ -9,10 +9,40 @@
 
 #include "build_info.h"
 #include "orchestrator/cli/commands.h"
+#include "orchestrator/common/opt.h"
 #include "workers/bcast/bcast.h"
 
+extern char **environ;
+
+typedef struct version_opts {
+  bool json;
+} version_opts;
+
+static const opt_field version__fields[] = {
+    {.name = "json", .flag = "--json", .type = OPT_SWITCH,
+     .off = OPT_OFF(version_opts, json, bool), .help = "one JSON object instead of text"},
+};
+
+static const opt_cmd version__cmd = {
+    .name = "version",
+    .about = "Prints the version, what was built in and what this machine offers now.",
+    .fields = version__fields,
+    .nfields = sizeof version__fields / sizeof version__fields[0],
+};
+
 int cmd_version(int argc, char **argv) {
-  int json = argc > 1 && !strcmp(argv[1], "--json");
+  version_opts o = {0};
+  opt_state st;
+  if (opt_parse(&version__cmd, &o, argc, argv, environ, &st) != 0) {
+    fprintf(stderr, "%s\n", st.err);
+    return 2;
+  }
+  if (st.help) {
+    const version_opts d = {0};
+    opt_usage(&version__cmd, &d, stdout);
+    return 0;
+  }
+  int json = o.json;
   bcast_caps c;
   bcast_caps_probe(&c);
   const char *transport = c.cuda_devices > 0 && c.nccl_version[0] ? "nccl" : "host-tcp";

@@ -1,21 +1,20 @@
-/* Configuration of `rlorch serve`: typed fields, parsed once at start-up.
+/* Configuration of `rlorch serve`: typed fields, parsed once at start-up by
+ * the opt mechanism (orchestrator/common/opt.h), like every other command.
  *
- * Precedence, lowest first: built-in defaults < YAML file (--config FILE) <
- * RLORCH_* environment variables < command-line flags. Every value is validated
- * after merging; an error message names the field and where it came from, e.g.
- *   config: rlorch.yaml:3: listen: invalid address "x:y:z" (want HOST:PORT)
- *   config: RLORCH_MAX_ASYNC_LEVEL: not an integer: "abc"
- *   config: --listen: missing value
+ * Precedence, lowest first: built-in defaults < YAML file (--config FILE or
+ * RLORCH_CONFIG) < RLORCH_* environment variables < command-line flags. Every
+ * value is validated after merging; an error message names the field and
+ * where it came from, e.g.
+ *   rlorch serve: rlorch.yaml:3: listen: invalid address "x:y:z" (want HOST:PORT)
+ *   rlorch serve: RLORCH_MAX_ASYNC_LEVEL: not an integer: "abc"
+ *   rlorch serve: --listen: missing value
  *
  * YAML keys are the field names below (snake_case); environment variables are
  * RLORCH_ + the upper-cased field name (RLORCH_METRICS_LISTEN, ...). Unknown
- * YAML keys are errors; unknown RLORCH_* variables are ignored (other parts of
- * the program use the prefix too); RLORCH_CONFIG names the file like --config.
- * An empty variable clears an optional path (token_file, tls_*). Byte sizes
- * accept a KiB, MiB or GiB suffix. print_config is a flag only. Flags:
- *   --config FILE --listen ADDR --metrics-listen ADDR --data-dir DIR
- *   --token-file FILE --tls-cert FILE --tls-key FILE --log-level LEVEL
- *   --log-format FMT --print-config --help   (also --flag=value)
+ * YAML keys are errors; unknown RLORCH_* variables are ignored (other commands
+ * use the prefix too). An empty variable clears an optional path (token_file,
+ * tls_*). Byte sizes accept a KiB, MiB or GiB suffix. print_config is a flag
+ * only. `rlorch serve --help` lists every flag, key and variable.
  *
  * Not thread-safe; meant to be called once from main. */
 #ifndef RLORCH_CONFIG_H
@@ -27,6 +26,7 @@
 #include <stdio.h>
 
 #include "orchestrator/common/log.h"
+#include "orchestrator/common/opt.h"
 #include "rlorch/v1/broadcast.pb-c.h"
 
 typedef struct config {
@@ -37,8 +37,8 @@ typedef struct config {
   char *token_file;       /* bearer token file, or NULL for no auth */
   char *tls_cert_file;    /* PEM certificate chain, or NULL (both or neither) */
   char *tls_key_file;     /* PEM private key, or NULL */
-  char *token;            /* contents of token_file without trailing
-                             whitespace, or NULL; never printed */
+  char *token;            /* contents of token_file without surrounding
+                             white space (rpc_token_read), or NULL; never printed */
   log_level log_level;    /* default LOG_INFO */
   log_format log_format;  /* default LOG_FORMAT_LOGFMT */
   uint64_t max_message_bytes;     /* gRPC message cap, default 4 MiB */
@@ -61,8 +61,8 @@ void config_defaults(config *c);
 
 /* Loads the configuration. argv[0] is the command name and is skipped; envp is
  * a NULL-terminated "NAME=value" array (NULL for none). Returns 0 on success
- * (check c->help and c->print_config), or -1 with a message in err; the caller
- * exits 2. On both paths release c with config_free. */
+ * (check c->help and c->print_config), or -1 with the whole message line
+ * ("rlorch serve: ORIGIN: MESSAGE") in err; the caller prints it and exits 2. On both paths release c with config_free. */
 int config_load(config *c, int argc, char **argv, char **envp, char *err, size_t errlen);
 
 /* Prints the flags, the environment variables and the YAML keys. */
@@ -75,10 +75,6 @@ void config_print(const config *c, FILE *f);
 /* Frees the strings; c may be reused after config_defaults. */
 void config_free(config *c);
 
-/* Splits "host:port" or "[v6]:port" (host without the brackets); the host is
- * a name, an IPv4 or an IPv6 address, port 0..65535 (0: pick one). Returns 0,
- * or -1 when malformed or when the host does not fit in hl bytes. */
-int config_parse_addr(const char *s, char *host, size_t hl, int *port);
 
 /* "auto", "direct", "staged", "host" <-> enum; parse returns 0 or -1. */
 int config_policy_parse(const char *s, Rlorch__V1__BroadcastMode *out);

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "orchestrator/daemon/config.h"
+#include "orchestrator/common/opt.h"
 #include "orchestrator/daemon/http.h"
 
 #define HTTP__MAX_URL 2048
@@ -357,7 +357,7 @@ static void http__on_listener_closed(uv_handle_t *h) {
 static int http__resolve(const char *addr, struct sockaddr_storage *ss, char *err, size_t errlen) {
   char host[256];
   int port;
-  if (config_parse_addr(addr, host, sizeof host, &port) != 0) {
+  if (opt_parse_addr(addr, host, sizeof host, &port) != 0) {
     snprintf(err, errlen, "http: invalid address \"%s\" (want HOST:PORT)", addr ? addr : "");
     return UV_EINVAL;
   }

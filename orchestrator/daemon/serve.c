@@ -252,8 +252,8 @@ static void log_listening(orch *o, const bcast_caps *caps) {
   config *cfg = o->cfg;
   char host[256], mhost[256];
   int p;
-  config_parse_addr(cfg->listen, host, sizeof host, &p);
-  config_parse_addr(cfg->metrics_listen, mhost, sizeof mhost, &p);
+  opt_parse_addr(cfg->listen, host, sizeof host, &p);
+  opt_parse_addr(cfg->metrics_listen, mhost, sizeof mhost, &p);
   log_info("listening", "grpc=%s:%d metrics=http://%s:%d/metrics data_dir=\"%s\" auth=%s tls=%s",
            host[0] ? host : "0.0.0.0", rpc_server_port(o->rpc), mhost[0] ? mhost : "0.0.0.0",
            http_server_port(o->http), cfg->data_dir, cfg->token ? "bearer" : "none",
@@ -329,7 +329,7 @@ int serve_main(int argc, char **argv) {
   config cfg;
   char err[1024];
   if (config_load(&cfg, argc, argv, environ, err, sizeof err) != 0) {
-    fprintf(stderr, "rlorch serve: %s\n", err);
+    fprintf(stderr, "%s\n", err);
     config_free(&cfg);
     return 2;
   }

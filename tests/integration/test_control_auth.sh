@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
 # Bearer-token authentication of `rlorch serve --token-file`: Control (and Worker)
 # methods refuse a missing or wrong token with UNAUTHENTICATED, accept the right
-# one; health needs none; `rlorch ctl --token-file` sends it.
+# one; health needs none; `rlorch ctl --token-file` sends it. serve, ctl and the
+# agents read the file with one reader, so white space around the token is
+# trimmed alike; the agents and ctl take the address and the token file from
+# RLORCH_ORCHESTRATOR and RLORCH_TOKEN_FILE too.
 source "$(dirname "$0")/lib.sh"
 
 need_cmd node || finish
 TOKEN="s3cret-$RANDOM-$RANDOM"
 printf '%s\n' "$TOKEN" >"$TEST_TMP/token"
 printf 'not-the-token\n' >"$TEST_TMP/wrong"
+# The same token with white space on both sides, as editors and `echo` leave it.
+printf ' \t %s \r\n\n' "$TOKEN" >"$TEST_TMP/padded"
 : >"$TEST_TMP/empty"
 chmod 600 "$TEST_TMP/token"
 
 # An unreadable or empty token file is a configuration error naming the field.
 assert_exit 2 "$RLORCH_BIN" serve --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
   --data-dir "$TEST_TMP/d0" --token-file "$TEST_TMP/no-such-file"
-assert_contains "$LAST_OUTPUT" "config: --token-file: cannot read" "a missing token file names --token-file"
+assert_contains "$LAST_OUTPUT" "rlorch serve: --token-file: cannot read" "a missing token file names --token-file"
 assert_exit 2 "$RLORCH_BIN" serve --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
   --data-dir "$TEST_TMP/d0" --token-file "$TEST_TMP/empty"
 assert_contains "$LAST_OUTPUT" "is empty" "an empty token file is refused"
 
-serve_start --token-file "$TEST_TMP/token" || finish
+# The server reads the padded file: clients that send the bare token must pass.
+serve_start --token-file "$TEST_TMP/padded" || finish
 assert_contains "$(cat "$SERVE_LOG")" "auth=bearer" "the log says bearer auth is on"
 assert_not_contains "$(cat "$SERVE_LOG")" "$TOKEN" "the token never appears in the log"
 
@@ -83,6 +89,9 @@ out="$(grpc_call --method $C/GetRun --json "{\"run_id\":\"$RUN\"}" --token "$TOK
 assert_eq "$RUN" "$(json_get message.id "$out")" "GetRun with the right token"
 out="$(grpc_call --method $C/WatchRun --json "{\"run_id\":\"$RUN\"}" --token "$TOKEN" --max-messages 1)"
 assert_eq "$RUN" "$(json_get message.run.id "$out")" "WatchRun with the right token streams"
+out="$(ctl --token-file "$TEST_TMP/padded" list-runs)"
+assert_eq 0 "$?" "ctl with a token file padded by white space is accepted by serve with the same file"
+assert_contains "$out" "$RUN" "ctl --token-file padded lists the run"
 out="$(ctl --token-file "$TEST_TMP/token" stop-run "$RUN")"
 assert_contains "$out" "stopped" "ctl --token-file stop-run"
 out="$(RLORCH_TARGET="$GRPC_ADDR" "$RLORCH_BIN" ctl --token-file "$TEST_TMP/token" list-runs)"
@@ -94,5 +103,27 @@ assert_eq 2 "$(rpc_count $C/StartRun UNAUTHENTICATED)" "StartRun UNAUTHENTICATED
 assert_eq 200 "$(http_code GET /metrics)" "/metrics needs no token"
 
 assert_eq SERVING "$(ctl health)" "still SERVING after the refused calls"
+
+# ---- ctl and an agent configured by the environment only ----------------------------
+
+out="$(RLORCH_ORCHESTRATOR="$GRPC_ADDR" RLORCH_TOKEN_FILE="$TEST_TMP/padded" "$RLORCH_BIN" ctl list-runs)"
+assert_contains "$out" "$RUN" "ctl takes RLORCH_ORCHESTRATOR and RLORCH_TOKEN_FILE"
+assert_exit 2 env RLORCH_TOKEN_FILE="$TEST_TMP/no-such-file" "$RLORCH_BIN" ctl --target "$GRPC_ADDR" list-runs
+assert_contains "$LAST_OUTPUT" "rlorch ctl: RLORCH_TOKEN_FILE: cannot read" "ctl names the variable of a bad token file"
+assert_exit 2 env RLORCH_ORCHESTRATOR="$GRPC_ADDR" RLORCH_TOKEN_FILE="$TEST_TMP/empty" "$RLORCH_BIN" inference
+assert_contains "$LAST_OUTPUT" "rlorch inference: RLORCH_TOKEN_FILE:" "an agent names the variable of a bad token file"
+assert_contains "$LAST_OUTPUT" "is empty" "an agent refuses an empty token file"
+
+RLORCH_ORCHESTRATOR="$GRPC_ADDR" RLORCH_TOKEN_FILE="$TEST_TMP/padded" RLORCH_NAME=env-agent \
+  RLORCH_DEVICE=-1 RLORCH_LOG_LEVEL=warn "$RLORCH_BIN" inference >"$TEST_TMP/agent.log" 2>&1 &
+AGENT_PID=$!
+track_pid "$AGENT_PID"
+wait_until 30 bash -c "\"$RLORCH_BIN\" ctl --target $GRPC_ADDR --token-file $TEST_TMP/token list-workers | grep -q env-agent"
+assert_eq 0 "$?" "an inference agent configured only by RLORCH_* registers with the token" || cat "$TEST_TMP/agent.log"
+kill -TERM "$AGENT_PID"
+wait "$AGENT_PID"
+assert_eq 0 "$?" "the agent exits 0 on SIGTERM"
+assert_not_contains "$(cat "$TEST_TMP/agent.log")" "UNAUTHENTICATED" "the agent was never refused"
+
 serve_stop
 finish

@@ -50,12 +50,12 @@ serve_bad() { # WHAT NEEDLE ARGS...
     assert_contains "$LAST_OUTPUT" "$needle" "$what names the field"
   fi
 }
-serve_bad "--listen garbage" 'config: --listen: invalid address "garbage"' --listen garbage
-serve_bad "--listen with port 70000" 'config: --listen: invalid address' --listen 127.0.0.1:70000
-serve_bad "--metrics-listen garbage" 'config: --metrics-listen: invalid address' --metrics-listen :x:
-serve_bad "--listen without a value" 'config: --listen: missing value' --listen
-serve_bad "an unknown flag" 'config: --frobnicate: unknown flag' --frobnicate
-serve_bad "--log-level loud" 'config: --log-level: invalid value "loud"' --log-level loud
+serve_bad "--listen garbage" 'rlorch serve: --listen: invalid address "garbage"' --listen garbage
+serve_bad "--listen with port 70000" 'rlorch serve: --listen: invalid address' --listen 127.0.0.1:70000
+serve_bad "--metrics-listen garbage" 'rlorch serve: --metrics-listen: invalid address' --metrics-listen :x:
+serve_bad "--listen without a value" 'rlorch serve: --listen: missing value' --listen
+serve_bad "an unknown flag" 'rlorch serve: --frobnicate: unknown flag' --frobnicate
+serve_bad "--log-level loud" 'rlorch serve: --log-level: invalid value "loud"' --log-level loud
 printf 'listen: 127.0.0.1:0\nlog_level: info\nbogus_key: 1\n' >"$TEST_TMP/badkey.yaml"
 serve_bad "a config file with an unknown key" 'badkey.yaml:3: unknown key "bogus_key"' \
   --config "$TEST_TMP/badkey.yaml"
@@ -64,7 +64,7 @@ serve_bad "a config file with a bad value" 'badval.yaml:2: max_message_bytes: no
   --config "$TEST_TMP/badval.yaml"
 serve_bad "a missing config file" 'nope.yaml: cannot open' --config "$TEST_TMP/nope.yaml"
 assert_exit 2 env RLORCH_MAX_ASYNC_LEVEL=abc "$RLORCH_BIN" serve --data-dir "$TEST_TMP/never"
-assert_contains "$LAST_OUTPUT" 'config: RLORCH_MAX_ASYNC_LEVEL: not an integer: "abc"' \
+assert_contains "$LAST_OUTPUT" 'rlorch serve: RLORCH_MAX_ASYNC_LEVEL: not an integer: "abc"' \
   "a bad environment variable is named"
 assert_exit 2 env RLORCH_MAX_MESSAGE_BYTES=10 "$RLORCH_BIN" serve --data-dir "$TEST_TMP/never"
 assert_contains "$LAST_OUTPUT" 'RLORCH_MAX_MESSAGE_BYTES' "a too small message limit is named"

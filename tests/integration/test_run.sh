@@ -4,9 +4,14 @@
 source "$(dirname "$0")/lib.sh"
 
 # ---- a short run ends with a summary and exit 0 ---------------------------------
-out="$("$RLORCH_BIN" run --steps 2 --inference-workers 1 --layers 2 \
+# The step count comes from the environment. The other variables belong to the
+# children's commands (serve would refuse the token file, the agents the device):
+# run hands its children flags and an environment without RLORCH_*, so they
+# change nothing.
+out="$(RLORCH_STEPS=2 RLORCH_TOKEN_FILE="$TEST_TMP/no-such-token" RLORCH_DEVICE=not-a-device \
+  RLORCH_MAX_MESSAGE_BYTES=1 "$RLORCH_BIN" run --inference-workers 1 --layers 2 \
   --data-dir "$TEST_TMP/run1" --log-level warn 2>&1)"
-assert_eq 0 "$?" "rlorch run exits 0 after a successful run"
+assert_eq 0 "$?" "rlorch run exits 0 after a successful run" || printf '%s\n' "$out"
 assert_contains "$out" "HOST TCP ONLY" "says loudly that the host transport is used"
 assert_contains "$out" "metrics:    http://127.0.0.1:" "prints where /metrics is served"
 assert_eq 2 "$(printf '%s\n' "$out" | grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ .* host ')" \
@@ -38,7 +43,9 @@ done
 
 # ---- bad flags are named, exit 2 --------------------------------------------------
 assert_exit 2 "$RLORCH_BIN" run --steps x
-assert_contains "$LAST_OUTPUT" "--steps" "a bad --steps is named"
+assert_contains "$LAST_OUTPUT" "rlorch run: --steps: not an integer" "a bad --steps is named"
+assert_exit 2 env RLORCH_STEPS=x "$RLORCH_BIN" run
+assert_contains "$LAST_OUTPUT" "rlorch run: RLORCH_STEPS: not an integer" "a bad RLORCH_STEPS is named"
 assert_exit 2 "$RLORCH_BIN" run --preset 3t
 assert_contains "$LAST_OUTPUT" "--preset" "an unknown preset is named"
 assert_exit 2 "$RLORCH_BIN" run --offload gpu

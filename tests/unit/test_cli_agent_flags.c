@@ -1,20 +1,34 @@
-/* Flags of `rlorch trainer` and `rlorch inference`. */
+/* Flags and environment of `rlorch trainer` and `rlorch inference`. */
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "orchestrator/cli/agent_flags.h"
 
 #define ARGV(...) ((char *[]){"x", __VA_ARGS__, NULL})
 #define ARGC(...) ((int)(sizeof((char *[]){"x", __VA_ARGS__}) / sizeof(char *)))
 #define PARSE(role, o, err, ...) \
-  agent_flags_parse(role, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), o, err, sizeof err)
+  agent_flags_parse(role, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), NULL, o, err, sizeof err)
+#define PARSE_ENV(role, envp, o, err, ...) \
+  agent_flags_parse(role, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), envp, o, err, sizeof err)
+
+static void expect_error_env(agent_role role, char **envp, int argc, char **argv,
+                             const char *needle) {
+  agent_flags o;
+  char err[512] = "";
+  cr_assert_eq(agent_flags_parse(role, argc, argv, envp, &o, err, sizeof err), -1,
+               "accepted, wanted '%s'", needle);
+  cr_assert(strstr(err, needle), "error '%s' does not name '%s'", err, needle);
+  const char *prefix = role == AGENT_ROLE_TRAINER ? "rlorch trainer: " : "rlorch inference: ";
+  cr_assert(!strncmp(err, prefix, strlen(prefix)), "error '%s' does not start with '%s'", err,
+            prefix);
+  agent_flags_free(&o);
+}
 
 static void expect_error(agent_role role, int argc, char **argv, const char *needle) {
-  agent_flags o;
-  char err[256] = "";
-  cr_assert_eq(agent_flags_parse(role, argc, argv, &o, err, sizeof err), -1, "accepted, wanted '%s'",
-               needle);
-  cr_assert(strstr(err, needle), "error '%s' does not name '%s'", err, needle);
+  expect_error_env(role, NULL, argc, argv, needle);
 }
 #define EXPECT_ERROR(role, needle, ...) expect_error(role, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), needle)
 
@@ -26,6 +40,7 @@ Test(agent_opts, trainer_defaults_and_values) {
   cr_assert_str_eq(o.opts.preset, "100m");
   cr_assert_eq(o.opts.offload, AGENT_OFFLOAD_NONE);
   cr_assert_eq(o.opts.device_set, 0);
+  agent_flags_free(&o);
   cr_assert_eq(PARSE(AGENT_ROLE_TRAINER, &o, err, "--orchestrator=h:1", "--preset", "1b",
                      "--offload=params+optimizer", "--device", "-1", "--data-listen",
                      "0.0.0.0:9000", "--name", "t0", "--log-level", "debug", "--log-format",
@@ -43,6 +58,7 @@ Test(agent_opts, trainer_defaults_and_values) {
   cr_assert_eq(o.opts.threads, 3);
   cr_assert_eq(o.opts.max_layers, 2u);
   cr_assert_str_eq(agent_offload_name(o.opts.offload), "params+optimizer");
+  agent_flags_free(&o);
 }
 
 Test(agent_opts, inference_values) {
@@ -58,14 +74,105 @@ Test(agent_opts, inference_values) {
   cr_assert_eq(o.opts.rollout.dist, AGENT_DIST_NORMAL);
   cr_assert_eq(o.opts.seed, 9u);
   cr_assert_eq(o.opts.seed_set, 1);
+  agent_flags_free(&o);
+}
+
+static char *usage_text(agent_role role) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  agent_flags_usage(role, f);
+  fclose(f);
+  return text;
 }
 
 Test(agent_opts, help) {
   agent_flags o;
   char err[256];
   cr_assert_eq(PARSE(AGENT_ROLE_TRAINER, &o, err, "--help"), 1);
-  cr_assert(strstr(agent_flags_usage(AGENT_ROLE_TRAINER), "--offload"));
-  cr_assert(strstr(agent_flags_usage(AGENT_ROLE_INFERENCE), "--tokens-mean"));
+  agent_flags_free(&o);
+  /* --help wins over a bad value: the user asked for the text. */
+  cr_assert_eq(PARSE(AGENT_ROLE_TRAINER, &o, err, "--device", "x", "--help"), 1);
+  agent_flags_free(&o);
+  char *tr = usage_text(AGENT_ROLE_TRAINER), *inf = usage_text(AGENT_ROLE_INFERENCE);
+  const char *tr_must[] = {"usage: rlorch trainer", "--offload O", "(default none)",
+                           "--preset P", "(default 100m)", "RLORCH_ORCHESTRATOR",
+                           "RLORCH_TOKEN_FILE", "RLORCH_DATA_LISTEN", "RLORCH_DEVICE",
+                           "RLORCH_LOG_LEVEL", "(required)"};
+  for (size_t i = 0; i < sizeof tr_must / sizeof tr_must[0]; i++)
+    cr_assert(strstr(tr, tr_must[i]), "trainer usage lacks %s:\n%s", tr_must[i], tr);
+  cr_assert(strstr(inf, "--tokens-mean X"), "%s", inf);
+  cr_assert(strstr(inf, "RLORCH_TOKENS_MEAN"), "%s", inf);
+  cr_assert_null(strstr(inf, "--offload"), "inference usage lists a trainer flag:\n%s", inf);
+  free(tr);
+  free(inf);
+}
+
+Test(agent_opts, environment_below_flags) {
+  agent_flags o;
+  char err[512];
+  char *envp[] = {"PATH=/bin", "RLORCH_ORCHESTRATOR=env-host:7070", "RLORCH_DEVICE=-1",
+                  "RLORCH_DATA_LISTEN=0.0.0.0:7075", "RLORCH_LOG_LEVEL=warn",
+                  "RLORCH_OFFLOAD=params", "RLORCH_SEED=5", "RLORCH_NAME=from-env", NULL};
+  cr_assert_eq(PARSE_ENV(AGENT_ROLE_TRAINER, envp, &o, err, "--name", "from-flag"), 0, "%s", err);
+  cr_assert_str_eq(o.opts.orchestrator, "env-host:7070");
+  cr_assert_eq(o.opts.device, -1);
+  cr_assert_eq(o.opts.device_set, 1, "a device from the environment counts as set");
+  cr_assert_str_eq(o.opts.data_listen, "0.0.0.0:7075");
+  cr_assert_eq(o.log_level, LOG_WARN);
+  cr_assert_eq(o.opts.offload, AGENT_OFFLOAD_PARAMS);
+  cr_assert_eq(o.opts.seed_set, 1);
+  cr_assert_str_eq(o.opts.name, "from-flag", "a flag beats the environment");
+  agent_flags_free(&o);
+  /* The same environment for an inference agent: shared names apply, trainer
+   * ones are ignored rather than refused (one env file serves both). */
+  cr_assert_eq(PARSE_ENV(AGENT_ROLE_INFERENCE, envp, &o, err, "--seed", "2"), 0, "%s", err);
+  cr_assert_str_eq(o.opts.orchestrator, "env-host:7070");
+  cr_assert_str_eq(o.opts.name, "from-env");
+  agent_flags_free(&o);
+}
+
+Test(agent_opts, token_file_from_environment) {
+  char path[64];
+  snprintf(path, sizeof path, "%s/rlorch_agent_tok_XXXXXX", P_tmpdir);
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(write(fd, "  tok\n", 6), 6);
+  close(fd);
+  char var[96];
+  snprintf(var, sizeof var, "RLORCH_TOKEN_FILE=%s", path);
+  char *envp[] = {"RLORCH_ORCHESTRATOR=a:1", var, NULL};
+  agent_flags o;
+  char err[512];
+  cr_assert_eq(PARSE_ENV(AGENT_ROLE_INFERENCE, envp, &o, err, "--seed", "3"), 0, "%s", err);
+  cr_assert_str_eq(o.opts.token_file, path);
+  agent_flags_free(&o);
+  unlink(path);
+  /* The file is gone: the variable is named. */
+  expect_error_env(AGENT_ROLE_INFERENCE, envp, ARGC("--seed", "3"), ARGV("--seed", "3"),
+                   "RLORCH_TOKEN_FILE: cannot read");
+}
+
+Test(agent_opts, environment_errors_name_the_variable) {
+  char *bad_device[] = {"RLORCH_ORCHESTRATOR=a:1", "RLORCH_DEVICE=gpu0", NULL};
+  expect_error_env(AGENT_ROLE_TRAINER, bad_device, ARGC("--name", "t"), ARGV("--name", "t"),
+                   "RLORCH_DEVICE: not an integer: \"gpu0\"");
+  char *bad_addr[] = {"RLORCH_ORCHESTRATOR=nohost", NULL};
+  expect_error_env(AGENT_ROLE_INFERENCE, bad_addr, ARGC("--name", "i"), ARGV("--name", "i"),
+                   "RLORCH_ORCHESTRATOR: invalid address \"nohost\"");
+  char *bad_level[] = {"RLORCH_ORCHESTRATOR=a:1", "RLORCH_LOG_LEVEL=loud", NULL};
+  expect_error_env(AGENT_ROLE_INFERENCE, bad_level, ARGC("--name", "i"), ARGV("--name", "i"),
+                   "RLORCH_LOG_LEVEL: invalid value \"loud\"");
+  char *bad_mean[] = {"RLORCH_ORCHESTRATOR=a:1", "RLORCH_TOKENS_MEAN=0", NULL};
+  expect_error_env(AGENT_ROLE_INFERENCE, bad_mean, ARGC("--name", "i"), ARGV("--name", "i"),
+                   "RLORCH_TOKENS_MEAN: 0 out of range");
+  /* Every source is checked, also one a flag overrides: a broken environment
+   * is found before it bites another command. */
+  expect_error_env(AGENT_ROLE_TRAINER, bad_device, ARGC("--device", "0"), ARGV("--device", "0"),
+                   "RLORCH_DEVICE");
+  /* Missing orchestrator names the flag and the variable. */
+  expect_error_env(AGENT_ROLE_TRAINER, NULL, ARGC("--name", "t"), ARGV("--name", "t"),
+                   "--orchestrator: required: set it or RLORCH_ORCHESTRATOR");
 }
 
 Test(agent_opts, errors_name_the_flag) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "orchestrator/daemon/config.h"
+#include "rpc/rpc.h"
 
 static char tmpdir[64];
 
@@ -58,7 +59,7 @@ static void expect_file_error(const char *yaml, const char *want) {
   int rc = LOAD(&c, err, NULL, "--config", (char *)path);
   cr_assert_eq(rc, -1, "accepted:\n%s", yaml);
   cr_assert(strstr(err, want), "yaml:\n%s\ngot:  %s\nwant: %s", yaml, err, want);
-  cr_assert(!strncmp(err, "config: ", 8), "%s", err);
+  cr_assert(!strncmp(err, "rlorch serve: ", 14), "%s", err);
   config_free(&c);
 }
 
@@ -234,21 +235,21 @@ Test(config, print_round_trip) {
 Test(config, parse_addr) {
   char h[64];
   int port = -1;
-  cr_assert_eq(config_parse_addr("127.0.0.1:7070", h, sizeof h, &port), 0);
+  cr_assert_eq(opt_parse_addr("127.0.0.1:7070", h, sizeof h, &port), 0);
   cr_assert_str_eq(h, "127.0.0.1");
   cr_assert_eq(port, 7070);
-  cr_assert_eq(config_parse_addr("[::1]:0", h, sizeof h, &port), 0);
+  cr_assert_eq(opt_parse_addr("[::1]:0", h, sizeof h, &port), 0);
   cr_assert_str_eq(h, "::1");
   cr_assert_eq(port, 0);
-  cr_assert_eq(config_parse_addr("my-host.example:65535", h, sizeof h, &port), 0);
+  cr_assert_eq(opt_parse_addr("my-host.example:65535", h, sizeof h, &port), 0);
   cr_assert_eq(port, 65535);
   const char *bad[] = {"x:y:z", "host", "host:", ":80", "host:65536", "host:-1", "host:80x",
                        "::1:80", "[::1]", "[::1]80", "[zz]:80", "[]:80", "a b:80", "",
                        "host:123456"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-    cr_assert_eq(config_parse_addr(bad[i], h, sizeof h, &port), -1, "accepted \"%s\"", bad[i]);
+    cr_assert_eq(opt_parse_addr(bad[i], h, sizeof h, &port), -1, "accepted \"%s\"", bad[i]);
   char small[4];
-  cr_assert_eq(config_parse_addr("localhost:80", small, sizeof small, &port), -1);
+  cr_assert_eq(opt_parse_addr("localhost:80", small, sizeof small, &port), -1);
 }
 
 Test(config, file_errors_name_file_line_and_field) {
@@ -315,21 +316,21 @@ Test(config, missing_config_file) {
   config c;
   char err[512] = "";
   cr_assert_eq(LOAD(&c, err, NULL, "--config", "/nonexistent/rlorch.yaml"), -1);
-  cr_assert(strstr(err, "config: /nonexistent/rlorch.yaml: cannot open: No such file"), "%s", err);
+  cr_assert(strstr(err, "rlorch serve: /nonexistent/rlorch.yaml: cannot open: No such file"), "%s", err);
   config_free(&c);
 }
 
 Test(config, env_errors_name_the_variable) {
-  expect_env_error("RLORCH_MAX_ASYNC_LEVEL=abc", "config: RLORCH_MAX_ASYNC_LEVEL: not an integer: \"abc\"");
-  expect_env_error("RLORCH_LISTEN=x:y:z", "config: RLORCH_LISTEN: invalid address \"x:y:z\"");
-  expect_env_error("RLORCH_METRICS_LISTEN=", "config: RLORCH_METRICS_LISTEN: empty value");
-  expect_env_error("RLORCH_LOG_LEVEL=verbose", "config: RLORCH_LOG_LEVEL: invalid value \"verbose\"");
-  expect_env_error("RLORCH_HTTP_TIMEOUT_MS=5s", "config: RLORCH_HTTP_TIMEOUT_MS: not an integer: \"5s\"");
-  expect_env_error("RLORCH_SHUTDOWN_GRACE_S=-1", "config: RLORCH_SHUTDOWN_GRACE_S: -1 out of range");
-  expect_env_error("RLORCH_DEFAULT_POLICY=AUTO", "config: RLORCH_DEFAULT_POLICY: invalid value");
-  expect_env_error("RLORCH_TOKEN_FILE=/nonexistent/t", "config: RLORCH_TOKEN_FILE: cannot read");
-  expect_env_error("RLORCH_TLS_KEY_FILE=/k", "config: RLORCH_TLS_KEY_FILE: set without tls_cert_file");
-  expect_env_error("RLORCH_CONFIG=/nonexistent/x.yaml", "config: /nonexistent/x.yaml: cannot open");
+  expect_env_error("RLORCH_MAX_ASYNC_LEVEL=abc", "rlorch serve: RLORCH_MAX_ASYNC_LEVEL: not an integer: \"abc\"");
+  expect_env_error("RLORCH_LISTEN=x:y:z", "rlorch serve: RLORCH_LISTEN: invalid address \"x:y:z\"");
+  expect_env_error("RLORCH_METRICS_LISTEN=", "rlorch serve: RLORCH_METRICS_LISTEN: empty value");
+  expect_env_error("RLORCH_LOG_LEVEL=verbose", "rlorch serve: RLORCH_LOG_LEVEL: invalid value \"verbose\"");
+  expect_env_error("RLORCH_HTTP_TIMEOUT_MS=5s", "rlorch serve: RLORCH_HTTP_TIMEOUT_MS: not an integer: \"5s\"");
+  expect_env_error("RLORCH_SHUTDOWN_GRACE_S=-1", "rlorch serve: RLORCH_SHUTDOWN_GRACE_S: -1 out of range");
+  expect_env_error("RLORCH_DEFAULT_POLICY=AUTO", "rlorch serve: RLORCH_DEFAULT_POLICY: invalid value");
+  expect_env_error("RLORCH_TOKEN_FILE=/nonexistent/t", "rlorch serve: RLORCH_TOKEN_FILE: cannot read");
+  expect_env_error("RLORCH_TLS_KEY_FILE=/k", "rlorch serve: RLORCH_TLS_KEY_FILE: set without tls_cert_file");
+  expect_env_error("RLORCH_CONFIG=/nonexistent/x.yaml", "rlorch serve: /nonexistent/x.yaml: cannot open");
 }
 
 Test(config, env_empty_clears_optional_path) {
@@ -348,18 +349,18 @@ Test(config, flag_errors) {
     const char *args[4];
     const char *want;
   } cases[] = {
-      {{"--listen"}, "config: --listen: missing value"},
-      {{"--listen", "--data-dir", "x"}, "config: --listen: missing value"},
-      {{"--listen="}, "config: --listen: missing value"},
-      {{"--config"}, "config: --config: missing value"},
-      {{"--listen", "x:y:z"}, "config: --listen: invalid address \"x:y:z\" (want HOST:PORT)"},
-      {{"--metrics-listen=bad"}, "config: --metrics-listen: invalid address \"bad\""},
-      {{"--log-level", "chatty"}, "config: --log-level: invalid value \"chatty\""},
-      {{"--log-format", "xml"}, "config: --log-format: invalid value \"xml\""},
-      {{"--bogus", "1"}, "config: --bogus: unknown flag"},
+      {{"--listen"}, "rlorch serve: --listen: missing value"},
+      {{"--listen", "--data-dir", "x"}, "rlorch serve: --listen: missing value"},
+      {{"--listen="}, "rlorch serve: --listen: missing value"},
+      {{"--config"}, "rlorch serve: --config: missing value"},
+      {{"--listen", "x:y:z"}, "rlorch serve: --listen: invalid address \"x:y:z\" (want HOST:PORT)"},
+      {{"--metrics-listen=bad"}, "rlorch serve: --metrics-listen: invalid address \"bad\""},
+      {{"--log-level", "chatty"}, "rlorch serve: --log-level: invalid value \"chatty\""},
+      {{"--log-format", "xml"}, "rlorch serve: --log-format: invalid value \"xml\""},
+      {{"--bogus", "1"}, "rlorch serve: --bogus: unknown flag"},
       {{"stray"}, "unexpected argument \"stray\""},
-      {{"--tls-cert", "/c"}, "config: --tls-cert: set without tls_key_file"},
-      {{"--token-file", "/nonexistent/t"}, "config: --token-file: cannot read \"/nonexistent/t\""},
+      {{"--tls-cert", "/c"}, "rlorch serve: --tls-cert: set without tls_key_file"},
+      {{"--token-file", "/nonexistent/t"}, "rlorch serve: --token-file: cannot read \"/nonexistent/t\""},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *argv[6] = {"serve"};
@@ -388,6 +389,32 @@ Test(config, token_is_trimmed) {
   char err[256] = "";
   cr_assert_eq(LOAD(&c, err, NULL, "--token-file", (char *)tok), 0, "%s", err);
   cr_assert_str_eq(c.token, "abc def");
+  config_free(&c);
+}
+
+/* The server reads token files with the clients' reader (rpc_token_read):
+ * white space on both sides goes, so a file that works for ctl and the agents
+ * works for serve. A server that kept the leading blanks would expect a token
+ * no client sends. */
+Test(config, token_is_trimmed_on_both_sides_like_the_clients) {
+  const char *tok = write_file("padded", " \t  abc def \r\n\n");
+  config c;
+  char err[256] = "";
+  cr_assert_eq(LOAD(&c, err, NULL, "--token-file", (char *)tok), 0, "%s", err);
+  cr_assert_str_eq(c.token, "abc def");
+  char buf[64], terr[256];
+  cr_assert_eq(rpc_token_read(tok, buf, sizeof buf, terr, sizeof terr), 0, "%s", terr);
+  cr_assert_str_eq(c.token, buf, "server and clients read the same token");
+  config_free(&c);
+  /* A NUL byte would cut the token short for one side only: refused. */
+  const char *nul = write_file("nul", "");
+  FILE *f = fopen(nul, "wb");
+  cr_assert_not_null(f);
+  fwrite("ab\0cd", 1, 5, f);
+  fclose(f);
+  cr_assert_eq(LOAD(&c, err, NULL, "--token-file", (char *)nul), -1);
+  cr_assert(strstr(err, "rlorch serve: --token-file: \""), "%s", err);
+  cr_assert(strstr(err, "\" holds a NUL byte"), "%s", err);
   config_free(&c);
 }
 
