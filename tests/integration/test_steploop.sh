@@ -23,6 +23,21 @@ print(json.load(sys.stdin)["steps_done"])'
 }
 export -f steps_done
 
+# AGENT_LOG_LEVEL (default warn) sets the agents' log level, e.g. info to debug.
+# On any failure, show every process's log: a failure under load is rarely
+# reproducible, so its first occurrence must carry the evidence.
+dump_logs_on_failure() {
+  ((FAIL_COUNT > 0)) || return 0
+  local f
+  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/trainer.*.log "$TEST_TMP"/inference.*.log; do
+    [[ -f "$f" ]] || continue
+    echo "---- $(basename "$f") (last 200 lines)"
+    tail -n 200 "$f"
+  done
+  echo "----"
+}
+on_exit dump_logs_on_failure
+
 # A small model keeps the suite quick on 2 cores (and under the sanitizers).
 LAYERS=2
 STEPS=3
@@ -30,13 +45,13 @@ PER_STEP=4
 
 start_workers() { # OFFLOAD
   "$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --name trainer-0 --preset 100m \
-    --layers "$LAYERS" --offload "$1" --data-listen 0.0.0.0:0 --log-level warn \
+    --layers "$LAYERS" --offload "$1" --data-listen 0.0.0.0:0 --log-level "${AGENT_LOG_LEVEL:-warn}" \
     >"$TEST_TMP/trainer.$1.log" 2>&1 &
   TRAINER_PID=$!
   track_pid "$TRAINER_PID"
   for i in 0 1; do
     "$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" --name "inference-$i" \
-      --log-level warn >"$TEST_TMP/inference.$i.log" 2>&1 &
+      --log-level "${AGENT_LOG_LEVEL:-warn}" >"$TEST_TMP/inference.$i.log" 2>&1 &
     INFERENCE_PIDS[i]=$!
     track_pid $!
   done
@@ -133,7 +148,7 @@ kill -TERM "$TRAINER_PID"
 wait "$TRAINER_PID"
 assert_eq 0 "$?" "the trainer exits 0 on SIGTERM"
 "$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --name trainer-1 --preset 100m \
-  --layers "$LAYERS" --offload none --log-level warn >"$TEST_TMP/trainer.none.log" 2>&1 &
+  --layers "$LAYERS" --offload none --log-level "${AGENT_LOG_LEVEL:-warn}" >"$TEST_TMP/trainer.none.log" 2>&1 &
 track_pid $!
 wait_until 30 bash -c '[ "$(ready_workers)" = 3 ]'
 assert_eq 0 "$?" "the new trainer is attached"

@@ -37,6 +37,8 @@ struct agent {
   char token[1024];
   agent_command_fn fn;
   void *ud;
+  agent_abort_fn abort_fn; /* set before the threads start, read-only after */
+  void *abort_ud;
   rpc_client *rpc;
 
   pthread_mutex_t mu; /* guards everything below, and the queue */
@@ -236,6 +238,9 @@ static int agent__on_command(ProtobufCMessage *m, void *ud) {
   it->cmd = (Rlorch__V1__Command *)m;
   it->next = NULL;
   c->count++;
+  if (it->cmd->kind_case == RLORCH__V1__COMMAND__KIND_ABORT && a->abort_fn && it->cmd->abort &&
+      it->cmd->abort->plan_id && it->cmd->abort->plan_id[0])
+    a->abort_fn(it->cmd->abort->plan_id, a->abort_ud);
   pthread_mutex_lock(&a->mu);
   if (a->tail) a->tail->next = it;
   else a->head = it;
@@ -432,6 +437,11 @@ int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_comma
   }
   *out = a;
   return 0;
+}
+
+void agent_set_abort_fn(agent *a, agent_abort_fn fn, void *ud) {
+  a->abort_fn = fn;
+  a->abort_ud = ud;
 }
 
 static Rlorch__V1__Command *agent__pop(agent *a) {

@@ -7,6 +7,8 @@
  * signal thread turns SIGINT/SIGTERM into a stop. Either background thread
  * re-registers when the orchestrator no longer knows the worker (once per
  * loss), and every retry backs off: the agent never spins on a dead server.
+ * An abort is the one command also seen ahead of the queue (agent_set_abort_fn):
+ * the command it aborts may be the one executing.
  * Internal to the agents. */
 #ifndef RLORCH_AGENT_CORE_H
 #define RLORCH_AGENT_CORE_H
@@ -24,6 +26,11 @@ typedef struct agent agent;
  * or -1 for a fatal error (already logged; the process exits 1). */
 typedef int (*agent_command_fn)(agent *a, const Rlorch__V1__Command *cmd, void *ud);
 
+/* Called on the attach thread when an AbortCommand arrives, before it is
+ * queued behind the command it may abort (a broadcast that would otherwise
+ * wait for a lost peer until its deadline). Must be quick and thread-safe. */
+typedef void (*agent_abort_fn)(const char *plan_id, void *ud);
+
 /* Blocks SIGINT and SIGTERM in the calling thread; call first thing, before
  * any thread exists, so every later thread inherits the mask and the signal
  * thread alone receives them. */
@@ -38,6 +45,8 @@ int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_comma
  * fatal error. Returns the exit status: 0, or 1 after a fatal error. */
 int agent_run(agent *a);
 void agent_free(agent *a);
+/* Sets the abort hook; call before agent_run. */
+void agent_set_abort_fn(agent *a, agent_abort_fn fn, void *ud);
 
 /* Sends a report (worker_id is filled in here), retrying with backoff while the
  * orchestrator is unreachable. 0 when delivered; -1 when dropped (stopping, or

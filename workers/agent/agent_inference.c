@@ -202,6 +202,7 @@ int agent_inference_run(const agent_opts *o) {
     goto out;
   }
   in.a = a;
+  agent_set_abort_fn(a, agent_xfer_abort_hook, &in.xfer);
   agent_log_info("inference_ready", "distribution=%s tokens_mean=%g tokens_std=%g latency_ms_mean=%g "
            "latency_ms_std=%g device=%d",
            in.o.rollout.dist == AGENT_DIST_NORMAL ? "normal" : "lognormal",

@@ -273,6 +273,7 @@ int agent_trainer_run(const agent_opts *o) {
     agent_log_error("fatal", "reason=\"%s\"", err);
     goto out;
   }
+  agent_set_abort_fn(a, agent_xfer_abort_hook, &tr.xfer);
   status = agent_run(a);
 out:
   agent_free(a);

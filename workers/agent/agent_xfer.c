@@ -7,17 +7,26 @@
 #include "workers/agent/agent_log.h"
 #include "workers/agent/agent_pb.h"
 
+/* Only the command thread calls this; it swaps the engine under the lock so
+ * that agent_xfer_cancel never sees a freed one. */
 static int agent__engine(agent_xfer *x, uint32_t rank, bcast_err *err) {
   if (x->engine && x->rank == rank) return 0;
   if (x->engine) {
     agent_log_info("engine_rank_changed", "from=%u to=%u", x->rank, rank);
+    pthread_mutex_lock(&x->mu);
     bcast_engine_free(x->engine);
     x->engine = NULL;
+    pthread_mutex_unlock(&x->mu);
   }
   bcast_engine_opts eo = {.rank = rank, .device = x->device,
                           .host_listen = x->sender ? x->listen : NULL};
-  int rc = bcast_engine_new(&eo, &x->engine, err);
+  bcast_engine *e = NULL;
+  int rc = bcast_engine_new(&eo, &e, err);
   if (rc) return rc;
+  pthread_mutex_lock(&x->mu);
+  x->engine = e;
+  if (x->cancelled[0]) bcast_engine_cancel(e, x->cancelled); /* aborted before it existed */
+  pthread_mutex_unlock(&x->mu);
   x->rank = rank;
   if (x->sender)
     agent_log_info("engine", "rank=%u device=%d data_address=%s", rank, x->device,
@@ -29,6 +38,8 @@ int agent_xfer_init(agent_xfer *x, int sender, int device, const char *listen,
                     agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
                     size_t errlen) {
   memset(x, 0, sizeof *x);
+  pthread_mutex_init(&x->mu, NULL);
+  x->mu_ready = 1;
   x->sender = sender;
   x->device = device;
   snprintf(x->listen, sizeof x->listen, "%s", listen ? listen : "127.0.0.1:0");
@@ -55,7 +66,20 @@ void agent_xfer_free(agent_xfer *x) {
   agent__drop_plan(x);
   bcast_engine_free(x->engine);
   x->engine = NULL;
+  if (x->mu_ready) pthread_mutex_destroy(&x->mu);
+  x->mu_ready = 0;
 }
+
+void agent_xfer_cancel(agent_xfer *x, const char *plan_id) {
+  if (!plan_id || !plan_id[0]) return;
+  pthread_mutex_lock(&x->mu);
+  snprintf(x->cancelled, sizeof x->cancelled, "%s", plan_id);
+  if (x->engine) bcast_engine_cancel(x->engine, plan_id);
+  pthread_mutex_unlock(&x->mu);
+  agent_log_info("plan_cancel", "plan_id=%s", plan_id);
+}
+
+void agent_xfer_abort_hook(const char *plan_id, void *ud) { agent_xfer_cancel(ud, plan_id); }
 
 const char *agent_xfer_data_address(const agent_xfer *x) {
   const char *s = x->engine ? bcast_engine_data_address(x->engine) : NULL;
@@ -156,7 +180,9 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
   int crc = x->done(x->ud, x->plan, rc == 0, &checksum, cerr, sizeof cerr);
   if (rc) {
     snprintf(msg, sizeof msg, "%s: %s", bcast_strerror(rc), be.msg);
-    agent_log_error("broadcast_failed", "plan_id=%s error=\"%s\"", id, msg);
+    /* A cancelled plan was aborted by the orchestrator: expected, not a fault. */
+    if (rc == BCAST_ECANCELED) agent_log_info("broadcast_cancelled", "plan_id=%s error=\"%s\"", id, msg);
+    else agent_log_error("broadcast_failed", "plan_id=%s error=\"%s\"", id, msg);
   } else if (crc) {
     snprintf(msg, sizeof msg, "%s", cerr);
     agent_log_error("broadcast_checksum_failed", "plan_id=%s error=\"%s\"", id, msg);

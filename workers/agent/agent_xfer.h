@@ -4,6 +4,8 @@
 #ifndef RLORCH_AGENT_XFER_H
 #define RLORCH_AGENT_XFER_H
 
+#include <pthread.h>
+
 #include "workers/agent/agent_core.h"
 #include "workers/bcast/bcast.h"
 
@@ -20,6 +22,11 @@ typedef struct agent_xfer {
   int sender;
   int device;
   char listen[256];      /* host-transport listen address (sender) */
+  /* Guards `engine` (the pointer, not the engine) and `cancelled`: the attach
+   * thread cancels through it while the command thread executes. */
+  pthread_mutex_t mu;
+  int mu_ready;          /* agent_xfer_init ran: mu exists */
+  char cancelled[128];   /* latest plan aborted by the orchestrator */
   bcast_engine *engine;  /* rank `rank` */
   uint32_t rank;
   bcast_plan *plan;      /* acknowledged, not yet triggered */
@@ -42,5 +49,11 @@ bcast_engine *agent_xfer_engine(agent_xfer *x);
 void agent_xfer_on_plan(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd);
 void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd);
 void agent_xfer_on_abort(agent_xfer *x, const Rlorch__V1__Command *cmd);
+/* Any thread (the attach thread's abort hook): cancels plan `plan_id` in the
+ * engine, now if it is executing, at its trigger if that is still queued. The
+ * queued AbortCommand then finds nothing left to do. */
+void agent_xfer_cancel(agent_xfer *x, const char *plan_id);
+/* agent_abort_fn adapter: ud is the agent_xfer. */
+void agent_xfer_abort_hook(const char *plan_id, void *ud);
 
 #endif

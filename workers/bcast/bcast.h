@@ -30,7 +30,8 @@ enum {
   BCAST_ENCCL = -7,     /* NCCL error */
   BCAST_EPEER = -8,     /* a peer went away or refused the plan */
   BCAST_ECHECKSUM = -9, /* received bytes do not match the bucket checksum */
-  BCAST_EMISMATCH = -10 /* participants disagree on the plan (hash) */
+  BCAST_EMISMATCH = -10, /* participants disagree on the plan (hash) */
+  BCAST_ECANCELED = -11  /* the plan was cancelled (bcast_engine_cancel) */
 };
 const char *bcast_strerror(int code);
 
@@ -244,6 +245,15 @@ int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err);
  * wire_s (measured).  transport is "host-tcp" in host mode. */
 int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
                          size_t n, bcast_stats *stats, bcast_err *err);
+/* Cancels plan `plan_id` on this engine; the one call that may come from
+ * another thread while bcast_engine_execute runs. An execution of that plan in
+ * progress returns BCAST_ECANCELED at its next wait (host mode: every socket
+ * wait; GPU modes: only before they start); a later execution of it returns
+ * BCAST_ECANCELED at once. A host-mode root closes its receivers' connections
+ * and, for its next plans, ignores receivers that still present the cancelled
+ * one: they are leftovers of the abandoned plan, not peers of the new one.
+ * Only the latest cancelled id is kept. 0, or BCAST_EINVAL. */
+int bcast_engine_cancel(bcast_engine *e, const char *plan_id);
 
 /* ---- floors: what the hardware gives without the engine (bcast_floor.c) ---
  * For benchmarks that put the engine's step time beside the bound it works

@@ -1,6 +1,9 @@
 /* The engine: one participant's handle.  It owns the host transport's
  * listening socket (root) and the GPU backend (when opened), checks a plan
  * against what this build and machine can run, and dispatches it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,13 @@ typedef struct shadow_buf {
 
 struct bcast_engine {
   bcast_engine_opts o;
+  /* Cancellation, the only state shared with another thread. The pipe is
+   * written only while the cancelled plan is the running one, and drained
+   * when a plan starts, so "readable" means "cancel this execution". */
+  pthread_mutex_t cancel_mu;
+  int cancel_pipe[2];
+  char cancelled[sizeof ((bcast_plan *)0)->id]; /* latest cancelled plan id */
+  char running[sizeof ((bcast_plan *)0)->id];   /* plan being executed, "" if none */
   int listen_fd;
   char bound[96];
   bcast_gpu *gpu;
@@ -59,6 +69,17 @@ int bcast_engine_new(const bcast_engine_opts *o, bcast_engine **out, bcast_err *
   if (!e->o.staging_buffers) e->o.staging_buffers = 3;
   if (e->o.timeout_s == 0) e->o.timeout_s = ENGINE_DEFAULT_TIMEOUT_S;
   e->listen_fd = -1;
+  pthread_mutex_init(&e->cancel_mu, NULL);
+  if (pipe(e->cancel_pipe) != 0) {
+    int en = errno;
+    pthread_mutex_destroy(&e->cancel_mu);
+    free(e);
+    return bcast__fail(err, BCAST_EIO, "engine_new: cancel pipe: %s", strerror(en));
+  }
+  for (int i = 0; i < 2; i++) {
+    fcntl(e->cancel_pipe[i], F_SETFD, FD_CLOEXEC);
+    fcntl(e->cancel_pipe[i], F_SETFL, fcntl(e->cancel_pipe[i], F_GETFL) | O_NONBLOCK);
+  }
   bcast_caps_probe(&e->caps);
   int rc = BCAST_OK;
   if (o->host_listen) rc = bcast__host_listen(o->host_listen, &e->listen_fd, e->bound, sizeof e->bound, err);
@@ -74,6 +95,9 @@ int bcast_engine_new(const bcast_engine_opts *o, bcast_engine **out, bcast_err *
 void bcast_engine_free(bcast_engine *e) {
   if (!e) return;
   if (e->listen_fd >= 0) close(e->listen_fd);
+  close(e->cancel_pipe[0]);
+  close(e->cancel_pipe[1]);
+  pthread_mutex_destroy(&e->cancel_mu);
   if (e->gpu) bcast__gpu_close(e->gpu);
   for (size_t i = 0; i < e->nshadows; i++) free(e->shadows[i].mem);
   free(e->shadows);
@@ -218,17 +242,64 @@ static int has_gpu_tensor(const bcast_tensor *local, size_t n) {
   return 0;
 }
 
+int bcast_engine_cancel(bcast_engine *e, const char *plan_id) {
+  if (!e || !plan_id || !plan_id[0]) return BCAST_EINVAL;
+  pthread_mutex_lock(&e->cancel_mu);
+  snprintf(e->cancelled, sizeof e->cancelled, "%s", plan_id);
+  if (!strcmp(e->running, e->cancelled)) {
+    ssize_t w = write(e->cancel_pipe[1], "x", 1); /* full pipe: already signalled */
+    (void)w;
+  }
+  pthread_mutex_unlock(&e->cancel_mu);
+  return BCAST_OK;
+}
+
+/* Marks `p` running unless it was cancelled already; `stale` gets the
+ * cancelled id (a root ignores receivers that still present it). */
+static int cancel_begin(bcast_engine *e, const bcast_plan *p, char *stale, size_t stalelen, bcast_err *err) {
+  char drain[64];
+  pthread_mutex_lock(&e->cancel_mu);
+  int cancelled = !strcmp(e->cancelled, p->id);
+  if (!cancelled) {
+    snprintf(e->running, sizeof e->running, "%s", p->id);
+    while (read(e->cancel_pipe[0], drain, sizeof drain) > 0) {
+    }
+  }
+  snprintf(stale, stalelen, "%s", e->cancelled);
+  pthread_mutex_unlock(&e->cancel_mu);
+  return cancelled ? bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled before it started", p->id) : BCAST_OK;
+}
+
+static void cancel_end(bcast_engine *e) {
+  pthread_mutex_lock(&e->cancel_mu);
+  e->running[0] = '\0';
+  pthread_mutex_unlock(&e->cancel_mu);
+}
+
+static int execute_host(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local, size_t n,
+                        const char *stale, bcast_stats *stats, bcast_err *err);
+
 int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local, size_t n,
                          bcast_stats *stats, bcast_err *err) {
   if (stats) memset(stats, 0, sizeof *stats);
   if (!e || !p) return bcast__fail(err, BCAST_EINVAL, "engine_execute: NULL argument");
   int rc = plan_runnable(e, p, err);
   if (rc) return rc;
-  if (p->mode != BCAST_MODE_HOST) return bcast__gpu_execute(e->gpu, p, e->o.rank, local, n, stats, err);
+  char stale[sizeof p->id];
+  rc = cancel_begin(e, p, stale, sizeof stale, err);
+  if (rc) return rc;
+  if (p->mode != BCAST_MODE_HOST) rc = bcast__gpu_execute(e->gpu, p, e->o.rank, local, n, stats, err);
+  else rc = execute_host(e, p, local, n, stale, stats, err);
+  cancel_end(e);
+  return rc;
+}
+
+static int execute_host(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local, size_t n,
+                        const char *stale, bcast_stats *stats, bcast_err *err) {
   int sender = e->o.rank == p->root_rank;
   uint32_t *map = malloc((p->ntensors ? p->ntensors : 1) * sizeof *map);
   if (!map) return bcast__fail(err, BCAST_ENOMEM, "engine_execute: out of memory");
-  rc = bcast__plan_bind(p, local, n, sender, map, err);
+  int rc = bcast__plan_bind(p, local, n, sender, map, err);
   if (!rc) rc = host_mode_check(e, p, local, map, sender, err);
   host_shadow h = {0};
   const bcast_tensor *caller = local;
@@ -238,8 +309,9 @@ int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tenso
     local = h.t;
     copy_s = bcast__now() - t0;
   }
-  if (!rc && sender) rc = bcast__host_send(e->listen_fd, p, local, map, e->o.timeout_s, cast_threads(e), stats, err);
-  else if (!rc) rc = bcast__host_recv(p, e->o.rank, local, map, e->o.timeout_s, stats, err);
+  bcast__host_io io = {.timeout_s = e->o.timeout_s, .cancel_fd = e->cancel_pipe[0], .stale_id = stale};
+  if (!rc && sender) rc = bcast__host_send(e->listen_fd, p, local, map, &io, cast_threads(e), stats, err);
+  else if (!rc) rc = bcast__host_recv(p, e->o.rank, local, map, &io, stats, err);
   if (!rc && h.t && !sender) {
     double t1 = bcast__now();
     rc = shadow_flush(e, caller, &h, err);

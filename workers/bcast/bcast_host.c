@@ -12,8 +12,11 @@
  *
  * The root casts bucket k+1 on a worker thread while bucket k is on the wire
  * (two buffers) and writes to all receivers at once with non-blocking sockets
- * and poll.  Every wait is bounded by the deadline; writes use MSG_NOSIGNAL so
- * a dead receiver is an error code (EPIPE/ECONNRESET), never a signal. */
+ * and poll.  Every wait is bounded by the deadline and ends early when the
+ * engine's cancel fd turns readable (the orchestrator aborted the plan: a peer
+ * that will never connect must not hold the others until the deadline);
+ * writes use MSG_NOSIGNAL so a dead receiver is an error code
+ * (EPIPE/ECONNRESET), never a signal. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -157,9 +160,33 @@ int bcast__host_listen(const char *addr, int *fdp, char *bound, size_t boundlen,
   return BCAST_OK;
 }
 
+/* Waits until fd has `events`, the deadline passes or cancel_fd (-1: none)
+ * turns readable. 1: ready; 0 with errno ETIMEDOUT or ECANCELED. */
+static int wait_fd(int fd, short events, int cancel_fd, double deadline) {
+  for (;;) {
+    struct pollfd pf[2] = {{fd, events, 0}, {cancel_fd, POLLIN, 0}};
+    int ms = poll_ms(deadline);
+    if (ms == 0) break;
+    int n = poll(pf, cancel_fd >= 0 ? 2 : 1, ms);
+    if (n < 0 && errno != EINTR) return 1; /* let the caller's I/O report it */
+    if (n > 0 && cancel_fd >= 0 && pf[1].revents) {
+      errno = ECANCELED;
+      return 0;
+    }
+    if (n > 0) return 1;
+  }
+  errno = ETIMEDOUT;
+  return 0;
+}
+
+/* The BCAST_E* code for an errno left by the socket helpers. */
+static int io_code(int e) {
+  return e == ETIMEDOUT ? BCAST_ETIMEDOUT : e == ECANCELED ? BCAST_ECANCELED : BCAST_EPEER;
+}
+
 /* Reads or writes exactly n bytes on a non-blocking socket before the deadline.
- * Returns 0, or -1 with errno (ETIMEDOUT, EPIPE for a clean close, ...). */
-static int io_full(int fd, void *buf, size_t n, int writing, double deadline) {
+ * Returns 0, or -1 with errno (ETIMEDOUT, ECANCELED, EPIPE for a clean close, ...). */
+static int io_full(int fd, void *buf, size_t n, int writing, int cancel_fd, double deadline) {
   uint8_t *p = buf;
   while (n > 0) {
     ssize_t r = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
@@ -174,37 +201,33 @@ static int io_full(int fd, void *buf, size_t n, int writing, double deadline) {
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-    struct pollfd pf = {fd, writing ? POLLOUT : POLLIN, 0};
-    int ms = poll_ms(deadline);
-    if (ms == 0 || (poll(&pf, 1, ms) == 0 && bcast__now() >= deadline)) {
-      errno = ETIMEDOUT;
-      return -1;
-    }
+    if (!wait_fd(fd, writing ? POLLOUT : POLLIN, cancel_fd, deadline)) return -1;
   }
   return 0;
 }
 
 /* REPLY and ACK share one shape: magic, status, message. */
-static int send_status(int fd, uint32_t magic, int status, const char *msg, double deadline) {
+static int send_status(int fd, uint32_t magic, int status, const char *msg, int cancel_fd, double deadline) {
   uint8_t b[12 + 512];
   size_t len = strnlen(msg, 511);
   put32(b, magic);
   put32(b + 4, (uint32_t)status);
   put32(b + 8, (uint32_t)len);
   memcpy(b + 12, msg, len);
-  return io_full(fd, b, 12 + len, 1, deadline);
+  return io_full(fd, b, 12 + len, 1, cancel_fd, deadline);
 }
 
-static int recv_status(int fd, uint32_t magic, int *status, char *msg, size_t msglen, double deadline) {
+static int recv_status(int fd, uint32_t magic, int *status, char *msg, size_t msglen, int cancel_fd,
+                       double deadline) {
   uint8_t b[12];
   char tmp[512];
-  if (io_full(fd, b, 12, 0, deadline)) return -1;
+  if (io_full(fd, b, 12, 0, cancel_fd, deadline)) return -1;
   uint32_t len = get32(b + 8);
   if (get32(b) != magic || len > 511) {
     errno = EPROTO;
     return -1;
   }
-  if (io_full(fd, tmp, len, 0, deadline)) return -1;
+  if (io_full(fd, tmp, len, 0, cancel_fd, deadline)) return -1;
   tmp[len] = 0;
   *status = (int32_t)get32(b + 4);
   snprintf(msg, msglen, "%s", tmp);
@@ -246,8 +269,8 @@ typedef struct peer {
 
 /* Accepts one connection and reads its HELLO.  Returns 1 with *out filled for
  * an accepted receiver, 0 for a connection to ignore, <0 to fail the plan. */
-static int accept_one(int lfd, const bcast_plan *p, peer *peers, size_t npeers, double deadline, peer *out,
-                      bcast_err *err) {
+static int accept_one(int lfd, const bcast_plan *p, const bcast__host_io *io, peer *peers, size_t npeers,
+                      double deadline, peer *out, bcast_err *err) {
   int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
   if (fd < 0) return 0;
   tune(fd);
@@ -255,12 +278,22 @@ static int accept_one(int lfd, const bcast_plan *p, peer *peers, size_t npeers, 
   char id[128], why[400];
   double hd = bcast__now() + HELLO_WAIT_S;
   if (hd > deadline) hd = deadline;
-  if (io_full(fd, h, sizeof h, 0, hd) || get32(h) != MAGIC_HELLO || get32(h + 4) != PROTO_VERSION ||
-      get32(h + 12) >= sizeof id || io_full(fd, id, get32(h + 12), 0, hd)) {
+  if (io_full(fd, h, sizeof h, 0, io->cancel_fd, hd) || get32(h) != MAGIC_HELLO ||
+      get32(h + 4) != PROTO_VERSION || get32(h + 12) >= sizeof id ||
+      io_full(fd, id, get32(h + 12), 0, io->cancel_fd, hd)) {
+    int e = errno;
     close(fd); /* not a receiver of this protocol version: ignore it */
+    if (e == ECANCELED) return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled", p->id);
     return 0;
   }
   id[get32(h + 12)] = 0;
+  if (io->stale_id && io->stale_id[0] && strcmp(id, p->id) != 0 && !strcmp(id, io->stale_id)) {
+    /* Connected for the plan cancelled last, before it learnt of the cancel:
+     * a leftover, not a receiver of this plan that disagrees with it. */
+    send_status(fd, MAGIC_REPLY, BCAST_ECANCELED, "plan cancelled", -1, hd);
+    close(fd);
+    return 0;
+  }
   uint32_t rank = get32(h + 8);
   uint64_t hash = get64(h + 16);
   int code = BCAST_OK;
@@ -279,11 +312,11 @@ static int accept_one(int lfd, const bcast_plan *p, peer *peers, size_t npeers, 
       snprintf(why, sizeof why, "receiver rank %u connected twice", rank);
     }
   if (code) {
-    send_status(fd, MAGIC_REPLY, code, why, hd);
+    send_status(fd, MAGIC_REPLY, code, why, -1, hd);
     close(fd);
     return bcast__fail(err, code, "%s", why);
   }
-  if (send_status(fd, MAGIC_REPLY, 0, "", hd)) {
+  if (send_status(fd, MAGIC_REPLY, 0, "", io->cancel_fd, hd)) {
     close(fd);
     return 0; /* gone before we answered: let it retry */
   }
@@ -291,12 +324,14 @@ static int accept_one(int lfd, const bcast_plan *p, peer *peers, size_t npeers, 
   return 1;
 }
 
-static int accept_all(int lfd, const bcast_plan *p, peer *peers, size_t want, double deadline, bcast_err *err) {
+static int accept_all(int lfd, const bcast_plan *p, const bcast__host_io *io, peer *peers, size_t want,
+                      double deadline, bcast_err *err) {
   size_t have = 0;
   while (have < want) {
-    struct pollfd pf = {lfd, POLLIN, 0};
-    int ms = poll_ms(deadline);
-    if (ms == 0 || (poll(&pf, 1, ms) == 0 && bcast__now() >= deadline)) {
+    if (!wait_fd(lfd, POLLIN, io->cancel_fd, deadline)) {
+      if (errno == ECANCELED)
+        return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled with %zu of %zu receivers connected",
+                           p->id, have, want);
       char missing[192] = "";
       size_t len = 0;
       for (uint32_t r = 0; r < p->world_size && len + 12 < sizeof missing; r++) {
@@ -307,7 +342,7 @@ static int accept_all(int lfd, const bcast_plan *p, peer *peers, size_t want, do
       return bcast__fail(err, BCAST_ETIMEDOUT, "plan '%s': %zu of %zu receivers connected before the deadline; "
                          "missing rank(s) %s", p->id, have, want, missing);
     }
-    int rc = accept_one(lfd, p, peers, have, deadline, &peers[have], err);
+    int rc = accept_one(lfd, p, io, peers, have, deadline, &peers[have], err);
     if (rc < 0) return rc;
     have += (size_t)rc;
   }
@@ -373,7 +408,9 @@ static void *caster_main(void *arg) {
 static int peer_failed(const bcast_plan *p, peer *pr, size_t k, int e, bcast_err *err) {
   int status = 0;
   char msg[512];
-  if (e != ETIMEDOUT && recv_status(pr->fd, MAGIC_ACK, &status, msg, sizeof msg, bcast__now() + 0.05) == 0 && status)
+  if (e == ECANCELED) return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
+  if (e != ETIMEDOUT && recv_status(pr->fd, MAGIC_ACK, &status, msg, sizeof msg, -1, bcast__now() + 0.05) == 0 &&
+      status)
     return bcast__fail(err, BCAST_EPEER, "receiver rank %u failed at bucket %zu (layer %u): %s", pr->rank, k,
                        p->buckets[k].layer, msg);
   if (e == ETIMEDOUT)
@@ -385,7 +422,7 @@ static int peer_failed(const bcast_plan *p, peer *pr, size_t k, int e, bcast_err
 
 /* Writes header + payload of bucket k to every receiver concurrently. */
 static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64_t sum, peer *peers, size_t np,
-                       double deadline, bcast_err *err) {
+                       int cancel_fd, double deadline, bcast_err *err) {
   uint8_t hdr[HEADER_BYTES];
   uint64_t bytes = p->buckets[k].bytes, total = HEADER_BYTES + bytes;
   put32(hdr, MAGIC_BUCKET);
@@ -393,7 +430,7 @@ static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64
   put64(hdr + 8, bytes);
   put64(hdr + 16, sum);
   for (size_t i = 0; i < np; i++) peers[i].sent = 0;
-  struct pollfd pf[np ? np : 1];
+  struct pollfd pf[np + 1];
   for (;;) {
     size_t waiting = 0;
     for (size_t i = 0; i < np; i++) {
@@ -413,8 +450,12 @@ static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64
       if (pr->sent < total) pf[waiting++] = (struct pollfd){pr->fd, POLLOUT, 0};
     }
     if (!waiting) return BCAST_OK;
+    size_t npf = waiting;
+    if (cancel_fd >= 0) pf[npf++] = (struct pollfd){cancel_fd, POLLIN, 0};
     int ms = poll_ms(deadline);
-    int n = ms ? poll(pf, waiting, ms) : 0;
+    int n = ms ? poll(pf, npf, ms) : 0;
+    if (n > 0 && cancel_fd >= 0 && pf[waiting].revents)
+      return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
     if (n == 0 && bcast__now() >= deadline) {
       for (size_t i = 0; i < np; i++)
         if (peers[i].sent < total) return peer_failed(p, &peers[i], k, ETIMEDOUT, err);
@@ -422,20 +463,20 @@ static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64
   }
 }
 
-static int collect_acks(const bcast_plan *p, peer *peers, size_t np, double timeout_s, bcast_err *err) {
+static int collect_acks(const bcast_plan *p, peer *peers, size_t np, const bcast__host_io *io, bcast_err *err) {
   for (size_t i = 0; i < np; i++) {
     int status = 0;
     char msg[512];
-    double dl = bcast__deadline(timeout_s, p->deadline_unix_ms);
-    if (recv_status(peers[i].fd, MAGIC_ACK, &status, msg, sizeof msg, dl))
-      return bcast__fail(err, errno == ETIMEDOUT ? BCAST_ETIMEDOUT : BCAST_EPEER,
+    double dl = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
+    if (recv_status(peers[i].fd, MAGIC_ACK, &status, msg, sizeof msg, io->cancel_fd, dl))
+      return bcast__fail(err, io_code(errno),
                          "receiver rank %u did not confirm the last bucket: %s", peers[i].rank, strerror(errno));
     if (status) return bcast__fail(err, BCAST_EPEER, "receiver rank %u failed: %s", peers[i].rank, msg);
   }
   return BCAST_OK;
 }
 
-static int send_all(caster *c, peer *peers, size_t np, double timeout_s, bcast_err *err) {
+static int send_all(caster *c, peer *peers, size_t np, const bcast__host_io *io, bcast_err *err) {
   const bcast_plan *p = c->p;
   for (size_t k = 0; k < p->nbuckets; k++) {
     int s = (int)(k & 1);
@@ -448,7 +489,8 @@ static int send_all(caster *c, peer *peers, size_t np, double timeout_s, bcast_e
       return bcast__fail(err, BCAST_EINVAL, "bucket %d (layer %u): cast failed", failed - 1,
                          p->buckets[failed - 1].layer);
     double t0 = bcast__now();
-    int rc = send_bucket(p, k, c->buf[s], sum, peers, np, bcast__deadline(timeout_s, p->deadline_unix_ms), err);
+    int rc = send_bucket(p, k, c->buf[s], sum, peers, np, io->cancel_fd,
+                         bcast__deadline(io->timeout_s, p->deadline_unix_ms), err);
     c->bt[k].wire_s = bcast__now() - t0;
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);
@@ -456,11 +498,11 @@ static int send_all(caster *c, peer *peers, size_t np, double timeout_s, bcast_e
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
   }
-  return collect_acks(p, peers, np, timeout_s, err);
+  return collect_acks(p, peers, np, io, err);
 }
 
-int bcast__host_send(int lfd, const bcast_plan *p, const bcast_tensor *local, const uint32_t *map, double timeout_s,
-                     int cast_threads, bcast_stats *stats, bcast_err *err) {
+int bcast__host_send(int lfd, const bcast_plan *p, const bcast_tensor *local, const uint32_t *map,
+                     const bcast__host_io *io, int cast_threads, bcast_stats *stats, bcast_err *err) {
   double t0 = bcast__now();
   size_t np = p->world_size - 1;
   peer *peers = calloc(np ? np : 1, sizeof *peers);
@@ -475,7 +517,7 @@ int bcast__host_send(int lfd, const bcast_plan *p, const bcast_tensor *local, co
     goto out;
   }
   for (size_t b = 0; b < p->nbuckets; b++) bt[b].bucket = (uint32_t)b;
-  rc = accept_all(lfd, p, peers, np, bcast__deadline(timeout_s, p->deadline_unix_ms), err);
+  rc = accept_all(lfd, p, io, peers, np, bcast__deadline(io->timeout_s, p->deadline_unix_ms), err);
   if (rc) goto out;
   pthread_mutex_init(&c.mu, NULL);
   pthread_cond_init(&c.cv, NULL);
@@ -483,7 +525,7 @@ int bcast__host_send(int lfd, const bcast_plan *p, const bcast_tensor *local, co
   if (pthread_create(&tid, NULL, caster_main, &c)) {
     rc = bcast__fail(err, BCAST_ENOMEM, "cannot start the cast thread");
   } else {
-    rc = send_all(&c, peers, np, timeout_s, err);
+    rc = send_all(&c, peers, np, io, err);
     pthread_mutex_lock(&c.mu);
     c.stop = 1;
     pthread_cond_broadcast(&c.cv);
@@ -508,7 +550,7 @@ out:
 
 /* ======================= receiver ============================================ */
 
-static int connect_root(const bcast_plan *p, double deadline, int *fdp, bcast_err *err) {
+static int connect_root(const bcast_plan *p, int cancel_fd, double deadline, int *fdp, bcast_err *err) {
   char host[256], port[32];
   if (split_addr(p->host_endpoint, host, sizeof host, port, sizeof port))
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': host_endpoint '%s' is not host:port", p->id, p->host_endpoint);
@@ -523,10 +565,12 @@ static int connect_root(const bcast_plan *p, double deadline, int *fdp, bcast_er
       tune(fd);
       int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
       if (r < 0 && errno == EINPROGRESS) {
-        struct pollfd pf = {fd, POLLOUT, 0};
         socklen_t sl = sizeof e;
-        if (poll(&pf, 1, poll_ms(deadline)) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) == 0 && e == 0) r = 0;
-        else if (!e) e = ETIMEDOUT;
+        if (wait_fd(fd, POLLOUT, cancel_fd, deadline)) {
+          if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) == 0 && e == 0) r = 0;
+        } else {
+          e = errno;
+        }
       } else if (r < 0) e = errno;
       if (r == 0) {
         freeaddrinfo(res);
@@ -534,16 +578,24 @@ static int connect_root(const bcast_plan *p, double deadline, int *fdp, bcast_er
         return BCAST_OK;
       }
       close(fd);
+      if (e == ECANCELED) break;
     }
-    if (bcast__now() + 0.05 >= deadline) break;
-    nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL); /* the root may not listen yet */
+    if (e == ECANCELED || bcast__now() + 0.05 >= deadline) break;
+    /* The root may not listen yet: retry in 50 ms, unless cancelled meanwhile. */
+    struct pollfd pf = {cancel_fd, POLLIN, 0};
+    if (cancel_fd >= 0 && poll(&pf, 1, 50) == 1) {
+      e = ECANCELED;
+      break;
+    }
+    if (cancel_fd < 0) nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
   }
   freeaddrinfo(res);
+  if (e == ECANCELED) return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled before the root answered", p->id);
   return bcast__fail(err, BCAST_ETIMEDOUT, "plan '%s': root at %s not reachable before the deadline: %s", p->id,
                      p->host_endpoint, strerror(e ? e : ETIMEDOUT));
 }
 
-static int handshake(int fd, const bcast_plan *p, uint32_t rank, double deadline, bcast_err *err) {
+static int handshake(int fd, const bcast_plan *p, uint32_t rank, int cancel_fd, double deadline, bcast_err *err) {
   uint8_t h[24 + 128];
   size_t idlen = strnlen(p->id, sizeof p->id - 1);
   put32(h, MAGIC_HELLO);
@@ -554,8 +606,9 @@ static int handshake(int fd, const bcast_plan *p, uint32_t rank, double deadline
   memcpy(h + 24, p->id, idlen);
   int status = 0;
   char msg[512];
-  if (io_full(fd, h, 24 + idlen, 1, deadline) || recv_status(fd, MAGIC_REPLY, &status, msg, sizeof msg, deadline))
-    return bcast__fail(err, errno == ETIMEDOUT ? BCAST_ETIMEDOUT : BCAST_EPEER,
+  if (io_full(fd, h, 24 + idlen, 1, cancel_fd, deadline) ||
+      recv_status(fd, MAGIC_REPLY, &status, msg, sizeof msg, cancel_fd, deadline))
+    return bcast__fail(err, io_code(errno),
                        "plan '%s': handshake with root %s failed: %s", p->id, p->host_endpoint, strerror(errno));
   if (status) return bcast__fail(err, status < 0 ? status : BCAST_EPEER, "root refused rank %u: %s", rank, msg);
   return BCAST_OK;
@@ -574,12 +627,13 @@ static void scatter(const bcast_plan *p, size_t k, const uint8_t *buf, const bca
 /* Receives bucket k into buf, verifies it, scatters it.  On a checksum error
  * the ACK tells the root why before the connection closes. */
 static int recv_bucket(int fd, const bcast_plan *p, size_t k, uint8_t *buf, const bcast_tensor *local,
-                       const uint32_t *map, double timeout_s, bcast_bucket_timing *bt, bcast_err *err) {
+                       const uint32_t *map, const bcast__host_io *io, bcast_bucket_timing *bt, bcast_err *err) {
   const bcast_bucket *b = &p->buckets[k];
-  double dl = bcast__deadline(timeout_s, p->deadline_unix_ms), t0 = bcast__now();
+  double dl = bcast__deadline(io->timeout_s, p->deadline_unix_ms), t0 = bcast__now();
   uint8_t h[HEADER_BYTES];
-  if (io_full(fd, h, sizeof h, 0, dl) || (get32(h) == MAGIC_BUCKET && io_full(fd, buf, b->bytes, 0, dl)))
-    return bcast__fail(err, errno == ETIMEDOUT ? BCAST_ETIMEDOUT : BCAST_EPEER,
+  if (io_full(fd, h, sizeof h, 0, io->cancel_fd, dl) ||
+      (get32(h) == MAGIC_BUCKET && io_full(fd, buf, b->bytes, 0, io->cancel_fd, dl)))
+    return bcast__fail(err, io_code(errno),
                        "root %s: bucket %zu (layer %u) not received: %s", p->host_endpoint, k, b->layer,
                        errno == EPIPE ? "connection closed" : strerror(errno));
   if (get32(h) != MAGIC_BUCKET || get32(h + 4) != k || get64(h + 8) != b->bytes)
@@ -590,7 +644,7 @@ static int recv_bucket(int fd, const bcast_plan *p, size_t k, uint8_t *buf, cons
     if (got != want) {
       int rc = bcast__fail(err, BCAST_ECHECKSUM, "bucket %zu (layer %u): checksum %016llx, root sent %016llx", k,
                            b->layer, (unsigned long long)got, (unsigned long long)want);
-      send_status(fd, MAGIC_ACK, rc, err ? err->msg : "checksum mismatch", bcast__now() + 1.0);
+      send_status(fd, MAGIC_ACK, rc, err ? err->msg : "checksum mismatch", -1, bcast__now() + 1.0);
       return rc;
     }
   }
@@ -602,17 +656,17 @@ static int recv_bucket(int fd, const bcast_plan *p, size_t k, uint8_t *buf, cons
 }
 
 int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
-                     double timeout_s, bcast_stats *stats, bcast_err *err) {
+                     const bcast__host_io *io, bcast_stats *stats, bcast_err *err) {
   double t0 = bcast__now();
-  int fd = -1, rc = connect_root(p, bcast__deadline(timeout_s, p->deadline_unix_ms), &fd, err);
+  int fd = -1, rc = connect_root(p, io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms), &fd, err);
   if (rc) return rc;
   uint64_t mb = max_bucket(p);
   uint8_t *buf = malloc(mb ? mb : 1);
   bcast_bucket_timing *bt = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *bt);
   if (!buf || !bt) rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a %llu-byte wire buffer", (unsigned long long)mb);
-  if (!rc) rc = handshake(fd, p, rank, bcast__deadline(timeout_s, p->deadline_unix_ms), err);
-  for (size_t k = 0; k < p->nbuckets && !rc; k++) rc = recv_bucket(fd, p, k, buf, local, map, timeout_s, &bt[k], err);
-  if (!rc && send_status(fd, MAGIC_ACK, 0, "", bcast__deadline(timeout_s, p->deadline_unix_ms)))
+  if (!rc) rc = handshake(fd, p, rank, io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms), err);
+  for (size_t k = 0; k < p->nbuckets && !rc; k++) rc = recv_bucket(fd, p, k, buf, local, map, io, &bt[k], err);
+  if (!rc && send_status(fd, MAGIC_ACK, 0, "", io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms)))
     rc = bcast__fail(err, BCAST_EPEER, "root %s: final confirmation not delivered: %s", p->host_endpoint,
                      strerror(errno));
   close(fd);

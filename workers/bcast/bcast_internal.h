@@ -35,10 +35,19 @@ double bcast__deadline(double timeout_s, int64_t deadline_unix_ms);
  * receivers connect to plan->host_endpoint once per plan. `map` is the output
  * of bcast__plan_bind. */
 int bcast__host_listen(const char *addr, int *fd, char *bound, size_t boundlen, bcast_err *err);
+/* How one host-mode execution waits: every wait ends at timeout_s (and the
+ * plan's deadline) or when cancel_fd (-1: none) turns readable, which fails
+ * the plan with BCAST_ECANCELED. A root ignores receivers presenting
+ * stale_id (NULL or "": none), the plan cancelled last. */
+typedef struct bcast__host_io {
+  double timeout_s;
+  int cancel_fd;
+  const char *stale_id;
+} bcast__host_io;
 int bcast__host_send(int listen_fd, const bcast_plan *p, const bcast_tensor *local, const uint32_t *map,
-                     double timeout_s, int cast_threads, bcast_stats *stats, bcast_err *err);
+                     const bcast__host_io *io, int cast_threads, bcast_stats *stats, bcast_err *err);
 int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
-                     double timeout_s, bcast_stats *stats, bcast_err *err);
+                     const bcast__host_io *io, bcast_stats *stats, bcast_err *err);
 
 /* GPU backend. Without CUDA in the build these return BCAST_ENOTSUP with a message. */
 typedef struct bcast_gpu bcast_gpu;

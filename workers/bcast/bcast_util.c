@@ -18,6 +18,7 @@ const char *bcast_strerror(int code) {
   case BCAST_EPEER: return "peer failed";
   case BCAST_ECHECKSUM: return "checksum mismatch";
   case BCAST_EMISMATCH: return "plan mismatch";
+  case BCAST_ECANCELED: return "cancelled";
   default: return "unknown error";
   }
 }
