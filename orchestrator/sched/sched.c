@@ -496,7 +496,7 @@ static void sched__pump(sched *s, int64_t now) {
   if (sched__terminal(s)) return;
   sched__update_run_state(s);
   if (s->state == SCHED_RUN_STOPPING) {
-    if (s->st.phase != SCHED__TRAINING)
+    if (s->st.phase != SCHED__TRAINING && s->st.phase != SCHED__BROADCASTING)
       sched__set_run_state(s, SCHED_RUN_STOPPED, "%s", s->message);
     return;
   }
@@ -1046,7 +1046,10 @@ int sched_stop(sched *s, int64_t now, const char *reason) {
                            sched_run_state_name(s->state));
   char msg[SCHED_TEXT_MAX];
   snprintf(msg, sizeof msg, "stop requested: %s", reason && reason[0] ? reason : "no reason given");
-  sched__abort_plan(s, msg);
+  /* A broadcast in flight is let finish (bounded by its deadline) and its step
+   * committed: aborting it would interrupt every participant mid-transfer and
+   * throw away a trained step. A plan not yet triggered is simply dropped. */
+  if (s->st.phase != SCHED__BROADCASTING) sched__abort_plan(s, msg);
   sched__set_run_state(s, SCHED_RUN_STOPPING, "%s", msg);
   sched__pump(s, now);
   return SCHED_OK;
@@ -1084,6 +1087,11 @@ static void sched__plan_timeout(sched *s) {
              s->st.plan_id, acking ? "ack" : "broadcast",
              acking ? s->cfg.plan_ack_timeout_ms : s->cfg.broadcast_timeout_ms, who,
              late > 1 ? " and others" : "");
+  }
+  if (s->state == SCHED_RUN_STOPPING) {
+    /* The run was stopping anyway: give the step up, the run still ends STOPPED. */
+    sched__abort_plan(s, msg);
+    return;
   }
   sched__fail_run(s, msg);
 }

@@ -159,16 +159,57 @@ Test(sched_stop, mid_training_waits_for_step_done) {
   sched_free(h.s);
 }
 
-Test(sched_stop, mid_plan_aborts) {
+Test(sched_stop, mid_ack_aborts) {
+  fx h;
+  fx_to_plan(&h);
+  cr_assert_eq(sched_plan_built(h.s, h.now, h.plan_id, 0xabc, NULL), SCHED_OK);
+  cr_assert_eq(sched_plan_acked(h.s, h.now, h.parts[0], h.plan_id, 0xabc, NULL), SCHED_OK);
+  sched_stop(h.s, h.now, "maintenance");
+  fx_drain(&h);
+  cr_assert_eq(h.nabort, 1);
+  cr_assert_eq(h.ntrigger, 0, "nobody entered the collective");
+  cr_assert(strstr(h.abort_reason, "maintenance"), "%s", h.abort_reason);
+  cr_assert_eq(h.run_state, SCHED_RUN_STOPPED);
+  cr_assert_eq(sched_plan_acked(h.s, h.now, h.parts[1], h.plan_id, 0xabc, NULL), SCHED_ESTALE);
+  cr_assert_eq(sched_next_deadline(h.s), SCHED_NEVER);
+  sched_free(h.s);
+}
+
+/* A triggered broadcast is let finish and its step committed: aborting it would
+ * cut every participant off mid-transfer and throw the trained step away. */
+Test(sched_stop, mid_broadcast_commits_the_step_then_stops) {
+  fx h;
+  fx_to_plan(&h);
+  fx_build_and_ack(&h);
+  cr_assert_eq(h.ntrigger, 1);
+  int commits = h.ncommit;
+  sched_stop(h.s, h.now, "maintenance");
+  fx_drain(&h);
+  cr_assert_eq(h.nabort, 0, "the broadcast in flight is not aborted");
+  cr_assert_eq(h.run_state, SCHED_RUN_STOPPING);
+  cr_assert_neq(sched_next_deadline(h.s), SCHED_NEVER, "the broadcast keeps its deadline");
+  fx_bcast_done(&h);
+  cr_assert_eq(h.ncommit, commits + 1, "the step is committed");
+  cr_assert_eq(h.run_state, SCHED_RUN_STOPPED);
+  cr_assert(strstr(h.run_msg, "maintenance"), "%s", h.run_msg);
+  cr_assert_eq(h.nplan, 1, "no plan after the stop");
+  sched_free(h.s);
+}
+
+/* A broadcast that cannot finish while the run is stopping is given up at its
+ * deadline; the run still ends STOPPED, not FAILED. */
+Test(sched_stop, mid_broadcast_deadline_stops_without_failing) {
   fx h;
   fx_to_plan(&h);
   fx_build_and_ack(&h);
   sched_stop(h.s, h.now, "maintenance");
   fx_drain(&h);
+  h.now = sched_next_deadline(h.s);
+  cr_assert_eq(sched_tick(h.s, h.now), SCHED_OK);
+  fx_drain(&h);
   cr_assert_eq(h.nabort, 1);
-  cr_assert(strstr(h.abort_reason, "maintenance"), "%s", h.abort_reason);
+  cr_assert(strstr(h.abort_reason, "broadcast timed out"), "%s", h.abort_reason);
   cr_assert_eq(h.run_state, SCHED_RUN_STOPPED);
-  cr_assert_eq(sched_broadcast_done(h.s, h.now, FX_TRAINER, h.plan_id, NULL, NULL), SCHED_ESTALE);
   cr_assert_eq(sched_next_deadline(h.s), SCHED_NEVER);
   sched_free(h.s);
 }
