@@ -42,7 +42,11 @@ typedef struct bb_args {
 
 /* The modes that can be timed; auto is the orchestrator's choice among them. */
 static const opt_name bb__modes[] = {
-    {"direct", BCAST_MODE_DIRECT}, {"staged", BCAST_MODE_STAGED}, {"host", BCAST_MODE_HOST}, {NULL, 0}};
+    {"direct", BCAST_MODE_DIRECT},
+    {"staged", BCAST_MODE_STAGED},
+    {"host", BCAST_MODE_HOST},
+    {NULL, 0},
+};
 
 /* The names other commands use for the same meaning: RLORCH_PRESET,
  * RLORCH_LAYERS, RLORCH_JSON. */
@@ -54,8 +58,9 @@ static const opt_field bb__fields[] = {
      .metavar = "MODE", .help = "where the weights live"},
     {.name = "reps", .flag = "--reps", .type = OPT_U32, .off = BBA(reps, uint32_t), .min = 1,
      .max = 1000, .metavar = "N", .help = "timed steps after one warm-up step"},
-    {.name = "budget_mib", .flag = "--budget-mib", .type = OPT_U32, .off = BBA(budget_mib, uint32_t),
-     .min = 1, .max = 1 << 20, .metavar = "M", .help = "staging memory per bucket, MiB"},
+    {.name = "budget_mib", .flag = "--budget-mib", .type = OPT_U32,
+     .off = BBA(budget_mib, uint32_t), .min = 1, .max = 1 << 20, .metavar = "M",
+     .help = "staging memory per bucket, MiB"},
     {.name = "layers", .flag = "--layers", .type = OPT_U32, .off = BBA(max_layers, uint32_t),
      .min = 0, .max = 1 << 20, .metavar = "N", .help = "keep only the first N decoder layers",
      .dflt = "0: all"},
