@@ -152,8 +152,9 @@ int opt_parse_addr(const char *s, char *host, size_t hl, int *port);
 
 /* Whether s is an OPT_TARGET: HOST:PORT as opt_parse_addr takes it, or one of
  * the name schemes gRPC resolves by itself followed by something other than
- * slashes ("dns:///svc:7070", "unix:/run/rlorch.sock", "ipv4:10.0.0.1:7070").
- * The rest is the scheme's to judge when the channel connects. */
+ * slashes ("dns:///svc:7070", "unix:/run/rlorch.sock", "ipv4:10.0.0.1:7070"),
+ * without control characters. The rest is the scheme's to judge when the
+ * channel connects. */
 bool opt_is_target(const char *s);
 
 /* Name tables shared by the commands: log_level and log_format (log.h). */
