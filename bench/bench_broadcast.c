@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,80 +23,90 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "orchestrator/common/opt.h"
 #include "workers/bcast/bcast.h"
 #include "workers/bcast/bcast_preset.h"
+
+extern char **environ;
 
 /* ---- flags -------------------------------------------------------------------------- */
 
 typedef struct bb_args {
-  const char *preset;
+  char *preset;        /* owned: opt_free */
   bcast_mode mode;
-  int reps, json;
-  uint64_t budget;     /* bytes per bucket */
+  uint32_t reps;
+  uint32_t budget_mib; /* staging memory per bucket */
   uint32_t max_layers; /* 0: all */
+  bool json;
 } bb_args;
 
-static void usage(FILE *f) {
-  fprintf(f, "usage: rlorch bench broadcast --preset {100m,1b,4b,8b} --mode {direct,staged,host}\n"
-             "                              [--reps N] [--budget-mib M] [--layers L] [--json]\n");
-}
+/* The modes that can be timed; auto is the orchestrator's choice among them. */
+static const opt_name bb__modes[] = {
+    {"direct", BCAST_MODE_DIRECT},
+    {"staged", BCAST_MODE_STAGED},
+    {"host", BCAST_MODE_HOST},
+    {NULL, 0},
+};
 
-/* 0: run; 1: --help printed, exit 0; 2: bad flags, the error printed. */
+/* The names other commands use for the same meaning: RLORCH_PRESET,
+ * RLORCH_LAYERS, RLORCH_JSON. */
+#define BBA(m, ctype) OPT_OFF(bb_args, m, ctype)
+static const opt_field bb__fields[] = {
+    {.name = "preset", .flag = "--preset", .type = OPT_STR, .off = BBA(preset, char *),
+     .metavar = "P", .help = "model preset: 100m, 1b, 4b, 8b"},
+    {.name = "mode", .flag = "--mode", .type = OPT_ENUM, .off = BBA(mode, int), .names = bb__modes,
+     .metavar = "MODE", .help = "where the weights live"},
+    {.name = "reps", .flag = "--reps", .type = OPT_U32, .off = BBA(reps, uint32_t), .min = 1,
+     .max = 1000, .metavar = "N", .help = "timed steps after one warm-up step"},
+    {.name = "budget_mib", .flag = "--budget-mib", .type = OPT_U32,
+     .off = BBA(budget_mib, uint32_t), .min = 1, .max = 1 << 20, .metavar = "M",
+     .help = "staging memory per bucket, MiB"},
+    {.name = "layers", .flag = "--layers", .type = OPT_U32, .off = BBA(max_layers, uint32_t),
+     .min = 0, .max = 1 << 20, .metavar = "N", .help = "keep only the first N decoder layers",
+     .dflt = "0: all"},
+    {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BBA(json, bool),
+     .help = "one JSON object instead of text"},
+};
+
+static const opt_cmd bb__cmd = {
+    .name = "bench broadcast",
+    .about = "One weight broadcast through bcast_engine_execute, two ranks in this process,\n"
+             "against a floor measured in the same run:\n"
+             "  staged  fp32 pinned host weights, bf16 to GPU 1; floor: fp32 bytes over PCIe\n"
+             "  direct  bf16 weights on GPU 0; floor: the same bytes broadcast as one buffer\n"
+             "  host    fp32 pageable host weights, bf16 over loopback TCP; baseline: memcpy\n"
+             "          plus a plain socket send",
+    .fields = bb__fields,
+    .nfields = sizeof bb__fields / sizeof bb__fields[0],
+};
+
+/* Fills a from the flags and the RLORCH_* environment. Returns -1 to run, or
+ * the exit status: 0 after --help, 2 for a bad setting, 1 out of memory (the
+ * message printed). Release a with opt_free on every path. */
 static int parse(int argc, char **argv, bb_args *a) {
-  static const bcast_mode modes[] = {BCAST_MODE_DIRECT, BCAST_MODE_STAGED, BCAST_MODE_HOST};
-  const char *mode = "staged";
-  *a = (bb_args){.preset = "100m", .reps = 5, .budget = 256u << 20};
-  for (int i = 1; i < argc; i++) {
-    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(k, "--json")) {
-      a->json = 1;
-      continue;
-    }
-    if (!strcmp(k, "--help")) {
-      usage(stdout);
-      return 1;
-    }
-    if (!v) {
-      fprintf(stderr, "bench broadcast: %s needs a value\n", k);
-      return 2;
-    }
-    i++;
-    /* Numbers: whole, decimal, within the flag's range. */
-    long long lo = 0, hi = 0, x = 0;
-    if (!strcmp(k, "--reps")) lo = 1, hi = 1000;
-    else if (!strcmp(k, "--budget-mib")) lo = 1, hi = 1 << 20;
-    else if (!strcmp(k, "--layers")) lo = 0, hi = 1 << 20;
-    if (hi) {
-      char *end = NULL;
-      errno = 0;
-      x = strtoll(v, &end, 10);
-      if (end == v || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, "bench broadcast: %s must be a whole number in %lld..%lld, got '%s'\n", k, lo, hi, v);
-        return 2;
-      }
-    }
-    if (!strcmp(k, "--preset")) a->preset = v;
-    else if (!strcmp(k, "--mode")) mode = v;
-    else if (!strcmp(k, "--reps")) a->reps = (int)x;
-    else if (!strcmp(k, "--budget-mib")) a->budget = (uint64_t)x << 20;
-    else if (!strcmp(k, "--layers")) a->max_layers = (uint32_t)x;
-    else {
-      fprintf(stderr, "bench broadcast: unknown flag %s\n", k);
-      usage(stderr);
-      return 2;
-    }
+  static const bb_args defaults = {.preset = "100m", .mode = BCAST_MODE_STAGED, .reps = 5,
+                                   .budget_mib = 256};
+  *a = defaults;
+  if (opt_own(&bb__cmd, a) != 0) {
+    fprintf(stderr, "rlorch %s: out of memory\n", bb__cmd.name);
+    return 1;
+  }
+  opt_state st;
+  if (opt_parse(&bb__cmd, a, argc, argv, environ, &st) != 0) {
+    fprintf(stderr, "%s\n", st.err);
+    return 2;
+  }
+  if (st.help) {
+    opt_usage(&bb__cmd, &defaults, stdout);
+    return 0;
   }
   if (!bcast_preset_find(a->preset)) {
-    fprintf(stderr, "bench broadcast: unknown --preset '%s' (100m, 1b, 4b, 8b)\n", a->preset);
+    opt_fail(&st, opt_origin(&st, "preset"), "unknown preset \"%s\" (want 100m, 1b, 4b, 8b)",
+             a->preset);
+    fprintf(stderr, "%s\n", st.err);
     return 2;
   }
-  for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
-    if (!strcmp(mode, bcast_mode_name(modes[i]))) a->mode = modes[i];
-  if (!a->mode) {
-    fprintf(stderr, "bench broadcast: unknown --mode '%s' (direct, staged, host)\n", mode);
-    return 2;
-  }
-  return 0;
+  return -1;
 }
 
 /* ---- results ------------------------------------------------------------------------ */
@@ -241,7 +252,7 @@ static int gpu_floor(const bb_args *a, uint64_t fp32_bytes, uint64_t bf16_bytes,
     return BCAST_OK;
   }
   static const int devs[BB_RANKS] = {0, 1};
-  int rc = bcast_floor_broadcast(devs, BB_RANKS, bf16_bytes, a->reps, &res->floor_s, err);
+  int rc = bcast_floor_broadcast(devs, BB_RANKS, bf16_bytes, (int)a->reps, &res->floor_s, err);
   if (rc) return rc;
   res->floor_gbps = (double)bf16_bytes / res->floor_s / 1e9;
   res->floor_name = "wire";
@@ -376,7 +387,7 @@ static int bench_run(const bb_args *a, bb_result *res) {
     if (bcast_engine_new(&eo, &e[i], &err)) goto fail;
   }
   bcast_plan_opts po = {.id = gpu ? "bench" : "bench-host", .mode = a->mode, .world_size = BB_RANKS,
-                        .root_rank = 0, .staging_budget = a->budget,
+                        .root_rank = 0, .staging_budget = (uint64_t)a->budget_mib << 20,
                         .host_endpoint = gpu ? NULL : bcast_engine_data_address(e[0])};
   if (bcast_plan_build(snd, n, &po, &plan, &err)) goto fail;
   if (gpu) {
@@ -389,7 +400,7 @@ static int bench_run(const bb_args *a, bb_result *res) {
   if (!gpu && host_baseline(snd, n, res)) goto out;
   bb_rank rk[BB_RANKS] = {{.rank = 0, .eng = e[0], .plan = plan, .local = snd, .n = n},
                           {.rank = 1, .eng = e[1], .plan = plan, .local = rcv, .n = m}};
-  if (run_ranks(rk, a->reps, res)) goto out;
+  if (run_ranks(rk, (int)a->reps, res)) goto out;
   res->pcie_bytes = res->last.pcie_bytes;
   rc = 0;
   goto out;
@@ -413,7 +424,7 @@ static void report(const bb_args *a, const bb_result *r) {
   double ratio = r->floor_s > 0 ? r->engine_s / r->floor_s : 0;
   int is4b = !strcmp(a->preset, "4b") && a->mode != BCAST_MODE_HOST;
   if (a->json) {
-    printf("{\"bench\":\"broadcast\",\"preset\":\"%s\",\"mode\":\"%s\",\"reps\":%d,"
+    printf("{\"bench\":\"broadcast\",\"preset\":\"%s\",\"mode\":\"%s\",\"reps\":%u,"
            "\"params\":%llu,\"wire_bytes\":%llu,\"pcie_bytes\":%llu,\"buckets\":%u,"
            "\"floor\":\"%s\",\"floor_s\":%.6f,\"floor_gbps\":%.2f,\"engine_s\":%.6f,"
            "\"ratio\":%.4f,\"h2d_s\":%.6f,\"cast_s\":%.6f,\"wire_s\":%.6f,"
@@ -425,7 +436,7 @@ static void report(const bb_args *a, const bb_result *r) {
            is4b ? ",\"pytorch_reference_s\":0.331" : "");
     return;
   }
-  printf("broadcast %s, mode %s: %.2f B params, %.2f GB on the wire in %u buckets, %d reps\n",
+  printf("broadcast %s, mode %s: %.2f B params, %.2f GB on the wire in %u buckets, %u reps\n",
          a->preset, mode, r->params / 1e9, r->wire_bytes / 1e9, r->nbuckets, a->reps);
   printf("  %-16s %.4f s  (%.1f GB/s)\n", r->floor_name, r->floor_s, r->floor_gbps);
   printf("  %-16s %.4f s  (median after a warm-up)\n", "engine", r->engine_s);
@@ -445,11 +456,13 @@ static void report(const bb_args *a, const bb_result *r) {
 int bench_broadcast(int argc, char **argv) {
   bb_args a;
   int rc = parse(argc, argv, &a);
-  if (rc) return rc == 1 ? 0 : rc;
-  bb_result res;
-  memset(&res, 0, sizeof res);
-  rc = bench_run(&a, &res);
-  if (!rc) report(&a, &res);
-  bcast_stats_free(&res.last);
-  return rc ? 1 : 0;
+  if (rc < 0) {
+    bb_result res;
+    memset(&res, 0, sizeof res);
+    rc = bench_run(&a, &res) ? 1 : 0;
+    if (!rc) report(&a, &res);
+    bcast_stats_free(&res.last);
+  }
+  opt_free(&bb__cmd, &a);
+  return rc;
 }

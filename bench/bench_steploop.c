@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "bench/bench.h"
@@ -38,12 +37,6 @@ typedef struct fake {
   uint64_t version, pending_version, counter;
   pthread_t th;
 } fake;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* utime + stime of a process, in seconds. */
 static double cpu_seconds(pid_t pid) {
@@ -241,7 +234,7 @@ static round_result run_round(const char *target, pid_t serve, uint32_t nworkers
   spec.policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST;
   ProtobufCMessage *resp = NULL;
   rpc_status st;
-  double cpu0 = cpu_seconds(serve), t0 = now_s();
+  double cpu0 = cpu_seconds(serve), t0 = bench_now();
   if (rpc_client_call(cc, "/rlorch.v1.Control/StartRun", &spec.base, &rlorch__v1__run__descriptor,
                       10, &resp, &st) != GRPC_STATUS_OK) {
     fprintf(stderr, "bench steploop: StartRun: %s\n", st.message);
@@ -254,7 +247,7 @@ static round_result run_round(const char *target, pid_t serve, uint32_t nworkers
   rpc_client_stream(cc, "/rlorch.v1.Control/WatchRun", &wr.base,
                     &rlorch__v1__run_event__descriptor, 300, on_event, &w, &st);
   protobuf_c_message_free_unpacked(resp, NULL);
-  res.wall_s = now_s() - t0;
+  res.wall_s = bench_now() - t0;
   res.cpu_s = cpu_seconds(serve) - cpu0;
   res.steps = w.steps;
   res.rollouts = w.rollouts;
@@ -282,12 +275,12 @@ static double bare_rtt(const char *target, int n) {
   for (int i = 0; i < n + 100 && v; i++) {
     ProtobufCMessage *resp = NULL;
     rpc_status st;
-    double t = now_s();
+    double t = bench_now();
     if (rpc_client_call(c, "/grpc.health.v1.Health/Check", &req.base,
                         &grpc__health__v1__health_check_response__descriptor, 5, &resp,
                         &st) != GRPC_STATUS_OK)
       continue;
-    t = now_s() - t;
+    t = bench_now() - t;
     protobuf_c_message_free_unpacked(resp, NULL);
     if (i >= 100) v[k++] = t; /* the first calls warm the channel */
   }

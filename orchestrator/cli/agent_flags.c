@@ -25,9 +25,10 @@ static const opt_name agent__dists[] = {
 /* The settings both roles share; the names match ctl's and serve's where the
  * meaning is the same (RLORCH_ORCHESTRATOR, RLORCH_TOKEN_FILE, RLORCH_LOG_*). */
 #define AGENT__COMMON                                                                              \
-  {.name = "orchestrator", .flag = "--orchestrator", .type = OPT_ADDR,                             \
-   .off = AF(opts.orchestrator, char *), .metavar = "ADDR",                                        \
-   .help = "orchestrator's gRPC address, HOST:PORT", .flags = OPT_REQUIRED},                       \
+  {.name = "orchestrator", .flag = "--orchestrator", .type = OPT_TARGET,                           \
+   .off = AF(opts.orchestrator, char *), .metavar = "TARGET",                                      \
+   .help = "orchestrator's gRPC target: HOST:PORT, dns:///HOST:PORT, unix:PATH, ...",              \
+   .flags = OPT_REQUIRED},                                                                         \
   {.name = "token_file", .flag = "--token-file", .type = OPT_PATH,                                 \
    .off = AF(opts.token_file, char *), .metavar = "FILE", .help = "file holding the bearer token"}, \
   {.name = "name", .flag = "--name", .type = OPT_STR, .off = AF(opts.name, char *),                \

@@ -84,9 +84,10 @@ static const opt_name ctl__states[] = {
 static const opt_field ctl__global_fields[] = {
     /* The address the agents dial too, hence RLORCH_ORCHESTRATOR; --target and
      * RLORCH_TARGET are the names ctl had first. */
-    {.name = "orchestrator", .flag = "--target", .alias = "--orchestrator", .type = OPT_ADDR,
-     .off = CO(orchestrator, char *), .metavar = "ADDR",
-     .help = "orchestrator's gRPC address, HOST:PORT", .env_old = "RLORCH_TARGET"},
+    {.name = "orchestrator", .flag = "--target", .alias = "--orchestrator", .type = OPT_TARGET,
+     .off = CO(orchestrator, char *), .metavar = "TARGET",
+     .help = "orchestrator's gRPC target: HOST:PORT, dns:///HOST:PORT, unix:PATH, ...",
+     .env_old = "RLORCH_TARGET"},
     {.name = "token_file", .flag = "--token-file", .type = OPT_PATH, .off = CO(token_file, char *),
      .metavar = "FILE", .help = "file holding the bearer token"},
     {.name = "tls_ca_file", .flag = "--tls-ca", .type = OPT_PATH, .off = CO(tls_ca_file, char *),

@@ -35,7 +35,9 @@ int opt_fail(opt_state *st, const char *origin, const char *fmt, ...) {
   return -1;
 }
 
-static int opt__is_string(opt_type t) { return t == OPT_STR || t == OPT_PATH || t == OPT_ADDR; }
+static int opt__is_string(opt_type t) {
+  return t == OPT_STR || t == OPT_PATH || t == OPT_ADDR || t == OPT_TARGET;
+}
 
 static int opt__is_number(opt_type t) {
   return t == OPT_U32 || t == OPT_I32 || t == OPT_U64 || t == OPT_I64 || t == OPT_BYTES ||
@@ -128,6 +130,26 @@ int opt_parse_addr(const char *s, char *host, size_t hl, int *port) {
   }
   if (port) *port = (int)v;
   return 0;
+}
+
+/* The schemes of gRPC's naming document that the C core resolves without a
+ * plugin; users of Kubernetes services and systemd sockets rely on them. */
+static const char *const opt__target_schemes[] = {"dns:", "unix:", "unix-abstract:", "ipv4:",
+                                                  "ipv6:"};
+
+bool opt_is_target(const char *s) {
+  if (!s || !*s) return false;
+  /* A control character is a quoting mistake whatever the scheme. */
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+    if (*p < 0x20 || *p == 0x7f) return false;
+  for (size_t i = 0; i < sizeof opt__target_schemes / sizeof opt__target_schemes[0]; i++) {
+    size_t n = strlen(opt__target_schemes[i]);
+    if (strncmp(s, opt__target_schemes[i], n)) continue;
+    const char *rest = s + n;
+    rest += strspn(rest, "/"); /* "dns:///" names nothing */
+    return *rest != 0;
+  }
+  return opt_parse_addr(s, NULL, 256, NULL) == 0;
 }
 
 /* ---- converting one value ---------------------------------------------------- */
@@ -243,11 +265,17 @@ static int opt__set(opt_state *st, void *obj, const opt_field *f, const char *v,
   if (v && !*v) v = NULL; /* an empty path clears it */
   uint64_t u = 0;
   int64_t s = 0;
+  /* Addresses are checked here and then stored like any string. */
+  if (f->type == OPT_ADDR && opt_parse_addr(v, NULL, 256, NULL) != 0)
+    return opt_fail(st, where, "invalid address \"%s\" (want HOST:PORT)", v);
+  if (f->type == OPT_TARGET && !opt_is_target(v))
+    return opt_fail(st, where,
+                    "invalid gRPC target \"%s\" (want HOST:PORT, or dns:, unix:, unix-abstract:, "
+                    "ipv4: or ipv6: and an address)",
+                    v);
   switch (f->type) {
     case OPT_ADDR:
-      if (opt_parse_addr(v, NULL, 256, NULL) != 0)
-        return opt_fail(st, where, "invalid address \"%s\" (want HOST:PORT)", v);
-      /* fall through */
+    case OPT_TARGET:
     case OPT_STR:
     case OPT_PATH: {
       char *copy = v ? strdup(v) : NULL;
@@ -592,7 +620,8 @@ static void opt__value(const opt_field *f, const void *obj, char *buf, size_t le
   switch (f->type) {
     case OPT_STR:
     case OPT_PATH:
-    case OPT_ADDR: {
+    case OPT_ADDR:
+    case OPT_TARGET: {
       const char *s = *OPT__AT(obj, f, char *const);
       if (s) snprintf(buf, len, "%s", s);
       break;

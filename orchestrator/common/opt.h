@@ -33,6 +33,8 @@ typedef enum {
   OPT_STR = 1, /* char *, non-empty */
   OPT_PATH,    /* char *, optional: an empty value or YAML null clears it */
   OPT_ADDR,    /* char *, HOST:PORT or [V6]:PORT, port 0..65535 */
+  OPT_TARGET,  /* char *, what a gRPC client dials: an OPT_ADDR, or dns:, unix:,
+                * unix-abstract:, ipv4: or ipv6: and a non-empty rest */
   OPT_ENUM,    /* an int-sized enum, by the name table `names` */
   OPT_U32,     /* uint32_t */
   OPT_I32,     /* int32_t or int */
@@ -147,6 +149,13 @@ void opt_free(const opt_cmd *cmd, void *obj);
  * a name, an IPv4 or an IPv6 address, port 0..65535 (0: pick one). Returns 0,
  * or -1 when malformed or when the host does not fit in hl bytes. */
 int opt_parse_addr(const char *s, char *host, size_t hl, int *port);
+
+/* Whether s is an OPT_TARGET: HOST:PORT as opt_parse_addr takes it, or one of
+ * the name schemes gRPC resolves by itself followed by something other than
+ * slashes ("dns:///svc:7070", "unix:/run/rlorch.sock", "ipv4:10.0.0.1:7070"),
+ * without control characters. The rest is the scheme's to judge when the
+ * channel connects. */
+bool opt_is_target(const char *s);
 
 /* Name tables shared by the commands: log_level and log_format (log.h). */
 extern const opt_name opt_log_level_names[];  /* debug|info|warn|error|off */

@@ -203,6 +203,7 @@ void config_print(const config *c, FILE *f) {
       case OPT_STR:
       case OPT_PATH:
       case OPT_ADDR:
+      case OPT_TARGET:
         config__print_string(*CONFIG__AT(cc, fl, char *const), f);
         break;
       case OPT_ENUM: {

@@ -52,27 +52,81 @@ Test(bench_broadcast, help_goes_to_stdout_and_exits_0) {
   captured c;
   run(&c, (const char *[]){"--help", NULL});
   cr_assert_eq(c.rc, 0);
-  cr_assert(strstr(c.out, "usage: rlorch bench broadcast --preset"), "%s", c.out);
+  const char *must[] = {"usage: rlorch bench broadcast [FLAGS]\n",
+                        "  --mode MODE ", "direct|staged|host (default staged)\n",
+                        "  --preset P ", "(default 100m)\n", "  --reps N ", "(default 5)\n",
+                        "  --budget-mib M ", "(default 256)\n", "(default 0: all)\n",
+                        "  --json ", "  RLORCH_PRESET ", "  RLORCH_MODE ", "  RLORCH_REPS ",
+                        "  RLORCH_BUDGET_MIB ", "  RLORCH_LAYERS ", "  RLORCH_JSON "};
+  for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
+    cr_assert(strstr(c.out, must[i]), "--help lacks \"%s\":\n%s", must[i], c.out);
+  cr_assert_eq(c.err[0], 0, "%s", c.err);
 }
 
-static void bad(const char *const *args, const char *needle) {
+static void bad(const char *const *args, const char *want) {
   captured c;
   run(&c, args);
-  cr_assert_eq(c.rc, 2, "%s %s: rc %d", args[0], args[1] ? args[1] : "", c.rc);
-  cr_assert(strstr(c.err, needle), "stderr '%s' does not say '%s'", c.err, needle);
+  cr_assert_eq(c.rc, 2, "rc %d for %s", c.rc, want);
+  cr_assert_str_eq(c.err, want);
   cr_assert_eq(c.out[0], 0, "nothing on stdout for bad flags: %s", c.out);
 }
 
+static double num(const char *json, const char *key, const char **after);
+
+#define BB "rlorch bench broadcast: "
 Test(bench_broadcast, bad_flags_are_named) {
-  bad((const char *[]){"--mode", "bogus", NULL}, "unknown --mode 'bogus'");
-  bad((const char *[]){"--preset", "3b", NULL}, "unknown --preset '3b'");
-  bad((const char *[]){"--reps", "0", NULL}, "--reps must be a whole number in 1..1000, got '0'");
-  bad((const char *[]){"--reps", "5x", NULL}, "--reps must be");
-  bad((const char *[]){"--budget-mib", "-1", NULL}, "--budget-mib must be");
-  bad((const char *[]){"--layers", "two", NULL}, "--layers must be");
-  bad((const char *[]){"--reps", NULL}, "--reps needs a value");
-  bad((const char *[]){"--frobnicate", "1", NULL}, "unknown flag --frobnicate");
+  bad((const char *[]){"--mode", "bogus", NULL},
+      BB "--mode: invalid value \"bogus\" (want direct|staged|host)\n");
+  bad((const char *[]){"--mode", "auto", NULL},
+      BB "--mode: invalid value \"auto\" (want direct|staged|host)\n");
+  bad((const char *[]){"--preset", "3b", NULL},
+      BB "--preset: unknown preset \"3b\" (want 100m, 1b, 4b, 8b)\n");
+  bad((const char *[]){"--reps", "0", NULL}, BB "--reps: 0 out of range [1, 1000]\n");
+  bad((const char *[]){"--reps", "1001", NULL}, BB "--reps: 1001 out of range [1, 1000]\n");
+  bad((const char *[]){"--reps", "5x", NULL}, BB "--reps: not an integer: \"5x\"\n");
+  bad((const char *[]){"--budget-mib", "-1", NULL}, BB "--budget-mib: not an integer: \"-1\"\n");
+  bad((const char *[]){"--budget-mib", "0", NULL},
+      BB "--budget-mib: 0 out of range [1, 1048576]\n");
+  bad((const char *[]){"--layers", "two", NULL}, BB "--layers: not an integer: \"two\"\n");
+  bad((const char *[]){"--reps", NULL}, BB "--reps: missing value\n");
+  bad((const char *[]){"--frobnicate", "1", NULL}, BB "--frobnicate: unknown flag (see --help)\n");
+  bad((const char *[]){"--json=maybe", NULL},
+      BB "--json: invalid value \"maybe\" (want true|false)\n");
 }
+
+/* The environment is read below the flags, and a bad variable is named. */
+Test(bench_broadcast, environment_is_read_and_named) {
+  cr_assert_eq(setenv("RLORCH_PRESET", "3b", 1), 0);
+  bad((const char *[]){NULL}, BB "RLORCH_PRESET: unknown preset \"3b\" (want 100m, 1b, 4b, 8b)\n");
+  cr_assert_eq(unsetenv("RLORCH_PRESET"), 0);
+  cr_assert_eq(setenv("RLORCH_REPS", "0", 1), 0);
+  bad((const char *[]){NULL}, BB "RLORCH_REPS: 0 out of range [1, 1000]\n");
+  cr_assert_eq(unsetenv("RLORCH_REPS"), 0);
+  cr_assert_eq(setenv("RLORCH_MODE", "gpu", 1), 0);
+  bad((const char *[]){NULL}, BB "RLORCH_MODE: invalid value \"gpu\" (want direct|staged|host)\n");
+  cr_assert_eq(unsetenv("RLORCH_MODE"), 0);
+  /* A good environment for a host run that the flags then partly override. */
+  cr_assert_eq(setenv("RLORCH_MODE", "host", 1), 0);
+  cr_assert_eq(setenv("RLORCH_LAYERS", "1", 1), 0);
+  cr_assert_eq(setenv("RLORCH_REPS", "9", 1), 0);
+  cr_assert_eq(setenv("RLORCH_BUDGET_MIB", "16", 1), 0);
+  cr_assert_eq(setenv("RLORCH_JSON", "true", 1), 0);
+  captured c, big;
+  run(&c, (const char *[]){"--reps", "1", NULL});
+  run(&big, (const char *[]){"--reps", "1", "--budget-mib", "256", NULL});
+  const char *vars[] = {"RLORCH_MODE", "RLORCH_LAYERS", "RLORCH_REPS", "RLORCH_BUDGET_MIB",
+                        "RLORCH_JSON"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) cr_assert_eq(unsetenv(vars[i]), 0);
+  cr_assert_eq(c.rc, 0, "stderr: %s", c.err);
+  cr_assert_eq(big.rc, 0, "stderr: %s", big.err);
+  const char *head = "{\"bench\":\"broadcast\",\"preset\":\"100m\",\"mode\":\"host\",\"reps\":1,";
+  cr_assert(!strncmp(c.out, head, strlen(head)), "the flag beats RLORCH_REPS: %s", c.out);
+  const char *at = c.out, *at_big = big.out;
+  double small_buckets = num(c.out, "buckets", &at), big_buckets = num(big.out, "buckets", &at_big);
+  cr_assert(small_buckets > big_buckets, "RLORCH_BUDGET_MIB=16 makes more buckets than the flag's "
+            "256 MiB: %s\n%s", c.out, big.out);
+}
+#undef BB
 
 /* The value of "key": in a one-line JSON object, which must follow `after`. */
 static double num(const char *json, const char *key, const char **after) {

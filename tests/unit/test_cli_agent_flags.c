@@ -132,6 +132,37 @@ Test(agent_opts, environment_below_flags) {
   agent_flags_free(&o);
 }
 
+/* Kubernetes services and systemd sockets are reached through gRPC's own
+ * schemes: the address goes to the channel as given, from a flag or a variable. */
+Test(agent_opts, orchestrator_takes_grpc_targets) {
+  const char *targets[] = {"dns:///orchestrator.rlorch.svc:7070", "unix:/run/rlorch.sock",
+                           "unix-abstract:rlorch", "ipv4:10.0.0.5:7070", "ipv6:[::1]:7070",
+                           "[::1]:7070"};
+  for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+    agent_flags o;
+    char err[512];
+    for (int role = 0; role < 2; role++) {
+      agent_role r = role ? AGENT_ROLE_INFERENCE : AGENT_ROLE_TRAINER;
+      cr_assert_eq(PARSE(r, &o, err, "--orchestrator", (char *)targets[i]), 0, "%s", err);
+      cr_assert_str_eq(o.opts.orchestrator, targets[i]);
+      agent_flags_free(&o);
+    }
+    char var[128];
+    snprintf(var, sizeof var, "RLORCH_ORCHESTRATOR=%s", targets[i]);
+    char *envp[] = {var, NULL};
+    cr_assert_eq(PARSE_ENV(AGENT_ROLE_TRAINER, envp, &o, err, "--name", "t"), 0, "%s", err);
+    cr_assert_str_eq(o.opts.orchestrator, targets[i]);
+    agent_flags_free(&o);
+  }
+  EXPECT_ERROR(AGENT_ROLE_TRAINER, "--orchestrator: invalid gRPC target \"dns:///\"",
+               "--orchestrator", "dns:///");
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--orchestrator: invalid gRPC target \"http://h:7070\"",
+               "--orchestrator", "http://h:7070");
+  char *bad[] = {"RLORCH_ORCHESTRATOR=unix:", NULL};
+  expect_error_env(AGENT_ROLE_INFERENCE, bad, ARGC("--name", "i"), ARGV("--name", "i"),
+                   "RLORCH_ORCHESTRATOR: invalid gRPC target \"unix:\"");
+}
+
 Test(agent_opts, token_file_from_environment) {
   char path[64];
   snprintf(path, sizeof path, "%s/rlorch_agent_tok_XXXXXX", P_tmpdir);
@@ -159,7 +190,7 @@ Test(agent_opts, environment_errors_name_the_variable) {
                    "RLORCH_DEVICE: not an integer: \"gpu0\"");
   char *bad_addr[] = {"RLORCH_ORCHESTRATOR=nohost", NULL};
   expect_error_env(AGENT_ROLE_INFERENCE, bad_addr, ARGC("--name", "i"), ARGV("--name", "i"),
-                   "RLORCH_ORCHESTRATOR: invalid address \"nohost\"");
+                   "RLORCH_ORCHESTRATOR: invalid gRPC target \"nohost\" (want HOST:PORT, or dns:");
   char *bad_level[] = {"RLORCH_ORCHESTRATOR=a:1", "RLORCH_LOG_LEVEL=loud", NULL};
   expect_error_env(AGENT_ROLE_INFERENCE, bad_level, ARGC("--name", "i"), ARGV("--name", "i"),
                    "RLORCH_LOG_LEVEL: invalid value \"loud\"");

@@ -17,7 +17,7 @@ typedef struct t_opts {
   int64_t i64;
   double dbl;
   bool sw;
-  char *target;
+  char *target, *grpc;
   char *arg1, *arg2;
   int arg_mode;
 } t_opts;
@@ -49,6 +49,8 @@ static const opt_field t_fields[] = {
     {.name = "sw", .flag = "--sw", .type = OPT_SWITCH, .off = T(sw, bool), .help = "a switch"},
     {.name = "target", .flag = "--target", .alias = "--to", .type = OPT_STR,
      .off = T(target, char *), .metavar = "T", .help = "renamed", .env_old = "RLORCH_OLD_TARGET"},
+    {.name = "grpc", .flag = "--grpc", .type = OPT_TARGET, .off = T(grpc, char *),
+     .metavar = "TARGET", .help = "a gRPC target"},
     {.name = "file_only", .type = OPT_U32, .off = T(u32, uint32_t), .metavar = "N",
      .help = "no flag, for the file and the environment"},
 };
@@ -480,6 +482,57 @@ Test(opt, fail_formats_the_one_wording) {
   cr_assert_eq(opt_fail(&st, opt_origin(&st, "u32"), "must be %s", "even"), -1);
   cr_assert_str_eq(st.err, "rlorch test: --u32: must be even");
   opt_free(&t_cmd, &o);
+}
+
+/* What a gRPC channel dials: HOST:PORT, or a scheme the C core resolves with
+ * something after it. Everything else is refused with the flag or variable. */
+Test(opt, grpc_targets) {
+  const char *good[] = {"127.0.0.1:7070", "[::1]:7070", "orchestrator.svc:7070",
+                        "dns:///orchestrator.svc:7070", "dns:orchestrator:7070",
+                        "dns://8.8.8.8/orchestrator.svc:7070", "unix:/run/rlorch.sock",
+                        "unix:///run/rlorch.sock", "unix:relative.sock", "unix-abstract:rlorch",
+                        "ipv4:1.2.3.4:7070", "ipv4:1.2.3.4:7070,5.6.7.8:7070",
+                        "ipv6:[::1]:7070"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    t_opts o;
+    t_defaults(&o);
+    opt_state st;
+    cr_assert_eq(PARSE(&o, NULL, &st, "--grpc", (char *)good[i]), 0, "%s", st.err);
+    cr_assert_str_eq(o.grpc, good[i], "stored as given, for grpc_channel_create");
+    cr_assert(opt_is_target(good[i]), "%s", good[i]);
+    opt_free(&t_cmd, &o);
+    char var[128];
+    snprintf(var, sizeof var, "RLORCH_GRPC=%s", good[i]);
+    char *envp[] = {var, NULL};
+    t_defaults(&o);
+    cr_assert_eq(parse(&t_cmd, &o, envp, 1, (char *[]){"test", NULL}, &st), 0, "%s", st.err);
+    cr_assert_str_eq(o.grpc, good[i]);
+    cr_assert_str_eq(opt_origin(&st, "grpc"), "RLORCH_GRPC");
+    opt_free(&t_cmd, &o);
+  }
+  const char *bad[] = {"host", "host:", ":7070", "host:70000", "::1:7070", "dns:", "dns:///",
+                       "unix:", "unix://", "unix-abstract:", "ipv4:", "ipv6:", "http://h:80",
+                       "DNS:///h:1", "xds:///svc", "unix:/run/a\nb", "h:1 ", " h:1"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    cr_assert(!opt_is_target(bad[i]), "accepted \"%s\"", bad[i]);
+  cr_assert(!opt_is_target(""));
+  cr_assert(!opt_is_target(NULL));
+#define WANT_TARGET(v) \
+  "invalid gRPC target \"" v "\" (want HOST:PORT, or dns:, unix:, unix-abstract:, ipv4: or ipv6: " \
+  "and an address)"
+  EXPECT("rlorch test: --grpc: " WANT_TARGET("nohost"), "--grpc", "nohost");
+  EXPECT("rlorch test: --grpc: " WANT_TARGET("dns:///"), "--grpc=dns:///");
+  EXPECT("rlorch test: --grpc: " WANT_TARGET("http://h:80"), "--grpc", "http://h:80");
+  EXPECT("rlorch test: --grpc: missing value", "--grpc", "");
+  EXPECT_ENV("RLORCH_GRPC=unix:", "rlorch test: RLORCH_GRPC: " WANT_TARGET("unix:"));
+  EXPECT_ENV("RLORCH_GRPC=", "rlorch test: RLORCH_GRPC: empty value");
+  const char *file = write_file("g.yaml", "grpc: \"ipv4:\"\n");
+  char want[512];
+  snprintf(want, sizeof want, "rlorch test: %s:1: grpc: %s", file, WANT_TARGET("ipv4:"));
+  char path[256];
+  snprintf(path, sizeof path, "%s", file);
+  EXPECT(want, "--config", path);
+#undef WANT_TARGET
 }
 
 Test(opt, parse_addr) {
