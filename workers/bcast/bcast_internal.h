@@ -20,6 +20,16 @@ int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, i
 int bcast__cast_parallel(void *dst, bcast_dtype dst_dtype, const void *src,
                          bcast_dtype src_dtype, size_t n, int threads);
 
+/* The x86 vector features the host casts use: the CPU has them (cpuid) and
+ * the OS saves their registers (xgetbv). All 0 on other CPUs. One mechanism
+ * for every compiler: __builtin_cpu_supports does not know "f16c" in clang
+ * before 15. Reads the CPU each call (no cached state): a few hundred cycles
+ * against a cast of a whole bucket. */
+typedef struct bcast__cpu {
+  int avx2, f16c, avx512f, avx512bw;
+} bcast__cpu;
+void bcast__cpu_probe(bcast__cpu *c);
+
 /* Casts with one code path: 0 scalar, 1 AVX2+F16C, 2 AVX-512F (ENOTSUP when
  * the CPU lacks it); the best level this CPU offers. For tests and benches. */
 int bcast__cast_level(int level, void *dst, bcast_dtype dst_dtype, const void *src,
