@@ -774,7 +774,7 @@ static int fill_stats(exec_ctx *x, double total, bcast_stats *st, bcast_err *err
   st->total_s = total;
   st->wire_alone_s = x->g->calib_s;
   st->exposed_measured = 1;
-  st->exposed_s = total > st->wire_alone_s ? total - st->wire_alone_s : 0;
+  st->exposed_s = bcast__exposed_s(total, st->wire_alone_s);
   st->gbps = total > 0 ? (double)st->wire_bytes / total / 1e9 : 0;
   return BCAST_OK;
 }

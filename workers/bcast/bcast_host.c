@@ -225,7 +225,7 @@ static void fill_stats(bcast_stats *st, const bcast_plan *p, double t0, bcast_bu
   /* The wire ran alone for wire_s: what the total adds on top was not hidden. */
   st->wire_alone_s = st->wire_s;
   st->exposed_measured = 1;
-  st->exposed_s = st->total_s > st->wire_s ? st->total_s - st->wire_s : 0;
+  st->exposed_s = bcast__exposed_s(st->total_s, st->wire_alone_s);
   st->gbps = st->total_s > 0 ? (double)st->wire_bytes / st->total_s / 1e9 : 0;
 }
 

@@ -10,6 +10,10 @@
 /* Fills err (code and message) and returns the code. */
 int bcast__fail(bcast_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 double bcast__now(void); /* monotonic seconds */
+/* Staging time the broadcast did not hide: the wall time of the whole
+ * broadcast minus the time the same bytes take on the wire alone, 0 when the
+ * wire alone took as long or longer (every transport reports it this way). */
+double bcast__exposed_s(double total_s, double wire_alone_s);
 
 /* Matches a participant's local tensors to the plan by name: map[i] is the
  * index in `local` of plan tensor i (map has p->ntensors entries).  Checks

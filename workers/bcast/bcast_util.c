@@ -39,6 +39,10 @@ double bcast__now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double bcast__exposed_s(double total_s, double wire_alone_s) {
+  return total_s > wire_alone_s ? total_s - wire_alone_s : 0;
+}
+
 size_t bcast_dtype_size(bcast_dtype d) {
   switch (d) {
   case BCAST_DTYPE_FP32: return 4;
