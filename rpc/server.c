@@ -58,7 +58,6 @@ struct rpc_call {
   gpr_timespec deadline;
   grpc_byte_buffer *payload;
   rpc__tag t_new, t_recv, t_close, t_send, t_status;
-  int generic;
   int started;      /* arrived: counted in the hook, lives in `live` */
   int pending;      /* batches in flight */
   int holds;        /* rpc__hold: code on the stack still uses the call */
@@ -201,7 +200,6 @@ static rpc_call *rpc__call_alloc(rpc_server *s, rpc__entry *e) {
   if (!c) return NULL;
   c->s = s;
   c->e = e;
-  c->generic = e == NULL;
   c->t_new = (rpc__tag){RPC__T_NEW, c};
   c->t_recv = (rpc__tag){RPC__T_RECV, c};
   c->t_close = (rpc__tag){RPC__T_CLOSE, c};
@@ -469,7 +467,7 @@ static void rpc__on_new(rpc_server *s, rpc_call *c, int ok) {
   c->started = 1;
   rpc__list_add(&s->live, c);
   rpc__hold(c);
-  if (!c->generic) {
+  if (c->e) { /* requested for its method: the request came with it */
     rpc__dispatch_and_watch(c);
   } else {
     c->deadline = c->details.deadline;
@@ -936,7 +934,12 @@ static void rpc__on_grace(uv_timer_t *t) {
 /* Ends one open stream the handler has not ended; returns 0 when none is left. */
 static int rpc__end_one_stream(rpc_server *s) {
   for (rpc_call *c = s->live; c; c = c->next) {
-    if (!c->e || c->e->m.kind != RPC_SERVER_STREAM || c->ended || c->finish_pending) continue;
+    /* The analyser takes the call ended below for freed and still in `live`:
+     * rpc__end hands pointers into *c to gRPC, so it forgets that the call
+     * is a zombie (released, never freed here) and that rpc__end took it off
+     * `live`. */
+    if (!c->e || c->e->m.kind != RPC_SERVER_STREAM || c->ended || c->finish_pending) // NOLINT(clang-analyzer-unix.Malloc)
+      continue;
     void (*cb)(rpc_call *, void *) = c->on_cancel;
     c->on_cancel = NULL;
     c->zombie = 1;

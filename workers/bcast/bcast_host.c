@@ -149,8 +149,13 @@ int bcast__host_listen(const char *addr, int *fdp, char *bound, size_t boundlen,
   freeaddrinfo(res);
   if (fd < 0) return bcast__fail(err, BCAST_EIO, "host_listen '%s': %s", addr, strerror(e ? e : EADDRNOTAVAIL));
   struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof ss); /* never read what the kernel did not write */
   socklen_t sl = sizeof ss;
-  getsockname(fd, (struct sockaddr *)&ss, &sl);
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl)) { /* the bound port is the whole point */
+    e = errno;
+    close(fd);
+    return bcast__fail(err, BCAST_EIO, "host_listen '%s': getsockname: %s", addr, strerror(e));
+  }
   name_of(&ss, bound, boundlen);
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   *fdp = fd;

@@ -7,8 +7,17 @@
 
 #include <stdarg.h>
 
-/* Fills err (code and message) and returns the code. */
-int bcast__fail(bcast_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Fills err (code and message) and returns the code. A macro so that the
+ * caller (and the static analyser, which follows no variadic call) sees the
+ * value is `code`, evaluated once: `rc = bcast__fail(...)` is never BCAST_OK
+ * on any path it explores. */
+void bcast__failf(bcast_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define bcast__fail(err, code, ...)                                                                \
+  __extension__({                                                                                  \
+    int bcast__code_ = (code);                                                                     \
+    bcast__failf((err), bcast__code_, __VA_ARGS__);                                                \
+    bcast__code_;                                                                                  \
+  })
 double bcast__now(void); /* monotonic seconds */
 /* Staging time the broadcast did not hide: the wall time of the whole
  * broadcast minus the time the same bytes take on the wire alone, 0 when the

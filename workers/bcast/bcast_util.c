@@ -22,15 +22,13 @@ const char *bcast_strerror(int code) {
   }
 }
 
-int bcast__fail(bcast_err *err, int code, const char *fmt, ...) {
-  if (err) {
-    err->code = code;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-  }
-  return code;
+void bcast__failf(bcast_err *err, int code, const char *fmt, ...) {
+  if (!err) return;
+  err->code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  va_end(ap);
 }
 
 double bcast__now(void) {
