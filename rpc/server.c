@@ -617,6 +617,7 @@ int rpc_call_send(rpc_call *c, const ProtobufCMessage *msg) {
   rpc__unhold(c);
   return 0;
 }
+
 int rpc_call_finish(rpc_call *c, grpc_status_code code, const char *msg) {
   if (c->ended || c->finish_pending) return -1;
   if (c->reply_bb || c->qlen) {
@@ -938,7 +939,7 @@ static int rpc__end_one_stream(rpc_server *s) {
      * rpc__end hands pointers into *c to gRPC, so it forgets that the call
      * is a zombie (released, never freed here) and that rpc__end took it off
      * `live`. */
-    if (!c->e || c->e->m.kind != RPC_SERVER_STREAM || c->ended || c->finish_pending) // NOLINT(clang-analyzer-unix.Malloc)
+    if (!c->e || c->e->m.kind != RPC_SERVER_STREAM || c->ended || c->finish_pending) /* NOLINT(clang-analyzer-unix.Malloc) */
       continue;
     void (*cb)(rpc_call *, void *) = c->on_cancel;
     c->on_cancel = NULL;
