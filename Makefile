@@ -1,17 +1,20 @@
 # Thin wrapper over CMake. `make run` and `make test` do all the set-up on a
 # fresh Debian 12 machine: as root they install the missing packages first.
 
-BUILD      ?= build
-ASAN_BUILD ?= build-asan
-JOBS       ?= $(shell nproc)
-CMAKE_ARGS ?=
+BUILD       ?= build
+ASAN_BUILD  ?= build-asan
+CLANG_BUILD ?= build-clang
+JOBS        ?= $(shell nproc)
+CMAKE_ARGS  ?=
+# Warnings as errors: off for a developer's `make build`, on in `make test`.
+WERROR      ?= OFF
 
 DEB_PKGS := build-essential cmake ninja-build pkg-config git ca-certificates \
             libuv1-dev libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
             libcriterion-dev libyaml-dev libhttp-parser-dev libsqlite3-dev \
-            libxxhash-dev sqlite3 prometheus curl python3
+            libxxhash-dev sqlite3 prometheus curl python3 clang-14 clang-tidy-14
 
-.PHONY: all deps build run test test-unit test-asan test-gpu bench clean node-deps
+.PHONY: all deps build run test test-unit test-asan test-clang test-gpu bench clean node-deps
 
 all: build
 
@@ -28,7 +31,7 @@ deps:
 	fi
 
 $(BUILD)/build.ninja:
-	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -G Ninja -DRLORCH_WERROR=$(WERROR) $(CMAKE_ARGS)
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -40,10 +43,14 @@ run: build
 	./$(BUILD)/rlorch run --data-dir $(BUILD)/run-data
 
 # The whole suite: unit and integration tests on a normal build, then again
-# under AddressSanitizer and UndefinedBehaviorSanitizer.
-test: build node-deps
+# under AddressSanitizer and UndefinedBehaviorSanitizer, then the clang build
+# and the static analysis gate; warnings are errors in every build.
+test: deps node-deps
+	cmake -S . -B $(BUILD) -G Ninja -DRLORCH_WERROR=ON $(CMAKE_ARGS)
+	cmake --build $(BUILD) -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -LE gpu -j 2
-	$(MAKE) test-asan
+	$(MAKE) test-asan WERROR=ON
+	$(MAKE) test-clang
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -L unit
@@ -52,13 +59,23 @@ test-unit: build
 # and no GPU code runs where the sanitizers do.
 test-asan: deps node-deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DRLORCH_SANITIZE=address,undefined \
-	      -DRLORCH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug $(CMAKE_ARGS)
+	      -DRLORCH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug -DRLORCH_WERROR=$(WERROR) $(CMAKE_ARGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -LE gpu -j 2
+
+# The tree with clang 14 (without CUDA), warnings as errors, its unit tests
+# run; then clang-tidy's analyser over rpc/, orchestrator/ and workers/ with
+# that build's compile_commands.json (tests/lint/tidy.sh).
+test-clang: deps
+	CC=clang-14 CXX=clang++-14 cmake -S . -B $(CLANG_BUILD) -G Ninja -DRLORCH_WITH_CUDA=OFF \
+	      -DRLORCH_WERROR=ON $(CMAKE_ARGS)
+	cmake --build $(CLANG_BUILD) -j $(JOBS)
+	cd $(CLANG_BUILD) && ctest --output-on-failure -L unit -j 2
+	JOBS=$(JOBS) tests/lint/tidy.sh $(CLANG_BUILD)
 
 test-gpu: build
 	cd $(BUILD) && ctest --output-on-failure -L gpu
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(CLANG_BUILD)

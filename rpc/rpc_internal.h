@@ -53,4 +53,12 @@ void rpc__health_methods(rpc__health *h, rpc_method out[2]);
 /* Declares a service as known with a status; notifies watchers on change. */
 void rpc__health_set(rpc__health *h, const char *service, int status);
 
+/* ---- test hook (server.c) ---------------------------------------------------- */
+/* For unit tests only: lets the next `skip` grpc_call_start_batch calls of
+ * this server through, then makes the `fail` after them fail as if gRPC had
+ * refused them. gRPC refuses a batch only on a misuse of its API, so the
+ * error paths behind a refused batch cannot be reached from a client; this
+ * is how their tests reach them. Call it on the loop thread. */
+void rpc__test_fail_batches(rpc_server *s, int skip, int fail);
+
 #endif

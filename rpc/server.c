@@ -58,9 +58,9 @@ struct rpc_call {
   gpr_timespec deadline;
   grpc_byte_buffer *payload;
   rpc__tag t_new, t_recv, t_close, t_send, t_status;
-  int generic;
   int started;      /* arrived: counted in the hook, lives in `live` */
   int pending;      /* batches in flight */
+  int holds;        /* rpc__hold: code on the stack still uses the call */
   int cancelled;    /* RECV_CLOSE_ON_SERVER said so, or a send failed */
   int client_cancelled; /* value written by RECV_CLOSE_ON_SERVER */
   int close_done;
@@ -70,6 +70,7 @@ struct rpc_call {
   int status_done, status_ok;
   int md_sent;
   int finish_pending; /* stream ended by the handler, queue still draining */
+  int send_failed;    /* a stream message could not be started */
   int zombie;         /* ended by the server at shutdown: memory kept until free */
   int released;       /* gRPC resources given back */
   double cancel_deadline_left; /* deadline seconds left when cancelled */
@@ -114,6 +115,7 @@ struct rpc_server {
   int shutting_down, notified, cancelled_all, finishing, closed;
   void (*done)(void *);
   void *done_ud;
+  int test_skip_batches, test_fail_batches; /* rpc__test_fail_batches */
 };
 
 static void rpc__on_event(rpc_server *s, rpc__tag *tag, int ok);
@@ -198,7 +200,6 @@ static rpc_call *rpc__call_alloc(rpc_server *s, rpc__entry *e) {
   if (!c) return NULL;
   c->s = s;
   c->e = e;
-  c->generic = e == NULL;
   c->t_new = (rpc__tag){RPC__T_NEW, c};
   c->t_recv = (rpc__tag){RPC__T_RECV, c};
   c->t_close = (rpc__tag){RPC__T_CLOSE, c};
@@ -274,6 +275,13 @@ static void rpc__rearm(rpc_server *s) {
 }
 
 static int rpc__batch(rpc_call *c, const grpc_op *ops, size_t n, rpc__tag *tag) {
+  rpc_server *s = c->s;
+  if (s->test_skip_batches > 0) {
+    s->test_skip_batches--;
+  } else if (s->test_fail_batches > 0) {
+    s->test_fail_batches--;
+    return -1;
+  }
   grpc_call_error err = grpc_call_start_batch(c->call, ops, n, tag, NULL);
   if (err != GRPC_CALL_OK) return -1;
   c->pending++;
@@ -289,9 +297,10 @@ static grpc_status_code rpc__effective_code(const rpc_call *c) {
 }
 
 /* gRPC is done with the call once its final batch and RECV_CLOSE_ON_SERVER
- * have completed; only then can its memory go. */
+ * have completed; only then can its memory go, and only when no code up the
+ * stack still holds it (see rpc__hold). */
 static void rpc__maybe_free(rpc_call *c) {
-  if (!c->ended || !c->status_done || c->pending > 0 || c->released) return;
+  if (!c->ended || !c->status_done || c->pending > 0 || c->holds > 0 || c->released) return;
   rpc_server *s = c->s;
   if (s->o.on_call_done)
     s->o.on_call_done(rpc_call_method(c), rpc__effective_code(c), rpc__now() - c->t0,
@@ -305,18 +314,38 @@ static void rpc__maybe_free(rpc_call *c) {
   rpc__check_shutdown(s);
 }
 
+/* Every entry into a call's state machine (a completion, a handler's reply,
+ * a send, a shutdown) holds the call for its whole run: whatever it calls may
+ * end the call, and ending it may make it free to go (a failed final batch
+ * completes nothing), yet the caller still reads it afterwards. The memory
+ * goes in the outermost rpc__unhold, never under a caller's feet. */
+static void rpc__hold(rpc_call *c) { c->holds++; }
+
+static void rpc__unhold(rpc_call *c) {
+  c->holds--;
+  rpc__maybe_free(c);
+}
+
 /* Starts the final batch: initial metadata if not sent, the unary reply if
- * any, the status. */
+ * any, the status. Runs under a hold (every caller has one), so `c` stays
+ * valid here even when the batch fails. */
 static int rpc__end(rpc_call *c, grpc_status_code code, const char *msg,
                     grpc_byte_buffer *reply) {
+  rpc_server *s = c->s;
   grpc_op ops[4];
   size_t n = 0;
   memset(ops, 0, sizeof ops);
+  /* Messages were lost: OK would make the client take what it got for the
+   * whole stream. */
+  if (c->send_failed && code == GRPC_STATUS_OK) {
+    code = GRPC_STATUS_INTERNAL;
+    msg = "a stream message could not be sent";
+  }
   c->ended = 1;
   c->finish_pending = 0;
   c->code = code;
-  if (c->started) rpc__list_del(&c->s->live, c);
-  if (c->zombie) rpc__list_add(&c->s->zombies, c);
+  if (c->started) rpc__list_del(&s->live, c);
+  if (c->zombie) rpc__list_add(&s->zombies, c);
   if (!c->md_sent) {
     ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
     c->md_sent = 1;
@@ -337,11 +366,9 @@ static int rpc__end(rpc_call *c, grpc_status_code code, const char *msg,
     ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     ops[n++].data.recv_close_on_server.cancelled = &c->client_cancelled;
   }
-  if (rpc__batch(c, ops, n, &c->t_status) < 0) {
-    c->status_done = 1; /* nothing will complete: behave as if it had */
-    rpc__maybe_free(c);
-  }
-  if (c->s->shutting_down) rpc__check_shutdown(c->s);
+  if (rpc__batch(c, ops, n, &c->t_status) < 0)
+    c->status_done = 1; /* nothing will complete: the caller's unhold frees it */
+  if (s->shutting_down) rpc__check_shutdown(s);
   return 0;
 }
 
@@ -415,13 +442,10 @@ static void rpc__watch_close(rpc_call *c) {
   if (rpc__batch(c, &op, 1, &c->t_close) < 0) c->close_done = 1;
 }
 
-/* The extra pending count keeps the call alive through the handler, which
- * may end it; the caller runs rpc__maybe_free afterwards. */
-static void rpc__dispatch_guarded(rpc_call *c) {
-  c->pending++;
+/* Runs under the caller's hold: the handler may end the call. */
+static void rpc__dispatch_and_watch(rpc_call *c) {
   rpc__dispatch(c);
   rpc__watch_close(c);
-  c->pending--;
 }
 
 /* A requested call arrived. RECV_CLOSE_ON_SERVER is started right after the
@@ -442,8 +466,9 @@ static void rpc__on_new(rpc_server *s, rpc_call *c, int ok) {
   c->t0 = rpc__now();
   c->started = 1;
   rpc__list_add(&s->live, c);
-  if (!c->generic) {
-    rpc__dispatch_guarded(c);
+  rpc__hold(c);
+  if (c->e) { /* requested for its method: the request came with it */
+    rpc__dispatch_and_watch(c);
   } else {
     c->deadline = c->details.deadline;
     c->method = grpc_slice_to_c_string(c->details.method);
@@ -463,7 +488,7 @@ static void rpc__on_new(rpc_server *s, rpc_call *c, int ok) {
         rpc__fail_now(c, GRPC_STATUS_INTERNAL, "cannot read the request");
     }
   }
-  rpc__maybe_free(c);
+  rpc__unhold(c); /* may free c */
   rpc__rearm(s);
 }
 
@@ -493,17 +518,24 @@ static void rpc__notice_cancel(rpc_call *c) {
 
 static void rpc__on_event(rpc_server *s, rpc__tag *tag, int ok) {
   rpc_call *c = tag->c;
-  switch (tag->kind) {
-  case RPC__T_NEW:
+  if (tag->kind == RPC__T_NEW) {
     rpc__on_new(s, c, ok);
     return;
+  }
+  if (tag->kind == RPC__T_SHUTDOWN) {
+    s->notified = 1;
+    rpc__check_shutdown(s);
+    return;
+  }
+  rpc__hold(c);
+  switch (tag->kind) {
   case RPC__T_RECV:
     c->pending--;
     if (!ok) {
       rpc__notice_cancel(c);
       if (!c->ended) rpc__fail_now(c, GRPC_STATUS_CANCELLED, "request not received");
     } else if (!c->ended) {
-      rpc__dispatch_guarded(c);
+      rpc__dispatch_and_watch(c);
     }
     break;
   case RPC__T_CLOSE:
@@ -524,12 +556,10 @@ static void rpc__on_event(rpc_server *s, rpc__tag *tag, int ok) {
     c->status_ok = ok;
     if (c->close_merged) c->close_done = 1;
     break;
-  case RPC__T_SHUTDOWN:
-    s->notified = 1;
-    rpc__check_shutdown(s);
-    return;
+  default:
+    break;
   }
-  rpc__maybe_free(c);
+  rpc__unhold(c); /* may free c */
 }
 
 /* ---- streams ------------------------------------------------------------------ */
@@ -542,7 +572,8 @@ static void rpc__pump(rpc_call *c) {
     grpc_op ops[2];
     size_t n = 0;
     memset(ops, 0, sizeof ops);
-    if (!c->md_sent) {
+    int md_now = !c->md_sent;
+    if (md_now) {
       ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
       c->md_sent = 1;
     }
@@ -554,6 +585,8 @@ static void rpc__pump(rpc_call *c) {
     if (rpc__batch(c, ops, n, &c->t_send) < 0) {
       grpc_byte_buffer_destroy(c->reply_bb);
       c->reply_bb = NULL;
+      c->send_failed = 1;
+      if (md_now) c->md_sent = 0; /* it did not go out: the status batch sends it */
       rpc__notice_cancel(c);
     }
     return;
@@ -561,21 +594,27 @@ static void rpc__pump(rpc_call *c) {
   if (c->finish_pending) rpc__end(c, c->code, c->finish_msg, NULL);
 }
 
+/* Doubles the ring of queued stream messages; -1 when out of memory. */
+static int rpc__queue_grow(rpc_call *c) {
+  size_t cap = c->qcap ? c->qcap * 2 : 8;
+  grpc_byte_buffer **q = malloc(cap * sizeof *q);
+  if (!q) return -1;
+  for (size_t i = 0; i < c->qlen; i++) q[i] = c->q[(c->qhead + i) % c->qcap];
+  free(c->q);
+  c->q = q;
+  c->qcap = cap;
+  c->qhead = 0;
+  return 0;
+}
+
 int rpc_call_send(rpc_call *c, const ProtobufCMessage *msg) {
   if (c->ended || c->finish_pending || c->cancelled) return -1;
-  if (c->qlen == c->qcap) {
-    size_t cap = c->qcap ? c->qcap * 2 : 8;
-    grpc_byte_buffer **q = malloc(cap * sizeof *q);
-    if (!q) return -1;
-    for (size_t i = 0; i < c->qlen; i++) q[i] = c->q[(c->qhead + i) % c->qcap];
-    free(c->q);
-    c->q = q;
-    c->qcap = cap;
-    c->qhead = 0;
-  }
+  if (c->qlen == c->qcap && rpc__queue_grow(c) < 0) return -1;
   c->q[(c->qhead + c->qlen) % c->qcap] = rpc__encode(msg);
   c->qlen++;
+  rpc__hold(c);
   rpc__pump(c);
+  rpc__unhold(c);
   return 0;
 }
 
@@ -587,12 +626,18 @@ int rpc_call_finish(rpc_call *c, grpc_status_code code, const char *msg) {
     c->finish_msg = strdup(msg ? msg : "");
     return 0;
   }
-  return rpc__end(c, code, msg, NULL);
+  rpc__hold(c);
+  int rc = rpc__end(c, code, msg, NULL);
+  rpc__unhold(c);
+  return rc;
 }
 
 int rpc_call_reply(rpc_call *c, const ProtobufCMessage *resp) {
   if (c->ended || c->finish_pending) return -1;
-  return rpc__end(c, GRPC_STATUS_OK, "", rpc__encode(resp));
+  rpc__hold(c);
+  int rc = rpc__end(c, GRPC_STATUS_OK, "", rpc__encode(resp));
+  rpc__unhold(c);
+  return rc;
 }
 
 int rpc_call_fail(rpc_call *c, grpc_status_code code, const char *fmt, ...) {
@@ -602,8 +647,7 @@ int rpc_call_fail(rpc_call *c, grpc_status_code code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  if (c->reply_bb || c->qlen) return rpc_call_finish(c, code, buf);
-  return rpc__end(c, code, buf, NULL);
+  return rpc_call_finish(c, code, buf);
 }
 
 const char *rpc_call_method(const rpc_call *c) {
@@ -891,10 +935,16 @@ static void rpc__on_grace(uv_timer_t *t) {
 /* Ends one open stream the handler has not ended; returns 0 when none is left. */
 static int rpc__end_one_stream(rpc_server *s) {
   for (rpc_call *c = s->live; c; c = c->next) {
-    if (!c->e || c->e->m.kind != RPC_SERVER_STREAM || c->ended || c->finish_pending) continue;
+    /* The analyser takes the call ended below for freed and still in `live`:
+     * rpc__end hands pointers into *c to gRPC, so it forgets that the call
+     * is a zombie (released, never freed here) and that rpc__end took it off
+     * `live`. */
+    if (!c->e || c->e->m.kind != RPC_SERVER_STREAM || c->ended || c->finish_pending) /* NOLINT(clang-analyzer-unix.Malloc) */
+      continue;
     void (*cb)(rpc_call *, void *) = c->on_cancel;
     c->on_cancel = NULL;
     c->zombie = 1;
+    rpc__hold(c);
     for (size_t i = 0; i < c->qlen; i++) grpc_byte_buffer_destroy(c->q[(c->qhead + i) % c->qcap]);
     c->qlen = 0;
     c->cancelled = 1; /* sends fail from now on */
@@ -907,6 +957,7 @@ static int rpc__end_one_stream(rpc_server *s) {
       rpc__end(c, GRPC_STATUS_UNAVAILABLE, "server shutting down", NULL);
     }
     if (cb) cb(c, c->cancel_ud);
+    rpc__unhold(c); /* a zombie: released, its memory kept for the handler */
     return 1;
   }
   return 0;
@@ -924,6 +975,11 @@ void rpc_server_shutdown(rpc_server *s, void (*done)(void *ud), void *ud) {
   if (rpc__unary_live(s))
     uv_timer_start(&s->grace, rpc__on_grace, (uint64_t)(grace * 1e3), 0);
   rpc__check_shutdown(s);
+}
+
+void rpc__test_fail_batches(rpc_server *s, int skip, int fail) {
+  s->test_skip_batches = skip;
+  s->test_fail_batches = fail;
 }
 
 void rpc_server_free(rpc_server *s) {

@@ -1,6 +1,7 @@
 /* CPU casts: exact against independent references, vector paths equal to scalar. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,11 +55,14 @@ __attribute__((target("f16c"))) static uint16_t hw_f16(uint32_t x) {
   return (uint16_t)_cvtss_sh(u2f(x), _MM_FROUND_TO_NEAREST_INT);
 }
 __attribute__((target("f16c"))) static uint32_t hw_f16_to_f32(uint16_t h) { return f2u(_cvtsh_ss(h)); }
-static int have_f16c(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("f16c");
-}
 #endif
+
+/* Whether the reference F16C path can run here (probed once per test). */
+static int have_f16c(void) {
+  bcast__cpu cpu;
+  bcast__cpu_probe(&cpu);
+  return cpu.f16c;
+}
 
 static const uint32_t specials[] = {
     0x00000000, 0x80000000, 0x7f800000, 0xff800000, /* zeros, infinities */
@@ -87,6 +91,7 @@ static uint32_t rnd(void) { /* xorshift32: deterministic */
 }
 
 Test(bcast_cast, specials_match_reference) {
+  int f16c = have_f16c();
   for (size_t i = 0; i < NSPEC; i++) {
     uint32_t x = specials[i];
     cr_assert_eq(bcast_f32_to_bf16(u2f(x)), ref_bf16(x), "bf16 of %08x: %04x vs %04x", x,
@@ -94,7 +99,7 @@ Test(bcast_cast, specials_match_reference) {
     cr_assert_eq(bcast_f32_to_f16(u2f(x)), ref_f16(x), "fp16 of %08x: %04x vs %04x", x, bcast_f32_to_f16(u2f(x)),
                  ref_f16(x));
 #if defined(__x86_64__)
-    if (have_f16c()) cr_assert_eq(bcast_f32_to_f16(u2f(x)), hw_f16(x), "fp16 of %08x vs F16C", x);
+    if (f16c) cr_assert_eq(bcast_f32_to_f16(u2f(x)), hw_f16(x), "fp16 of %08x vs F16C", x);
 #endif
   }
   /* spot checks that pin the semantics, not just agreement */
@@ -113,6 +118,7 @@ Test(bcast_cast, specials_match_reference) {
 }
 
 Test(bcast_cast, millions_of_random_inputs_match_reference) {
+  int f16c = have_f16c();
   for (int i = 0; i < 4000000; i++) {
     uint32_t x = rnd();
     if (i & 1) x = (x & 0x8000ffffu) | (0x30000000u + (x & 0x0fff0000u)); /* near fp16 range */
@@ -120,12 +126,13 @@ Test(bcast_cast, millions_of_random_inputs_match_reference) {
     if (b != ref_bf16(x)) cr_assert_fail("bf16 of %08x: %04x vs %04x", x, b, ref_bf16(x));
     if (h != ref_f16(x)) cr_assert_fail("fp16 of %08x: %04x vs %04x", x, h, ref_f16(x));
 #if defined(__x86_64__)
-    if ((i & 7) == 0 && have_f16c() && h != hw_f16(x)) cr_assert_fail("fp16 of %08x vs F16C", x);
+    if ((i & 7) == 0 && f16c && h != hw_f16(x)) cr_assert_fail("fp16 of %08x vs F16C", x);
 #endif
   }
 }
 
 Test(bcast_cast, all_16_bit_values_widen_exactly) {
+  int f16c = have_f16c();
   for (uint32_t v = 0; v < 65536; v++) {
     uint16_t h = (uint16_t)v;
     cr_assert_eq(f2u(bcast_bf16_to_f32(h)), v << 16);
@@ -142,7 +149,7 @@ Test(bcast_cast, all_16_bit_values_widen_exactly) {
       cr_assert_eq(signbit(f) != 0, s != 0);
     }
 #if defined(__x86_64__)
-    if (have_f16c()) cr_assert_eq(f2u(f), hw_f16_to_f32(h), "%04x vs F16C", v);
+    if (f16c) cr_assert_eq(f2u(f), hw_f16_to_f32(h), "%04x vs F16C", v);
 #endif
     /* narrowing a widened value returns it (NaNs: quiet form) */
     if (!(e == 0x1f && m)) {
@@ -202,4 +209,40 @@ Test(bcast_cast, unsupported_pairs_and_checksum) {
   a[2] ^= 1;
   cr_assert_neq(c, bcast_checksum64(a, sizeof a));
   cr_assert_neq(bcast_checksum64("", 0), bcast_checksum64("a", 1));
+}
+
+/* The probe against the kernel's own reading of the CPU (/proc/cpuinfo lists
+ * a vector feature only when the OS also enables its register state). */
+static int cpuinfo_has(const char *flags, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = flags; (p = strstr(p, name)) != NULL; p += n)
+    if ((p == flags || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\n' || p[n] == '\0')) return 1;
+  return 0;
+}
+
+Test(bcast_cast, cpu_probe_agrees_with_proc_cpuinfo) {
+#if !defined(__x86_64__) || !defined(__linux__)
+  cr_skip_test("x86-64 Linux only");
+#else
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) cr_skip_test("no /proc/cpuinfo");
+  static char line[1 << 14];
+  int found = 0;
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "flags", 5)) {
+      found = 1;
+      break;
+    }
+  fclose(f);
+  if (!found) cr_skip_test("no flags line in /proc/cpuinfo");
+  const char *flags = strchr(line, ':');
+  cr_assert_not_null(flags);
+  bcast__cpu cpu;
+  bcast__cpu_probe(&cpu);
+  cr_assert_eq(cpu.f16c, cpuinfo_has(flags, "f16c"), "f16c");
+  cr_assert_eq(cpu.avx2, cpuinfo_has(flags, "avx2"), "avx2");
+  cr_assert_eq(cpu.avx512f, cpuinfo_has(flags, "avx512f"), "avx512f");
+  cr_assert_eq(cpu.avx512bw, cpuinfo_has(flags, "avx512bw"), "avx512bw");
+  cr_assert_eq(bcast__cast_best_level(), cpu.avx512f ? 2 : (cpu.avx2 && cpu.f16c) ? 1 : 0);
+#endif
 }

@@ -180,10 +180,23 @@ static void run_end_to_end(uint32_t receivers) {
     cr_assert_eq(st.nbuckets, p->nbuckets);
     cr_assert_eq(st.wire_bytes, bcast_plan_wire_bytes(p));
     cr_assert_gt(st.total_s, 0);
-    cr_assert_geq(st.exposed_s, 0);
+    /* The host wire runs alone: its alone time is the sum of the buckets'
+     * wire times, and what the total adds on top of it is exposed. */
+    double wire = 0, cast = 0;
+    for (uint32_t k = 0; k < st.nbuckets; k++) {
+      cr_assert_eq(st.buckets[k].bucket, k);
+      cr_assert_geq(st.buckets[k].wire_s, 0);
+      wire += st.buckets[k].wire_s;
+      cast += st.buckets[k].cast_s;
+    }
+    cr_assert_float_eq(st.wire_s, wire, 1e-9);
+    cr_assert_float_eq(st.cast_s, cast, 1e-9);
     cr_assert(st.exposed_measured);
-    cr_assert_gt(st.gbps, 0);
-    for (uint32_t k = 0; k < st.nbuckets; k++) cr_assert_eq(st.buckets[k].bucket, k);
+    cr_assert_float_eq(st.wire_alone_s, wire, 1e-9);
+    cr_assert_leq(wire, st.total_s, "the buckets' wire time is part of the total");
+    cr_assert_float_eq(st.exposed_s, st.total_s - wire, 1e-9, "exposed %.9f, total %.9f, wire %.9f",
+                       st.exposed_s, st.total_s, wire);
+    cr_assert_float_eq(st.gbps, (double)st.wire_bytes / st.total_s / 1e9, 1e-9);
     bcast_stats_free(&st);
     wait_children(pids, (int)receivers);
   }
@@ -449,4 +462,14 @@ Test(bcast_host, unsupported_requests_say_why) {
   bcast_plan_free(p);
   bcast_engine_free(root);
   fixture_free(&f);
+}
+
+Test(bcast_host, exposed_time_is_total_minus_wire_alone_clamped_at_zero) {
+  cr_assert_float_eq(bcast__exposed_s(1.5, 0.9), 0.6, 1e-12);
+  cr_assert_float_eq(bcast__exposed_s(0.9, 0.0), 0.9, 1e-12);
+  cr_assert_eq(bcast__exposed_s(0.9, 0.9), 0.0);
+  /* A calibrated wire-alone time above this broadcast's total (the GPU path
+   * measures it once, apart): nothing was exposed, never a negative time. */
+  cr_assert_eq(bcast__exposed_s(0.5, 0.9), 0.0);
+  cr_assert_eq(bcast__exposed_s(0.0, 1e-9), 0.0);
 }

@@ -303,7 +303,7 @@ Test(sched_sim, thousand_workers_fifty_steps, .timeout = 240) {
     lost += w.state == SCHED_WORKER_LOST;
   }
   cr_assert_gt(lost, 0, "some workers should have died on the way");
-  cr_assert_eq(ri.inference, NINF - lost);
+  cr_assert_eq((int)ri.inference, NINF - lost);
   sched_free(m->s);
   free(m->heap);
   free(m->version_of);

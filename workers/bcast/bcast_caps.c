@@ -4,17 +4,49 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "workers/bcast/bcast_internal.h"
+
+#if defined(__x86_64__)
+/* XCR0: the register state the OS saves on a context switch. */
+static uint64_t bcast__xcr0(void) {
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+void bcast__cpu_probe(bcast__cpu *c) {
+  memset(c, 0, sizeof *c);
+#if defined(__x86_64__)
+  unsigned int a, b, cx, d;
+  if (!__get_cpuid(1, &a, &b, &cx, &d)) return;
+  /* Every feature here is VEX/EVEX-encoded: useless unless the OS saves the
+   * YMM (and for AVX-512 the opmask and ZMM) state. */
+  if (!(cx & bit_OSXSAVE) || !(cx & bit_AVX)) return;
+  uint64_t xcr0 = bcast__xcr0();
+  if ((xcr0 & 0x6) != 0x6) return; /* SSE and AVX state */
+  int zmm_state = (xcr0 & 0xe6) == 0xe6; /* plus opmask, ZMM0-15 upper, ZMM16-31 */
+  c->f16c = (cx & bit_F16C) != 0;
+  if (__get_cpuid_max(0, NULL) < 7) return;
+  __cpuid_count(7, 0, a, b, cx, d);
+  c->avx2 = (b & bit_AVX2) != 0;
+  c->avx512f = zmm_state && (b & bit_AVX512F) != 0;
+  c->avx512bw = zmm_state && (b & bit_AVX512BW) != 0;
+#endif
+}
 
 void bcast_caps_probe(bcast_caps *c) {
   memset(c, 0, sizeof *c);
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   c->cpu_threads = n > 0 ? (int)n : 1;
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  c->cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  c->cpu_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-#endif
+  bcast__cpu cpu;
+  bcast__cpu_probe(&cpu);
+  c->cpu_avx2 = cpu.avx2 && cpu.f16c;
+  c->cpu_avx512 = cpu.avx512f && cpu.avx512bw;
   struct rlimit rl;
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   uint64_t phys = (pages > 0 && psz > 0) ? (uint64_t)pages * (uint64_t)psz : 0;

@@ -202,12 +202,12 @@ static size_t cast_avx512(cast_kind k, void *dst, const void *src, size_t n) {
 #endif
 
 static int level_available(int level) {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (level == 2) return __builtin_cpu_supports("avx512f");
-  if (level == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-#endif
-  return level == 0;
+  if (level == 0) return 1;
+  bcast__cpu cpu;
+  bcast__cpu_probe(&cpu);
+  if (level == 2) return cpu.avx512f;
+  if (level == 1) return cpu.avx2 && cpu.f16c;
+  return 0;
 }
 
 int bcast__cast_best_level(void) { return level_available(2) ? 2 : level_available(1) ? 1 : 0; }

@@ -774,7 +774,7 @@ static int fill_stats(exec_ctx *x, double total, bcast_stats *st, bcast_err *err
   st->total_s = total;
   st->wire_alone_s = x->g->calib_s;
   st->exposed_measured = 1;
-  st->exposed_s = total > st->wire_alone_s ? total - st->wire_alone_s : 0;
+  st->exposed_s = bcast__exposed_s(total, st->wire_alone_s);
   st->gbps = total > 0 ? (double)st->wire_bytes / total / 1e9 : 0;
   return BCAST_OK;
 }
@@ -829,7 +829,6 @@ int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank, const b
   cudaError_t ce = cudaSetDevice(g->device);
   if (ce != cudaSuccess)
     return CUDA_FAIL(err, ce, "cudaSetDevice(%d): %s", g->device, cudaGetErrorString(ce));
-  double t0 = bcast__now();
   exec_ctx x = {.g = g, .p = p, .rank = rank};
   x.deadline_s = deadline_from(g->timeout_s, p->deadline_unix_ms);
   x.loc = calloc(p->ntensors ? p->ntensors : 1, sizeof *x.loc);
@@ -849,7 +848,7 @@ int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank, const b
   if ((rc = ev_ensure(g, p->nbuckets, err))) goto out;
   x.ev = g->ev;
   x.deadline_s = deadline_from(g->timeout_s, p->deadline_unix_ms);
-  t0 = bcast__now();
+  double t0 = bcast__now(); /* the broadcast proper: set-up above is not counted */
   for (uint32_t k = 0; k < p->nbuckets && !rc; k++)
     rc = p->buckets[k].source_rank == rank ? enqueue_send(&x, k, err) : enqueue_recv(&x, k, err);
   /* Completion, bucket by bucket: each finished bucket re-arms the stall deadline. */

@@ -152,8 +152,13 @@ int bcast__host_listen(const char *addr, int *fdp, char *bound, size_t boundlen,
   freeaddrinfo(res);
   if (fd < 0) return bcast__fail(err, BCAST_EIO, "host_listen '%s': %s", addr, strerror(e ? e : EADDRNOTAVAIL));
   struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof ss); /* never read what the kernel did not write */
   socklen_t sl = sizeof ss;
-  getsockname(fd, (struct sockaddr *)&ss, &sl);
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl)) { /* the bound port is the whole point */
+    e = errno;
+    close(fd);
+    return bcast__fail(err, BCAST_EIO, "host_listen '%s': getsockname: %s", addr, strerror(e));
+  }
   name_of(&ss, bound, boundlen);
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   *fdp = fd;
@@ -248,7 +253,7 @@ static void fill_stats(bcast_stats *st, const bcast_plan *p, double t0, bcast_bu
   /* The wire ran alone for wire_s: what the total adds on top was not hidden. */
   st->wire_alone_s = st->wire_s;
   st->exposed_measured = 1;
-  st->exposed_s = st->total_s > st->wire_s ? st->total_s - st->wire_s : 0;
+  st->exposed_s = bcast__exposed_s(st->total_s, st->wire_alone_s);
   st->gbps = st->total_s > 0 ? (double)st->wire_bytes / st->total_s / 1e9 : 0;
 }
 

@@ -7,9 +7,22 @@
 
 #include <stdarg.h>
 
-/* Fills err (code and message) and returns the code. */
-int bcast__fail(bcast_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Fills err (code and message) and returns the code. A macro so that the
+ * caller (and the static analyser, which follows no variadic call) sees the
+ * value is `code`, evaluated once: `rc = bcast__fail(...)` is never BCAST_OK
+ * on any path it explores. */
+void bcast__failf(bcast_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define bcast__fail(err, code, ...)                                                                \
+  __extension__({                                                                                  \
+    int bcast__code_ = (code);                                                                     \
+    bcast__failf((err), bcast__code_, __VA_ARGS__);                                                \
+    bcast__code_;                                                                                  \
+  })
 double bcast__now(void); /* monotonic seconds */
+/* Staging time the broadcast did not hide: the wall time of the whole
+ * broadcast minus the time the same bytes take on the wire alone, 0 when the
+ * wire alone took as long or longer (every transport reports it this way). */
+double bcast__exposed_s(double total_s, double wire_alone_s);
 
 /* Matches a participant's local tensors to the plan by name: map[i] is the
  * index in `local` of plan tensor i (map has p->ntensors entries).  Checks
@@ -19,6 +32,16 @@ int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, i
 /* Casts n elements with up to `threads` threads (1: the calling thread only). */
 int bcast__cast_parallel(void *dst, bcast_dtype dst_dtype, const void *src,
                          bcast_dtype src_dtype, size_t n, int threads);
+
+/* The x86 vector features the host casts use: the CPU has them (cpuid) and
+ * the OS saves their registers (xgetbv). All 0 on other CPUs. One mechanism
+ * for every compiler: __builtin_cpu_supports does not know "f16c" in clang
+ * before 15. Reads the CPU each call (no cached state): a few hundred cycles
+ * against a cast of a whole bucket. */
+typedef struct bcast__cpu {
+  int avx2, f16c, avx512f, avx512bw;
+} bcast__cpu;
+void bcast__cpu_probe(bcast__cpu *c);
 
 /* Casts with one code path: 0 scalar, 1 AVX2+F16C, 2 AVX-512F (ENOTSUP when
  * the CPU lacks it); the best level this CPU offers. For tests and benches. */

@@ -23,21 +23,23 @@ const char *bcast_strerror(int code) {
   }
 }
 
-int bcast__fail(bcast_err *err, int code, const char *fmt, ...) {
-  if (err) {
-    err->code = code;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-  }
-  return code;
+void bcast__failf(bcast_err *err, int code, const char *fmt, ...) {
+  if (!err) return;
+  err->code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  va_end(ap);
 }
 
 double bcast__now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double bcast__exposed_s(double total_s, double wire_alone_s) {
+  return total_s > wire_alone_s ? total_s - wire_alone_s : 0;
 }
 
 size_t bcast_dtype_size(bcast_dtype d) {

@@ -1,0 +1,104 @@
+/* Shared fixture of the rpc unit tests: a server on 127.0.0.1:0 runs on a uv
+ * loop in its own thread, the test thread is the client. The handlers are
+ * fakes of the control API (rlorch.v1 messages):
+ *   GetRun:   run ids "r..." answer a Run; "hold" waits until cancelled (then
+ *             counts the cancel); "precondition" fails FAILED_PRECONDITION;
+ *             anything else is NOT_FOUND.
+ *   StartRun: echoes the spec in a Run "run-1".
+ *   WatchRun: sends events 1..from_step (seq i, unix_ms 10 i), stopping at
+ *             a refused send (counted); run "open" then stays open until
+ *             cancelled, any other run ends OK.
+ * One test at a time per process (ctest runs each program with --jobs 1). */
+#ifndef RLORCH_TEST_RPC_FIXTURE_H
+#define RLORCH_TEST_RPC_FIXTURE_H
+
+#include <pthread.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "rlorch/v1/control.pb-c.h"
+#include "rpc/rpc.h"
+
+#define GETRUN "/rlorch.v1.Control/GetRun"
+#define STARTRUN "/rlorch.v1.Control/StartRun"
+#define WATCHRUN "/rlorch.v1.Control/WatchRun"
+#define CHECK "/grpc.health.v1.Health/Check"
+#define WATCH "/grpc.health.v1.Health/Watch"
+
+typedef struct hook_rec {
+  char method[64];
+  grpc_status_code code;
+} hook_rec;
+
+typedef struct fx {
+  uv_loop_t loop;
+  uv_thread_t th;
+  rpc_server *s;
+  uv_async_t cmd;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  void (*cmd_fn)(struct fx *, void *);
+  void *cmd_arg;
+  int cmd_done;
+  int cancels;     /* on_cancel callbacks seen */
+  int done_called; /* shutdown done() ran */
+  int stream_open; /* an "open" WatchRun stream is held */
+  int sends_refused; /* WatchRun sends that rpc_call_send refused */
+  hook_rec hooks[1024];
+  int nhooks;
+  char target[64];
+} fx;
+
+/* The one fixture of the running test. */
+extern fx F;
+
+/* Starts the server with these options (listen, hook and handlers are set
+ * here); start() with the defaults. */
+void fx_start_opts(rpc_server_opts o);
+void fx_start(void);
+/* Graceful shutdown from the loop thread; asserts done() ran once and the
+ * loop ran dry, then frees everything. */
+void fx_stop(void);
+/* Runs fn on the loop thread and waits for it. */
+void fx_on_loop(void (*fn)(fx *, void *), void *arg);
+/* Calls the hook saw for this method with this status. */
+int fx_hook_count(const char *method, grpc_status_code code);
+/* Waits until *v >= want (read under F.mu) or about 5 s pass; returns *v. */
+int fx_wait_for(int *v, int want);
+
+rpc_client *fx_client(const char *token);
+grpc_status_code fx_getrun(rpc_client *c, const char *id, double timeout, rpc_status *st,
+                           Rlorch__V1__Run **out);
+
+/* A WatchRun stream read on a thread of its own (or inline). */
+typedef struct fx_streamer {
+  rpc_client *c;
+  const char *run_id;
+  int64_t n;
+  int got;
+  uint64_t last_seq;
+  int out_of_order;
+  grpc_status_code code;
+  rpc_status st;
+} fx_streamer;
+void fx_stream_thread(void *arg); /* arg: fx_streamer */
+
+/* A Health.Watch stream that stops after stop_at messages. */
+typedef struct fx_watcher {
+  rpc_client *c;
+  const char *svc;
+  int statuses[8];
+  int n;
+  int stop_at;
+  grpc_status_code code;
+} fx_watcher;
+void fx_watch_thread(void *arg); /* arg: fx_watcher */
+
+grpc_status_code fx_health_check(rpc_client *c, const char *svc, int *status, rpc_status *st);
+
+typedef struct fx_health_arg {
+  const char *svc;
+  int status;
+} fx_health_arg;
+void fx_do_set_health(fx *f, void *arg); /* for fx_on_loop; arg: fx_health_arg */
+
+#endif
