@@ -261,8 +261,10 @@ static size_t opt__index(const opt_cmd *cmd, const opt_field *f) {
 static int opt__set(opt_state *st, void *obj, const opt_field *f, const char *v,
                     const char *where) {
   if (!v && f->type != OPT_PATH) return opt_fail(st, where, "missing value");
-  if (v && !*v && f->type != OPT_PATH) return opt_fail(st, where, "empty value");
-  if (v && !*v) v = NULL; /* an empty path clears it */
+  if (v && !*v) {
+    if (f->type != OPT_PATH) return opt_fail(st, where, "empty value");
+    v = NULL; /* an empty path clears it */
+  }
   uint64_t u = 0;
   int64_t s = 0;
   /* Addresses are checked here and then stored like any string. */

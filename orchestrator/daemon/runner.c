@@ -295,6 +295,10 @@ static void record_metrics(runner *r, const sched_step_record *rec) {
 
 static void act_commit(runner *r, const sched_action *a) {
   const sched_step_record *rec = a->record;
+  if (!rec) { /* sched.h: every COMMIT carries its record */
+    log_error("commit_without_record", "step=%" PRIu64, a->step);
+    return;
+  }
   Rlorch__V1__StepRecord pb = RLORCH__V1__STEP_RECORD__INIT;
   sched_pb_step_record_to_pb(rec, &pb);
   pb.finished_unix_ms = now_unix_ms(); /* the scheduler's clock is not wall time */

@@ -105,15 +105,22 @@ struct sched {
 
 /* ---- small helpers ---------------------------------------------------------------- */
 
-static int sched__fail_arg(sched *s, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int sched__fail_arg(sched *s, int code, const char *fmt, ...) {
+static void sched__errorf(sched *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sched__errorf(sched *s, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(s->err, sizeof s->err, fmt, ap);
   va_end(ap);
-  return code;
 }
+
+/* Records the message and yields `code`. A macro, so that static analysis
+ * (which does not follow variadic calls) sees the code it returns. */
+#define sched__fail_arg(s, code, ...)                                                              \
+  __extension__({                                                                                  \
+    int sched__code_ = (code);                                                                     \
+    sched__errorf((s), __VA_ARGS__);                                                               \
+    sched__code_;                                                                                  \
+  })
 
 /* Grows the array `*pp` (a pointer to any element pointer, elements of size
  * `sz`) to hold at least `need` elements. memcpy keeps this free of type punning. */

@@ -183,7 +183,9 @@ int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t 
     case SCHED_MODE_DIRECT:
     case SCHED_MODE_STAGED:
       if (nmiss) {
-        snprintf(buf, sizeof buf, "operator override %s needs CUDA and NCCL on every participant: %s",
+        /* The list is cut to what fits in a reason beside the sentence. */
+        snprintf(buf, sizeof buf,
+                 "operator override %s needs CUDA and NCCL on every participant: %.180s",
                  sched_mode_name(policy), miss);
         rc = SCHED_ENOTSUP;
       } else if (policy == SCHED_MODE_DIRECT && host_t) {
