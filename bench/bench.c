@@ -46,14 +46,8 @@ static const opt_cmd bench__cmd = {
 
 int bench_main(int argc, char **argv) {
   opt_state st;
-  if (opt_parse(&bench__cmd, NULL, argc, argv, environ, &st) != 0) {
-    fprintf(stderr, "%s\n", st.err);
-    return 2;
-  }
-  if (st.help) {
-    opt_usage(&bench__cmd, NULL, stdout);
-    return 0;
-  }
+  int rc = opt_parse_main(&bench__cmd, NULL, NULL, argc, argv, environ, &st);
+  if (rc >= 0) return rc;
   if (st.rest >= argc) {
     opt_fail(&st, "arguments", "missing NAME (see rlorch bench --help)");
     fprintf(stderr, "%s\n", st.err);

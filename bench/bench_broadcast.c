@@ -92,14 +92,8 @@ static int parse(int argc, char **argv, bb_args *a) {
     return 1;
   }
   opt_state st;
-  if (opt_parse(&bb__cmd, a, argc, argv, environ, &st) != 0) {
-    fprintf(stderr, "%s\n", st.err);
-    return 2;
-  }
-  if (st.help) {
-    opt_usage(&bb__cmd, &defaults, stdout);
-    return 0;
-  }
+  int rc = opt_parse_main(&bb__cmd, a, &defaults, argc, argv, environ, &st);
+  if (rc >= 0) return rc;
   if (!bcast_preset_find(a->preset)) {
     opt_fail(&st, opt_origin(&st, "preset"), "unknown preset \"%s\" (want 100m, 1b, 4b, 8b)",
              a->preset);

@@ -248,14 +248,8 @@ int bench_rpc(int argc, char **argv) {
   const bench_rpc_opts defaults = {.requests = 20000};
   bench_rpc_opts o = defaults;
   opt_state st;
-  if (opt_parse(&bench_rpc__cmd, &o, argc, argv, environ, &st) != 0) {
-    fprintf(stderr, "%s\n", st.err);
-    return 2;
-  }
-  if (st.help) {
-    opt_usage(&bench_rpc__cmd, &defaults, stdout);
-    return 0;
-  }
+  int rc = opt_parse_main(&bench_rpc__cmd, &o, &defaults, argc, argv, environ, &st);
+  if (rc >= 0) return rc;
   int requests = (int)o.requests, json = o.json;
   grpc_init();
   char err[256];

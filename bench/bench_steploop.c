@@ -334,14 +334,8 @@ int bench_steploop(int argc, char **argv) {
   const bench_steploop_opts defaults = {.steps = 50, .rollouts_per_step = 16};
   bench_steploop_opts o = defaults;
   opt_state st;
-  if (opt_parse(&bench_steploop__cmd, &o, argc, argv, environ, &st) != 0) {
-    fprintf(stderr, "%s\n", st.err);
-    return 2;
-  }
-  if (st.help) {
-    opt_usage(&bench_steploop__cmd, &defaults, stdout);
-    return 0;
-  }
+  int parsed = opt_parse_main(&bench_steploop__cmd, &o, &defaults, argc, argv, environ, &st);
+  if (parsed >= 0) return parsed;
   uint32_t steps = o.steps, per_step = o.rollouts_per_step;
   int json = o.json;
   char exe[PATH_MAX];

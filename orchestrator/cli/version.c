@@ -31,17 +31,11 @@ static const opt_cmd version__cmd = {
 };
 
 int cmd_version(int argc, char **argv) {
-  version_opts o = {0};
+  const version_opts d = {0};
+  version_opts o = d;
   opt_state st;
-  if (opt_parse(&version__cmd, &o, argc, argv, environ, &st) != 0) {
-    fprintf(stderr, "%s\n", st.err);
-    return 2;
-  }
-  if (st.help) {
-    const version_opts d = {0};
-    opt_usage(&version__cmd, &d, stdout);
-    return 0;
-  }
+  int rc = opt_parse_main(&version__cmd, &o, &d, argc, argv, environ, &st);
+  if (rc >= 0) return rc;
   int json = o.json;
   bcast_caps c;
   bcast_caps_probe(&c);

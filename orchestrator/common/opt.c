@@ -739,3 +739,16 @@ void opt_usage(const opt_cmd *cmd, const void *defaults, FILE *out) {
   if (have_path) fputs("An empty variable clears an optional file.\n", out);
   if (cmd->footer) fprintf(out, "\n%s", cmd->footer);
 }
+
+int opt_parse_main(const opt_cmd *cmd, void *obj, const void *defaults, int argc, char **argv,
+                   char **envp, opt_state *st) {
+  if (opt_parse(cmd, obj, argc, argv, envp, st) != 0) {
+    fprintf(stderr, "%s\n", st->err);
+    return 2;
+  }
+  if (st->help) {
+    opt_usage(cmd, defaults, stdout);
+    return 0;
+  }
+  return -1;
+}

@@ -142,6 +142,12 @@ void opt_env_name(const opt_field *f, char *buf, size_t len);
  * defaults, a struct holding the defaults), then every setting's variable. */
 void opt_usage(const opt_cmd *cmd, const void *defaults, FILE *f);
 
+/* A command's entry point in one call: opt_parse, then the error on stderr
+ * (returns 2) or the usage on stdout (returns 0); -1 when the command should
+ * go on with obj filled. */
+int opt_parse_main(const opt_cmd *cmd, void *obj, const void *defaults, int argc, char **argv,
+                   char **envp, opt_state *st);
+
 /* Frees obj's string fields and sets them to NULL. */
 void opt_free(const opt_cmd *cmd, void *obj);
 

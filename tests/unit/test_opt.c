@@ -1,6 +1,7 @@
 /* opt: precedence, origins, every type's bad values, flags, positional
  * arguments, subcommands, --help and the usage layout. */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -364,6 +365,31 @@ Test(opt, help_returns_early_and_leaves_the_struct) {
   cr_assert_eq(PARSE(&o, NULL, &st, "-h"), 0);
   cr_assert(st.help);
   opt_free(&t_cmd, &o);
+}
+
+/* The entry-point form: go on (-1), usage and exit 0, or the error and exit 2. */
+Test(opt, parse_main_exit_statuses) {
+  cr_redirect_stdout();
+  t_opts o, d;
+  t_defaults(&d);
+  opt_state st;
+  t_defaults(&o);
+  cr_assert_eq(opt_parse_main(&t_cmd, &o, &d, ARGC("--u32", "7"), ARGV("--u32", "7"), NULL, &st),
+               -1);
+  cr_assert_eq(o.u32, 7);
+  opt_free(&t_cmd, &o);
+  t_defaults(&o);
+  cr_redirect_stderr();
+  cr_assert_eq(opt_parse_main(&t_cmd, &o, &d, ARGC("--u32", "x"), ARGV("--u32", "x"), NULL, &st),
+               2);
+  cr_assert(strstr(st.err, "--u32"), "%s", st.err);
+  opt_free(&t_cmd, &o);
+  t_defaults(&o);
+  cr_assert_eq(opt_parse_main(&t_cmd, &o, &d, ARGC("--help"), ARGV("--help"), NULL, &st), 0);
+  opt_free(&t_cmd, &o);
+  opt_free(&t_cmd, &d);
+  fflush(stdout);
+  cr_assert_stdout_neq_str("", "the usage went to stdout");
 }
 
 static char *usage_of(const opt_cmd *cmd, const void *defaults) {
