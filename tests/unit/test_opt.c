@@ -146,6 +146,7 @@ static void expect(const opt_cmd *cmd, char **envp, int argc, char **argv, const
   cr_assert_eq(opt_parse(cmd, &o, argc, argv, envp, &st), -1, "accepted; wanted %s", want);
   cr_assert_str_eq(st.err, want);
   opt_free(cmd, &o);
+  opt_free(&t_cmd, &o); /* t_defaults owned t_cmd's strings, whatever cmd is */
 }
 #define EXPECT(want, ...) expect(&t_cmd, NULL, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), want)
 #define EXPECT_ENV(var, want)                                     \
