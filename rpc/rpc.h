@@ -81,7 +81,9 @@ void rpc_call_set_cancel_cb(rpc_call *c, void (*on_cancel)(rpc_call *c, void *ud
 int rpc_call_reply(rpc_call *c, const ProtobufCMessage *resp);
 int rpc_call_fail(rpc_call *c, grpc_status_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Streams: messages go out in order; returns 0, or -1 once the call is cancelled or ended. */
+/* Streams: messages go out in order. Returns 0 when the message is queued, -1
+ * once the call is cancelled or ended. Queued is not delivered: a message the
+ * transport refuses ends the call INTERNAL, and the next send returns -1. */
 int rpc_call_send(rpc_call *c, const ProtobufCMessage *msg);
 int rpc_call_finish(rpc_call *c, grpc_status_code code, const char *msg);
 
