@@ -34,6 +34,7 @@ typedef struct ctl_args {
   int policy, offload, run_state;
   uint64_t staging_budget_bytes;
   int64_t from_step;
+  bool max_async_set; /* --max-async-level given: 0 is a value, not "unset" */
 } ctl_args;
 
 typedef struct ctl {
@@ -124,7 +125,8 @@ static const opt_field ctl__start_fields[] = {
     {.name = "run_name", .flag = "--name", .type = OPT_STR, .off = CA(run_name, char *),
      .metavar = "NAME", .help = "name of the run"},
     {.name = "preset", .flag = "--preset", .type = OPT_STR, .off = CA(preset, char *),
-     .metavar = "P", .help = "model preset: 100m, 1b, 4b, 8b", .dflt = "the orchestrator's"},
+     .metavar = "P", .help = "model preset the trainer must hold: 100m, 1b, 4b, 8b",
+     .dflt = "the trainer's"},
     {.name = "steps", .flag = "--steps", .type = OPT_U32, .off = CA(steps, uint32_t),
      .metavar = "N", .help = "steps to take", .dflt = "the orchestrator's"},
     {.name = "max_async_level", .flag = "--max-async-level", .type = OPT_U32,
@@ -137,8 +139,8 @@ static const opt_field ctl__start_fields[] = {
      .off = CA(rollouts_per_step, uint32_t), .metavar = "N", .help = "rollouts in a batch",
      .dflt = "the orchestrator's"},
     {.name = "offload", .flag = "--offload", .type = OPT_ENUM, .off = CA(offload, int),
-     .names = ctl__offloads, .metavar = "O", .help = "what the trainer keeps in host memory",
-     .dflt = "the orchestrator's"},
+     .names = ctl__offloads, .metavar = "O",
+     .help = "what the trainer must keep in host memory", .dflt = "the trainer's"},
     {.name = "staging_budget_bytes", .flag = "--staging-budget", .type = OPT_BYTES,
      .off = CA(staging_budget_bytes, uint64_t), .metavar = "BYTES",
      .help = "staging memory per bucket", .dflt = "the orchestrator's"},
@@ -207,7 +209,10 @@ static int do_start_run(ctl *c, const ctl_args *a) {
   if (a->run_name) spec.name = a->run_name;
   if (a->preset) spec.preset = a->preset;
   spec.steps = a->steps;
-  spec.max_async_level = a->max_async_level;
+  if (a->max_async_set) {
+    spec.async_bound_case = RLORCH__V1__RUN_SPEC__ASYNC_BOUND_MAX_ASYNC_LEVEL;
+    spec.max_async_level = a->max_async_level;
+  }
   spec.rollouts_per_step = a->rollouts_per_step;
   spec.staging_budget_bytes = a->staging_budget_bytes;
   spec.policy = (Rlorch__V1__BroadcastMode)a->policy;
@@ -388,6 +393,7 @@ static int ctl__run_command(ctl *c, size_t k, int argc, char **argv) {
     opt_usage(cmd, &d, stdout);
     rc = 0;
   } else {
+    a.max_async_set = opt_is_set(st, "max_async_level");
     ctl_current = c;
     signal(SIGINT, on_sigint);
     rc = ctl__commands[k].fn(c, &a);

@@ -458,6 +458,7 @@ static int start_and_watch(run_ctx *c) {
   spec.name = "rlorch-run";
   spec.preset = c->o.preset;
   spec.steps = c->o.steps;
+  spec.async_bound_case = RLORCH__V1__RUN_SPEC__ASYNC_BOUND_MAX_ASYNC_LEVEL;
   spec.max_async_level = c->o.max_async;
   spec.rollouts_per_step = c->o.rollouts_per_step;
   spec.policy = (Rlorch__V1__BroadcastMode)c->o.policy;

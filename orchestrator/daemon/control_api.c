@@ -34,8 +34,9 @@ static int enum_known(const ProtobufCEnumDescriptor *d, int v) {
 static int spec_validate(orch *o, Rlorch__V1__RunSpec *s, char *err, size_t len) {
   const config *c = o->cfg;
   if (strlen(s->name) > 128) return snprintf(err, len, "name: longer than 128 bytes"), -1;
-  if (!s->preset[0]) s->preset = "100m";
-  if (!bcast_preset_find(s->preset)) {
+  /* An empty preset or an unspecified offload takes the trainer's (the runner
+   * fills them in when it joins); a given one admits only a trainer that holds it. */
+  if (s->preset[0] && !bcast_preset_find(s->preset)) {
     char names[128] = "";
     for (const char *const *n = bcast_preset_names(); *n; n++)
       snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
@@ -44,6 +45,10 @@ static int spec_validate(orch *o, Rlorch__V1__RunSpec *s, char *err, size_t len)
   }
   if (s->steps > MAX_STEPS)
     return snprintf(err, len, "steps: %u is over the limit of %u", s->steps, MAX_STEPS), -1;
+  if (s->async_bound_case != RLORCH__V1__RUN_SPEC__ASYNC_BOUND_MAX_ASYNC_LEVEL) {
+    s->async_bound_case = RLORCH__V1__RUN_SPEC__ASYNC_BOUND_MAX_ASYNC_LEVEL;
+    s->max_async_level = c->max_async_level;
+  }
   if (s->max_async_level > 64)
     return snprintf(err, len, "max_async_level: %u is over the limit of 64", s->max_async_level),
            -1;
@@ -56,8 +61,6 @@ static int spec_validate(orch *o, Rlorch__V1__RunSpec *s, char *err, size_t len)
     s->policy = c->default_policy;
   if (!enum_known(&rlorch__v1__broadcast_mode__descriptor, s->policy))
     return snprintf(err, len, "policy: unknown value %d", (int)s->policy), -1;
-  if (s->offload == RLORCH__V1__OFFLOAD__OFFLOAD_UNSPECIFIED)
-    s->offload = RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS;
   if (!enum_known(&rlorch__v1__offload__descriptor, s->offload))
     return snprintf(err, len, "offload: unknown value %d", (int)s->offload), -1;
   if (s->staging_budget_bytes == 0) s->staging_budget_bytes = c->staging_budget_bytes;
@@ -107,7 +110,7 @@ static void h_start_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
    * request itself is freed by the rpc layer. */
   Rlorch__V1__RunSpec filled = *(const Rlorch__V1__RunSpec *)req;
   Rlorch__V1__RunSpec *spec = &filled;
-  char err[256];
+  char err[400];
   if (o->shutting_down) {
     rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
     return;
@@ -122,6 +125,22 @@ static void h_start_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
                   "run '%s' is active (%s); stop it first", active->id,
                   protobuf_c_enum_descriptor_get_value(&rlorch__v1__run_state__descriptor,
                                                        active->state)->name);
+    return;
+  }
+  /* A spec the registered trainer cannot serve is refused now, by name; one
+   * that joins later is not admitted and the run says why it waits. */
+  size_t trainers = 0, admitted = 0;
+  char why[400] = "";
+  for (size_t i = 0; i < workers_count(o->workers); i++) {
+    const workers_entry *w = workers_at(o->workers, i);
+    if (w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST ||
+        w->role != RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER)
+      continue;
+    trainers++;
+    if (runner_admits(spec, w, why[0] ? err : why, sizeof why) == 0) admitted++;
+  }
+  if (trainers && !admitted) {
+    rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "%s", why);
     return;
   }
   Rlorch__V1__Run *run = NULL;

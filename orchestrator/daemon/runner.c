@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "orchestrator/common/log.h"
+#include "orchestrator/common/pbjson.h"
 #include "orchestrator/daemon/now.h"
 #include "orchestrator/daemon/sched_pb.h"
 #include "orchestrator/daemon/watch.h"
@@ -425,8 +426,66 @@ static void arm_timer(runner *r) {
 /* ---- workers joining the run ---------------------------------------------------------------- */
 
 /* Tells the active run's scheduler about a live worker. */
+int runner_admits(const Rlorch__V1__RunSpec *spec, const workers_entry *w, char *err,
+                  size_t errlen) {
+  if (w->role != RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER) return 0;
+  const Rlorch__V1__WeightManifest *m = w->manifest;
+  const char *held = m && m->preset ? m->preset : "";
+  if (spec->preset && spec->preset[0] && strcmp(spec->preset, held) != 0)
+    return snprintf(err, errlen,
+                    "preset: the run asks for %s, trainer %s holds %s (start it with --preset %s)",
+                    spec->preset, w->name, held[0] ? held : "no preset", spec->preset),
+           -1;
+  Rlorch__V1__Offload off = m ? m->offload : RLORCH__V1__OFFLOAD__OFFLOAD_UNSPECIFIED;
+  if (spec->offload != RLORCH__V1__OFFLOAD__OFFLOAD_UNSPECIFIED && spec->offload != off) {
+    char want[48], has[48];
+    pbjson_enum_short(&rlorch__v1__offload__descriptor, spec->offload, want, sizeof want);
+    pbjson_enum_short(&rlorch__v1__offload__descriptor, off, has, sizeof has);
+    return snprintf(err, errlen,
+                    "offload: the run asks for %s, trainer %s runs with %s (start it with "
+                    "--offload %s)",
+                    want, w->name, has, want),
+           -1;
+  }
+  return 0;
+}
+
+/* A spec that left preset or offload to the trainer records what it got. */
+static void adopt_trainer_settings(runner *r, const workers_entry *w) {
+  Rlorch__V1__RunSpec *spec = r->run->spec;
+  const Rlorch__V1__WeightManifest *m = w->manifest;
+  if (!spec || !m) return;
+  int changed = 0;
+  if ((!spec->preset || !spec->preset[0]) && m->preset && m->preset[0]) {
+    char *p = strdup(m->preset);
+    if (p) {
+      if (spec->preset != protobuf_c_empty_string) free(spec->preset);
+      spec->preset = p;
+      changed = 1;
+    }
+  }
+  if (spec->offload == RLORCH__V1__OFFLOAD__OFFLOAD_UNSPECIFIED &&
+      m->offload != RLORCH__V1__OFFLOAD__OFFLOAD_UNSPECIFIED) {
+    spec->offload = m->offload;
+    changed = 1;
+  }
+  if (changed) save_run(r);
+}
+
 static void join_run(runner *r, workers_entry *w) {
   if (!r->sched || w->in_run || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) return;
+  char why[320];
+  if (runner_admits(r->run->spec, w, why, sizeof why) != 0) {
+    /* Not admitted: the run keeps waiting and says for what. */
+    log_warn("worker_not_admitted", "worker=%s run=%s reason=\"%s\"", w->api_id, r->run->id,
+             why);
+    char msg[400];
+    snprintf(msg, sizeof msg, "waiting for a trainer that fits the run; %s", why);
+    set_run_message(r->run, msg);
+    save_run(r);
+    publish_run(r);
+    return;
+  }
   sched_role role;
   if (sched_pb_role_from_pb(w->role, &role) != 0) return; /* the Worker API admits none */
   sched_caps caps;
@@ -442,6 +501,7 @@ static void join_run(runner *r, workers_entry *w) {
     return;
   }
   w->in_run = 1;
+  if (role == SCHED_ROLE_TRAINER) adopt_trainer_settings(r, w);
   if (w->attach) sched_worker_attached(r->sched, now, w->id);
   workers_publish(r->workers, w);
 }

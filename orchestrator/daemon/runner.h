@@ -29,6 +29,12 @@ void runner_shutdown(runner *r);
 /* Becomes the active run (takes ownership of run). A refusal returns -1 with
  * a message; a run the scheduler refuses is stored FAILED and freed. */
 int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen);
+/* Whether trainer w can serve a run of `spec`: the preset and offload state the
+ * spec names (empty / UNSPECIFIED: any) must be what w's manifest holds, since
+ * the trainer's weights come from its own settings. 0, or -1 with a message
+ * naming the field, the worker and the flag that would fix it. Any other role: 0. */
+int runner_admits(const Rlorch__V1__RunSpec *spec, const workers_entry *w, char *err,
+                  size_t errlen);
 const Rlorch__V1__Run *runner_active(const runner *r); /* or NULL */
 int runner_stop(runner *r, const char *run_id, const char *reason, char *err, size_t errlen);
 int runner_set_policy(runner *r, const char *run_id, Rlorch__V1__BroadcastMode p, char *err,

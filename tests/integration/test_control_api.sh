@@ -70,7 +70,7 @@ assert_eq 2 "$(json_get spec.max_async_level "$out")" "StartRun keeps max_async_
 assert_eq RUN_STATE_PENDING "$(json_get state "$out")" "a new run without workers is PENDING"
 assert_eq 8 "$(json_get spec.rollouts_per_step "$out")" "rollouts_per_step defaults to 8"
 assert_eq 268435456 "$(json_get spec.staging_budget_bytes "$out")" "staging budget defaults to 256 MiB"
-assert_eq OFFLOAD_PARAMS "$(json_get spec.offload "$out")" "offload defaults to PARAMS"
+assert_eq OFFLOAD_UNSPECIFIED "$(json_get spec.offload "$out")" "offload is left to the trainer"
 assert_eq BROADCAST_MODE_AUTO "$(json_get policy "$out")" "policy defaults to AUTO"
 
 out="$(grpc_call --method $C/StartRun --json '{"name":"second"}')"
