@@ -58,6 +58,10 @@ typedef struct orch_metrics {
   metrics_counter *rollouts;             /* outcome */
   metrics_gauge *workers;                /* role, state */
   metrics_counter *broadcast_aborts;     /* reason */
+  metrics_gauge *run_steps_done;         /* the active run's committed steps */
+  metrics_gauge *run_steps_target;       /* its target; 0: until stopped */
+  metrics_gauge *last_step_time;         /* Unix seconds of the last commit */
+  metrics_gauge *heartbeat_age;          /* worker, role */
 } orch_metrics;
 
 typedef struct orch {

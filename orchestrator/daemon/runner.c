@@ -286,6 +286,8 @@ static void record_metrics(runner *r, const sched_step_record *rec) {
   metrics_counter_add(m->broadcast_bytes, wire, (double)rec->wire_bytes);
   metrics_gauge_set(m->broadcast_throughput, NULL, rec->gbps * 1e9);
   metrics_gauge_set(m->policy_version, NULL, (double)rec->policy_version);
+  metrics_gauge_set(m->run_steps_done, NULL, (double)(rec->step + 1));
+  metrics_gauge_set(m->last_step_time, NULL, (double)now_unix_ms() / 1000.0);
   const char *used[] = {"used"}, *stale[] = {"dropped_stale"};
   metrics_counter_add(m->rollouts, used, rec->rollouts_used);
   metrics_counter_add(m->rollouts, stale, rec->rollouts_dropped);
@@ -599,6 +601,8 @@ int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
   r->broadcast_timeout_ms = st.broadcast_timeout_ms;
   if (sched_new(&st, &r->sched, err, errlen) != 0) return refuse_run(r, run, err);
   r->run = run;
+  metrics_gauge_set(r->o->m.run_steps_done, NULL, 0);
+  metrics_gauge_set(r->o->m.run_steps_target, NULL, (double)run->spec->steps);
   workers_set_run(r->workers, run->id);
   set_run_message(run, "waiting for 1 trainer and at least 1 inference worker");
   save_run(r);

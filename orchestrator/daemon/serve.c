@@ -25,8 +25,10 @@ extern char **environ;
 static const double latency_buckets[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                                          0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5,
                                          5,      10};
-static const double step_buckets[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                      1,     2.5,   5,    10,    30,   60,  120, 300};
+/* Up to hours: a step of a large model with slow generation takes minutes. */
+static const double step_buckets[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                      2.5,   5,     10,   30,    60,   120, 300, 600, 1800,
+                                      3600,  7200,  14400};
 
 #define NB(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -93,6 +95,20 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
   REG(broadcast_aborts, metrics_counter_new(m->reg, "rlorch_broadcast_aborts_total",
                                             "Broadcasts aborted, by reason.", l_reason, err,
                                             errlen));
+  REG(run_steps_done, metrics_gauge_new(m->reg, "rlorch_run_steps_done",
+                                        "Steps the active run has committed.", NULL, err,
+                                        errlen));
+  REG(run_steps_target, metrics_gauge_new(m->reg, "rlorch_run_steps_target",
+                                          "Steps the active run is to take; 0: until stopped.",
+                                          NULL, err, errlen));
+  REG(last_step_time, metrics_gauge_new(m->reg, "rlorch_last_step_timestamp_seconds",
+                                        "Unix time of the last committed step, whose broadcast "
+                                        "succeeded (0: none yet).",
+                                        NULL, err, errlen));
+  static const char *const l_worker_role[] = {"worker", "role", NULL};
+  REG(heartbeat_age, metrics_gauge_new(m->reg, "rlorch_worker_heartbeat_age_seconds",
+                                       "Seconds since each worker was last heard from.",
+                                       l_worker_role, err, errlen));
 #undef REG
   const char *bi[] = {RLORCH_VERSION, caps->cuda_built ? "yes" : "no",
                       caps->nccl_built ? "yes" : "no"};
@@ -101,6 +117,9 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
   const char *used[] = {"used"}, *stale[] = {"dropped_stale"};
   metrics_counter_add(m->rollouts, used, 0);
   metrics_counter_add(m->rollouts, stale, 0);
+  metrics_gauge_set(m->run_steps_done, NULL, 0);
+  metrics_gauge_set(m->run_steps_target, NULL, 0);
+  metrics_gauge_set(m->last_step_time, NULL, 0);
   return 0;
 }
 
@@ -150,6 +169,7 @@ static void on_lag_timer(uv_timer_t *t) {
   double lag = now > o->lag_expected_ms ? (double)(now - o->lag_expected_ms) / 1000.0 : 0.0;
   metrics_gauge_set(o->m.loop_lag, NULL, lag);
   o->lag_expected_ms = now + LAG_PERIOD_MS;
+  workers_heartbeat_ages(o->workers, o->m.heartbeat_age, now_mono_ms());
 }
 
 /* ---- start-up and shutdown --------------------------------------------------- */

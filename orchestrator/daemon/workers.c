@@ -214,6 +214,15 @@ void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms) {
   }
 }
 
+void workers_heartbeat_ages(workers_table *t, metrics_gauge *gauge, int64_t now_mono_ms) {
+  for (size_t i = 0; i < t->n; i++) {
+    const workers_entry *w = t->v[i];
+    const char *lv[] = {w->name, workers_role_label(w->role)};
+    int64_t age = now_mono_ms - w->last_seen_mono_ms;
+    metrics_gauge_set(gauge, lv, age > 0 ? (double)age / 1000.0 : 0.0);
+  }
+}
+
 void workers_shutdown(workers_table *t) {
   for (size_t i = 0; i < t->n; i++) {
     workers_entry *w = t->v[i];

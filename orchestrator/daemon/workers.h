@@ -83,6 +83,9 @@ void workers_gauge(workers_table *t);
 void workers_mark_lost(workers_table *t, workers_entry *w, const char *reason);
 /* Heartbeat loss of workers outside the run (the run's scheduler judges its own). */
 void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms);
+/* Sets `gauge` (labels worker, role) to each worker's seconds since it was
+ * last heard from; a lost worker's age keeps growing, which is the signal. */
+void workers_heartbeat_ages(workers_table *t, metrics_gauge *gauge, int64_t now_mono_ms);
 /* Every worker's stream gets a Shutdown command and ends UNAVAILABLE. */
 void workers_shutdown(workers_table *t);
 

@@ -141,6 +141,16 @@ print(sum(int(json.loads(l)["step"]["wire_bytes"]) for l in open(sys.argv[1]) if
   "$TEST_TMP/events.params.jsonl")"
 assert_eq "$wire_total" "$(metric_value 'rlorch_broadcast_bytes_total{mode="host",link="wire"}' | python3 -c 'import sys; print(int(float(sys.stdin.read())))')" \
   "wire bytes counter equals the sum of the step records"
+assert_eq "$STEPS" "$(metric_value rlorch_run_steps_done)" "steps-done gauge"
+assert_eq "$STEPS" "$(metric_value rlorch_run_steps_target)" "the run's target steps"
+last="$(metric_value rlorch_last_step_timestamp_seconds)"
+assert_eq 1 "$(python3 -c "import sys, time; print(int(abs(time.time() - float(sys.argv[1])) < 600))" "$last")" \
+  "the last step's time is now-ish ($last)"
+age="$(metric_value 'rlorch_worker_heartbeat_age_seconds{worker="trainer-0",role="trainer"}')"
+assert_eq 1 "$(python3 -c "import sys; print(int(0 <= float(sys.argv[1]) < 5))" "$age")" \
+  "the trainer's heartbeat age is under the timeout ($age s)"
+assert_contains "$(http_get /metrics)" 'rlorch_step_duration_seconds_bucket{le="3600"}' \
+  "step histogram buckets reach hours"
 assert_eq "" "$(http_get /metrics | promtool check metrics 2>&1)" "promtool check metrics is clean"
 
 # ---- offload none: a new trainer that keeps everything "on device" ---------------------
