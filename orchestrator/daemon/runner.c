@@ -602,6 +602,7 @@ int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
   if (sched_new(&st, &r->sched, err, errlen) != 0) return refuse_run(r, run, err);
   r->run = run;
   metrics_gauge_set(r->o->m.run_steps_done, NULL, 0);
+  metrics_gauge_set(r->o->m.last_step_time, NULL, 0); /* per run: alerts judge this one */
   metrics_gauge_set(r->o->m.run_steps_target, NULL, (double)run->spec->steps);
   workers_set_run(r->workers, run->id);
   set_run_message(run, "waiting for 1 trainer and at least 1 inference worker");
