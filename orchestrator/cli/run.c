@@ -446,12 +446,14 @@ static int start_processes(run_ctx *c) {
                      "--offload", offload, "--name", "trainer-0", "--device", dev,
                      "--log-level", level, "--layers", layers, NULL};
   if (spawn(c, "trainer-0", tr_argv) != 0) return -1;
+  char conc[16]; /* each worker generates as many at once as it may be asked */
+  snprintf(conc, sizeof conc, "%u", o->max_requests);
   for (uint32_t i = 0; i < o->inference; i++) {
     char name[32];
     snprintf(name, sizeof name, "inference-%u", i);
     snprintf(dev, sizeof dev, "%d", device_for(c, 1 + (int)i));
     char *in_argv[] = {c->exe, "inference", "--orchestrator", c->grpc_addr, "--name", name,
-                       "--device", dev, "--log-level", level, NULL};
+                       "--device", dev, "--log-level", level, "--concurrency", conc, NULL};
     if (spawn(c, name, in_argv) != 0) return -1;
   }
   return 0;
