@@ -484,16 +484,18 @@ int bench_dispatch(int argc, char **argv) {
          "%.0f ms per rollout, %.0f ms training per step, loopback\n",
          cfg.steps, cfg.rollouts_per_step, cfg.workers, cfg.slots, cfg.latency_ms, cfg.train_ms);
   printf("ideal: 0 stale drops; utilisation the batches allow at the measured step time\n\n");
-  printf("%5s %9s %6s %8s %7s %7s %8s %8s %7s\n", "async", "generated", "used", "dropped",
-         "drop%", "ideal%", "util", "ideal", "ratio");
+  printf("%5s %9s %6s %8s %7s %7s %8s %8s %7s %13s\n", "async", "generated", "used", "dropped",
+         "drop%", "ideal%", "util", "ideal", "ratio", "wall_ms/step");
   for (int a = 0; a < DISPATCH__LEVELS; a++) {
     double u = dispatch__util(&cfg, &r[a]), ui = dispatch__ideal_util(&cfg, &r[a]);
-    printf("%5u %9" PRIu64 " %6" PRIu64 " %8" PRIu64 " %7.2f %7.2f %8.3f %8.3f %7.2f\n",
+    printf("%5u %9" PRIu64 " %6" PRIu64 " %8" PRIu64 " %7.2f %7.2f %8.3f %8.3f %7.2f %13.1f\n",
            r[a].async, r[a].generated, r[a].used, r[a].dropped, 100 * dispatch__drop_rate(&r[a]),
-           0.0, u, ui, ui > 0 ? u / ui : 0);
+           0.0, u, ui, ui > 0 ? u / ui : 0,
+           r[a].steps ? r[a].wall_s * 1e3 / (double)r[a].steps : 0);
   }
   printf("\ndrop%%: rollouts dropped as stale / generated; util: generation time / (slots x\n"
          "wall time); ideal: what the batches allow with generation overlapping the step in\n"
-         "progress (async >= 1) or not (async 0); ratio: util / ideal.\n");
+         "progress (async >= 1) or not (async 0); ratio: util / ideal; wall_ms/step: StartRun\n"
+         "to the run's end, per step.\n");
   return 0;
 }
