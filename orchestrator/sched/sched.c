@@ -805,7 +805,10 @@ int sched_worker_heartbeat(sched *s, int64_t now, uint32_t id, uint64_t policy_v
                              "worker %s: heartbeat policy_version %" PRIu64
                              " is newer than the published %" PRIu64,
                              w->name, policy_version, s->steps_done);
-    w->policy_version = policy_version;
+    /* Within a run a worker's weights only move forward; a heartbeat read
+     * before its broadcast landed may arrive after the commit, and taking its
+     * older version would shut the worker out of dispatch until the next. */
+    if (policy_version > w->policy_version) w->policy_version = policy_version;
   }
   w->last_seen_ms = now;
   return SCHED_OK;

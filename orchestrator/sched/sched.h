@@ -308,7 +308,8 @@ int sched_worker_registered(sched *s, int64_t now_ms, uint32_t id, sched_role ro
 /* Its command stream opened: REGISTERED -> READY. */
 int sched_worker_attached(sched *s, int64_t now_ms, uint32_t id);
 /* Proof of life; `policy_version` is the version an inference worker holds
- * (ignored for the trainer). */
+ * (ignored for the trainer; an older one than already known changes nothing:
+ * it was read before a broadcast landed). */
 int sched_worker_heartbeat(sched *s, int64_t now_ms, uint32_t id, uint64_t policy_version);
 /* Stream closed or otherwise gone; `reason` may be NULL. SCHED_ESTALE if already lost. */
 int sched_worker_lost(sched *s, int64_t now_ms, uint32_t id, const char *reason);

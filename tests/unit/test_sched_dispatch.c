@@ -219,3 +219,35 @@ Test(sched_dispatch, partial_report_and_cap) {
   cr_assert_eq(h.reqs[0].count, 3, "the 3 not delivered are asked again");
   sched_free(h.s);
 }
+
+/* A heartbeat read before the broadcast landed and delivered after the
+ * commit carries the old version: the worker still holds the new one, and
+ * is still asked at it (async 0 would otherwise shut it out). */
+Test(sched_dispatch, late_heartbeat_keeps_the_version) {
+  fx h;
+  sched_settings c = fx_settings(R, 0, 2, 0);
+  c.steps = 3;
+  next_id = 1;
+  fx_start(&h, &c);
+  fx_add(&h, FX_TRAINER, SCHED_ROLE_TRAINER, "trainer", &FX_GPU);
+  fx_add(&h, 2, SCHED_ROLE_INFERENCE, "inference-2", &FX_GPU);
+  while (h.ntrain == 0) answer_oldest(&h);
+  fx_finish_step(&h);
+  cr_assert_eq(h.nreqs, 2, "K 2");
+  cr_assert_eq(sched_worker_heartbeat(h.s, h.now, 2, 0), SCHED_OK);
+  sched_worker_info w;
+  cr_assert_eq(sched_get_worker(h.s, 2, &w), SCHED_OK);
+  cr_assert_eq(w.policy_version, 1);
+  answer_oldest(&h);
+  cr_assert_eq(h.nreqs, 2, "the freed slot is asked again");
+  cr_assert_eq(h.reqs[1].version, 1);
+  sched_free(h.s);
+}
+
+/* A run without a step count asks for the whole window. */
+Test(sched_dispatch, unbounded_run_asks_the_window) {
+  fx h;
+  start(&h, 2, 8, 0);
+  cr_assert_eq(in_use(&h), 3 * R);
+  sched_free(h.s);
+}
