@@ -87,7 +87,7 @@ struct sched {
   uint64_t next_seq;
   sched__rollout *scratch;     /* batch selection */
   uint64_t *demand;            /* dispatch: rollouts per last usable step, window_len */
-  uint64_t *fill;              /* dispatch: the greedy assignment through each step */
+  uint64_t *fill;              /* dispatch: room by deadline index, window_len */
   uint32_t window_len;         /* steps one rollout may serve at most: async bound + 1 */
 
   sched__step st;
@@ -423,24 +423,21 @@ static void sched__demand(sched *s, const sched__window *w) {
   }
 }
 
-/* Rollouts of deadline index `d` that may still be asked for without
- * displacing anything buffered or in flight. */
-static uint64_t sched__room(sched *s, const sched__window *w, int64_t d) {
-  if (d < 0) return 0;
+/* Fills s->fill[d] with the rollouts of deadline index d that may still be
+ * asked for without displacing anything buffered or in flight: the free
+ * slots left by the earliest-deadline-first filling, at the tightest step at
+ * or after d. Once per dispatch, so that each worker's room is a look-up. */
+static void sched__room(sched *s, const sched__window *w) {
   size_t len = (size_t)(w->last - w->first + 1);
   uint64_t per = s->cfg.rollouts_per_step, cum = 0;
   for (size_t k = 0; k < len; k++) {
     uint64_t cap = per * (k + 1);
     cum += s->demand[k];
     if (cum > cap) cum = cap; /* the excess cannot be used: it will go stale */
-    s->fill[k] = cum;
+    s->fill[k] = cap - cum;   /* free through step k, for now */
   }
-  uint64_t room = UINT64_MAX;
-  for (size_t k = (size_t)d; k < len; k++) {
-    uint64_t free_k = per * (k + 1) - s->fill[k];
-    if (free_k < room) room = free_k;
-  }
-  return room;
+  for (size_t k = len - 1; k-- > 0;)
+    if (s->fill[k + 1] < s->fill[k]) s->fill[k] = s->fill[k + 1];
 }
 
 static void sched__dispatch(sched *s) {
@@ -450,6 +447,7 @@ static void sched__dispatch(sched *s) {
   for (;;) {
     uint64_t used = (uint64_t)s->npool + s->c.rollouts_requested;
     if (used >= s->max_buffered) return;
+    sched__room(s, &win);
     /* Least loaded attached inference worker with room for its version; ties:
      * lowest id. Workers may hold different versions (one that attached
      * after the last broadcast holds an older one), so room is per worker. */
@@ -460,7 +458,8 @@ static void sched__dispatch(sched *s) {
       if (w->role != SCHED_ROLE_INFERENCE || !sched__attached(w)) continue;
       if (w->outstanding >= s->cfg.max_outstanding) continue;
       if (best && w->outstanding >= best->outstanding) continue;
-      uint64_t room = sched__room(s, &win, sched__deadline(s, &win, w->policy_version));
+      int64_t d = sched__deadline(s, &win, w->policy_version);
+      uint64_t room = d < 0 ? 0 : s->fill[d];
       if (room == 0) continue;
       best = w;
       best_room = room;
