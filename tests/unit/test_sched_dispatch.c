@@ -251,3 +251,37 @@ Test(sched_dispatch, unbounded_run_asks_the_window) {
   cr_assert_eq(in_use(&h), 3 * R);
   sched_free(h.s);
 }
+
+/* A slow worker: its request, counted for step 1, is overtaken by newer
+ * rollouts once step 1 forms without it, and then asked again of the
+ * others; when it finally arrives it is stale, and it is the only drop. */
+Test(sched_dispatch, slow_worker_is_the_only_drop) {
+  fx h;
+  start(&h, 1, 4, 4); /* K 4: worker 2 takes 4 of the first 8, worker 3 the rest */
+  uint64_t slow = 0;
+  for (size_t i = 0; i < h.nreqs && !slow; i++)
+    if (h.reqs[i].worker == 3) slow = h.reqs[i].id;
+  cr_assert_neq(slow, 0);
+  for (int step = 0; step < 4; step++) {
+    while (h.ntrain == step) {
+      size_t i = 0;
+      while (i < h.nreqs && h.reqs[i].id == slow) i++;
+      cr_assert_lt(i, h.nreqs, "step %d waits for the slow worker alone", step);
+      answer_n(&h, i, h.reqs[i].count, h.reqs[i].version);
+    }
+    if (step == 1) {
+      size_t i = 0;
+      while (h.reqs[i].id != slow) i++;
+      answer_n(&h, i, h.reqs[i].count, h.reqs[i].version); /* version 0, too late */
+      slow = 0;
+    }
+    fx_finish_step(&h);
+  }
+  cr_assert_eq(h.run_state, SCHED_RUN_SUCCEEDED);
+  sched_counters k;
+  sched_get_counters(h.s, &k);
+  cr_assert_eq(k.rollouts_dropped_stale, 1);
+  cr_assert_eq(k.requests_dispatched, 4 * R + 1, "its slot asked again once");
+  cr_assert_eq(k.rollouts_used, 4 * R);
+  sched_free(h.s);
+}
