@@ -271,7 +271,8 @@ Test(sched_dispatch, slow_worker_is_the_only_drop) {
     }
     if (step == 1) {
       size_t i = 0;
-      while (h.reqs[i].id != slow) i++;
+      while (i < h.nreqs && h.reqs[i].id != slow) i++;
+      cr_assert_lt(i, h.nreqs, "the slow request is still in flight");
       answer_n(&h, i, h.reqs[i].count, h.reqs[i].version); /* version 0, too late */
       slow = 0;
     }
