@@ -15,6 +15,7 @@ static const struct {
   int (*fn)(int, char **);
 } benches[] = {
     {"broadcast", bench_broadcast},
+    {"dispatch", bench_dispatch},
     {"rpc", bench_rpc},
     {"steploop", bench_steploop},
     {NULL, NULL},
@@ -40,6 +41,7 @@ static const opt_cmd bench__cmd = {
     .flags = OPT_CMD_SUBCOMMAND,
     .footer = "benchmarks:\n"
               "  broadcast  weight broadcast vs PCIe and wire floors\n"
+              "  dispatch   stale drops and inference utilisation at async levels 0..3\n"
               "  rpc        control-call latency vs a bare gRPC C-core echo server\n"
               "  steploop   orchestration overhead per step and per rollout\n",
 };

@@ -9,6 +9,7 @@
 int bench_main(int argc, char **argv);
 
 int bench_broadcast(int argc, char **argv); /* bench/bench_broadcast.c */
+int bench_dispatch(int argc, char **argv);  /* bench/bench_dispatch.c */
 int bench_rpc(int argc, char **argv);       /* bench/bench_rpc.c */
 int bench_steploop(int argc, char **argv);  /* bench/bench_steploop.c */
 

@@ -30,7 +30,7 @@ typedef struct ctl_opts {
 /* Every command's flags and arguments; each command's table uses its part. */
 typedef struct ctl_args {
   char *run_name, *preset, *stop_reason, *run_id, *run_filter, *service;
-  uint32_t steps, max_async_level, rollouts_per_step, limit;
+  uint32_t steps, max_async_level, rollouts_per_step, max_requests_per_worker, limit;
   int policy, offload, run_state;
   uint64_t staging_budget_bytes;
   int64_t from_step;
@@ -138,6 +138,9 @@ static const opt_field ctl__start_fields[] = {
     {.name = "rollouts_per_step", .flag = "--rollouts-per-step", .type = OPT_U32,
      .off = CA(rollouts_per_step, uint32_t), .metavar = "N", .help = "rollouts in a batch",
      .dflt = "the orchestrator's"},
+    {.name = "max_requests_per_worker", .flag = "--max-requests-per-worker", .type = OPT_U32,
+     .off = CA(max_requests_per_worker, uint32_t), .metavar = "N",
+     .help = "rollout requests in flight on one inference worker", .dflt = "the orchestrator's"},
     {.name = "offload", .flag = "--offload", .type = OPT_ENUM, .off = CA(offload, int),
      .names = ctl__offloads, .metavar = "O",
      .help = "what the trainer must keep in host memory", .dflt = "the trainer's"},
@@ -214,6 +217,7 @@ static int do_start_run(ctl *c, const ctl_args *a) {
     spec.max_async_level = a->max_async_level;
   }
   spec.rollouts_per_step = a->rollouts_per_step;
+  spec.max_requests_per_worker = a->max_requests_per_worker;
   spec.staging_budget_bytes = a->staging_budget_bytes;
   spec.policy = (Rlorch__V1__BroadcastMode)a->policy;
   spec.offload = (Rlorch__V1__Offload)a->offload;

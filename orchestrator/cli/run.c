@@ -40,7 +40,7 @@ typedef struct child {
 } child;
 
 typedef struct run_opts {
-  uint32_t steps, inference, max_async, rollouts_per_step, layers;
+  uint32_t steps, inference, max_async, rollouts_per_step, max_requests, layers;
   char *preset, *listen, *metrics_listen, *data_dir; /* owned: opt_free */
   int offload, policy, log_level;
   bool json;
@@ -80,6 +80,9 @@ static const opt_field run__fields[] = {
     {.name = "rollouts_per_step", .flag = "--rollouts-per-step", .type = OPT_U32,
      .off = RO(rollouts_per_step, uint32_t), .min = 0, .max = 65536, .metavar = "N",
      .help = "rollouts in a training batch"},
+    {.name = "max_requests_per_worker", .flag = "--max-requests-per-worker", .type = OPT_U32,
+     .off = RO(max_requests, uint32_t), .min = 1, .max = 1024, .metavar = "N",
+     .help = "rollout requests in flight on one inference worker"},
     {.name = "listen", .flag = "--listen", .type = OPT_ADDR, .off = RO(listen, char *),
      .metavar = "ADDR", .help = "orchestrator's gRPC address; port 0 picks a free one"},
     {.name = "metrics_listen", .flag = "--metrics-listen", .type = OPT_ADDR,
@@ -130,6 +133,7 @@ typedef struct run_ctx {
 
 static void run__defaults(run_opts *o) {
   *o = (run_opts){.steps = 5, .inference = 2, .max_async = 1, .rollouts_per_step = 8,
+                  .max_requests = 8,
                   .preset = "100m", .offload = RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS,
                   .policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO,
                   .listen = "127.0.0.1:0", .metrics_listen = "127.0.0.1:0",
@@ -442,12 +446,14 @@ static int start_processes(run_ctx *c) {
                      "--offload", offload, "--name", "trainer-0", "--device", dev,
                      "--log-level", level, "--layers", layers, NULL};
   if (spawn(c, "trainer-0", tr_argv) != 0) return -1;
+  char conc[16]; /* each worker generates as many at once as it may be asked */
+  snprintf(conc, sizeof conc, "%u", o->max_requests);
   for (uint32_t i = 0; i < o->inference; i++) {
     char name[32];
     snprintf(name, sizeof name, "inference-%u", i);
     snprintf(dev, sizeof dev, "%d", device_for(c, 1 + (int)i));
     char *in_argv[] = {c->exe, "inference", "--orchestrator", c->grpc_addr, "--name", name,
-                       "--device", dev, "--log-level", level, NULL};
+                       "--device", dev, "--log-level", level, "--concurrency", conc, NULL};
     if (spawn(c, name, in_argv) != 0) return -1;
   }
   return 0;
@@ -461,6 +467,7 @@ static int start_and_watch(run_ctx *c) {
   spec.async_bound_case = RLORCH__V1__RUN_SPEC__ASYNC_BOUND_MAX_ASYNC_LEVEL;
   spec.max_async_level = c->o.max_async;
   spec.rollouts_per_step = c->o.rollouts_per_step;
+  spec.max_requests_per_worker = c->o.max_requests;
   spec.policy = (Rlorch__V1__BroadcastMode)c->o.policy;
   spec.offload = (Rlorch__V1__Offload)c->o.offload;
   ProtobufCMessage *resp = NULL;

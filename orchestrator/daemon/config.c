@@ -61,6 +61,9 @@ static const opt_field config__fields[] = {
      .min = 0, .max = 64, .metavar = "N", .help = "off-policy bound of a run"},
     {.name = "rollouts_per_step", .type = OPT_U32, .off = CONFIG__OFF(rollouts_per_step, uint32_t),
      .min = 1, .max = 1000000, .metavar = "N", .help = "rollouts in a training batch"},
+    {.name = "max_requests_per_worker", .type = OPT_U32,
+     .off = CONFIG__OFF(max_requests_per_worker, uint32_t), .min = 1, .max = 1024, .metavar = "N",
+     .help = "rollout requests in flight on one inference worker"},
     {.name = "staging_budget_bytes", .type = OPT_BYTES,
      .off = CONFIG__OFF(staging_budget_bytes, uint64_t), .min = 1048576.0, .max = 1099511627776.0,
      .metavar = "BYTES", .help = "staging memory budget per bucket"},
@@ -94,6 +97,7 @@ void config_defaults(config *c) {
   c->default_policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO;
   c->max_async_level = 1;
   c->rollouts_per_step = 8;
+  c->max_requests_per_worker = 8;
   c->staging_budget_bytes = 256u << 20;
 }
 

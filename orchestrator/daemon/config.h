@@ -51,6 +51,8 @@ typedef struct config {
   Rlorch__V1__BroadcastMode default_policy; /* "auto|direct|staged|host", default AUTO */
   uint32_t max_async_level;       /* default 1, at most 64 */
   uint32_t rollouts_per_step;     /* default 8 */
+  uint32_t max_requests_per_worker; /* rollout requests in flight per inference worker,
+                                       default 8, 1..1024 */
   uint64_t staging_budget_bytes;  /* default 256 MiB */
   bool print_config;              /* --print-config: print and exit 0 */
   bool help;                      /* --help: config_usage(stdout) and exit 0 */

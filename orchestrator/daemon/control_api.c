@@ -17,6 +17,7 @@
 
 #define MAX_STEPS 10000000u
 #define MAX_ROLLOUTS_PER_STEP 65536u
+#define MAX_REQUESTS_PER_WORKER 1024u
 #define MIN_STAGING_BUDGET (1u << 20)
 
 int control_api_run_is_final(Rlorch__V1__RunState s) {
@@ -56,6 +57,11 @@ static int spec_validate(orch *o, Rlorch__V1__RunSpec *s, char *err, size_t len)
   if (s->rollouts_per_step > MAX_ROLLOUTS_PER_STEP)
     return snprintf(err, len, "rollouts_per_step: %u is over the limit of %u",
                     s->rollouts_per_step, MAX_ROLLOUTS_PER_STEP),
+           -1;
+  if (s->max_requests_per_worker == 0) s->max_requests_per_worker = c->max_requests_per_worker;
+  if (s->max_requests_per_worker > MAX_REQUESTS_PER_WORKER)
+    return snprintf(err, len, "max_requests_per_worker: %u is over the limit of %u",
+                    s->max_requests_per_worker, MAX_REQUESTS_PER_WORKER),
            -1;
   if (s->policy == RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_UNSPECIFIED)
     s->policy = c->default_policy;

@@ -592,6 +592,8 @@ int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
   st.steps = run->spec->steps;
   st.rollouts_per_step = run->spec->rollouts_per_step;
   st.max_async_level = run->spec->max_async_level;
+  /* 0 only in a spec that bypassed the Control API's defaults: keep the scheduler's. */
+  if (run->spec->max_requests_per_worker) st.max_outstanding = run->spec->max_requests_per_worker;
   if (sched_pb_mode_from_pb(run->policy, &st.policy) != 0) {
     snprintf(err, errlen, "policy: unknown value %d", (int)run->policy);
     return refuse_run(r, run, err);

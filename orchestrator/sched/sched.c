@@ -25,6 +25,7 @@ typedef struct sched__request {
   uint64_t id;
   uint32_t worker;
   uint32_t count;
+  uint64_t version; /* the worker's version at dispatch: the one its rollouts will carry */
 } sched__request;
 
 typedef struct sched__rollout {
@@ -85,6 +86,9 @@ struct sched {
   size_t npool, pool_cap;
   uint64_t next_seq;
   sched__rollout *scratch;     /* batch selection */
+  uint64_t *demand;            /* dispatch: rollouts per last usable step, window_len */
+  uint64_t *fill;              /* dispatch: room by deadline index, window_len */
+  uint32_t window_len;         /* steps one rollout may serve at most: async bound + 1 */
 
   sched__step st;
   int64_t last_now;            /* latest event time: the clock must not go back */
@@ -371,39 +375,114 @@ static void sched__start_step(sched *s, int64_t now) {
   sched__set_worker_state(s, t, SCHED_WORKER_BUSY, "training");
 }
 
-/* Least loaded attached inference worker with room; ties: lowest id. */
-static sched_worker_info *sched__least_loaded(sched *s) {
-  sched_worker_info *best = NULL;
-  for (size_t i = 0; i < s->nworkers; i++) {
-    sched_worker_info *w = &s->workers[i];
-    if (w->role != SCHED_ROLE_INFERENCE || !sched__attached(w)) continue;
-    if (w->outstanding >= s->cfg.max_outstanding) continue;
-    if (!best || w->outstanding < best->outstanding) best = w;
+/* Dispatch asks only for rollouts a batch within the off-policy bound will
+ * use. A rollout of version v serves one of the steps first .. v + async
+ * (first: the next step still to be batched), so what is buffered and what is
+ * in flight is a set of items with deadlines, and each step takes
+ * rollouts_per_step of them. Filling the steps earliest deadline first is
+ * optimal for such items; a new request of version v is worth sending only
+ * while that filling leaves a free slot at or before v + async that no
+ * item with a later deadline needs. Whatever is then dropped as stale went
+ * stale by being late (a slow or lost worker), never by being surplus. */
+typedef struct sched__window {
+  uint64_t first, last; /* steps still to batch that a rollout may serve */
+  int open;             /* 0: no step left to serve (run ends, or the bound is past) */
+} sched__window;
+
+static sched__window sched__dispatch_window(const sched *s) {
+  sched__window w = {0, 0, 0};
+  w.first = s->steps_done + (s->st.phase == SCHED__IDLE ? 0 : 1);
+  w.last = w.first + s->window_len - 1;
+  if (s->cfg.steps) {
+    if (w.first >= s->cfg.steps) return w;
+    if (w.last > s->cfg.steps - 1) w.last = s->cfg.steps - 1;
   }
-  return best;
+  w.open = 1;
+  return w;
+}
+
+/* Index of the last step a rollout of `version` may serve, or -1 if none. */
+static int64_t sched__deadline(const sched *s, const sched__window *w, uint64_t version) {
+  uint64_t end = version + s->cfg.max_async_level;
+  if (end < w->first) return -1;
+  if (end > w->last) end = w->last;
+  return (int64_t)(end - w->first);
+}
+
+/* Counts what is buffered or requested by deadline into s->demand. */
+static void sched__demand(sched *s, const sched__window *w) {
+  size_t len = (size_t)(w->last - w->first + 1);
+  memset(s->demand, 0, len * sizeof *s->demand);
+  for (size_t i = 0; i < s->npool; i++) {
+    int64_t d = sched__deadline(s, w, s->pool[i].r.policy_version);
+    if (d >= 0) s->demand[d]++;
+  }
+  for (size_t i = 0; i < s->nreqs; i++) {
+    int64_t d = sched__deadline(s, w, s->reqs[i].version);
+    if (d >= 0) s->demand[d] += s->reqs[i].count;
+  }
+}
+
+/* Fills s->fill[d] with the rollouts of deadline index d that may still be
+ * asked for without displacing anything buffered or in flight: the free
+ * slots left by the earliest-deadline-first filling, at the tightest step at
+ * or after d. Once per dispatch, so that each worker's room is a look-up. */
+static void sched__room(sched *s, const sched__window *w) {
+  size_t len = (size_t)(w->last - w->first + 1);
+  uint64_t per = s->cfg.rollouts_per_step, cum = 0;
+  for (size_t k = 0; k < len; k++) {
+    uint64_t cap = per * (k + 1);
+    cum += s->demand[k];
+    if (cum > cap) cum = cap; /* the excess cannot be used: it will go stale */
+    s->fill[k] = cap - cum;   /* free through step k, for now */
+  }
+  for (size_t k = len - 1; k-- > 0;)
+    if (s->fill[k + 1] < s->fill[k]) s->fill[k] = s->fill[k + 1];
 }
 
 static void sched__dispatch(sched *s) {
+  sched__window win = sched__dispatch_window(s);
+  if (!win.open) return;
+  sched__demand(s, &win);
   for (;;) {
     uint64_t used = (uint64_t)s->npool + s->c.rollouts_requested;
     if (used >= s->max_buffered) return;
-    sched_worker_info *w = sched__least_loaded(s);
-    if (!w) return;
+    sched__room(s, &win);
+    /* Least loaded attached inference worker with room for its version; ties:
+     * lowest id. Workers may hold different versions (one that attached
+     * after the last broadcast holds an older one), so room is per worker. */
+    sched_worker_info *best = NULL;
+    uint64_t best_room = 0;
+    for (size_t i = 0; i < s->nworkers; i++) {
+      sched_worker_info *w = &s->workers[i];
+      if (w->role != SCHED_ROLE_INFERENCE || !sched__attached(w)) continue;
+      if (w->outstanding >= s->cfg.max_outstanding) continue;
+      if (best && w->outstanding >= best->outstanding) continue;
+      int64_t d = sched__deadline(s, &win, w->policy_version);
+      uint64_t room = d < 0 ? 0 : s->fill[d];
+      if (room == 0) continue;
+      best = w;
+      best_room = room;
+    }
+    if (!best) return;
     if (sched__grow(&s->reqs, &s->reqs_cap, s->nreqs + 1, sizeof *s->reqs)) return;
     uint64_t room = s->max_buffered - used;
+    if (best_room < room) room = best_room;
     uint32_t count = room < s->per_request ? (uint32_t)room : s->per_request;
     sched_action *a = sched__act(s, SCHED_ACT_DISPATCH);
     if (!a) return;
     uint64_t id = s->next_request_id++;
-    a->worker = w->id;
+    a->worker = best->id;
     a->request_id = id;
     a->count = count;
-    a->policy_version = w->policy_version;
-    s->reqs[s->nreqs++] = (sched__request){.id = id, .worker = w->id, .count = count};
+    a->policy_version = best->policy_version;
+    s->reqs[s->nreqs++] = (sched__request){
+        .id = id, .worker = best->id, .count = count, .version = best->policy_version};
+    s->demand[sched__deadline(s, &win, best->policy_version)] += count;
     s->c.rollouts_requested += count;
     s->c.requests_dispatched++;
-    w->outstanding++;
-    sched__set_worker_state(s, w, SCHED_WORKER_BUSY, "generating rollouts");
+    best->outstanding++;
+    sched__set_worker_state(s, best, SCHED_WORKER_BUSY, "generating rollouts");
   }
 }
 
@@ -541,7 +620,13 @@ int sched_new(const sched_settings *settings, sched **out, char *err, size_t err
   s->pool = malloc(s->pool_cap * sizeof *s->pool);
   s->scratch = malloc(s->pool_cap * sizeof *s->scratch);
   s->st.batch = malloc(settings->rollouts_per_step * sizeof *s->st.batch);
-  if (!s->pool || !s->scratch || !s->st.batch) goto nomem;
+  /* Steps beyond what max_buffered can hold never limit a dispatch. */
+  uint64_t wl = (uint64_t)settings->max_async_level + 1;
+  uint64_t held = s->max_buffered / settings->rollouts_per_step + 1;
+  s->window_len = (uint32_t)(wl < held ? wl : held);
+  s->demand = malloc(s->window_len * sizeof *s->demand);
+  s->fill = malloc(s->window_len * sizeof *s->fill);
+  if (!s->pool || !s->scratch || !s->st.batch || !s->demand || !s->fill) goto nomem;
   *out = s;
   return SCHED_OK;
 nomem:
@@ -556,6 +641,8 @@ void sched_free(sched *s) {
   free(s->reqs);
   free(s->pool);
   free(s->scratch);
+  free(s->demand);
+  free(s->fill);
   free(s->st.batch);
   free(s->st.parts);
   free(s->st.acked);
@@ -717,7 +804,10 @@ int sched_worker_heartbeat(sched *s, int64_t now, uint32_t id, uint64_t policy_v
                              "worker %s: heartbeat policy_version %" PRIu64
                              " is newer than the published %" PRIu64,
                              w->name, policy_version, s->steps_done);
-    w->policy_version = policy_version;
+    /* Within a run a worker's weights only move forward; a heartbeat read
+     * before its broadcast landed may arrive after the commit, and taking its
+     * older version would shut the worker out of dispatch until the next. */
+    if (policy_version > w->policy_version) w->policy_version = policy_version;
   }
   w->last_seen_ms = now;
   return SCHED_OK;

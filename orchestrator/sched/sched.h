@@ -21,6 +21,15 @@
  * A batch for step n uses only rollouts of version >= n - max_async_level,
  * oldest valid first; older rollouts are dropped and counted.
  *
+ * Dispatch asks only for what those batches can use: a request goes to the
+ * least loaded inference worker (at most max_outstanding in flight on each)
+ * while the rollouts buffered and in flight, counted by the version each
+ * carries (a request's: the version its worker held when it was sent), leave
+ * a slot in steps next .. v + max_async_level (rollouts_per_step each; none
+ * past the run's last step). So with on-time workers nothing is dropped; a
+ * rollout goes stale only by arriving late. max_buffered caps the total on
+ * top of that.
+ *
  * Failure policy. A participant that refuses the plan or acks another hash,
  * an ack or broadcast timeout, a broadcast error, or a policy override the
  * participants cannot run: the plan is aborted and the run FAILS with a
@@ -109,7 +118,7 @@ typedef struct sched_settings {
   uint32_t rollouts_per_request;  /* count asked of a worker per request; 0: 1 */
   uint32_t max_async_level;       /* off-policy bound */
   uint32_t max_outstanding;       /* K: outstanding requests per inference worker, >= 1 */
-  uint32_t max_buffered;          /* cap on rollouts buffered + requested; 0: default
+  uint32_t max_buffered;          /* hard cap on rollouts buffered + requested; 0: default
                                      2 * rollouts_per_step * (max_async_level + 1) */
   sched_mode policy;              /* initial broadcast policy */
   int64_t plan_ack_timeout_ms;    /* build request/plan built -> every ack, > 0 */
@@ -118,7 +127,7 @@ typedef struct sched_settings {
 } sched_settings;
 
 /* Defaults: run "run", steps 0, 8 rollouts per step, 1 per request, async 1,
- * K 2, policy auto, timeouts 30 s ack, 300 s broadcast, 15 s heartbeat. */
+ * K 8, policy auto, timeouts 30 s ack, 300 s broadcast, 15 s heartbeat. */
 void sched_settings_default(sched_settings *s);
 /* 0, or SCHED_EINVAL with a message naming the field in `err`. */
 int sched_settings_validate(const sched_settings *s, char *err, size_t errlen);
@@ -299,7 +308,8 @@ int sched_worker_registered(sched *s, int64_t now_ms, uint32_t id, sched_role ro
 /* Its command stream opened: REGISTERED -> READY. */
 int sched_worker_attached(sched *s, int64_t now_ms, uint32_t id);
 /* Proof of life; `policy_version` is the version an inference worker holds
- * (ignored for the trainer). */
+ * (ignored for the trainer; an older one than already known changes nothing:
+ * it was read before a broadcast landed). */
 int sched_worker_heartbeat(sched *s, int64_t now_ms, uint32_t id, uint64_t policy_version);
 /* Stream closed or otherwise gone; `reason` may be NULL. SCHED_ESTALE if already lost. */
 int sched_worker_lost(sched *s, int64_t now_ms, uint32_t id, const char *reason);

@@ -81,7 +81,7 @@ void sched_settings_default(sched_settings *s) {
   s->rollouts_per_step = 8;
   s->rollouts_per_request = 1;
   s->max_async_level = 1;
-  s->max_outstanding = 2;
+  s->max_outstanding = 8;
   s->max_buffered = 0;
   s->policy = SCHED_MODE_AUTO;
   s->plan_ack_timeout_ms = 30000;

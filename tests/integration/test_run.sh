@@ -18,6 +18,7 @@ assert_eq 2 "$(printf '%s\n' "$out" | grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ .* hos
   "one line per step"
 assert_contains "$out" "summary: run run-1 succeeded" "summary names the run and its end"
 assert_contains "$out" "receivers verified           2 of 2 steps" "every step verified"
+assert_contains "$out" "16 used, 0 dropped as stale" "only what the batches use is generated"
 assert_eq 0 "$(pgrep -f -- "$TEST_TMP/run1" | wc -l)" "no child process is left behind"
 assert_eq 1 "$(ls "$TEST_TMP/run1/logs" | grep -c '^serve.log$')" "child logs are kept"
 
@@ -52,5 +53,9 @@ assert_exit 2 "$RLORCH_BIN" run --offload gpu
 assert_contains "$LAST_OUTPUT" "--offload" "a bad --offload is named"
 assert_exit 2 "$RLORCH_BIN" run --inference-workers 0
 assert_contains "$LAST_OUTPUT" "--inference-workers" "zero inference workers is refused"
+assert_exit 2 "$RLORCH_BIN" run --max-requests-per-worker 0
+assert_contains "$LAST_OUTPUT" "--max-requests-per-worker" "a zero request limit is named"
+assert_exit 2 env RLORCH_MAX_REQUESTS_PER_WORKER=2000 "$RLORCH_BIN" run
+assert_contains "$LAST_OUTPUT" "RLORCH_MAX_REQUESTS_PER_WORKER" "an oversized limit from the environment is named"
 
 finish

@@ -134,6 +134,11 @@ assert_eq "$STEPS" "$(metric_value 'rlorch_broadcast_duration_seconds_count{mode
 assert_eq "$STEPS" "$(metric_value 'rlorch_step_duration_seconds_count')" "step histogram"
 assert_eq "$((STEPS * PER_STEP))" "$(metric_value 'rlorch_rollouts_total{outcome="used"}')" \
   "used rollouts counted"
+# Dispatch asks only for what the batches within the bound use, and the agents
+# tag a rollout with a version no older than the one it was asked at: nothing
+# goes stale when no worker is lost.
+assert_eq 0 "$(metric_value 'rlorch_rollouts_total{outcome="dropped_stale"}')" \
+  "no rollout dropped as stale"
 assert_eq "$STEPS" "$(metric_value 'rlorch_policy_version')" "policy version gauge"
 wire_total="$(python3 -c '
 import json, sys

@@ -20,6 +20,7 @@ void fx_drain(fx *h) {
       cr_assert_lt(h->nreqs, FX_MAXQ);
       h->reqs[h->nreqs].worker = a[i].worker;
       h->reqs[h->nreqs].id = a[i].request_id;
+      h->reqs[h->nreqs].version = a[i].policy_version;
       h->reqs[h->nreqs++].count = a[i].count;
       h->dispatch_log[h->ndispatch++] = a[i].worker;
       break;

@@ -16,7 +16,12 @@
 typedef struct fx {
   sched *s;
   int64_t now;
-  struct { uint32_t worker; uint64_t id; uint32_t count; } reqs[FX_MAXQ]; /* in flight */
+  struct {
+    uint32_t worker;
+    uint64_t id;
+    uint32_t count;
+    uint64_t version; /* the version the scheduler believed the worker held */
+  } reqs[FX_MAXQ];    /* in flight */
   size_t nreqs;
   size_t dispatch_log[FX_MAXQ]; /* worker ids of every DISPATCH, in order */
   size_t ndispatch;

@@ -66,7 +66,7 @@ Test(agent_opts, inference_values) {
   char err[256];
   cr_assert_eq(PARSE(AGENT_ROLE_INFERENCE, &o, err, "--orchestrator", "a:1", "--tokens-mean",
                      "100", "--tokens-std", "0", "--latency-ms-mean", "0.5", "--latency-ms-std",
-                     "0.1", "--distribution", "normal", "--seed", "9"),
+                     "0.1", "--distribution", "normal", "--seed", "9", "--concurrency", "32"),
                0, "%s", err);
   cr_assert_float_eq(o.opts.rollout.tokens_mean, 100, 1e-9);
   cr_assert_float_eq(o.opts.rollout.tokens_std, 0, 1e-9);
@@ -74,6 +74,10 @@ Test(agent_opts, inference_values) {
   cr_assert_eq(o.opts.rollout.dist, AGENT_DIST_NORMAL);
   cr_assert_eq(o.opts.seed, 9u);
   cr_assert_eq(o.opts.seed_set, 1);
+  cr_assert_eq(o.opts.concurrency, 32);
+  agent_flags_free(&o);
+  cr_assert_eq(PARSE(AGENT_ROLE_INFERENCE, &o, err, "--orchestrator", "a:1"), 0, "%s", err);
+  cr_assert_eq(o.opts.concurrency, 8, "the orchestrator's default max_requests_per_worker");
   agent_flags_free(&o);
 }
 
@@ -230,4 +234,8 @@ Test(agent_opts, errors_name_the_flag) {
   EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--distribution", "--orchestrator", "a:1",
                "--distribution", "gamma");
   EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--seed", "--orchestrator", "a:1", "--seed", "-1");
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--concurrency", "--orchestrator", "a:1", "--concurrency", "0");
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--concurrency", "--orchestrator", "a:1", "--concurrency",
+               "1025");
+  EXPECT_ERROR(AGENT_ROLE_TRAINER, "--concurrency", "--orchestrator", "a:1", "--concurrency", "4");
 }

@@ -94,6 +94,7 @@ Test(config, defaults) {
   cr_assert_eq(c.default_policy, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO);
   cr_assert_eq(c.max_async_level, 1);
   cr_assert_eq(c.rollouts_per_step, 8);
+  cr_assert_eq(c.max_requests_per_worker, 8);
   cr_assert_eq(c.staging_budget_bytes, 256u << 20);
   cr_assert(!c.print_config && !c.help);
   config_free(&c);
@@ -108,10 +109,12 @@ Test(config, precedence_file_env_flags) {
                                 "log_level: debug\n"
                                 "max_async_level: 3\n"
                                 "rollouts_per_step: 16\n"
+                                "max_requests_per_worker: 4\n"
                                 "staging_budget_bytes: 64MiB\n"
                                 "shutdown_grace_s: 2.5\n"
                                 "default_policy: staged\n");
   char *envp[] = {"PATH=/bin", "RLORCH_LISTEN=127.0.0.1:3333", "RLORCH_MAX_ASYNC_LEVEL=5",
+                  "RLORCH_MAX_REQUESTS_PER_WORKER=32",
                   "RLORCH_BIN=ignored", "RLORCH_LOG_FORMAT=json", NULL};
   config c;
   char err[256] = "";
@@ -125,6 +128,7 @@ Test(config, precedence_file_env_flags) {
   cr_assert_eq(c.log_format, LOG_FORMAT_JSON);
   cr_assert_eq(c.max_async_level, 5); /* env beats file */
   cr_assert_eq(c.rollouts_per_step, 16);
+  cr_assert_eq(c.max_requests_per_worker, 32); /* env beats file */
   cr_assert_eq(c.staging_budget_bytes, 64u << 20);
   cr_assert_float_eq(c.shutdown_grace_s, 2.5, 1e-12);
   cr_assert_eq(c.default_policy, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED);
@@ -207,6 +211,7 @@ Test(config, print_round_trip) {
   cr_assert_eq(a.default_policy, b.default_policy);
   cr_assert_eq(a.max_async_level, b.max_async_level);
   cr_assert_eq(a.rollouts_per_step, b.rollouts_per_step);
+  cr_assert_eq(a.max_requests_per_worker, b.max_requests_per_worker);
   cr_assert_eq(a.staging_budget_bytes, b.staging_budget_bytes);
   /* Printing the reloaded configuration gives the same text. */
   char *text2 = NULL;
@@ -267,6 +272,8 @@ Test(config, file_errors_name_file_line_and_field) {
       {"max_async_level: -1\n", "rlorch.yaml:1: max_async_level: not an integer: \"-1\""},
       {"max_async_level: 2.5\n", "rlorch.yaml:1: max_async_level: not an integer: \"2.5\""},
       {"rollouts_per_step: 0\n", "rlorch.yaml:1: rollouts_per_step: 0 out of range"},
+      {"max_requests_per_worker: 0\n", "rlorch.yaml:1: max_requests_per_worker: 0 out of range [1, 1024]"},
+      {"max_requests_per_worker: 1025\n", "rlorch.yaml:1: max_requests_per_worker: 1025 out of range [1, 1024]"},
       {"rollouts_per_step: 99999999999999999999999\n", "rollouts_per_step: out of range"},
       {"http_max_connections: 0\n", "rlorch.yaml:1: http_max_connections: 0 out of range"},
       {"http_timeout_ms: 1\n", "rlorch.yaml:1: http_timeout_ms: 1 out of range"},

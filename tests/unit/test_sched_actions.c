@@ -18,7 +18,8 @@ static const sched_action *find(const sched_action_batch *b, sched_action_kind k
 
 Test(sched_actions, survive_later_events_until_freed) {
   fx h;
-  sched_settings c = fx_settings(1, 0, 1, 4);
+  /* Async 1, so that step 1's rollout is asked for while step 0 trains. */
+  sched_settings c = fx_settings(1, 1, 1, 4);
   c.steps = 3;
   fx_start(&h, &c);
   fx_add(&h, FX_TRAINER, SCHED_ROLE_TRAINER, "trainer", &FX_GPU);

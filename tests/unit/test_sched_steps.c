@@ -10,8 +10,10 @@
 
 /* ---- off-policy bound -------------------------------------------------------------- */
 
-/* Steps 0..2 with batch 2; six v0 rollouts (ids 1..6) arrive before step 0;
- * later rollouts are fresh (id 100+, current version) only when no batch forms. */
+/* Steps 0..2 with batch 2. The first six answers (ids 1..6), to whatever
+ * requests are in flight, carry version 0 even where the worker was believed
+ * to hold a newer one (its heartbeat may lag); later answers are fresh (id
+ * 100+, current version) and come only while no batch forms. */
 static void bounded_run(uint32_t async, uint64_t batches[3][2], uint64_t *dropped) {
   fx h;
   sched_settings c = fx_settings(2, async, 8, 16);
@@ -19,13 +21,14 @@ static void bounded_run(uint32_t async, uint64_t batches[3][2], uint64_t *droppe
   fx_start(&h, &c);
   fx_add(&h, FX_TRAINER, SCHED_ROLE_TRAINER, "trainer", &FX_GPU);
   fx_add(&h, 2, SCHED_ROLE_INFERENCE, "inference-1", &FX_GPU);
-  for (uint64_t id = 1; id <= 6; id++) fx_answer(&h, 2, id, 0);
-  uint64_t fresh = 100;
+  uint64_t next = 1;
   for (int step = 0; step < 3; step++) {
-    while (h.ntrain == step && fresh < 150) {
+    while (h.ntrain == step && next < 150) {
       sched_run_info ri;
       sched_get_run(h.s, &ri);
-      fx_answer(&h, 2, fresh++, ri.policy_version);
+      uint64_t id = next++;
+      if (next == 7) next = 100;
+      fx_answer(&h, 2, id, id <= 6 ? 0 : ri.policy_version);
     }
     cr_assert_eq(h.ntrain, step + 1, "no batch formed for step %d", step);
     cr_assert_eq(h.train_step, (uint64_t)step);

@@ -145,10 +145,11 @@ Test(sched_lost, trainer_lost_goes_pending_and_redoes_the_step) {
   cr_assert_eq(h.nabort, 1);
   cr_assert(strstr(h.abort_reason, "trainer"), "%s", h.abort_reason);
   cr_assert_eq(h.run_state, SCHED_RUN_PENDING);
-  fx_answer(&h, 0, 2, 0);
-  cr_assert_eq(h.ntrain, 1, "no step without a trainer");
+  cr_assert_eq(h.nreqs, 0, "nothing is asked for while no step could use it");
   fx_add(&h, FX_TRAINER, SCHED_ROLE_TRAINER, "trainer-b", &FX_GPU); /* the same id may register again */
   cr_assert_eq(h.run_state, SCHED_RUN_RUNNING);
+  cr_assert_eq(h.ntrain, 1, "no step before its fresh batch");
+  fx_answer(&h, 0, 2, 0);
   cr_assert_eq(h.ntrain, 2);
   cr_assert_eq(h.train_step, 0);
   cr_assert_neq(h.train_ids[0], first, "a rollout is never used twice");

@@ -1,5 +1,12 @@
 /* `rlorch inference`: synthetic rollouts with the policy version held, the
- * receiving side of the broadcast. */
+ * receiving side of the broadcast.
+ *
+ * Rollout requests are served by a pool of generator threads, as an engine
+ * batches many sequences: the command thread only queues a request, so up to
+ * `concurrency` are generated at once and a plan or trigger queued behind
+ * them is not held up. The orchestrator bounds how many are in flight
+ * (max_requests_per_worker); requests beyond the pool wait in its queue. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +41,20 @@ typedef struct agent__inference {
   Rlorch__V1__Capabilities caps_pb;
   Rlorch__V1__RegisterRequest reg;
   char run_id[64]; /* run of the last command: versions count per run */
+  /* The generator pool. */
+  pthread_mutex_t mu;   /* guards the queue, quit and gen */
+  pthread_cond_t cond;  /* queue grew, or quit */
+  struct inference__job *head, *tail;
+  int quit;
+  pthread_t *tids;
+  size_t nthreads;
 } agent__inference;
+
+typedef struct inference__job {
+  uint64_t request_id;
+  uint32_t count;
+  struct inference__job *next;
+} inference__job;
 
 static void inference__free_buffers(agent__inference *in) {
   bcast_storage_free(in->storage);
@@ -95,11 +115,55 @@ static int inference__done(void *ud, const bcast_plan *p, int ok, uint64_t *chec
   return 0;
 }
 
-static int inference__stop(void *ud) { return agent_stopping(ud); }
+/* Makes up to `count` rollouts of `version` one after another, each sleeping
+ * its latency (waking early when the agent stops); returns how many. The
+ * draws share the generator, the sleeps overlap with other threads'. */
+static size_t inference__generate(agent__inference *in, uint32_t rank, uint64_t version,
+                                  agent_rollout *out, size_t count) {
+  size_t made = 0;
+  for (; made < count && !agent_stopping(in->a); made++) {
+    pthread_mutex_lock(&in->mu);
+    agent_rollout_draw(&in->gen, rank, version, &out[made]);
+    pthread_mutex_unlock(&in->mu);
+    double t0 = agent_now();
+    agent_sleep(in->a, out[made].latency_s);
+    out[made].seconds = agent_now() - t0;
+  }
+  return made;
+}
 
-static int inference__rollout(agent__inference *in, agent *a, const Rlorch__V1__RolloutRequest *r) {
-  uint32_t left = r->count;
-  uint32_t rank = agent_id_tag(a);
+/* Reports `made` rollouts of `ro` (none is a valid answer: it frees the
+ * orchestrator's slot) for request `request_id`. */
+static void inference__report(agent__inference *in, uint64_t request_id, const agent_rollout *ro,
+                              Rlorch__V1__Rollout *msgs, Rlorch__V1__Rollout **ptrs,
+                              size_t made, uint64_t version) {
+  uint64_t tokens = 0;
+  for (size_t i = 0; i < made; i++) {
+    rlorch__v1__rollout__init(&msgs[i]);
+    msgs[i].id = ro[i].id;
+    msgs[i].policy_version = ro[i].policy_version;
+    msgs[i].tokens = ro[i].tokens;
+    msgs[i].seconds = ro[i].seconds;
+    ptrs[i] = &msgs[i];
+    tokens += ro[i].tokens;
+  }
+  Rlorch__V1__RolloutResult res = RLORCH__V1__ROLLOUT_RESULT__INIT;
+  res.request_id = request_id;
+  res.n_rollouts = made;
+  res.rollouts = made ? ptrs : NULL;
+  Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
+  req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS;
+  req.rollouts = &res;
+  agent_log_debug("rollouts", "request_id=%llu count=%zu tokens=%llu version=%llu",
+                  (unsigned long long)request_id, made, (unsigned long long)tokens,
+                  (unsigned long long)version);
+  agent_report(in->a, &req);
+}
+
+/* Serves one request on a generator thread. */
+static void inference__serve(agent__inference *in, const inference__job *j) {
+  uint32_t left = j->count;
+  uint32_t rank = agent_id_tag(in->a);
   do {
     uint32_t k = left < AGENT__ROLLOUTS_PER_REPORT ? left : AGENT__ROLLOUTS_PER_REPORT;
     agent_rollout *ro = calloc(k ? k : 1, sizeof *ro);
@@ -109,38 +173,94 @@ static int inference__rollout(agent__inference *in, agent *a, const Rlorch__V1__
       free(ro);
       free(msgs);
       free(ptrs);
-      agent_log_error("fatal", "reason=\"no memory for %u rollouts\"", k);
-      return -1;
+      /* Answer with nothing rather than leave the request in flight forever:
+       * the orchestrator asks again for what it still needs. */
+      agent_log_error("rollouts_failed", "request_id=%llu reason=\"no memory for %u rollouts\"",
+                      (unsigned long long)j->request_id, k);
+      inference__report(in, j->request_id, NULL, NULL, NULL, 0, 0);
+      return;
     }
-    uint64_t version = agent_policy_version(a);
-    size_t made = agent_rollout_run(&in->gen, rank, version, ro, k, inference__stop, a);
-    uint64_t tokens = 0;
-    for (size_t i = 0; i < made; i++) {
-      rlorch__v1__rollout__init(&msgs[i]);
-      msgs[i].id = ro[i].id;
-      msgs[i].policy_version = ro[i].policy_version;
-      msgs[i].tokens = ro[i].tokens;
-      msgs[i].seconds = ro[i].seconds;
-      ptrs[i] = &msgs[i];
-      tokens += ro[i].tokens;
-    }
-    Rlorch__V1__RolloutResult res = RLORCH__V1__ROLLOUT_RESULT__INIT;
-    res.request_id = r->request_id;
-    res.n_rollouts = made;
-    res.rollouts = ptrs;
-    Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
-    req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS;
-    req.rollouts = &res;
-    agent_log_debug("rollouts", "request_id=%llu count=%zu tokens=%llu version=%llu",
-              (unsigned long long)r->request_id, made, (unsigned long long)tokens,
-              (unsigned long long)version);
-    if (made > 0 || r->count == 0) agent_report(a, &req);
+    /* The version held when generation starts: never older than the one the
+     * orchestrator counted the request at. */
+    uint64_t version = agent_policy_version(in->a);
+    size_t made = inference__generate(in, rank, version, ro, k);
+    if (made > 0 || j->count == 0) inference__report(in, j->request_id, ro, msgs, ptrs, made, version);
     free(ro);
     free(msgs);
     free(ptrs);
     left -= k;
     if (made < k) break; /* stopping */
   } while (left > 0);
+}
+
+static void *inference__worker_main(void *arg) {
+  agent__inference *in = arg;
+  pthread_mutex_lock(&in->mu);
+  for (;;) {
+    while (!in->head && !in->quit) pthread_cond_wait(&in->cond, &in->mu);
+    if (in->quit) break;
+    inference__job *j = in->head;
+    in->head = j->next;
+    if (!in->head) in->tail = NULL;
+    pthread_mutex_unlock(&in->mu);
+    inference__serve(in, j);
+    free(j);
+    pthread_mutex_lock(&in->mu);
+  }
+  pthread_mutex_unlock(&in->mu);
+  return NULL;
+}
+
+/* Starts `n` generator threads; 0, or -1 with err filled (none left running). */
+static int inference__pool_start(agent__inference *in, size_t n, char *err, size_t errlen) {
+  in->tids = calloc(n, sizeof *in->tids);
+  if (!in->tids) return snprintf(err, errlen, "no memory for %zu generator threads", n), -1;
+  for (size_t i = 0; i < n; i++) {
+    int rc = pthread_create(&in->tids[i], NULL, inference__worker_main, in);
+    if (rc) {
+      snprintf(err, errlen, "generator thread %zu: %s", i, strerror(rc));
+      return -1; /* inference__pool_stop joins those started */
+    }
+    in->nthreads++;
+  }
+  return 0;
+}
+
+/* Stops and joins the pool; requests not yet started are dropped (the
+ * orchestrator forgets them with the worker's stream). */
+static void inference__pool_stop(agent__inference *in) {
+  pthread_mutex_lock(&in->mu);
+  in->quit = 1;
+  pthread_cond_broadcast(&in->cond);
+  pthread_mutex_unlock(&in->mu);
+  for (size_t i = 0; i < in->nthreads; i++) pthread_join(in->tids[i], NULL);
+  free(in->tids);
+  in->tids = NULL;
+  in->nthreads = 0;
+  while (in->head) {
+    inference__job *j = in->head;
+    in->head = j->next;
+    free(j);
+  }
+  in->tail = NULL;
+}
+
+/* Queues a request for the pool; -1 (fatal) only when out of memory. */
+static int inference__rollout(agent__inference *in, const Rlorch__V1__RolloutRequest *r) {
+  inference__job *j = calloc(1, sizeof *j);
+  if (!j) {
+    agent_log_error("fatal", "reason=\"no memory to queue request %llu\"",
+                    (unsigned long long)r->request_id);
+    return -1;
+  }
+  j->request_id = r->request_id;
+  j->count = r->count;
+  pthread_mutex_lock(&in->mu);
+  if (in->tail) in->tail->next = j;
+  else in->head = j;
+  in->tail = j;
+  pthread_cond_signal(&in->cond);
+  pthread_mutex_unlock(&in->mu);
   return 0;
 }
 
@@ -156,7 +276,7 @@ static int inference__command(agent *a, const Rlorch__V1__Command *cmd, void *ud
     snprintf(in->run_id, sizeof in->run_id, "%s", cmd->run_id);
   }
   switch (cmd->kind_case) {
-  case RLORCH__V1__COMMAND__KIND_ROLLOUT: return inference__rollout(in, a, cmd->rollout);
+  case RLORCH__V1__COMMAND__KIND_ROLLOUT: return inference__rollout(in, cmd->rollout);
   case RLORCH__V1__COMMAND__KIND_PLAN: agent_xfer_on_plan(&in->xfer, a, cmd); return 0;
   case RLORCH__V1__COMMAND__KIND_TRIGGER: agent_xfer_on_trigger(&in->xfer, a, cmd); return 0;
   case RLORCH__V1__COMMAND__KIND_ABORT: agent_xfer_on_abort(&in->xfer, cmd); return 0;
@@ -176,6 +296,8 @@ int agent_inference_run(const agent_opts *o) {
   agent__inference in;
   memset(&in, 0, sizeof in);
   in.o = *o;
+  pthread_mutex_init(&in.mu, NULL);
+  pthread_cond_init(&in.cond, NULL);
   agent_block_signals();
   char err[1024];
   bcast_caps_probe(&in.caps);
@@ -202,17 +324,25 @@ int agent_inference_run(const agent_opts *o) {
     goto out;
   }
   in.a = a;
+  if (inference__pool_start(&in, in.o.concurrency, err, sizeof err)) {
+    agent_log_error("fatal", "reason=\"%s\"", err);
+    goto out;
+  }
   agent_set_abort_fn(a, agent_xfer_abort_hook, &in.xfer);
   agent_log_info("inference_ready", "distribution=%s tokens_mean=%g tokens_std=%g latency_ms_mean=%g "
-           "latency_ms_std=%g device=%d",
+           "latency_ms_std=%g concurrency=%u device=%d",
            in.o.rollout.dist == AGENT_DIST_NORMAL ? "normal" : "lognormal",
            in.o.rollout.tokens_mean, in.o.rollout.tokens_std, in.o.rollout.latency_ms_mean,
-           in.o.rollout.latency_ms_std, in.device);
+           in.o.rollout.latency_ms_std, in.o.concurrency, in.device);
   status = agent_run(a);
 out:
+  /* Before agent_free: the generator threads report through the agent. */
+  inference__pool_stop(&in);
   agent_free(a);
   agent_xfer_free(&in.xfer);
   inference__free_buffers(&in);
+  pthread_cond_destroy(&in.cond);
+  pthread_mutex_destroy(&in.mu);
   agent_log_info("exit", "status=%d", status);
   return status;
 }

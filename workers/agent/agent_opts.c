@@ -22,6 +22,7 @@ void agent_opts_defaults(agent_role role, agent_opts *o) {
   o->device = -1;
   o->seed = 1;
   agent_rollout_cfg_defaults(&o->rollout);
+  o->concurrency = 8; /* the orchestrator's default max_requests_per_worker */
 }
 
 int agent_opts_check(const agent_opts *o, char *err, size_t errlen) {
@@ -31,5 +32,9 @@ int agent_opts_check(const agent_opts *o, char *err, size_t errlen) {
   }
   if (o->role == AGENT_ROLE_INFERENCE && agent_rollout_cfg_check(&o->rollout, err, errlen))
     return -1;
+  if (o->role == AGENT_ROLE_INFERENCE && (o->concurrency < 1 || o->concurrency > 1024)) {
+    snprintf(err, errlen, "--concurrency: %u out of range [1, 1024]", o->concurrency);
+    return -1;
+  }
   return 0;
 }

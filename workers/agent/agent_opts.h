@@ -33,6 +33,7 @@ typedef struct agent_opts {
   uint64_t seed;            /* initial weights / rollout rng */
   int seed_set;
   agent_rollout_cfg rollout;
+  uint32_t concurrency;     /* inference: rollout requests served at once, >= 1 */
 } agent_opts;
 
 /* Fills every field with its default for role. */
