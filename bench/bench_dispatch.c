@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/bench_fake.h"
 #include "orchestrator/cli/proc.h"
 #include "orchestrator/common/opt.h"
 #include "rlorch/v1/control.pb-c.h"
@@ -75,14 +76,7 @@ static void dispatch__sleep(double s) {
 }
 
 static int dispatch__report(dispatch__fake *f, Rlorch__V1__ReportRequest *r) {
-  r->worker_id = f->id;
-  ProtobufCMessage *resp = NULL;
-  rpc_status st;
-  if (rpc_client_call(f->client, "/rlorch.v1.Worker/Report", &r->base,
-                      &rlorch__v1__report_response__descriptor, 10, &resp, &st) != GRPC_STATUS_OK)
-    return -1;
-  protobuf_c_message_free_unpacked(resp, NULL);
-  return 0;
+  return bench_fake_report(f->client, f->id, r);
 }
 
 /* One slot: generates a request's rollouts one after another, each taking
@@ -167,28 +161,14 @@ static int dispatch__on_command(ProtobufCMessage *m, void *ud) {
     dispatch__report(f, &r);
     break;
   }
-  case RLORCH__V1__COMMAND__KIND_PLAN: {
-    Rlorch__V1__PlanAck ack = RLORCH__V1__PLAN_ACK__INIT;
-    ack.plan_id = c->plan->plan_id;
-    ack.plan_hash = c->plan->hash;
+  case RLORCH__V1__COMMAND__KIND_PLAN:
     f->pending_version = c->plan->policy_version;
-    r.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK;
-    r.plan_ack = &ack;
-    dispatch__report(f, &r);
+    bench_fake_ack(f->client, f->id, c->plan);
     break;
-  }
-  case RLORCH__V1__COMMAND__KIND_TRIGGER: {
-    Rlorch__V1__BroadcastDone bd = RLORCH__V1__BROADCAST_DONE__INIT;
-    Rlorch__V1__StepRecord rec = RLORCH__V1__STEP_RECORD__INIT;
-    rec.transport = "none";
-    bd.plan_id = c->trigger->plan_id;
-    bd.record = &rec;
+  case RLORCH__V1__COMMAND__KIND_TRIGGER:
     atomic_store(&f->version, f->pending_version);
-    r.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE;
-    r.broadcast_done = &bd;
-    dispatch__report(f, &r);
+    bench_fake_done(f->client, f->id, c->trigger);
     break;
-  }
   default: break;
   }
   protobuf_c_message_free_unpacked(m, NULL);
@@ -206,43 +186,8 @@ static void *dispatch__fake_main(void *arg) {
 }
 
 static int dispatch__register(dispatch__fake *f) {
-  Rlorch__V1__RegisterRequest q = RLORCH__V1__REGISTER_REQUEST__INIT;
-  Rlorch__V1__Capabilities caps = RLORCH__V1__CAPABILITIES__INIT;
-  Rlorch__V1__WeightManifest man = RLORCH__V1__WEIGHT_MANIFEST__INIT;
-  Rlorch__V1__TensorSpec t = RLORCH__V1__TENSOR_SPEC__INIT;
-  Rlorch__V1__TensorSpec *tp = &t;
-  uint64_t shape = 1;
-  char name[32];
-  snprintf(name, sizeof name, "%s-%u", f->trainer ? "trainer" : "inference", f->index);
-  q.role = f->trainer ? RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER
-                      : RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE;
-  q.name = name;
-  q.capabilities = &caps;
-  caps.cpu_threads = 1;
-  if (f->trainer) {
-    t.name = "w";
-    t.storage_dtype = RLORCH__V1__DTYPE__DTYPE_FP32;
-    t.wire_dtype = RLORCH__V1__DTYPE__DTYPE_BF16;
-    t.shape = &shape;
-    t.n_shape = 1;
-    t.residency = RLORCH__V1__RESIDENCY__RESIDENCY_HOST_PAGEABLE;
-    man.tensors = &tp;
-    man.n_tensors = 1;
-    q.manifest = &man;
-    q.data_address = "127.0.0.1:9";
-  }
-  ProtobufCMessage *resp = NULL;
-  rpc_status st;
-  if (rpc_client_call(f->client, "/rlorch.v1.Worker/Register", &q.base,
-                      &rlorch__v1__register_response__descriptor, 10, &resp,
-                      &st) != GRPC_STATUS_OK) {
-    fprintf(stderr, "rlorch bench dispatch: Register: %s: %s\n", rpc_status_name(st.code),
-            st.message);
-    return -1;
-  }
-  snprintf(f->id, sizeof f->id, "%s", ((Rlorch__V1__RegisterResponse *)resp)->worker_id);
-  protobuf_c_message_free_unpacked(resp, NULL);
-  return 0;
+  return bench_fake_register(f->client, f->trainer, f->index, f->id, sizeof f->id,
+                             "rlorch bench dispatch");
 }
 
 typedef struct dispatch__round {
@@ -324,7 +269,6 @@ static dispatch__round dispatch__run(const dispatch__cfg *cfg, const char *targe
   }
   Rlorch__V1__RunSpec spec = RLORCH__V1__RUN_SPEC__INIT;
   spec.name = "bench-dispatch";
-  spec.preset = "100m";
   spec.steps = cfg->steps;
   spec.rollouts_per_step = cfg->rollouts_per_step;
   spec.max_async_level = async;

@@ -1,0 +1,76 @@
+#include "bench/bench_fake.h"
+
+#include <stdio.h>
+
+int bench_fake_register(rpc_client *c, int trainer, uint32_t index, char *id, size_t idlen,
+                        const char *who) {
+  Rlorch__V1__RegisterRequest q = RLORCH__V1__REGISTER_REQUEST__INIT;
+  Rlorch__V1__Capabilities caps = RLORCH__V1__CAPABILITIES__INIT;
+  Rlorch__V1__WeightManifest man = RLORCH__V1__WEIGHT_MANIFEST__INIT;
+  Rlorch__V1__TensorSpec t = RLORCH__V1__TENSOR_SPEC__INIT;
+  Rlorch__V1__TensorSpec *tp = &t;
+  uint64_t shape = 1;
+  char name[32];
+  snprintf(name, sizeof name, "%s-%u", trainer ? "trainer" : "inference", index);
+  q.role = trainer ? RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER
+                   : RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE;
+  q.name = name;
+  q.capabilities = &caps;
+  caps.cpu_threads = 1;
+  if (trainer) {
+    t.name = "w";
+    t.storage_dtype = RLORCH__V1__DTYPE__DTYPE_FP32;
+    t.wire_dtype = RLORCH__V1__DTYPE__DTYPE_BF16;
+    t.shape = &shape;
+    t.n_shape = 1;
+    t.residency = RLORCH__V1__RESIDENCY__RESIDENCY_HOST_PAGEABLE;
+    man.tensors = &tp;
+    man.n_tensors = 1;
+    q.manifest = &man;
+    q.data_address = "127.0.0.1:9"; /* never dialled: the broadcast is answered at once */
+  }
+  ProtobufCMessage *resp = NULL;
+  rpc_status st;
+  if (rpc_client_call(c, "/rlorch.v1.Worker/Register", &q.base,
+                      &rlorch__v1__register_response__descriptor, 10, &resp,
+                      &st) != GRPC_STATUS_OK) {
+    fprintf(stderr, "%s: Register: %s: %s\n", who, rpc_status_name(st.code), st.message);
+    return -1;
+  }
+  snprintf(id, idlen, "%s", ((Rlorch__V1__RegisterResponse *)resp)->worker_id);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return 0;
+}
+
+int bench_fake_report(rpc_client *c, const char *worker_id, Rlorch__V1__ReportRequest *r) {
+  r->worker_id = (char *)worker_id; /* protobuf-c never writes through it when packing */
+  ProtobufCMessage *resp = NULL;
+  rpc_status st;
+  if (rpc_client_call(c, "/rlorch.v1.Worker/Report", &r->base,
+                      &rlorch__v1__report_response__descriptor, 10, &resp, &st) != GRPC_STATUS_OK)
+    return -1;
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return 0;
+}
+
+int bench_fake_ack(rpc_client *c, const char *worker_id, const Rlorch__V1__BroadcastPlan *plan) {
+  Rlorch__V1__ReportRequest r = RLORCH__V1__REPORT_REQUEST__INIT;
+  Rlorch__V1__PlanAck ack = RLORCH__V1__PLAN_ACK__INIT;
+  ack.plan_id = plan->plan_id;
+  ack.plan_hash = plan->hash;
+  r.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK;
+  r.plan_ack = &ack;
+  return bench_fake_report(c, worker_id, &r);
+}
+
+int bench_fake_done(rpc_client *c, const char *worker_id, const Rlorch__V1__TriggerBroadcast *t) {
+  Rlorch__V1__ReportRequest r = RLORCH__V1__REPORT_REQUEST__INIT;
+  Rlorch__V1__BroadcastDone bd = RLORCH__V1__BROADCAST_DONE__INIT;
+  Rlorch__V1__StepRecord rec = RLORCH__V1__STEP_RECORD__INIT;
+  rec.transport = "none";
+  bd.plan_id = t->plan_id;
+  bd.record = &rec;
+  r.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE;
+  r.broadcast_done = &bd;
+  return bench_fake_report(c, worker_id, &r);
+}

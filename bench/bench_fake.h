@@ -1,0 +1,25 @@
+/* The zero-cost workers the orchestration benchmarks (steploop, dispatch) drive
+ * a real `rlorch serve` with: one registration and the answers to broadcast
+ * commands, shared so both measure the same thing. */
+#ifndef RLORCH_BENCH_FAKE_H
+#define RLORCH_BENCH_FAKE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlorch/v1/worker.pb-c.h"
+#include "rpc/rpc.h"
+
+/* Registers "trainer-INDEX" (with a one-tensor host manifest) or
+ * "inference-INDEX" and writes the worker id into id. 0, or -1 with the status
+ * printed on stderr after `who` (the benchmark's name). */
+int bench_fake_register(rpc_client *c, int trainer, uint32_t index, char *id, size_t idlen,
+                        const char *who);
+/* One Report call as worker_id (sets r->worker_id). 0, or -1. */
+int bench_fake_report(rpc_client *c, const char *worker_id, Rlorch__V1__ReportRequest *r);
+/* Acks a plan at once (the hash it carries). */
+int bench_fake_ack(rpc_client *c, const char *worker_id, const Rlorch__V1__BroadcastPlan *plan);
+/* Reports a triggered broadcast done at once, with an empty record. */
+int bench_fake_done(rpc_client *c, const char *worker_id, const Rlorch__V1__TriggerBroadcast *t);
+
+#endif
