@@ -56,6 +56,7 @@ typedef struct orch_metrics {
   metrics_gauge *policy_version;
   metrics_gauge *async_level;
   metrics_counter *rollouts;             /* outcome */
+  metrics_counter *rollouts_malformed;   /* reason */
   metrics_gauge *workers;                /* role, state */
   metrics_counter *broadcast_aborts;     /* reason */
   metrics_gauge *run_steps_done;         /* the active run's committed steps */

@@ -4,6 +4,8 @@
  * mix-up, and they are what lets the enum conversions be range checks. */
 #include "orchestrator/daemon/sched_pb.h"
 
+#include "orchestrator/daemon/rollout_check.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -161,6 +163,6 @@ void sched_pb_rollouts(const Rlorch__V1__RolloutResult *r, sched_rollout *out) {
   for (size_t i = 0; i < r->n_rollouts; i++) {
     out[i].id = r->rollouts[i]->id;
     out[i].policy_version = r->rollouts[i]->policy_version;
-    out[i].tokens = r->rollouts[i]->tokens;
+    out[i].tokens = rollout_tokens(r->rollouts[i]);
   }
 }

@@ -12,6 +12,7 @@
 #include "orchestrator/daemon/control_api.h"
 #include "orchestrator/daemon/now.h"
 #include "orchestrator/daemon/orch.h"
+#include "orchestrator/daemon/rollout_check.h"
 #include "orchestrator/daemon/runner.h"
 #include "orchestrator/daemon/watch.h"
 #include "orchestrator/daemon/worker_api.h"
@@ -90,6 +91,11 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
   REG(rollouts, metrics_counter_new(m->reg, "rlorch_rollouts_total",
                                     "Rollouts by outcome (used, dropped_stale).", l_outcome, err,
                                     errlen));
+  static const char *const l_malformed[] = {"reason", NULL};
+  REG(rollouts_malformed,
+      metrics_counter_new(m->reg, "rlorch_rollouts_malformed_total",
+                          "Rollout reports refused, by the first fault found.", l_malformed, err,
+                          errlen));
   REG(workers, metrics_gauge_new(m->reg, "rlorch_workers", "Workers by role and state.",
                                  l_role_state, err, errlen));
   REG(broadcast_aborts, metrics_counter_new(m->reg, "rlorch_broadcast_aborts_total",
@@ -117,6 +123,10 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
   const char *used[] = {"used"}, *stale[] = {"dropped_stale"};
   metrics_counter_add(m->rollouts, used, 0);
   metrics_counter_add(m->rollouts, stale, 0);
+  for (int f = ROLLOUT_OK + 1; f < ROLLOUT_REASONS; f++) {
+    const char *lv[] = {rollout_fault_name((rollout_fault)f)};
+    metrics_counter_add(m->rollouts_malformed, lv, 0);
+  }
   metrics_gauge_set(m->run_steps_done, NULL, 0);
   metrics_gauge_set(m->run_steps_target, NULL, 0);
   metrics_gauge_set(m->last_step_time, NULL, 0);

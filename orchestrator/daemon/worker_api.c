@@ -2,12 +2,14 @@
  * worker table, hand the event to the runner, answer. */
 #include "orchestrator/daemon/worker_api.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "orchestrator/common/log.h"
 #include "orchestrator/daemon/orch.h"
+#include "orchestrator/daemon/rollout_check.h"
 #include "orchestrator/daemon/runner.h"
 #include "orchestrator/daemon/sched_pb.h"
 #include "orchestrator/daemon/workers.h"
@@ -156,6 +158,19 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     break;
   case RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS: {
     const Rlorch__V1__RolloutResult *res = q->rollouts;
+    char why[256];
+    rollout_fault f = rollout_check(res, o->cfg->max_rollout_bytes, why, sizeof why);
+    if (f != ROLLOUT_OK) {
+      const char *lv[] = {rollout_fault_name(f)};
+      metrics_counter_inc(o->m.rollouts_malformed, lv);
+      log_warn("rollouts_refused", "worker=%s request=%" PRIu64 " reason=%s msg=\"%s\"",
+               w->api_id, res->request_id, lv[0], why);
+      rpc_call_fail(call,
+                    f == ROLLOUT_TOO_LARGE ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                           : GRPC_STATUS_INVALID_ARGUMENT,
+                    "%s", why);
+      return;
+    }
     sched_rollout *v = calloc(res->n_rollouts ? res->n_rollouts : 1, sizeof *v);
     if (!v) {
       rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");

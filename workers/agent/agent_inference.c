@@ -132,12 +132,59 @@ static size_t inference__generate(agent__inference *in, uint32_t rank, uint64_t 
   return made;
 }
 
+/* The synthetic rollouts have the shape of real ones (prompt and completion
+ * token ids, a log-probability per completion token, a reward, the prompt
+ * group), so the orchestrator and the benchmarks carry what an engine sends.
+ * The values are made up from the ids; completions longer than this carry
+ * their count only, which keeps a report of very long ones within limits. */
+#define INFERENCE__SHAPED_TOKENS_MAX 8192
+#define INFERENCE__PROMPT_TOKENS 16
+
+static uint32_t inference__mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= UINT64_C(0xff51afd7ed558ccd);
+  x ^= x >> 33;
+  return (uint32_t)x;
+}
+
+/* Fills the token fields of msgs from ro into ids/lps (room for `room`
+ * completion tokens in all); the prompt is shared: one request is one group. */
+static void inference__shape(Rlorch__V1__Rollout *msgs, const agent_rollout *ro, size_t made,
+                             uint64_t request_id, uint32_t *prompt, uint32_t *ids, float *lps,
+                             double *rewards) {
+  for (int k = 0; k < INFERENCE__PROMPT_TOKENS; k++)
+    prompt[k] = inference__mix(request_id * 131 + (uint64_t)k) % 32000;
+  size_t off = 0;
+  for (size_t i = 0; i < made; i++) {
+    Rlorch__V1__Rollout *m = &msgs[i];
+    m->group_id = request_id;
+    m->n_prompt_token_ids = INFERENCE__PROMPT_TOKENS;
+    m->prompt_token_ids = prompt;
+    m->finish_reason = RLORCH__V1__FINISH_REASON__FINISH_REASON_STOP;
+    rewards[i] = (double)(inference__mix(ro[i].id) % 1000) / 1000.0;
+    m->n_rewards = 1;
+    m->rewards = &rewards[i];
+    if (ro[i].tokens > INFERENCE__SHAPED_TOKENS_MAX) continue;
+    for (uint32_t k = 0; k < ro[i].tokens; k++) {
+      uint32_t h = inference__mix(ro[i].id * 7919 + k);
+      ids[off + k] = h % 32000;
+      lps[off + k] = -(float)(h % 4000) / 1000.0f;
+    }
+    m->tokens = 0; /* the ids say it */
+    m->n_completion_token_ids = m->n_completion_logprobs = ro[i].tokens;
+    m->completion_token_ids = &ids[off];
+    m->completion_logprobs = &lps[off];
+    off += ro[i].tokens;
+  }
+}
+
 /* Reports `made` rollouts of `ro` (none is a valid answer: it frees the
  * orchestrator's slot) for request `request_id`. */
 static void inference__report(agent__inference *in, uint64_t request_id, const agent_rollout *ro,
                               Rlorch__V1__Rollout *msgs, Rlorch__V1__Rollout **ptrs,
                               size_t made, uint64_t version) {
   uint64_t tokens = 0;
+  size_t shaped = 0;
   for (size_t i = 0; i < made; i++) {
     rlorch__v1__rollout__init(&msgs[i]);
     msgs[i].id = ro[i].id;
@@ -146,7 +193,14 @@ static void inference__report(agent__inference *in, uint64_t request_id, const a
     msgs[i].seconds = ro[i].seconds;
     ptrs[i] = &msgs[i];
     tokens += ro[i].tokens;
+    if (ro[i].tokens <= INFERENCE__SHAPED_TOKENS_MAX) shaped += ro[i].tokens;
   }
+  uint32_t prompt[INFERENCE__PROMPT_TOKENS];
+  uint32_t *ids = made ? malloc((shaped ? shaped : 1) * sizeof *ids) : NULL;
+  float *lps = made ? malloc((shaped ? shaped : 1) * sizeof *lps) : NULL;
+  double *rewards = made ? malloc(made * sizeof *rewards) : NULL;
+  if (ids && lps && rewards) inference__shape(msgs, ro, made, request_id, prompt, ids, lps, rewards);
+  /* Without the memory the rollouts go as counts: still valid, only thinner. */
   Rlorch__V1__RolloutResult res = RLORCH__V1__ROLLOUT_RESULT__INIT;
   res.request_id = request_id;
   res.n_rollouts = made;
@@ -158,6 +212,9 @@ static void inference__report(agent__inference *in, uint64_t request_id, const a
                   (unsigned long long)request_id, made, (unsigned long long)tokens,
                   (unsigned long long)version);
   agent_report(in->a, &req);
+  free(ids);
+  free(lps);
+  free(rewards);
 }
 
 /* Serves one request on a generator thread. */

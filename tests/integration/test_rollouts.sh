@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Rollout reports are checked whole before the scheduler sees them: a malformed
+# one gets INVALID_ARGUMENT naming the field, an oversized one RESOURCE_EXHAUSTED
+# naming the limit, each counted by reason in the metrics; the report is
+# refused whole and the orchestrator keeps serving. rlorch's own inference
+# agent sends rollouts of the real shape, which pass.
+source "$(dirname "$0")/lib.sh"
+need_cmd node python3
+
+RLORCH_MAX_ROLLOUT_BYTES=300 serve_start || { finish; exit 1; }
+W=/rlorch.v1.Worker
+
+out="$(grpc_call --method $W/Register --json '{"role":"WORKER_ROLE_INFERENCE","name":"probe"}')"
+assert_status OK "$out" "an inference worker registers"
+id="$(json_get message.worker_id "$out")"
+
+# report KIND_JSON: a Report of rollouts for request 1 from the probe worker.
+report() {
+  grpc_call --method $W/Report --json "{\"worker_id\":\"$id\",\"rollouts\":{\"request_id\":1,\"rollouts\":[$1]}}"
+}
+bad() { # ROLLOUT_JSON STATUS DETAILS
+  local o
+  o="$(report "$1")"
+  assert_status_details "$2" "$3" "$o" "$2: $3"
+}
+
+ok='"id":1,"completion_token_ids":[5,6,7],"completion_logprobs":[-0.1,-0.2,-0.3],"rewards":[1]'
+bad "{\"id\":1,\"completion_token_ids\":[5,6,7],\"completion_logprobs\":[-0.1,-0.2]}" \
+  INVALID_ARGUMENT "rollouts[0].completion_logprobs: 2 values for 3 completion tokens"
+bad "{$ok},{\"id\":2,\"completion_token_ids\":[5],\"rewards\":[1e999]}" \
+  INVALID_ARGUMENT "rollouts[1].rewards[0]: inf is not a finite number"
+bad "{\"id\":1,\"completion_token_ids\":[5,6],\"tokens\":3}" \
+  INVALID_ARGUMENT "rollouts[0].tokens: 3 for 2 completion_token_ids"
+bad "{\"id\":1,\"completion_token_ids\":[5],\"completion_logprobs\":[0.5]}" \
+  INVALID_ARGUMENT "rollouts[0].completion_logprobs[0]: 0.5 is not a log-probability"
+big="$(python3 -c 'print(",".join(["70000"] * 100))')"
+bad "{\"id\":1,\"completion_token_ids\":[$big]}" \
+  RESOURCE_EXHAUSTED "bytes is over max_rollout_bytes (300)"
+# A well-formed report passes the checks; with no run there is no request 1.
+o="$(report "{$ok}")"
+assert_status OK "$o" "a well-formed report from a worker outside a run is answered"
+
+assert_eq 1 "$(metric_value 'rlorch_rollouts_malformed_total{reason="logprob_count"}')" "logprob_count counted"
+assert_eq 2 "$(metric_value 'rlorch_rollouts_malformed_total{reason="not_finite"}')" "not_finite counted"
+assert_eq 1 "$(metric_value 'rlorch_rollouts_malformed_total{reason="token_count"}')" "token_count counted"
+assert_eq 1 "$(metric_value 'rlorch_rollouts_malformed_total{reason="too_large"}')" "too_large counted"
+assert_eq 0 "$(metric_value 'rlorch_rollouts_malformed_total{reason="finish_reason"}')" "finish_reason zero"
+serve_stop
+
+# rlorch's own agents: shaped rollouts within the default limit, used by a run.
+serve_start || { finish; exit 1; }
+"$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --preset 100m --layers 2 --log-level warn \
+  >"$TEST_TMP/trainer.log" 2>&1 &
+track_pid $!
+"$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" --log-level warn >"$TEST_TMP/inference.log" 2>&1 &
+track_pid $!
+out="$(ctl --json start-run --steps 2 --rollouts-per-step 4)"
+run="$(json_get id "$out")"
+timeout 120 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" watch-run "$run" >/dev/null
+assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run" | json_get state)" "a run on shaped rollouts succeeds"
+assert_eq 8 "$(metric_value 'rlorch_rollouts_total{outcome="used"}')" "its 8 rollouts were used"
+assert_eq 0 "$(http_get /metrics | awk '/^rlorch_rollouts_malformed_total/ {s += $NF} END {print s + 0}')" \
+  "none of the agent's rollouts was refused"
+
+finish
