@@ -43,6 +43,9 @@ static const opt_field config__fields[] = {
     {.name = "max_rollout_bytes", .type = OPT_BYTES, .off = CONFIG__OFF(max_rollout_bytes, uint64_t),
      .min = 64, .max = 2147483647.0, .metavar = "BYTES",
      .help = "largest rollout a worker may report (its packed size)"},
+    {.name = "rollout_buffer_bytes", .type = OPT_BYTES,
+     .off = CONFIG__OFF(rollout_buffer_bytes, uint64_t), .min = 1024, .max = 1099511627776.0,
+     .metavar = "BYTES", .help = "rollouts buffered per run before dispatch is held back"},
     {.name = "shutdown_grace_s", .type = OPT_DOUBLE, .off = CONFIG__OFF(shutdown_grace_s, double),
      .min = 0, .max = 3600, .flags = OPT_GT_MIN, .metavar = "SECONDS",
      .help = "time given to in-flight work on shutdown"},
@@ -93,6 +96,7 @@ void config_defaults(config *c) {
   c->log_format = LOG_FORMAT_LOGFMT;
   c->max_message_bytes = 4u << 20;
   c->max_rollout_bytes = 1u << 20;
+  c->rollout_buffer_bytes = 256u << 20;
   c->shutdown_grace_s = 5.0;
   c->heartbeat_interval_ms = 1000;
   c->worker_timeout_ms = 5000;

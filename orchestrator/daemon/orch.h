@@ -57,6 +57,7 @@ typedef struct orch_metrics {
   metrics_gauge *async_level;
   metrics_counter *rollouts;             /* outcome */
   metrics_counter *rollouts_malformed;   /* reason */
+  metrics_gauge *rollout_buffer_bytes;   /* the active run's buffered rollouts, packed */
   metrics_gauge *workers;                /* role, state */
   metrics_counter *broadcast_aborts;     /* reason */
   metrics_gauge *run_steps_done;         /* the active run's committed steps */

@@ -16,6 +16,7 @@
 #include "orchestrator/common/log.h"
 #include "orchestrator/common/pbjson.h"
 #include "orchestrator/daemon/now.h"
+#include "orchestrator/daemon/rollout_store.h"
 #include "orchestrator/daemon/sched_pb.h"
 #include "orchestrator/daemon/watch.h"
 #include "rlorch/v1/broadcast.pb-c.h"
@@ -32,6 +33,8 @@ struct runner {
   workers_table *workers;
   Rlorch__V1__Run *run; /* the active run, or NULL */
   sched *sched;
+  rollout_store *rollouts; /* the active run's buffered rollouts, whole */
+  int dispatch_held;       /* the store is over rollout_buffer_bytes */
   uv_timer_t timer;
   int timer_open;
   /* NCCL communicator hand-off: the id the trainer made and for whom. */
@@ -141,6 +144,28 @@ static void act_dispatch(runner *r, const sched_action *a) {
   send_or_lose(r, a->worker, &cmd);
 }
 
+static int keep_buffered(uint64_t id, void *ud) { return sched_has_rollout(ud, id); }
+
+static void rollouts_budget(runner *r);
+static void rollouts_sweep(runner *r) {
+  rollout_store_retain(r->rollouts, keep_buffered, r->sched);
+  rollouts_budget(r);
+}
+
+/* Holds dispatch back while the store is over its byte budget, and lets it go
+ * again below. Called after every change of the store. */
+static void rollouts_budget(runner *r) {
+  uint64_t bytes = rollout_store_bytes(r->rollouts);
+  metrics_gauge_set(r->o->m.rollout_buffer_bytes, NULL, (double)bytes);
+  int hold = bytes >= r->o->cfg->rollout_buffer_bytes;
+  if (hold != r->dispatch_held) {
+    r->dispatch_held = hold;
+    log_info(hold ? "dispatch_held" : "dispatch_resumed", "run=%s buffer_bytes=%" PRIu64
+             " budget=%" PRIu64, r->run->id, bytes, r->o->cfg->rollout_buffer_bytes);
+    sched_hold_dispatch(r->sched, mono(), hold);
+  }
+}
+
 static void act_train(runner *r, const sched_action *a) {
   Rlorch__V1__TrainStep ts = RLORCH__V1__TRAIN_STEP__INIT;
   ts.step = a->step;
@@ -157,10 +182,26 @@ static void act_train(runner *r, const sched_action *a) {
     r->n_nccl_members = n;
     r->has_nccl_id = 0;
   }
+  /* The batch goes whole; the store keeps it until sent. */
+  Rlorch__V1__Rollout **batch = calloc(a->nrollouts ? a->nrollouts : 1, sizeof *batch);
+  size_t missing = 0;
+  for (size_t i = 0; batch && i < a->nrollouts; i++) {
+    batch[i] = (Rlorch__V1__Rollout *)rollout_store_get(r->rollouts, a->rollout_ids[i]);
+    if (!batch[i]) missing++;
+  }
+  if (batch && !missing) {
+    ts.rollouts = batch;
+    ts.n_rollouts = a->nrollouts;
+  } else {
+    log_error("batch_incomplete", "run=%s step=%" PRIu64 " missing=%zu of %zu", r->run->id,
+              a->step, batch ? missing : a->nrollouts, a->nrollouts);
+  }
   Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
   cmd.kind_case = RLORCH__V1__COMMAND__KIND_TRAIN;
   cmd.train = &ts;
   send_or_lose(r, a->worker, &cmd);
+  free(batch);
+  rollouts_sweep(r);
 }
 
 /* Builds the plan from the trainer's manifest and sends it to every participant. */
@@ -359,6 +400,10 @@ static void release_run(runner *r) {
   r->run = NULL;
   sched_free(r->sched);
   r->sched = NULL;
+  rollout_store_free(r->rollouts);
+  r->rollouts = NULL;
+  r->dispatch_held = 0;
+  metrics_gauge_set(r->o->m.rollout_buffer_bytes, NULL, 0);
   r->has_nccl_id = 0;
   r->n_nccl_members = 0;
   workers_gauge(r->workers);
@@ -538,9 +583,23 @@ int runner_heartbeat(runner *r, workers_entry *w, uint64_t policy_version) {
   return in_run(r, w) ? sched_worker_heartbeat(r->sched, mono(), w->id, policy_version) : 0;
 }
 
-int runner_rollouts_done(runner *r, workers_entry *w, uint64_t request_id,
-                         const sched_rollout *v, size_t n) {
-  return in_run(r, w) ? sched_rollouts_done(r->sched, mono(), w->id, request_id, v, n) : 0;
+int runner_rollouts_done(runner *r, workers_entry *w, const Rlorch__V1__RolloutResult *res) {
+  if (!in_run(r, w)) return 0;
+  /* Kept first, so a batch the scheduler builds from them finds them all. */
+  if (rollout_store_put(r->rollouts, res) != 0) return SCHED_ENOMEM;
+  sched_rollout *v = calloc(res->n_rollouts ? res->n_rollouts : 1, sizeof *v);
+  if (!v) {
+    rollouts_sweep(r);
+    return SCHED_ENOMEM;
+  }
+  sched_pb_rollouts(res, v);
+  int rc = sched_rollouts_done(r->sched, mono(), w->id, res->request_id, v, res->n_rollouts);
+  free(v);
+  /* A refused report built no batch, so a sweep frees its copies; an accepted
+   * one may have: its TRAIN action still needs them, and act_train sweeps. */
+  if (rc != SCHED_OK) rollouts_sweep(r);
+  else rollouts_budget(r);
+  return rc;
 }
 
 int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_seconds,
@@ -602,6 +661,12 @@ int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
   r->plan_ack_timeout_ms = st.plan_ack_timeout_ms;
   r->broadcast_timeout_ms = st.broadcast_timeout_ms;
   if (sched_new(&st, &r->sched, err, errlen) != 0) return refuse_run(r, run, err);
+  if (rollout_store_new(&r->rollouts) != 0) {
+    sched_free(r->sched);
+    r->sched = NULL;
+    snprintf(err, errlen, "out of memory");
+    return refuse_run(r, run, err);
+  }
   r->run = run;
   metrics_gauge_set(r->o->m.run_steps_done, NULL, 0);
   metrics_gauge_set(r->o->m.last_step_time, NULL, 0); /* per run: alerts judge this one */

@@ -54,8 +54,9 @@ void runner_worker_stream_closed(runner *r, workers_entry *w);
  * calls runner_drain, so that the answer goes out before the commands it
  * causes. */
 int runner_heartbeat(runner *r, workers_entry *w, uint64_t policy_version);
-int runner_rollouts_done(runner *r, workers_entry *w, uint64_t request_id,
-                         const sched_rollout *v, size_t n);
+/* A worker's rollouts (checked by rollout_check): kept whole for the batch,
+ * handed to the scheduler. SCHED_ENOMEM when they cannot be kept. */
+int runner_rollouts_done(runner *r, workers_entry *w, const Rlorch__V1__RolloutResult *res);
 /* The trainer finished `step`; its manifest (workers_set_manifest) is current.
  * `nccl_id` of the engine's size replaces the NCCL id the next plans carry. */
 int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_seconds,

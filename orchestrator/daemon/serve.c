@@ -96,6 +96,11 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
       metrics_counter_new(m->reg, "rlorch_rollouts_malformed_total",
                           "Rollout reports refused, by the first fault found.", l_malformed, err,
                           errlen));
+  REG(rollout_buffer_bytes,
+      metrics_gauge_new(m->reg, "rlorch_rollout_buffer_bytes",
+                        "Bytes of rollouts buffered for the active run (packed); at "
+                        "rollout_buffer_bytes dispatch is held back.",
+                        NULL, err, errlen));
   REG(workers, metrics_gauge_new(m->reg, "rlorch_workers", "Workers by role and state.",
                                  l_role_state, err, errlen));
   REG(broadcast_aborts, metrics_counter_new(m->reg, "rlorch_broadcast_aborts_total",

@@ -171,14 +171,11 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
                     "%s", why);
       return;
     }
-    sched_rollout *v = calloc(res->n_rollouts ? res->n_rollouts : 1, sizeof *v);
-    if (!v) {
-      rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    rc = runner_rollouts_done(r, w, res);
+    if (rc == SCHED_ENOMEM) {
+      rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory keeping the rollouts");
       return;
     }
-    sched_pb_rollouts(res, v);
-    rc = runner_rollouts_done(r, w, res->request_id, v, res->n_rollouts);
-    free(v);
     break;
   }
   case RLORCH__V1__REPORT_REQUEST__KIND_STEP_DONE: {

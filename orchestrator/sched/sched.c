@@ -91,6 +91,7 @@ struct sched {
   uint32_t window_len;         /* steps one rollout may serve at most: async bound + 1 */
 
   sched__step st;
+  int dispatch_held;           /* sched_hold_dispatch */
   int64_t last_now;            /* latest event time: the clock must not go back */
   sched_participant *pscratch; /* sched_choose_mode input */
   size_t pscratch_cap;
@@ -441,6 +442,7 @@ static void sched__room(sched *s, const sched__window *w) {
 }
 
 static void sched__dispatch(sched *s) {
+  if (s->dispatch_held) return;
   sched__window win = sched__dispatch_window(s);
   if (!win.open) return;
   sched__demand(s, &win);
@@ -1123,6 +1125,15 @@ int sched_broadcast_done(sched *s, int64_t now, uint32_t worker, const char *pla
 }
 
 /* ---- operator ------------------------------------------------------------------------------------------ */
+
+int sched_hold_dispatch(sched *s, int64_t now, int hold) {
+  if (sched__begin(s, now)) return SCHED_EINVAL;
+  s->dispatch_held = hold != 0;
+  sched__pump(s, now);
+  return SCHED_OK;
+}
+
+int sched_has_rollout(const sched *s, uint64_t id) { return s && sched__pool_has(s, id); }
 
 int sched_set_policy(sched *s, int64_t now, sched_mode policy) {
   if (sched__begin(s, now)) return SCHED_EINVAL;

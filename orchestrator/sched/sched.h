@@ -341,6 +341,13 @@ int sched_broadcast_done(sched *s, int64_t now_ms, uint32_t worker, const char *
 /* The operator's policy; takes effect at the next plan. */
 int sched_set_policy(sched *s, int64_t now_ms, sched_mode policy);
 
+/* The shell's rollout buffer is full (hold != 0) or has room again: while
+ * held, no rollout request is dispatched; what is in flight still arrives
+ * and is kept. Nothing is dropped for it. */
+int sched_hold_dispatch(sched *s, int64_t now_ms, int hold);
+/* Whether rollout `id` is buffered (received, not yet batched or dropped). */
+int sched_has_rollout(const sched *s, uint64_t id);
+
 /* No new steps; a pending plan is aborted; STOPPED once the trainer is quiet. */
 int sched_stop(sched *s, int64_t now_ms, const char *reason);
 

@@ -62,4 +62,39 @@ assert_eq 8 "$(metric_value 'rlorch_rollouts_total{outcome="used"}')" "its 8 rol
 assert_eq 0 "$(http_get /metrics | awk '/^rlorch_rollouts_malformed_total/ {s += $NF} END {print s + 0}')" \
   "none of the agent's rollouts was refused"
 
+serve_stop
+
+# ---- the batch reaches the trainer whole --------------------------------------------
+# The trainer here is the grpc-js client: it reads its first command, the train
+# step, and shows what a trainer of its own would get. A tiny buffer budget
+# holds dispatch back on the way, which must cost nothing.
+RLORCH_ROLLOUT_BUFFER_BYTES=1024 serve_start || { finish; exit 1; }
+out="$(grpc_call --method $W/Register --json '{"role":"WORKER_ROLE_TRAINER","name":"t-js",
+  "manifest":{"tensors":[{"name":"w","storage_dtype":"DTYPE_FP32","wire_dtype":"DTYPE_BF16",
+  "shape":[1],"residency":"RESIDENCY_HOST_PAGEABLE"}]},"data_address":"127.0.0.1:9"}')"
+assert_status OK "$out" "a trainer registers through grpc-js"
+tid="$(json_get message.worker_id "$out")"
+timeout 60 node "$NODE_CLIENT" --target "$GRPC_ADDR" --method $W/Attach \
+  --json "{\"worker_id\":\"$tid\"}" --stream --max-messages 1 >"$TEST_TMP/train.jsonl" 2>&1 &
+attach=$!
+"$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" --log-level warn >"$TEST_TMP/inference2.log" 2>&1 &
+track_pid $!
+out="$(ctl --json start-run --steps 1 --rollouts-per-step 6)"
+wait "$attach"
+python3 - "$TEST_TMP/train.jsonl" >"$TEST_TMP/batch.txt" <<'PY'
+import json, sys
+cmd = json.loads(open(sys.argv[1]).readline())["message"]
+t = cmd["train"]
+rs = t["rollouts"]
+ok = len(rs) == len(t["rollout_ids"]) == 6
+ok = ok and [r["id"] for r in rs] == t["rollout_ids"]
+ok = ok and all(len(r["completion_token_ids"]) == len(r["completion_logprobs"]) > 0 for r in rs)
+ok = ok and all(len(r["prompt_token_ids"]) > 0 and len(r["rewards"]) == 1 for r in rs)
+ok = ok and all(r["finish_reason"] == "FINISH_REASON_STOP" and r["group_id"] != "0" for r in rs)
+print("ok" if ok else "bad: " + json.dumps(t)[:400])
+PY
+assert_eq ok "$(cat "$TEST_TMP/batch.txt")" "the train step carries its 6 rollouts whole, in order"
+assert_contains "$(cat "$SERVE_LOG")" "event=dispatch_held" "a full buffer held dispatch back"
+assert_eq 0 "$(metric_value 'rlorch_rollouts_total{outcome="dropped_stale"}')" "and dropped nothing"
+
 finish

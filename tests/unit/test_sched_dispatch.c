@@ -286,3 +286,23 @@ Test(sched_dispatch, slow_worker_is_the_only_drop) {
   cr_assert_eq(k.rollouts_used, 4 * R);
   sched_free(h.s);
 }
+
+/* A full buffer on the shell's side holds dispatch back; what is in flight
+ * still arrives and counts, and dispatch resumes once there is room. */
+Test(sched_dispatch, hold_stops_dispatch_and_keeps_what_arrives) {
+  fx h;
+  start(&h, 1, 8, STEPS);
+  size_t asked = h.ndispatch;
+  cr_assert_gt(asked, 0);
+  cr_assert_eq(sched_hold_dispatch(h.s, h.now, 1), SCHED_OK);
+  while (h.nreqs) answer_oldest(&h);
+  cr_assert(sched_has_rollout(h.s, next_id - 1), "the answers are buffered, not dropped");
+  cr_assert_not(sched_has_rollout(h.s, next_id + 100));
+  cr_assert_eq(h.ntrain, 1, "the batch is built from what arrived");
+  fx_finish_step(&h); /* new weights out: step 2 could use version-1 rollouts */
+  cr_assert_eq(h.ndispatch, asked, "nothing new while held");
+  cr_assert_eq(sched_hold_dispatch(h.s, h.now, 0), SCHED_OK);
+  fx_drain(&h);
+  cr_assert_gt(h.ndispatch, asked, "released: dispatch resumes");
+  sched_free(h.s);
+}
