@@ -43,6 +43,8 @@ static const opt_field config__fields[] = {
     {.name = "max_rollout_bytes", .type = OPT_BYTES, .off = CONFIG__OFF(max_rollout_bytes, uint64_t),
      .min = 64, .max = 2147483647.0, .metavar = "BYTES",
      .help = "largest rollout a worker may report (its packed size)"},
+    {.name = "rollout_log", .type = OPT_SWITCH, .off = CONFIG__OFF(rollout_log, bool),
+     .help = "write each step's batch to DATA_DIR/rollouts/RUN/step-N.jsonl"},
     {.name = "rollout_buffer_bytes", .type = OPT_BYTES,
      .off = CONFIG__OFF(rollout_buffer_bytes, uint64_t), .min = 1024, .max = 1099511627776.0,
      .metavar = "BYTES", .help = "rollouts buffered per run before dispatch is held back"},
@@ -97,6 +99,7 @@ void config_defaults(config *c) {
   c->max_message_bytes = 4u << 20;
   c->max_rollout_bytes = 1u << 20;
   c->rollout_buffer_bytes = 256u << 20;
+  c->rollout_log = true;
   c->shutdown_grace_s = 5.0;
   c->heartbeat_interval_ms = 1000;
   c->worker_timeout_ms = 5000;

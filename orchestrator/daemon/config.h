@@ -44,6 +44,7 @@ typedef struct config {
   uint64_t max_message_bytes;     /* gRPC message cap, default 4 MiB */
   uint64_t max_rollout_bytes;     /* one reported rollout at most, default 1 MiB */
   uint64_t rollout_buffer_bytes;  /* buffered per run before dispatch holds, default 256 MiB */
+  bool rollout_log;               /* each step's batch as JSONL under data_dir, default on */
   double shutdown_grace_s;        /* drain time on SIGTERM, default 5.0 */
   uint32_t heartbeat_interval_ms; /* default 1000 */
   uint32_t worker_timeout_ms;     /* worker lost after this, default 5000 */

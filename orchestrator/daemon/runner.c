@@ -8,10 +8,12 @@
  * monotonic clock; wall-clock time only stamps records and plan deadlines. */
 #include "orchestrator/daemon/runner.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "orchestrator/common/log.h"
 #include "orchestrator/common/pbjson.h"
@@ -166,6 +168,33 @@ static void rollouts_budget(runner *r) {
   }
 }
 
+/* DATA_DIR/rollouts/RUN/step-N.jsonl: one JSON object per rollout of the
+ * batch, for inspection and replay. A failure is logged and costs the run
+ * nothing. Written on the loop thread: a batch is small beside a step. */
+static void log_batch(runner *r, uint64_t step, Rlorch__V1__Rollout *const *batch, size_t n) {
+  const config *cfg = r->o->cfg;
+  if (!cfg->rollout_log) return;
+  char dir[1024], path[1100];
+  snprintf(dir, sizeof dir, "%s/rollouts", cfg->data_dir);
+  mkdir(dir, 0755);
+  snprintf(dir, sizeof dir, "%s/rollouts/%s", cfg->data_dir, r->run->id);
+  if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    log_warn("rollout_log_failed", "dir=\"%s\" error=\"%s\"", dir, strerror(errno));
+    return;
+  }
+  snprintf(path, sizeof path, "%s/step-%" PRIu64 ".jsonl", dir, step);
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    log_warn("rollout_log_failed", "path=\"%s\" error=\"%s\"", path, strerror(errno));
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    pbjson_write(f, &batch[i]->base);
+    fputc('\n', f);
+  }
+  if (fclose(f) != 0) log_warn("rollout_log_failed", "path=\"%s\" error=\"%s\"", path, strerror(errno));
+}
+
 static void act_train(runner *r, const sched_action *a) {
   Rlorch__V1__TrainStep ts = RLORCH__V1__TRAIN_STEP__INIT;
   ts.step = a->step;
@@ -192,6 +221,7 @@ static void act_train(runner *r, const sched_action *a) {
   if (batch && !missing) {
     ts.rollouts = batch;
     ts.n_rollouts = a->nrollouts;
+    log_batch(r, a->step, batch, a->nrollouts);
   } else {
     log_error("batch_incomplete", "run=%s step=%" PRIu64 " missing=%zu of %zu", r->run->id,
               a->step, batch ? missing : a->nrollouts, a->nrollouts);

@@ -61,6 +61,29 @@ assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run" | json_get state)" "a
 assert_eq 8 "$(metric_value 'rlorch_rollouts_total{outcome="used"}')" "its 8 rollouts were used"
 assert_eq 0 "$(http_get /metrics | awk '/^rlorch_rollouts_malformed_total/ {s += $NF} END {print s + 0}')" \
   "none of the agent's rollouts was refused"
+# Each step's batch is kept as JSONL under the data dir, one rollout a line.
+for s in 0 1; do
+  f="$SERVE_DATA_DIR/rollouts/$run/step-$s.jsonl"
+  assert_eq 4 "$(python3 -c '
+import json, sys
+rs = [json.loads(l) for l in open(sys.argv[1])]
+print(sum(1 for r in rs if r["completion_token_ids"] and r["rewards"]))' "$f" 2>&1)" \
+    "step $s: its 4 rollouts are in $(basename "$f"), whole"
+done
+serve_stop
+
+# rollout_log false: nothing is written.
+RLORCH_ROLLOUT_LOG=false serve_start || { finish; exit 1; }
+"$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --preset 100m --layers 2 --log-level warn \
+  >"$TEST_TMP/trainer3.log" 2>&1 &
+track_pid $!
+"$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" --log-level warn >"$TEST_TMP/inference3.log" 2>&1 &
+track_pid $!
+out="$(ctl --json start-run --steps 1 --rollouts-per-step 2)"
+run="$(json_get id "$out")"
+timeout 120 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" watch-run "$run" >/dev/null
+assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run" | json_get state)" "the run succeeds"
+assert_eq 0 "$(ls "$SERVE_DATA_DIR/rollouts/$run" 2>/dev/null | wc -l)" "rollout_log false writes no batch"
 
 serve_stop
 
