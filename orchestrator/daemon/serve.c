@@ -184,7 +184,6 @@ static void on_lag_timer(uv_timer_t *t) {
   double lag = now > o->lag_expected_ms ? (double)(now - o->lag_expected_ms) / 1000.0 : 0.0;
   metrics_gauge_set(o->m.loop_lag, NULL, lag);
   o->lag_expected_ms = now + LAG_PERIOD_MS;
-  workers_heartbeat_ages(o->workers, o->m.heartbeat_age, now_mono_ms());
 }
 
 /* ---- start-up and shutdown --------------------------------------------------- */
@@ -313,7 +312,7 @@ static int serve_loop(orch *o) {
   }
   /* The runner uses the table and the hub: they are made first and freed last. */
   if (watch_hub_new(&o->watch) != 0 ||
-      workers_new(o->db, o->m.workers, o->watch, &o->workers) != 0 ||
+      workers_new(o->db, o->m.workers, o->m.heartbeat_age, o->watch, &o->workers) != 0 ||
       runner_new(o, &o->runner) != 0) {
     log_error("runner_setup_failed", "error=\"out of memory\"");
     serve_teardown(o);

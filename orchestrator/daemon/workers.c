@@ -12,6 +12,7 @@
 struct workers_table {
   store *db;
   metrics_gauge *gauge;
+  metrics_gauge *age_gauge; /* worker, role: seconds since last heard from */
   watch_hub *watch;
   workers_entry *v[WORKERS_MAX];
   size_t n;
@@ -19,11 +20,13 @@ struct workers_table {
   char run_id[64]; /* the active run, or "" */
 };
 
-int workers_new(store *db, metrics_gauge *gauge, watch_hub *watch, workers_table **out) {
+int workers_new(store *db, metrics_gauge *gauge, metrics_gauge *age_gauge, watch_hub *watch,
+                workers_table **out) {
   workers_table *t = calloc(1, sizeof *t);
   if (!t) return -1;
   t->db = db;
   t->gauge = gauge;
+  t->age_gauge = age_gauge;
   t->watch = watch;
   *out = t;
   return 0;
@@ -209,17 +212,11 @@ void workers_mark_lost(workers_table *t, workers_entry *w, const char *reason) {
 void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms) {
   for (size_t i = 0; i < t->n; i++) {
     workers_entry *w = t->v[i];
-    if (w->in_run || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) continue;
-    if (now_mono_ms - w->last_seen_mono_ms > timeout_ms) workers_mark_lost(t, w, "no heartbeat");
-  }
-}
-
-void workers_heartbeat_ages(workers_table *t, metrics_gauge *gauge, int64_t now_mono_ms) {
-  for (size_t i = 0; i < t->n; i++) {
-    const workers_entry *w = t->v[i];
-    const char *lv[] = {w->name, workers_role_label(w->role)};
     int64_t age = now_mono_ms - w->last_seen_mono_ms;
-    metrics_gauge_set(gauge, lv, age > 0 ? (double)age / 1000.0 : 0.0);
+    const char *lv[] = {w->name, workers_role_label(w->role)};
+    metrics_gauge_set(t->age_gauge, lv, age > 0 ? (double)age / 1000.0 : 0.0);
+    if (w->in_run || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) continue;
+    if (age > timeout_ms) workers_mark_lost(t, w, "no heartbeat");
   }
 }
 

@@ -43,7 +43,10 @@ typedef struct workers_entry {
 typedef struct workers_table workers_table;
 
 /* `db`, `gauge` (labels role, state) and `watch` must outlive the table. */
-int workers_new(store *db, metrics_gauge *gauge, watch_hub *watch, workers_table **out);
+/* `age_gauge` (labels worker, role; may be NULL) gets each worker's seconds
+ * since it was last heard from at every sweep. */
+int workers_new(store *db, metrics_gauge *gauge, metrics_gauge *age_gauge, watch_hub *watch,
+                workers_table **out);
 void workers_free(workers_table *t); /* NULL is fine; streams must be ended already */
 
 size_t workers_count(const workers_table *t);
@@ -81,11 +84,10 @@ void workers_publish(workers_table *t, workers_entry *w);
 void workers_gauge(workers_table *t);
 /* LOST, logged with `reason`, stream ended, published. */
 void workers_mark_lost(workers_table *t, workers_entry *w, const char *reason);
-/* Heartbeat loss of workers outside the run (the run's scheduler judges its own). */
+/* Heartbeat loss of workers outside the run (the run's scheduler judges its
+ * own), and the age gauge of every worker (a lost one's keeps growing, which
+ * is the signal): one walk over the table. */
 void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms);
-/* Sets `gauge` (labels worker, role) to each worker's seconds since it was
- * last heard from; a lost worker's age keeps growing, which is the signal. */
-void workers_heartbeat_ages(workers_table *t, metrics_gauge *gauge, int64_t now_mono_ms);
 /* Every worker's stream gets a Shutdown command and ends UNAVAILABLE. */
 void workers_shutdown(workers_table *t);
 

@@ -30,7 +30,7 @@ static void setup(void) {
                             sizeof err);
   cr_assert_not_null(gauge, "%s", err);
   cr_assert_eq(watch_hub_new(&hub), 0);
-  cr_assert_eq(workers_new(db, gauge, hub, &tab), 0);
+  cr_assert_eq(workers_new(db, gauge, NULL, hub, &tab), 0);
 }
 
 static void teardown(void) {
