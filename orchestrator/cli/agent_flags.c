@@ -122,7 +122,10 @@ void agent_flags_usage(agent_role role, FILE *f) {
 }
 
 void agent_flags_free(agent_flags *o) {
-  if (o) opt_free(agent__cmd(o->opts.role), o);
+  if (!o) return;
+  opt_free(agent__cmd(o->opts.role), o);
+  memset(o->token, 0, sizeof o->token); /* the secret does not outlive its use */
+  o->opts.token = NULL;
 }
 
 /* Checks that need more than one value's syntax. */
@@ -134,12 +137,12 @@ static int agent__check(agent_flags *o, opt_state *st) {
     return opt_fail(st, opt_origin(st, "preset"), "unknown preset \"%s\" (want 100m, 1b, 4b, 8b)",
                     a->preset);
   if (a->token_file) {
-    /* Read once here so a bad file is a usage error naming its origin; the
-     * agent reads it again with the same reader when it starts. */
-    char tok[4096], terr[512];
-    int rc = rpc_token_read(a->token_file, tok, sizeof tok, terr, sizeof terr);
-    memset(tok, 0, sizeof tok);
-    if (rc) return opt_fail(st, opt_origin(st, "token_file"), "%s", terr);
+    /* Read here, once, so a bad file is a usage error naming its origin; the
+     * agent is handed the token itself. */
+    char terr[512];
+    if (rpc_token_read(a->token_file, o->token, sizeof o->token, terr, sizeof terr))
+      return opt_fail(st, opt_origin(st, "token_file"), "%s", terr);
+    a->token = o->token;
   }
   a->device_set = opt_is_set(st, "device");
   a->seed_set = opt_is_set(st, "seed");

@@ -16,6 +16,7 @@ typedef struct agent_flags {
   log_level log_level;
   log_format log_format;
   bool help;
+  char token[AGENT_TOKEN_MAX]; /* token_file's contents, read once; opts.token points here */
 } agent_flags;
 
 /* Parses argv (argv[0] skipped) and envp ("NAME=value", NULL-terminated, or

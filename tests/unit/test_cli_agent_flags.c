@@ -181,7 +181,16 @@ Test(agent_opts, token_file_from_environment) {
   char err[512];
   cr_assert_eq(PARSE_ENV(AGENT_ROLE_INFERENCE, envp, &o, err, "--seed", "3"), 0, "%s", err);
   cr_assert_str_eq(o.opts.token_file, path);
+  cr_assert_str_eq(o.opts.token, "tok", "read once, trimmed, and handed to the agent");
   agent_flags_free(&o);
+  cr_assert_null(o.opts.token, "freed with the flags");
+  /* Longer than an agent holds: refused at parse time, naming the variable. */
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f);
+  for (int i = 0; i < AGENT_TOKEN_MAX; i++) fputc('x', f);
+  fclose(f);
+  expect_error_env(AGENT_ROLE_INFERENCE, envp, ARGC("--seed", "3"), ARGV("--seed", "3"),
+                   "is larger than 1022 bytes");
   unlink(path);
   /* The file is gone: the variable is named. */
   expect_error_env(AGENT_ROLE_INFERENCE, envp, ARGC("--seed", "3"), ARGV("--seed", "3"),

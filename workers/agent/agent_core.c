@@ -34,7 +34,7 @@ struct agent {
   agent_opts opts;
   Rlorch__V1__RegisterRequest *reg;
   char name[256];
-  char token[1024];
+  char token[AGENT_TOKEN_MAX];
   agent_command_fn fn;
   void *ud;
   agent_abort_fn abort_fn; /* set before the threads start, read-only after */
@@ -418,7 +418,15 @@ int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_comma
   if (o->name) snprintf(a->name, sizeof a->name, "%s", o->name);
   else agent_default_name(o->role, a->name, sizeof a->name);
   if (!reg->name || !*reg->name) reg->name = a->name;
-  if (o->token_file && rpc_token_read(o->token_file, a->token, sizeof a->token, err, errlen)) {
+  if (o->token) {
+    if (strlen(o->token) >= sizeof a->token) {
+      snprintf(err, errlen, "token: longer than %zu bytes", sizeof a->token - 1);
+      free(a);
+      return -1;
+    }
+    snprintf(a->token, sizeof a->token, "%s", o->token);
+  } else if (o->token_file &&
+             rpc_token_read(o->token_file, a->token, sizeof a->token, err, errlen)) {
     free(a);
     return -1;
   }

@@ -18,10 +18,13 @@ typedef enum {
   AGENT_OFFLOAD_PARAMS_OPTIMIZER = 3  /* both in host memory, optimizer on CPU */
 } agent_offload;
 
+#define AGENT_TOKEN_MAX 1024 /* bytes of a bearer token, NUL included */
+
 typedef struct agent_opts {
   agent_role role;
   const char *orchestrator; /* required */
-  const char *token_file;
+  const char *token_file;   /* read at start when token is NULL */
+  const char *token;        /* the bearer token itself (< AGENT_TOKEN_MAX bytes), or NULL */
   const char *name;         /* NULL: host name and pid */
   const char *preset;       /* trainer: "100m" by default */
   uint32_t max_layers;      /* trainer: 0 = all decoder layers */
