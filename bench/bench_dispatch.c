@@ -177,11 +177,7 @@ static int dispatch__on_command(ProtobufCMessage *m, void *ud) {
 
 static void *dispatch__fake_main(void *arg) {
   dispatch__fake *f = arg;
-  Rlorch__V1__AttachRequest a = RLORCH__V1__ATTACH_REQUEST__INIT;
-  a.worker_id = f->id;
-  rpc_status st;
-  rpc_client_stream(f->client, "/rlorch.v1.Worker/Attach", &a.base,
-                    &rlorch__v1__command__descriptor, 0, dispatch__on_command, f, &st);
+  bench_fake_attach(f->client, f->id, dispatch__on_command, f);
   return NULL;
 }
 

@@ -42,6 +42,15 @@ int bench_fake_register(rpc_client *c, int trainer, uint32_t index, char *id, si
   return 0;
 }
 
+void bench_fake_attach(rpc_client *c, const char *worker_id,
+                       int (*on_command)(ProtobufCMessage *m, void *ud), void *ud) {
+  Rlorch__V1__AttachRequest a = RLORCH__V1__ATTACH_REQUEST__INIT;
+  a.worker_id = (char *)worker_id; /* protobuf-c never writes through it when packing */
+  rpc_status st;
+  rpc_client_stream(c, "/rlorch.v1.Worker/Attach", &a.base, &rlorch__v1__command__descriptor, 0,
+                    on_command, ud, &st);
+}
+
 int bench_fake_report(rpc_client *c, const char *worker_id, Rlorch__V1__ReportRequest *r) {
   r->worker_id = (char *)worker_id; /* protobuf-c never writes through it when packing */
   ProtobufCMessage *resp = NULL;

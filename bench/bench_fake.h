@@ -15,6 +15,10 @@
  * printed on stderr after `who` (the benchmark's name). */
 int bench_fake_register(rpc_client *c, int trainer, uint32_t index, char *id, size_t idlen,
                         const char *who);
+/* Opens the worker's command stream and hands every command to on_command
+ * (which frees it) until the stream ends; blocks, so run it on a thread. */
+void bench_fake_attach(rpc_client *c, const char *worker_id,
+                       int (*on_command)(ProtobufCMessage *m, void *ud), void *ud);
 /* One Report call as worker_id (sets r->worker_id). 0, or -1. */
 int bench_fake_report(rpc_client *c, const char *worker_id, Rlorch__V1__ReportRequest *r);
 /* Acks a plan at once (the hash it carries). */

@@ -112,11 +112,7 @@ static int on_command(ProtobufCMessage *m, void *ud) {
 
 static void *fake_thread(void *arg) {
   fake *f = arg;
-  Rlorch__V1__AttachRequest a = RLORCH__V1__ATTACH_REQUEST__INIT;
-  a.worker_id = f->id;
-  rpc_status st;
-  rpc_client_stream(f->client, "/rlorch.v1.Worker/Attach", &a.base,
-                    &rlorch__v1__command__descriptor, 0, on_command, f, &st);
+  bench_fake_attach(f->client, f->id, on_command, f);
   return NULL;
 }
 
