@@ -143,7 +143,9 @@ static void h_start_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
         w->role != RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER)
       continue;
     trainers++;
-    if (runner_admits(spec, w, why[0] ? err : why, sizeof why) == 0) admitted++;
+    char one[sizeof why];
+    if (runner_admits(spec, w, one, sizeof one) == 0) admitted++;
+    else if (!why[0]) snprintf(why, sizeof why, "%s", one); /* the first reason */
   }
   if (trainers && !admitted) {
     rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "%s", why);

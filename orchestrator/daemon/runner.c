@@ -146,11 +146,33 @@ static void act_dispatch(runner *r, const sched_action *a) {
   send_or_lose(r, a->worker, &cmd);
 }
 
-static int keep_buffered(uint64_t id, void *ud) { return sched_has_rollout(ud, id); }
+typedef struct {
+  const uint64_t *ids; /* ascending */
+  size_t n;
+} id_set;
+
+static int keep_buffered(uint64_t id, void *ud) {
+  const id_set *b = ud;
+  size_t lo = 0, hi = b->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (b->ids[mid] < id) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < b->n && b->ids[lo] == id;
+}
 
 static void rollouts_budget(runner *r);
+/* Frees what the scheduler no longer buffers (batched, dropped or refused):
+ * one sorted list of its ids, so a sweep costs n log n, not store x pool. */
 static void rollouts_sweep(runner *r) {
-  rollout_store_retain(r->rollouts, keep_buffered, r->sched);
+  size_t n = sched_buffered_ids(r->sched, NULL, 0);
+  uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  if (ids) { /* out of memory: keep everything until the next sweep */
+    id_set b = {ids, sched_buffered_ids(r->sched, ids, n)};
+    rollout_store_retain(r->rollouts, keep_buffered, &b);
+    free(ids);
+  }
   rollouts_budget(r);
 }
 

@@ -1135,6 +1135,18 @@ int sched_hold_dispatch(sched *s, int64_t now, int hold) {
 
 int sched_has_rollout(const sched *s, uint64_t id) { return s && sched__pool_has(s, id); }
 
+static int sched__cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+size_t sched_buffered_ids(const sched *s, uint64_t *out, size_t cap) {
+  size_t n = s->npool < cap ? s->npool : cap;
+  for (size_t i = 0; i < n; i++) out[i] = s->pool[i].r.id;
+  qsort(out, n, sizeof *out, sched__cmp_u64);
+  return s->npool;
+}
+
 int sched_set_policy(sched *s, int64_t now, sched_mode policy) {
   if (sched__begin(s, now)) return SCHED_EINVAL;
   if (policy < SCHED_MODE_AUTO || policy > SCHED_MODE_HOST)

@@ -347,6 +347,9 @@ int sched_set_policy(sched *s, int64_t now_ms, sched_mode policy);
 int sched_hold_dispatch(sched *s, int64_t now_ms, int hold);
 /* Whether rollout `id` is buffered (received, not yet batched or dropped). */
 int sched_has_rollout(const sched *s, uint64_t id);
+/* The ids of the buffered rollouts, ascending, into out (room for cap);
+ * returns how many are buffered (more than cap: only cap were written). */
+size_t sched_buffered_ids(const sched *s, uint64_t *out, size_t cap);
 
 /* No new steps; a pending plan is aborted; STOPPED once the trainer is quiet. */
 int sched_stop(sched *s, int64_t now_ms, const char *reason);

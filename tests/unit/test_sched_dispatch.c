@@ -306,3 +306,25 @@ Test(sched_dispatch, hold_stops_dispatch_and_keeps_what_arrives) {
   cr_assert_gt(h.ndispatch, asked, "released: dispatch resumes");
   sched_free(h.s);
 }
+
+/* The shell frees its copies of what the scheduler no longer buffers by this
+ * list: every buffered id, ascending. */
+Test(sched_dispatch, buffered_ids_ascending) {
+  fx h;
+  start(&h, 1, 8, STEPS);
+  cr_assert_eq(sched_buffered_ids(h.s, NULL, 0), 0u);
+  answer_oldest(&h); /* step 0's batch */
+  answer_oldest(&h); /* buffered for step 1 */
+  sched_counters k;
+  sched_get_counters(h.s, &k);
+  uint64_t ids[64];
+  size_t n = sched_buffered_ids(h.s, ids, 64);
+  cr_assert_eq(n, k.rollouts_buffered);
+  cr_assert_gt(n, 1u);
+  for (size_t i = 0; i < n; i++) {
+    cr_assert(sched_has_rollout(h.s, ids[i]));
+    if (i) cr_assert_lt(ids[i - 1], ids[i]);
+  }
+  cr_assert_eq(sched_buffered_ids(h.s, ids, 1), n, "the count, though only one was written");
+  sched_free(h.s);
+}
