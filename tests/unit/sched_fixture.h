@@ -34,6 +34,9 @@ typedef struct fx {
   uint32_t parts[16];
   size_t nparts;
   char abort_reason[SCHED_TEXT_MAX];
+  char abort_plan[SCHED_PLAN_ID_MAX];
+  uint32_t abort_parts[16]; /* who the last ABORT went to */
+  size_t nabort_parts;
   sched_step_record records[16];
   sched_run_state run_state;
   char run_msg[SCHED_TEXT_MAX];

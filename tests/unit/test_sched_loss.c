@@ -11,68 +11,17 @@
 #include <string.h>
 
 #include "orchestrator/sched/sched.h"
+#include "sched_fixture.h"
 
 #define TRAINER 1
 #define SURVIVOR 2
 #define VICTIM 3
 
-typedef struct harness {
-  sched *s;
-  int64_t now;
-  uint64_t req_id[8];
-  uint32_t req_worker[8];
-  size_t nreqs;
-  int nplan, ntrigger, nabort, ncommit;
-  char plan_id[SCHED_PLAN_ID_MAX];
-  uint32_t parts[8];
-  size_t nparts;
-  uint32_t abort_parts[8];
-  size_t nabort_parts;
-  char abort_plan[SCHED_PLAN_ID_MAX];
-  sched_run_state run_state;
-  char run_msg[SCHED_TEXT_MAX];
-} harness;
-
-static void drain(harness *h) {
-  sched_action_batch b;
-  size_t n = sched_take_actions(h->s, &b);
-  const sched_action *a = b.actions;
-  for (size_t i = 0; i < n; i++) {
-    switch (a[i].kind) {
-    case SCHED_ACT_DISPATCH:
-      cr_assert_lt(h->nreqs, 8);
-      h->req_id[h->nreqs] = a[i].request_id;
-      h->req_worker[h->nreqs++] = a[i].worker;
-      break;
-    case SCHED_ACT_BUILD_PLAN:
-      h->nplan++;
-      snprintf(h->plan_id, sizeof h->plan_id, "%s", a[i].plan_id);
-      h->nparts = a[i].nparticipants;
-      memcpy(h->parts, a[i].participants, a[i].nparticipants * sizeof(uint32_t));
-      break;
-    case SCHED_ACT_TRIGGER: h->ntrigger++; break;
-    case SCHED_ACT_ABORT:
-      h->nabort++;
-      snprintf(h->abort_plan, sizeof h->abort_plan, "%s", a[i].plan_id);
-      h->nabort_parts = a[i].nparticipants;
-      memcpy(h->abort_parts, a[i].participants, a[i].nparticipants * sizeof(uint32_t));
-      break;
-    case SCHED_ACT_COMMIT: h->ncommit++; break;
-    case SCHED_ACT_RUN_STATE:
-      h->run_state = a[i].run_state;
-      snprintf(h->run_msg, sizeof h->run_msg, "%s", a[i].text);
-      break;
-    default: break;
-    }
-  }
-  sched_action_batch_free(&b);
-}
-
 static const sched_caps HOST = {0};
 static const sched_offload PAGEABLE = {.pageable_tensors = 4, .pageable_bytes = 4096};
 
 /* Trainer and two receivers; step 0 trained, its plan acked and triggered. */
-static void triggered(harness *h) {
+static void triggered(fx *h) {
   memset(h, 0, sizeof *h);
   sched_settings c;
   sched_settings_default(&c);
@@ -94,25 +43,25 @@ static void triggered(harness *h) {
                                          &PAGEABLE), SCHED_OK, "%s", sched_last_error(h->s));
     cr_assert_eq(sched_worker_attached(h->s, h->now, w[i].id), SCHED_OK);
   }
-  drain(h);
+  fx_drain(h);
   cr_assert_geq(h->nreqs, 1);
   sched_rollout r = {.id = 1, .policy_version = 0, .tokens = 10};
-  cr_assert_eq(sched_rollouts_done(h->s, h->now, h->req_worker[0], h->req_id[0], &r, 1), SCHED_OK,
+  cr_assert_eq(sched_rollouts_done(h->s, h->now, h->reqs[0].worker, h->reqs[0].id, &r, 1), SCHED_OK,
                "%s", sched_last_error(h->s));
-  drain(h);
+  fx_drain(h);
   cr_assert_eq(sched_step_done(h->s, h->now, TRAINER, 0, 0.05, &PAGEABLE), SCHED_OK, "%s",
                sched_last_error(h->s));
-  drain(h);
+  fx_drain(h);
   cr_assert_eq(h->nplan, 1);
   cr_assert_str_eq(h->plan_id, "run-3/step-0");
   cr_assert_eq(sched_plan_built(h->s, h->now, h->plan_id, 0x11, NULL), SCHED_OK);
   for (size_t i = 0; i < h->nparts; i++)
     cr_assert_eq(sched_plan_acked(h->s, h->now, h->parts[i], h->plan_id, 0x11, NULL), SCHED_OK);
-  drain(h);
+  fx_drain(h);
   cr_assert_eq(h->ntrigger, 1);
 }
 
-static void commit_replan(harness *h) {
+static void commit_replan(fx *h) {
   cr_assert_eq(h->nplan, 2);
   cr_assert_str_eq(h->plan_id, "run-3/step-0-r2");
   uint32_t want[] = {TRAINER, SURVIVOR};
@@ -121,14 +70,14 @@ static void commit_replan(harness *h) {
   cr_assert_eq(sched_plan_built(h->s, h->now, h->plan_id, 0x22, NULL), SCHED_OK);
   for (size_t i = 0; i < h->nparts; i++)
     cr_assert_eq(sched_plan_acked(h->s, h->now, h->parts[i], h->plan_id, 0x22, NULL), SCHED_OK);
-  drain(h);
+  fx_drain(h);
   cr_assert_eq(h->ntrigger, 2);
   sched_bcast_report tx = {.transport = "host-tcp", .wire_bytes = 100, .total_seconds = 0.1,
                            .weights_checksum = 9};
   sched_bcast_report rx = {.weights_checksum = 9};
   cr_assert_eq(sched_broadcast_done(h->s, h->now, TRAINER, h->plan_id, NULL, &tx), SCHED_OK);
   cr_assert_eq(sched_broadcast_done(h->s, h->now, SURVIVOR, h->plan_id, NULL, &rx), SCHED_OK);
-  drain(h);
+  fx_drain(h);
   cr_assert_eq(h->ncommit, 1, "step 0 commits with the survivor: %s", h->run_msg);
   cr_assert_neq(h->run_state, SCHED_RUN_FAILED, "%s", h->run_msg);
 }
@@ -136,11 +85,11 @@ static void commit_replan(harness *h) {
 /* The victim acked and died before connecting: nobody saw a broadcast error.
  * The abort goes to exactly the live participants, whose agents cancel. */
 Test(sched_loss, lost_before_connecting_aborts_the_live_participants_and_replans) {
-  harness h;
+  fx h;
   triggered(&h);
   h.now += 20;
   cr_assert_eq(sched_worker_lost(h.s, h.now, VICTIM, "command stream closed"), SCHED_OK);
-  drain(&h);
+  fx_drain(&h);
   cr_assert_eq(h.nabort, 1);
   cr_assert_str_eq(h.abort_plan, "run-3/step-0");
   uint32_t live[] = {TRAINER, SURVIVOR};
@@ -155,11 +104,11 @@ Test(sched_loss, lost_before_connecting_aborts_the_live_participants_and_replans
   cr_assert_eq(sched_broadcast_done(h.s, h.now, SURVIVOR, "run-3/step-0",
                                     "peer failed: bucket 0 not received: connection closed", NULL),
                SCHED_ESTALE);
-  drain(&h);
+  fx_drain(&h);
   /* Past the grace a broadcast error would have had: nothing is failing. */
   h.now += 3500;
   cr_assert_eq(sched_tick(h.s, h.now), SCHED_OK);
-  drain(&h);
+  fx_drain(&h);
   cr_assert_neq(h.run_state, SCHED_RUN_FAILED, "%s", h.run_msg);
   commit_replan(&h);
   sched_free(h.s);
@@ -169,19 +118,19 @@ Test(sched_loss, lost_before_connecting_aborts_the_live_participants_and_replans
  * closed), the loss within the grace: the same re-plan, and the second error
  * of the given-up plan is stale. */
 Test(sched_loss, errors_then_loss_within_the_grace_replans) {
-  harness h;
+  fx h;
   triggered(&h);
   h.now += 10;
   cr_assert_eq(sched_broadcast_done(h.s, h.now, TRAINER, "run-3/step-0",
                                     "receiver rank 2 closed the connection at bucket 0", NULL),
                SCHED_OK);
-  drain(&h);
+  fx_drain(&h);
   h.now += 2900;
   cr_assert_eq(sched_tick(h.s, h.now), SCHED_OK);
-  drain(&h);
+  fx_drain(&h);
   cr_assert_neq(h.run_state, SCHED_RUN_FAILED, "%s", h.run_msg);
   cr_assert_eq(sched_worker_lost(h.s, h.now, VICTIM, "command stream closed"), SCHED_OK);
-  drain(&h);
+  fx_drain(&h);
   cr_assert_eq(sched_broadcast_done(h.s, h.now, SURVIVOR, "run-3/step-0", "connection closed",
                                     NULL),
                SCHED_ESTALE);
@@ -192,19 +141,19 @@ Test(sched_loss, errors_then_loss_within_the_grace_replans) {
 /* Without a loss the error stands: the run fails once the grace is over,
  * naming the plan, the worker and the error. */
 Test(sched_loss, error_without_a_loss_fails_after_the_grace) {
-  harness h;
+  fx h;
   triggered(&h);
   cr_assert_eq(sched_broadcast_done(h.s, h.now, SURVIVOR, "run-3/step-0", "checksum mismatch",
                                     NULL),
                SCHED_OK);
-  drain(&h);
+  fx_drain(&h);
   h.now += 2999;
   sched_tick(h.s, h.now);
-  drain(&h);
+  fx_drain(&h);
   cr_assert_neq(h.run_state, SCHED_RUN_FAILED);
   h.now += 1;
   sched_tick(h.s, h.now);
-  drain(&h);
+  fx_drain(&h);
   cr_assert_eq(h.run_state, SCHED_RUN_FAILED);
   cr_assert(strstr(h.run_msg, "run-3/step-0") && strstr(h.run_msg, "inference-0") &&
                 strstr(h.run_msg, "checksum mismatch"),
