@@ -1143,7 +1143,7 @@ static int sched__cmp_u64(const void *a, const void *b) {
 size_t sched_buffered_ids(const sched *s, uint64_t *out, size_t cap) {
   size_t n = s->npool < cap ? s->npool : cap;
   for (size_t i = 0; i < n; i++) out[i] = s->pool[i].r.id;
-  qsort(out, n, sizeof *out, sched__cmp_u64);
+  if (n > 1) qsort(out, n, sizeof *out, sched__cmp_u64); /* out may be NULL when n is 0 */
   return s->npool;
 }
 
