@@ -241,8 +241,6 @@ static void act_train(runner *r, const sched_action *a) {
     if (!batch[i]) missing++;
   }
   if (batch && !missing) {
-    ts.rollouts = batch;
-    ts.n_rollouts = a->nrollouts;
     log_batch(r, a->step, batch, a->nrollouts);
   } else {
     log_error("batch_incomplete", "run=%s step=%" PRIu64 " missing=%zu of %zu", r->run->id,

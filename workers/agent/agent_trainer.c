@@ -171,17 +171,9 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
 static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainStep *ts) {
   char err[512];
   agent_adamw_coef c;
-  /* The synthetic gradient comes from the seed; the batch is still read, so
-   * what a real trainer would get is checked end to end. */
-  uint64_t completion_tokens = 0;
-  for (size_t i = 0; i < ts->n_rollouts; i++)
-    completion_tokens += ts->rollouts[i]->n_completion_token_ids;
-  if (ts->n_rollouts != ts->n_rollout_ids)
-    agent_log_warn("batch_incomplete", "step=%llu rollouts=%zu ids=%zu",
-                   (unsigned long long)ts->step, ts->n_rollouts, ts->n_rollout_ids);
-  agent_log_debug("batch", "step=%llu rollouts=%zu completion_tokens=%llu",
-                  (unsigned long long)ts->step, ts->n_rollouts,
-                  (unsigned long long)completion_tokens);
+  /* The synthetic gradient comes from the seed. */
+  agent_log_debug("batch", "step=%llu rollouts=%zu", (unsigned long long)ts->step,
+                  ts->n_rollout_ids);
   double t0 = agent_now();
   if (agent_adamw_coef_for_step(&tr->hp, tr->steps + 1, ts->seed, &c)) {
     agent_log_error("fatal", "reason=\"AdamW hyperparameters out of range\"");
