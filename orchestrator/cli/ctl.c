@@ -29,12 +29,17 @@ typedef struct ctl_opts {
 
 /* Every command's flags and arguments; each command's table uses its part. */
 typedef struct ctl_args {
-  char *run_name, *preset, *stop_reason, *run_id, *run_filter, *service;
+  char *run_name, *preset, *stop_reason, *run_id, *run_filter, *service, *prompts;
   uint32_t steps, max_async_level, rollouts_per_step, max_requests_per_worker, limit;
+  uint32_t group_size, prompt_tokens, max_tokens, top_k, request_timeout_ms;
+  uint64_t prompt_seed, sampling_seed;
+  double temperature, top_p;
   int policy, offload, run_state;
   uint64_t staging_budget_bytes;
   int64_t from_step;
   bool max_async_set; /* --max-async-level given: 0 is a value, not "unset" */
+  bool sampling_set;  /* a sampling flag given: the run gets these sampling parameters */
+  bool temperature_set;
 } ctl_args;
 
 typedef struct ctl {
@@ -141,6 +146,34 @@ static const opt_field ctl__start_fields[] = {
     {.name = "max_requests_per_worker", .flag = "--max-requests-per-worker", .type = OPT_U32,
      .off = CA(max_requests_per_worker, uint32_t), .metavar = "N",
      .help = "rollout requests in flight on one inference worker", .dflt = "the orchestrator's"},
+    {.name = "group_size", .flag = "--group-size", .type = OPT_U32, .off = CA(group_size, uint32_t),
+     .metavar = "N", .help = "completions per prompt (rollouts-per-step is a multiple)",
+     .dflt = "the orchestrator's"},
+    {.name = "prompts", .flag = "--prompts", .type = OPT_STR, .off = CA(prompts, char *),
+     .metavar = "FILE", .help = "JSONL prompts, a path on the orchestrator's host",
+     .dflt = "the orchestrator's"},
+    {.name = "prompt_tokens", .flag = "--synthetic-prompt-tokens", .type = OPT_U32,
+     .off = CA(prompt_tokens, uint32_t), .metavar = "N",
+     .help = "synthetic prompts of N tokens instead of a file", .dflt = "the orchestrator's"},
+    {.name = "prompt_seed", .flag = "--prompt-seed", .type = OPT_U64, .off = CA(prompt_seed, uint64_t),
+     .metavar = "S", .help = "seed of the synthetic prompts", .dflt = "0"},
+    {.name = "temperature", .flag = "--temperature", .type = OPT_DOUBLE,
+     .off = CA(temperature, double), .min = 0, .max = 100, .metavar = "T",
+     .help = "sampling temperature, 0 greedy",
+     .dflt = "1 with another sampling flag, else the orchestrator's"},
+    {.name = "top_p", .flag = "--top-p", .type = OPT_DOUBLE, .off = CA(top_p, double), .min = 0,
+     .max = 1, .metavar = "P", .help = "nucleus sampling; 0 or 1: off", .dflt = "off"},
+    {.name = "top_k", .flag = "--top-k", .type = OPT_U32, .off = CA(top_k, uint32_t),
+     .metavar = "K", .help = "sample among the K most likely tokens; 0: off", .dflt = "off"},
+    {.name = "max_tokens", .flag = "--max-tokens", .type = OPT_U32, .off = CA(max_tokens, uint32_t),
+     .metavar = "N", .help = "completion tokens per sequence", .dflt = "the orchestrator's"},
+    {.name = "sampling_seed", .flag = "--sampling-seed", .type = OPT_U64,
+     .off = CA(sampling_seed, uint64_t), .metavar = "S", .help = "sampling seed",
+     .dflt = "the engine's choice"},
+    {.name = "request_timeout_ms", .flag = "--request-timeout-ms", .type = OPT_U32,
+     .off = CA(request_timeout_ms, uint32_t), .metavar = "MS",
+     .help = "re-send a rollout request slower than this to another worker",
+     .dflt = "the orchestrator's"},
     {.name = "offload", .flag = "--offload", .type = OPT_ENUM, .off = CA(offload, int),
      .names = ctl__offloads, .metavar = "O",
      .help = "what the trainer must keep in host memory", .dflt = "the trainer's"},
@@ -221,6 +254,34 @@ static int do_start_run(ctl *c, const ctl_args *a) {
   spec.staging_budget_bytes = a->staging_budget_bytes;
   spec.policy = (Rlorch__V1__BroadcastMode)a->policy;
   spec.offload = (Rlorch__V1__Offload)a->offload;
+  spec.group_size = a->group_size;
+  spec.request_timeout_ms = a->request_timeout_ms;
+  Rlorch__V1__PromptSource ps = RLORCH__V1__PROMPT_SOURCE__INIT;
+  Rlorch__V1__SyntheticPrompts syn = RLORCH__V1__SYNTHETIC_PROMPTS__INIT;
+  if (a->prompts && a->prompt_tokens) {
+    fprintf(stderr, "rlorch ctl start-run: --prompts and --synthetic-prompt-tokens: give one\n");
+    return 2;
+  }
+  if (a->prompts) {
+    ps.source_case = RLORCH__V1__PROMPT_SOURCE__SOURCE_JSONL_PATH;
+    ps.jsonl_path = a->prompts;
+    spec.prompts = &ps;
+  } else if (a->prompt_tokens || a->prompt_seed) {
+    syn.prompt_tokens = a->prompt_tokens;
+    syn.seed = a->prompt_seed;
+    ps.source_case = RLORCH__V1__PROMPT_SOURCE__SOURCE_SYNTHETIC;
+    ps.synthetic = &syn;
+    spec.prompts = &ps;
+  }
+  Rlorch__V1__SamplingParams sp = RLORCH__V1__SAMPLING_PARAMS__INIT;
+  if (a->sampling_set) {
+    sp.temperature = a->temperature_set ? (float)a->temperature : 1.0f;
+    sp.top_p = (float)a->top_p;
+    sp.top_k = a->top_k;
+    sp.max_tokens = a->max_tokens;
+    sp.seed = a->sampling_seed;
+    spec.sampling = &sp;
+  }
   ProtobufCMessage *resp;
   if (unary(c, "/rlorch.v1.Control/StartRun", &spec.base, &rlorch__v1__run__descriptor, &resp))
     return 1;
@@ -398,6 +459,9 @@ static int ctl__run_command(ctl *c, size_t k, int argc, char **argv) {
     rc = 0;
   } else {
     a.max_async_set = opt_is_set(st, "max_async_level");
+    a.temperature_set = opt_is_set(st, "temperature");
+    a.sampling_set = a.temperature_set || opt_is_set(st, "top_p") || opt_is_set(st, "top_k") ||
+                     opt_is_set(st, "max_tokens") || opt_is_set(st, "sampling_seed");
     ctl_current = c;
     signal(SIGINT, on_sigint);
     rc = ctl__commands[k].fn(c, &a);

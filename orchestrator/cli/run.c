@@ -40,8 +40,8 @@ typedef struct child {
 } child;
 
 typedef struct run_opts {
-  uint32_t steps, inference, max_async, rollouts_per_step, max_requests, layers;
-  char *preset, *listen, *metrics_listen, *data_dir; /* owned: opt_free */
+  uint32_t steps, inference, max_async, rollouts_per_step, max_requests, layers, group_size;
+  char *preset, *listen, *metrics_listen, *data_dir, *prompts; /* owned: opt_free */
   int offload, policy, log_level;
   bool json;
 } run_opts;
@@ -83,6 +83,12 @@ static const opt_field run__fields[] = {
     {.name = "max_requests_per_worker", .flag = "--max-requests-per-worker", .type = OPT_U32,
      .off = RO(max_requests, uint32_t), .min = 1, .max = 1024, .metavar = "N",
      .help = "rollout requests in flight on one inference worker"},
+    {.name = "group_size", .flag = "--group-size", .type = OPT_U32, .off = RO(group_size, uint32_t),
+     .min = 1, .max = 4096, .metavar = "N",
+     .help = "completions per prompt (rollouts-per-step is a multiple)"},
+    {.name = "prompts", .flag = "--prompts", .type = OPT_PATH, .off = RO(prompts, char *),
+     .metavar = "FILE", .help = "JSONL prompts: {\"prompt_token_ids\": [...]} per line",
+     .dflt = "synthetic prompts"},
     {.name = "listen", .flag = "--listen", .type = OPT_ADDR, .off = RO(listen, char *),
      .metavar = "ADDR", .help = "orchestrator's gRPC address; port 0 picks a free one"},
     {.name = "metrics_listen", .flag = "--metrics-listen", .type = OPT_ADDR,
@@ -133,7 +139,7 @@ typedef struct run_ctx {
 
 static void run__defaults(run_opts *o) {
   *o = (run_opts){.steps = 5, .inference = 2, .max_async = 1, .rollouts_per_step = 8,
-                  .max_requests = 8,
+                  .max_requests = 8, .group_size = 4,
                   .preset = "100m", .offload = RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS,
                   .policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO,
                   .listen = "127.0.0.1:0", .metrics_listen = "127.0.0.1:0",
@@ -470,6 +476,20 @@ static int start_and_watch(run_ctx *c) {
   spec.max_requests_per_worker = c->o.max_requests;
   spec.policy = (Rlorch__V1__BroadcastMode)c->o.policy;
   spec.offload = (Rlorch__V1__Offload)c->o.offload;
+  spec.group_size = c->o.group_size;
+  Rlorch__V1__PromptSource ps = RLORCH__V1__PROMPT_SOURCE__INIT;
+  char prompts[PATH_MAX];
+  if (c->o.prompts) {
+    /* The orchestrator opens it: the same file whatever its working directory. */
+    if (!realpath(c->o.prompts, prompts)) {
+      fprintf(stderr, "rlorch run: --prompts: cannot read \"%s\": %s\n", c->o.prompts,
+              strerror(errno));
+      return -1;
+    }
+    ps.source_case = RLORCH__V1__PROMPT_SOURCE__SOURCE_JSONL_PATH;
+    ps.jsonl_path = prompts;
+    spec.prompts = &ps;
+  }
   ProtobufCMessage *resp = NULL;
   rpc_status st;
   if (rpc_client_call(c->client, "/rlorch.v1.Control/StartRun", &spec.base,

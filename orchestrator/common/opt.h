@@ -98,7 +98,7 @@ typedef struct opt_cmd {
   const char *footer;   /* text printed after everything else, or NULL */
 } opt_cmd;
 
-#define OPT_MAX_FIELDS 32
+#define OPT_MAX_FIELDS 64
 #define OPT_ORIGIN_LEN 256
 
 /* The outcome of one parse. Holds no resources: nothing to free. */

@@ -72,6 +72,21 @@ static const opt_field config__fields[] = {
     {.name = "max_requests_per_worker", .type = OPT_U32,
      .off = CONFIG__OFF(max_requests_per_worker, uint32_t), .min = 1, .max = 1024, .metavar = "N",
      .help = "rollout requests in flight on one inference worker"},
+    {.name = "group_size", .type = OPT_U32, .off = CONFIG__OFF(group_size, uint32_t), .min = 1,
+     .max = 4096, .metavar = "N",
+     .help = "completions per prompt: a request's group; rollouts_per_step is a multiple"},
+    {.name = "prompts_file", .type = OPT_PATH, .off = CONFIG__OFF(prompts_file, char *),
+     .metavar = "FILE", .help = "JSONL prompts of a run that names none",
+     .dflt = "none: synthetic prompts"},
+    {.name = "max_prompt_tokens", .type = OPT_U32, .off = CONFIG__OFF(max_prompt_tokens, uint32_t),
+     .min = 1, .max = 16777216, .metavar = "N", .help = "longest prompt a prompt source may hold"},
+    {.name = "max_tokens", .type = OPT_U32, .off = CONFIG__OFF(max_tokens, uint32_t), .min = 1,
+     .max = 1048576, .metavar = "N", .help = "completion tokens per sequence, when sampling sets none"},
+    {.name = "temperature", .type = OPT_DOUBLE, .off = CONFIG__OFF(temperature, double), .min = 0,
+     .max = 100, .metavar = "T", .help = "sampling temperature of a run that sets no sampling"},
+    {.name = "request_timeout_ms", .type = OPT_U32,
+     .off = CONFIG__OFF(request_timeout_ms, uint32_t), .min = 0, .max = 86400000, .metavar = "MS",
+     .help = "a rollout request slower than this is also sent to another worker; 0: never"},
     {.name = "staging_budget_bytes", .type = OPT_BYTES,
      .off = CONFIG__OFF(staging_budget_bytes, uint64_t), .min = 1048576.0, .max = 1099511627776.0,
      .metavar = "BYTES", .help = "staging memory budget per bucket"},
@@ -109,6 +124,10 @@ void config_defaults(config *c) {
   c->max_async_level = 1;
   c->rollouts_per_step = 8;
   c->max_requests_per_worker = 8;
+  c->group_size = 1;
+  c->max_prompt_tokens = 32768;
+  c->max_tokens = 1024;
+  c->temperature = 1.0;
   c->staging_budget_bytes = 256u << 20;
 }
 
@@ -147,6 +166,10 @@ static int config__validate(config *c, opt_state *st) {
     return opt_fail(st, opt_origin(st, "worker_timeout_ms"),
                     "%u must exceed heartbeat_interval_ms (%u)", c->worker_timeout_ms,
                     c->heartbeat_interval_ms);
+  if (c->rollouts_per_step % c->group_size)
+    return opt_fail(st, opt_origin(st, "rollouts_per_step"), "%u is not a multiple of group_size (%u)",
+                    c->rollouts_per_step, c->group_size);
+  if (c->prompts_file && config__check_readable(st, "prompts_file", c->prompts_file)) return -1;
   if (!c->tls_cert_file != !c->tls_key_file) {
     const char *set = c->tls_cert_file ? "tls_cert_file" : "tls_key_file";
     const char *unset = c->tls_cert_file ? "tls_key_file" : "tls_cert_file";

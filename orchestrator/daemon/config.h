@@ -56,6 +56,12 @@ typedef struct config {
   uint32_t rollouts_per_step;     /* default 8 */
   uint32_t max_requests_per_worker; /* rollout requests in flight per inference worker,
                                        default 8, 1..1024 */
+  uint32_t group_size;            /* completions per prompt, default 1 */
+  char *prompts_file;             /* JSONL prompts, or NULL: synthetic */
+  uint32_t max_prompt_tokens;     /* longest prompt accepted from a source, default 32768 */
+  uint32_t max_tokens;            /* completion tokens per sequence, default 1024 */
+  double temperature;             /* of a run without sampling parameters, default 1.0 */
+  uint32_t request_timeout_ms;    /* re-send a slower request elsewhere; 0 (default): never */
   uint64_t staging_budget_bytes;  /* default 256 MiB */
   bool print_config;              /* --print-config: print and exit 0 */
   bool help;                      /* --help: config_usage(stdout) and exit 0 */

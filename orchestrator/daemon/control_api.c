@@ -19,6 +19,78 @@
 #define MAX_ROLLOUTS_PER_STEP 65536u
 #define MAX_REQUESTS_PER_WORKER 1024u
 #define MIN_STAGING_BUDGET (1u << 20)
+#define MAX_GROUP_SIZE 4096u
+#define MAX_STOP_TOKENS 64u
+#define MAX_PATH_BYTES 4096u
+#define SYNTHETIC_PROMPT_TOKENS 16u
+#define SYNTHETIC_VOCAB 32000u
+
+/* Storage for the defaults spec_validate fills into sub-messages: the spec is
+ * a shallow copy of the request, whose own sub-messages must not change. */
+typedef struct spec_fill {
+  Rlorch__V1__SamplingParams sampling;
+  Rlorch__V1__PromptSource prompts;
+  Rlorch__V1__SyntheticPrompts synthetic;
+} spec_fill;
+
+static int sampling_validate(const config *c, Rlorch__V1__RunSpec *s, spec_fill *f, char *err,
+                             size_t len) {
+  if (s->sampling) {
+    f->sampling = *s->sampling;
+  } else {
+    rlorch__v1__sampling_params__init(&f->sampling);
+    f->sampling.temperature = (float)c->temperature;
+  }
+  Rlorch__V1__SamplingParams *p = &f->sampling;
+  s->sampling = p;
+  if (p->max_tokens == 0) p->max_tokens = c->max_tokens;
+  if (!(p->temperature >= 0 && p->temperature <= 100)) /* NaN fails too */
+    return snprintf(err, len, "sampling.temperature: %g is not in [0, 100]", p->temperature), -1;
+  if (!(p->top_p >= 0 && p->top_p <= 1))
+    return snprintf(err, len, "sampling.top_p: %g is not in [0, 1]", p->top_p), -1;
+  if (p->max_tokens > c->max_tokens)
+    return snprintf(err, len, "sampling.max_tokens: %u is over the limit of %u (max_tokens)",
+                    p->max_tokens, c->max_tokens),
+           -1;
+  if (p->n_stop_token_ids > MAX_STOP_TOKENS)
+    return snprintf(err, len, "sampling.stop_token_ids: %zu ids, more than %u",
+                    p->n_stop_token_ids, MAX_STOP_TOKENS),
+           -1;
+  return 0;
+}
+
+static int prompts_validate(const config *c, Rlorch__V1__RunSpec *s, spec_fill *f, char *err,
+                            size_t len) {
+  rlorch__v1__prompt_source__init(&f->prompts);
+  rlorch__v1__synthetic_prompts__init(&f->synthetic);
+  if (s->prompts) f->prompts = *s->prompts;
+  if (f->prompts.source_case == RLORCH__V1__PROMPT_SOURCE__SOURCE__NOT_SET && c->prompts_file) {
+    f->prompts.source_case = RLORCH__V1__PROMPT_SOURCE__SOURCE_JSONL_PATH;
+    f->prompts.jsonl_path = c->prompts_file;
+  }
+  if (f->prompts.source_case == RLORCH__V1__PROMPT_SOURCE__SOURCE__NOT_SET) {
+    f->prompts.source_case = RLORCH__V1__PROMPT_SOURCE__SOURCE_SYNTHETIC;
+    f->prompts.synthetic = NULL;
+  }
+  s->prompts = &f->prompts;
+  if (f->prompts.source_case == RLORCH__V1__PROMPT_SOURCE__SOURCE_SYNTHETIC) {
+    if (f->prompts.synthetic) f->synthetic = *f->prompts.synthetic;
+    f->prompts.synthetic = &f->synthetic;
+    if (!f->synthetic.prompt_tokens) f->synthetic.prompt_tokens = SYNTHETIC_PROMPT_TOKENS;
+    if (!f->synthetic.vocab_size) f->synthetic.vocab_size = SYNTHETIC_VOCAB;
+    if (f->synthetic.prompt_tokens > c->max_prompt_tokens)
+      return snprintf(err, len,
+                      "prompts.synthetic.prompt_tokens: %u is over the limit of %u "
+                      "(max_prompt_tokens)",
+                      f->synthetic.prompt_tokens, c->max_prompt_tokens),
+             -1;
+    return 0;
+  }
+  if (!f->prompts.jsonl_path[0]) return snprintf(err, len, "prompts.jsonl_path: empty"), -1;
+  if (strlen(f->prompts.jsonl_path) >= MAX_PATH_BYTES)
+    return snprintf(err, len, "prompts.jsonl_path: longer than %u bytes", MAX_PATH_BYTES - 1), -1;
+  return 0;
+}
 
 int control_api_run_is_final(Rlorch__V1__RunState s) {
   return s == RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED ||
@@ -32,7 +104,8 @@ static int enum_known(const ProtobufCEnumDescriptor *d, int v) {
 
 /* Fills defaults into spec and checks every field; returns 0 or -1 with a
  * message naming the field. */
-static int spec_validate(orch *o, Rlorch__V1__RunSpec *s, char *err, size_t len) {
+static int spec_validate(orch *o, Rlorch__V1__RunSpec *s, spec_fill *fill, char *err,
+                         size_t len) {
   const config *c = o->cfg;
   if (strlen(s->name) > 128) return snprintf(err, len, "name: longer than 128 bytes"), -1;
   /* An empty preset or an unspecified offload takes the trainer's (the runner
@@ -58,6 +131,18 @@ static int spec_validate(orch *o, Rlorch__V1__RunSpec *s, char *err, size_t len)
     return snprintf(err, len, "rollouts_per_step: %u is over the limit of %u",
                     s->rollouts_per_step, MAX_ROLLOUTS_PER_STEP),
            -1;
+  if (s->group_size == 0) s->group_size = c->group_size;
+  if (s->group_size > MAX_GROUP_SIZE)
+    return snprintf(err, len, "group_size: %u is over the limit of %u", s->group_size,
+                    MAX_GROUP_SIZE),
+           -1;
+  if (s->rollouts_per_step % s->group_size)
+    return snprintf(err, len, "rollouts_per_step: %u is not a multiple of group_size (%u)",
+                    s->rollouts_per_step, s->group_size),
+           -1;
+  if (s->request_timeout_ms == 0) s->request_timeout_ms = c->request_timeout_ms;
+  if (sampling_validate(c, s, fill, err, len) || prompts_validate(c, s, fill, err, len))
+    return -1;
   if (s->max_requests_per_worker == 0) s->max_requests_per_worker = c->max_requests_per_worker;
   if (s->max_requests_per_worker > MAX_REQUESTS_PER_WORKER)
     return snprintf(err, len, "max_requests_per_worker: %u is over the limit of %u",
@@ -117,11 +202,12 @@ static void h_start_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   Rlorch__V1__RunSpec filled = *(const Rlorch__V1__RunSpec *)req;
   Rlorch__V1__RunSpec *spec = &filled;
   char err[400];
+  spec_fill fill;
   if (o->shutting_down) {
     rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
     return;
   }
-  if (spec_validate(o, spec, err, sizeof err) != 0) {
+  if (spec_validate(o, spec, &fill, err, sizeof err) != 0) {
     rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s", err);
     return;
   }

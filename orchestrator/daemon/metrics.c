@@ -248,6 +248,15 @@ int metrics_counter_add(metrics_counter *c, const char *const *label_values, dou
   return 0;
 }
 
+int metrics_counter_set(metrics_counter *c, const char *const *label_values, double v) {
+  metrics__series *s;
+  if (!c || c->kind != METRICS__COUNTER || isnan(v) || v < 0) return -EINVAL;
+  int rc = metrics__series_get(c, label_values, &s);
+  if (rc) return rc;
+  s->value = v;
+  return 0;
+}
+
 int metrics_counter_inc(metrics_counter *c, const char *const *label_values) {
   return metrics_counter_add(c, label_values, 1.0);
 }

@@ -46,6 +46,10 @@ metrics_histogram *metrics_histogram_new(metrics_registry *r, const char *name, 
  * -ENOMEM or -ENOSPC (too many series). */
 int metrics_counter_add(metrics_counter *c, const char *const *label_values, double v);
 int metrics_counter_inc(metrics_counter *c, const char *const *label_values);
+/* Sets a counter that mirrors one its source counts itself (a worker's own
+ * totals): the value only grows while the source lives; a lower value is the
+ * source starting again, which Prometheus' rate() takes as a reset. */
+int metrics_counter_set(metrics_counter *c, const char *const *label_values, double v);
 int metrics_gauge_set(metrics_gauge *g, const char *const *label_values, double v);
 int metrics_gauge_add(metrics_gauge *g, const char *const *label_values, double v);
 int metrics_histogram_observe(metrics_histogram *h, const char *const *label_values, double v);

@@ -64,6 +64,15 @@ typedef struct orch_metrics {
   metrics_gauge *run_steps_target;       /* its target; 0: until stopped */
   metrics_gauge *last_step_time;         /* Unix seconds of the last commit */
   metrics_gauge *heartbeat_age;          /* worker, role */
+  metrics_gauge *rollouts_in_flight;     /* asked of inference workers, not yet received */
+  metrics_histogram *request_duration;   /* a rollout request: dispatch to its answer */
+  metrics_counter *generated_tokens;     /* completion tokens of the rollouts received */
+  metrics_counter *requests;             /* outcome: dispatched, resent, requeued, cancelled */
+  metrics_gauge *last_broadcast_time;    /* Unix seconds of the last successful broadcast */
+  metrics_gauge *worker_requests_active; /* worker: as each reports */
+  metrics_counter *worker_rollouts;      /* worker: its own count */
+  metrics_counter *worker_tokens;        /* worker */
+  metrics_counter *worker_generate_seconds; /* worker */
 } orch_metrics;
 
 typedef struct orch {

@@ -120,6 +120,44 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
   REG(heartbeat_age, metrics_gauge_new(m->reg, "rlorch_worker_heartbeat_age_seconds",
                                        "Seconds since each worker was last heard from.",
                                        l_worker_role, err, errlen));
+  static const char *const l_worker[] = {"worker", NULL};
+  REG(rollouts_in_flight,
+      metrics_gauge_new(m->reg, "rlorch_rollouts_in_flight",
+                        "Rollouts the active run asked of inference workers and not yet received.",
+                        NULL, err, errlen));
+  REG(request_duration,
+      metrics_histogram_new(m->reg, "rlorch_rollout_request_duration_seconds",
+                            "Latency of a rollout request (one group): dispatch to its answer.",
+                            NULL, step_buckets, NB(step_buckets), err, errlen));
+  REG(generated_tokens,
+      metrics_counter_new(m->reg, "rlorch_generated_tokens_total",
+                          "Completion tokens of the rollouts received; rate() is tokens/s.", NULL,
+                          err, errlen));
+  REG(requests, metrics_counter_new(m->reg, "rlorch_rollout_requests_total",
+                                    "Rollout requests by outcome (dispatched, resent: a slow "
+                                    "request sent again elsewhere, requeued: a lost worker's, "
+                                    "cancelled: answered elsewhere, late: answered after that).",
+                                    l_outcome, err, errlen));
+  REG(last_broadcast_time,
+      metrics_gauge_new(m->reg, "rlorch_last_broadcast_timestamp_seconds",
+                        "Unix time of the last successful weight broadcast (0: none yet).", NULL,
+                        err, errlen));
+  REG(worker_requests_active,
+      metrics_gauge_new(m->reg, "rlorch_worker_requests_active",
+                        "Rollout requests each inference worker reports generating now.",
+                        l_worker, err, errlen));
+  REG(worker_rollouts, metrics_counter_new(m->reg, "rlorch_worker_rollouts_generated_total",
+                                           "Rollouts each worker generated, by its own count.",
+                                           l_worker, err, errlen));
+  REG(worker_tokens, metrics_counter_new(m->reg, "rlorch_worker_generated_tokens_total",
+                                         "Completion tokens each worker generated, by its own "
+                                         "count.",
+                                         l_worker, err, errlen));
+  REG(worker_generate_seconds,
+      metrics_counter_new(m->reg, "rlorch_worker_generate_seconds_total",
+                          "Seconds each worker spent generating, summed over concurrent "
+                          "requests.",
+                          l_worker, err, errlen));
 #undef REG
   const char *bi[] = {RLORCH_VERSION, caps->cuda_built ? "yes" : "no",
                       caps->nccl_built ? "yes" : "no"};
@@ -135,6 +173,14 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
   metrics_gauge_set(m->run_steps_done, NULL, 0);
   metrics_gauge_set(m->run_steps_target, NULL, 0);
   metrics_gauge_set(m->last_step_time, NULL, 0);
+  metrics_gauge_set(m->last_broadcast_time, NULL, 0);
+  metrics_gauge_set(m->rollouts_in_flight, NULL, 0);
+  metrics_counter_add(m->generated_tokens, NULL, 0);
+  static const char *const outcomes[] = {"dispatched", "resent", "requeued", "cancelled", "late"};
+  for (size_t i = 0; i < NB(outcomes); i++) {
+    const char *lv[] = {outcomes[i]};
+    metrics_counter_add(m->requests, lv, 0);
+  }
   return 0;
 }
 
@@ -312,7 +358,14 @@ static int serve_loop(orch *o) {
   }
   /* The runner uses the table and the hub: they are made first and freed last. */
   if (watch_hub_new(&o->watch) != 0 ||
-      workers_new(o->db, o->m.workers, o->m.heartbeat_age, o->watch, &o->workers) != 0 ||
+      workers_new(o->db,
+                  &(workers_metrics){.states = o->m.workers,
+                                     .heartbeat_age = o->m.heartbeat_age,
+                                     .requests_active = o->m.worker_requests_active,
+                                     .rollouts = o->m.worker_rollouts,
+                                     .tokens = o->m.worker_tokens,
+                                     .generate_seconds = o->m.worker_generate_seconds},
+                  o->watch, &o->workers) != 0 ||
       runner_new(o, &o->runner) != 0) {
     log_error("runner_setup_failed", "error=\"out of memory\"");
     serve_teardown(o);

@@ -154,6 +154,7 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   switch (q->kind_case) {
   case RLORCH__V1__REPORT_REQUEST__KIND_HEARTBEAT:
     w->policy_version = q->heartbeat->policy_version;
+    if (q->heartbeat->stats) workers_set_stats(w, q->heartbeat->stats);
     rc = runner_heartbeat(r, w, q->heartbeat->policy_version);
     break;
   case RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS: {

@@ -11,8 +11,7 @@
 
 struct workers_table {
   store *db;
-  metrics_gauge *gauge;
-  metrics_gauge *age_gauge; /* worker, role: seconds since last heard from */
+  workers_metrics m;
   watch_hub *watch;
   workers_entry *v[WORKERS_MAX];
   size_t n;
@@ -20,13 +19,11 @@ struct workers_table {
   char run_id[64]; /* the active run, or "" */
 };
 
-int workers_new(store *db, metrics_gauge *gauge, metrics_gauge *age_gauge, watch_hub *watch,
-                workers_table **out) {
+int workers_new(store *db, const workers_metrics *m, watch_hub *watch, workers_table **out) {
   workers_table *t = calloc(1, sizeof *t);
   if (!t) return -1;
   t->db = db;
-  t->gauge = gauge;
-  t->age_gauge = age_gauge;
+  if (m) t->m = *m;
   t->watch = watch;
   *out = t;
   return 0;
@@ -168,7 +165,7 @@ void workers_gauge(workers_table *t) {
       for (size_t i = 0; i < t->n; i++)
         if (t->v[i]->role == roles[a] && t->v[i]->state == states[b]) n++;
       const char *lv[] = {workers_role_label(roles[a]), workers__state_label(states[b])};
-      metrics_gauge_set(t->gauge, lv, n);
+      metrics_gauge_set(t->m.states, lv, n);
     }
   }
 }
@@ -209,12 +206,26 @@ void workers_mark_lost(workers_table *t, workers_entry *w, const char *reason) {
   workers_publish(t, w);
 }
 
+void workers_set_stats(workers_entry *w, const Rlorch__V1__WorkerStats *s) {
+  w->stats = *s;
+  w->stats.base = (ProtobufCMessage)PROTOBUF_C_MESSAGE_INIT(&rlorch__v1__worker_stats__descriptor);
+  w->has_stats = 1;
+}
+
 void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms) {
   for (size_t i = 0; i < t->n; i++) {
     workers_entry *w = t->v[i];
     int64_t age = now_mono_ms - w->last_seen_mono_ms;
     const char *lv[] = {w->name, workers_role_label(w->role)};
-    metrics_gauge_set(t->age_gauge, lv, age > 0 ? (double)age / 1000.0 : 0.0);
+    metrics_gauge_set(t->m.heartbeat_age, lv, age > 0 ? (double)age / 1000.0 : 0.0);
+    if (w->has_stats) {
+      const char *wl[] = {w->name};
+      metrics_gauge_set(t->m.requests_active, wl, w->stats.requests_active);
+      metrics_counter_set(t->m.rollouts, wl, (double)w->stats.rollouts_generated);
+      metrics_counter_set(t->m.tokens, wl, (double)w->stats.tokens_generated);
+      if (w->stats.generate_seconds >= 0)
+        metrics_counter_set(t->m.generate_seconds, wl, w->stats.generate_seconds);
+    }
     if (w->in_run || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) continue;
     if (age > timeout_ms) workers_mark_lost(t, w, "no heartbeat");
   }

@@ -38,15 +38,25 @@ typedef struct workers_entry {
   int64_t last_seen_unix_ms;               /* shown to operators */
   int64_t last_seen_mono_ms;               /* what the heartbeat sweep compares */
   int in_run;                              /* known to the active run's scheduler; the runner sets it */
+  Rlorch__V1__WorkerStats stats;           /* the worker's own figures, last heartbeat */
+  int has_stats;
 } workers_entry;
+
+/* The metrics the table keeps up to date; any may be NULL. */
+typedef struct workers_metrics {
+  metrics_gauge *states;          /* role, state: workers in each */
+  metrics_gauge *heartbeat_age;   /* worker, role: seconds since last heard from */
+  metrics_gauge *requests_active; /* worker: what it reports generating now */
+  metrics_counter *rollouts;      /* worker: rollouts it generated, by its own count */
+  metrics_counter *tokens;        /* worker: completion tokens it generated */
+  metrics_counter *generate_seconds; /* worker: seconds it spent generating */
+} workers_metrics;
 
 typedef struct workers_table workers_table;
 
-/* `db`, `gauge` (labels role, state) and `watch` must outlive the table. */
-/* `age_gauge` (labels worker, role; may be NULL) gets each worker's seconds
- * since it was last heard from at every sweep. */
-int workers_new(store *db, metrics_gauge *gauge, metrics_gauge *age_gauge, watch_hub *watch,
-                workers_table **out);
+/* `db`, the metrics in `m` (copied) and `watch` must outlive the table. The
+ * per-worker series are refreshed at every sweep. */
+int workers_new(store *db, const workers_metrics *m, watch_hub *watch, workers_table **out);
 void workers_free(workers_table *t); /* NULL is fine; streams must be ended already */
 
 size_t workers_count(const workers_table *t);
@@ -63,6 +73,8 @@ int workers_add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
                 const Rlorch__V1__WeightManifest *manifest, workers_entry **out);
 /* Replaces the manifest with a copy of `m`; 0, or -1 (out of memory, old kept). */
 int workers_set_manifest(workers_entry *w, const Rlorch__V1__WeightManifest *m);
+/* Keeps the figures a worker reported about itself (a heartbeat's stats). */
+void workers_set_stats(workers_entry *w, const Rlorch__V1__WorkerStats *s);
 /* Proof of life now, on both clocks. */
 void workers_seen(workers_entry *w);
 /* `call` becomes the command stream (a previous one ends ABORTED); READY. The

@@ -30,7 +30,8 @@ static void setup(void) {
                             sizeof err);
   cr_assert_not_null(gauge, "%s", err);
   cr_assert_eq(watch_hub_new(&hub), 0);
-  cr_assert_eq(workers_new(db, gauge, NULL, hub, &tab), 0);
+    workers_metrics wm = {.states = gauge};
+  cr_assert_eq(workers_new(db, &wm, hub, &tab), 0);
 }
 
 static void teardown(void) {
