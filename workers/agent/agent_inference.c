@@ -61,7 +61,10 @@ typedef struct agent__inference {
   int quit;
   pthread_t *tids;
   size_t nthreads;
-  /* Heartbeat.stats: written by the generator threads, read by the heartbeat. */
+  /* Heartbeat.stats: written by the generator threads, read by the heartbeat
+   * thread. Rollouts and tokens count every completion whose latency was
+   * slept, sent or not (an abort, a failed reward); seconds are each
+   * request's wall time, from its start to its report. */
   atomic_uint requests_active;
   atomic_uint_fast64_t rollouts_generated, tokens_generated, generate_ns;
 } agent__inference;
