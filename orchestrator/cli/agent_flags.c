@@ -69,10 +69,10 @@ static const opt_field agent__inference_fields[] = {
      .off = AF(opts.rollout.dist, int), .names = agent__dists, .metavar = "D",
      .help = "distribution of rollout lengths and latencies"},
     {.name = "tokens_mean", .flag = "--tokens-mean", .type = OPT_DOUBLE,
-     .off = AF(opts.rollout.tokens_mean, double), .min = 1, .max = 1e9, .metavar = "X",
-     .help = "mean tokens per rollout"},
+     .off = AF(opts.rollout.tokens_mean, double), .min = 1, .max = 1e6, .metavar = "X",
+     .help = "mean tokens per rollout, before max_tokens and stop tokens"},
     {.name = "tokens_std", .flag = "--tokens-std", .type = OPT_DOUBLE,
-     .off = AF(opts.rollout.tokens_std, double), .min = 0, .max = 1e9, .metavar = "X",
+     .off = AF(opts.rollout.tokens_std, double), .min = 0, .max = 1e6, .metavar = "X",
      .help = "standard deviation of tokens"},
     {.name = "latency_ms_mean", .flag = "--latency-ms-mean", .type = OPT_DOUBLE,
      .off = AF(opts.rollout.latency_ms_mean, double), .min = 0, .max = 3.6e6, .metavar = "X",
@@ -80,11 +80,14 @@ static const opt_field agent__inference_fields[] = {
     {.name = "latency_ms_std", .flag = "--latency-ms-std", .type = OPT_DOUBLE,
      .off = AF(opts.rollout.latency_ms_std, double), .min = 0, .max = 3.6e6, .metavar = "X",
      .help = "standard deviation of the latency in ms"},
+    {.name = "vocab_size", .flag = "--vocab-size", .type = OPT_U32,
+     .off = AF(opts.rollout.vocab_size, uint32_t), .min = 2, .max = UINT32_MAX, .metavar = "N",
+     .help = "completion token ids are below N"},
     {.name = "concurrency", .flag = "--concurrency", .type = OPT_U32,
      .off = AF(opts.concurrency, uint32_t), .min = 1, .max = 1024, .metavar = "N",
-     .help = "rollout requests generated at once (match max_requests_per_worker)"},
+     .help = "rollout requests generated at once, announced to the orchestrator"},
     {.name = "seed", .flag = "--seed", .type = OPT_U64, .off = AF(opts.seed, uint64_t),
-     .metavar = "N", .help = "rollout generator seed", .dflt = "from the pid"},
+     .metavar = "N", .help = "sampling seed of requests that carry none", .dflt = "from the pid"},
     AGENT__TAIL,
 };
 
@@ -98,8 +101,9 @@ static const opt_cmd agent__trainer_cmd = {
 
 static const opt_cmd agent__inference_cmd = {
     .name = "inference",
-    .about = "Inference worker agent: generates synthetic rollouts with the policy version it\n"
-             "holds and receives the weight broadcast.",
+    .about = "Inference worker agent: answers each rollout request with a group of synthetic\n"
+             "completions of its prompt (seeded, max_tokens and stop tokens honoured, a built-in\n"
+             "reward) with the policy version it holds, and receives the weight broadcast.",
     .fields = agent__inference_fields,
     .nfields = sizeof agent__inference_fields / sizeof agent__inference_fields[0],
 };

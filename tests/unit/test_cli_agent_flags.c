@@ -66,8 +66,10 @@ Test(agent_opts, inference_values) {
   char err[256];
   cr_assert_eq(PARSE(AGENT_ROLE_INFERENCE, &o, err, "--orchestrator", "a:1", "--tokens-mean",
                      "100", "--tokens-std", "0", "--latency-ms-mean", "0.5", "--latency-ms-std",
-                     "0.1", "--distribution", "normal", "--seed", "9", "--concurrency", "32"),
+                     "0.1", "--distribution", "normal", "--seed", "9", "--concurrency", "32",
+                     "--vocab-size", "50"),
                0, "%s", err);
+  cr_assert_eq(o.opts.rollout.vocab_size, 50u);
   cr_assert_float_eq(o.opts.rollout.tokens_mean, 100, 1e-9);
   cr_assert_float_eq(o.opts.rollout.tokens_std, 0, 1e-9);
   cr_assert_float_eq(o.opts.rollout.latency_ms_mean, 0.5, 1e-9);
@@ -78,6 +80,8 @@ Test(agent_opts, inference_values) {
   agent_flags_free(&o);
   cr_assert_eq(PARSE(AGENT_ROLE_INFERENCE, &o, err, "--orchestrator", "a:1"), 0, "%s", err);
   cr_assert_eq(o.opts.concurrency, 8, "the orchestrator's default max_requests_per_worker");
+  cr_assert_eq(o.opts.rollout.vocab_size, 32000u);
+  cr_assert_null(o.opts.reward, "the built-in reward unless the embedding program sets one");
   agent_flags_free(&o);
 }
 
@@ -247,4 +251,7 @@ Test(agent_opts, errors_name_the_flag) {
   EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--concurrency", "--orchestrator", "a:1", "--concurrency",
                "1025");
   EXPECT_ERROR(AGENT_ROLE_TRAINER, "--concurrency", "--orchestrator", "a:1", "--concurrency", "4");
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--vocab-size", "--orchestrator", "a:1", "--vocab-size", "1");
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--tokens-mean", "--orchestrator", "a:1", "--tokens-mean",
+               "2e6");
 }

@@ -39,6 +39,8 @@ struct agent {
   void *ud;
   agent_abort_fn abort_fn; /* set before the threads start, read-only after */
   void *abort_ud;
+  agent_stats_fn stats_fn; /* likewise */
+  void *stats_ud;
   rpc_client *rpc;
 
   pthread_mutex_t mu; /* guards everything below, and the queue */
@@ -316,6 +318,11 @@ static void *agent__heartbeat_main(void *arg) {
     if (atomic_load(&a->stop)) break;
     Rlorch__V1__Heartbeat hb = RLORCH__V1__HEARTBEAT__INIT;
     hb.policy_version = agent_policy_version(a);
+    Rlorch__V1__WorkerStats stats = RLORCH__V1__WORKER_STATS__INIT;
+    if (a->stats_fn) {
+      a->stats_fn(&stats, a->stats_ud);
+      hb.stats = &stats;
+    }
     Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
     req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_HEARTBEAT;
     req.heartbeat = &hb;
@@ -450,6 +457,11 @@ int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_comma
 void agent_set_abort_fn(agent *a, agent_abort_fn fn, void *ud) {
   a->abort_fn = fn;
   a->abort_ud = ud;
+}
+
+void agent_set_stats_fn(agent *a, agent_stats_fn fn, void *ud) {
+  a->stats_fn = fn;
+  a->stats_ud = ud;
 }
 
 static Rlorch__V1__Command *agent__pop(agent *a) {

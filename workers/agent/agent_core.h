@@ -31,6 +31,11 @@ typedef int (*agent_command_fn)(agent *a, const Rlorch__V1__Command *cmd, void *
  * wait for a lost peer until its deadline). Must be quick and thread-safe. */
 typedef void (*agent_abort_fn)(const char *plan_id, void *ud);
 
+/* Called on the heartbeat thread before each heartbeat to fill the worker's
+ * own figures (Heartbeat.stats, initialised empty). Must be quick and
+ * thread-safe. */
+typedef void (*agent_stats_fn)(Rlorch__V1__WorkerStats *stats, void *ud);
+
 /* Blocks SIGINT and SIGTERM in the calling thread; call first thing, before
  * any thread exists, so every later thread inherits the mask and the signal
  * thread alone receives them. */
@@ -47,6 +52,8 @@ int agent_run(agent *a);
 void agent_free(agent *a);
 /* Sets the abort hook; call before agent_run. */
 void agent_set_abort_fn(agent *a, agent_abort_fn fn, void *ud);
+/* Sets the heartbeat's stats hook; call before agent_run. */
+void agent_set_stats_fn(agent *a, agent_stats_fn fn, void *ud);
 
 /* Sends a report (worker_id is filled in here), retrying with backoff while the
  * orchestrator is unreachable. 0 when delivered; -1 when dropped (stopping, or

@@ -1,12 +1,27 @@
-/* `rlorch inference`: synthetic rollouts with the policy version held, the
+/* `rlorch inference`: synthetic generation with the policy version held, the
  * receiving side of the broadcast.
  *
  * Rollout requests are served by a pool of generator threads, as an engine
  * batches many sequences: the command thread only queues a request, so up to
  * `concurrency` are generated at once and a plan or trigger queued behind
  * them is not held up. The orchestrator bounds how many are in flight
- * (max_requests_per_worker); requests beyond the pool wait in its queue. */
+ * (max_requests_per_worker, and at most the pool's size, which Register
+ * announces as Capabilities.max_concurrent_requests); requests beyond the
+ * pool wait in its queue.
+ *
+ * A request is one group: `count` completions of its prompt (agent_rollout.h),
+ * each completion's latency slept in turn, then scored by the reward hook and
+ * reported in one RolloutResult. What is not sent:
+ * - a request aborted (AbortCommand.request_id) while queued is dropped; one
+ *   aborted while generating stops at its next completion and sends nothing
+ *   (the orchestrator would ignore it). Aborts are handled in command order,
+ *   so one queued behind a broadcast the command thread executes waits for it;
+ * - a request whose reward hook fails, or that finds no memory, is answered
+ *   with no rollout at all, and the reason is logged as an error: an empty
+ *   result frees the orchestrator's slot, so the request does not stay in
+ *   flight, and no group goes out with made-up rewards. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +30,7 @@
 #include "workers/agent/agent_log.h"
 #include "workers/agent/agent.h"
 #include "workers/agent/agent_core.h"
+#include "workers/agent/agent_pb.h"
 #include "workers/agent/agent_rollout.h"
 #include "workers/agent/agent_weights.h"
 #include "workers/agent/agent_xfer.h"
@@ -24,15 +40,11 @@
 #include <cuda_runtime_api.h>
 #endif
 
-/* Rollouts per report: bounds the message (about 30 bytes each) whatever
- * count the orchestrator asks for. */
-#define AGENT__ROLLOUTS_PER_REPORT 65536u
-
 typedef struct agent__inference {
   agent_opts o;
   bcast_caps caps;
   int device;
-  agent_rollout_gen gen;
+  agent_rollout_gen gen; /* thread-safe: the generator threads share it */
   agent *a;
   bcast_tensor *t; /* receive buffers in wire dtype, from the first plan */
   size_t n;
@@ -42,19 +54,33 @@ typedef struct agent__inference {
   Rlorch__V1__RegisterRequest reg;
   char run_id[64]; /* run of the last command: versions count per run */
   /* The generator pool. */
-  pthread_mutex_t mu;   /* guards the queue, quit and gen */
+  pthread_mutex_t mu;   /* guards the queue, the active list, quit and the jobs' aborted flags */
   pthread_cond_t cond;  /* queue grew, or quit */
-  struct inference__job *head, *tail;
+  struct inference__job *head, *tail; /* queued, not started */
+  struct inference__job *active;      /* being generated */
   int quit;
   pthread_t *tids;
   size_t nthreads;
+  /* Heartbeat.stats: written by the generator threads, read by the heartbeat
+   * thread. Rollouts and tokens count every completion whose latency was
+   * slept, sent or not (an abort, a failed reward); seconds are each
+   * request's wall time, from its start to its report. */
+  atomic_uint requests_active;
+  atomic_uint_fast64_t rollouts_generated, tokens_generated, generate_ns;
 } agent__inference;
 
 typedef struct inference__job {
-  uint64_t request_id;
-  uint32_t count;
+  Rlorch__V1__RolloutRequest *msg; /* a copy: the command is freed once queued */
+  agent_request rq;                /* points into msg */
+  int aborted;
   struct inference__job *next;
 } inference__job;
+
+static void inference__job_free(inference__job *j) {
+  if (!j) return;
+  if (j->msg) rlorch__v1__rollout_request__free_unpacked(j->msg, NULL);
+  free(j);
+}
 
 static void inference__free_buffers(agent__inference *in) {
   bcast_storage_free(in->storage);
@@ -115,139 +141,97 @@ static int inference__done(void *ud, const bcast_plan *p, int ok, uint64_t *chec
   return 0;
 }
 
-/* Makes up to `count` rollouts of `version` one after another, each sleeping
- * its latency (waking early when the agent stops); returns how many. The
- * draws share the generator, the sleeps overlap with other threads'. */
-static size_t inference__generate(agent__inference *in, uint32_t rank, uint64_t version,
-                                  agent_rollout *out, size_t count) {
-  size_t made = 0;
-  for (; made < count && !agent_stopping(in->a); made++) {
-    pthread_mutex_lock(&in->mu);
-    agent_rollout_draw(&in->gen, rank, version, &out[made]);
-    pthread_mutex_unlock(&in->mu);
-    double t0 = agent_now();
-    agent_sleep(in->a, out[made].latency_s);
-    out[made].seconds = agent_now() - t0;
-  }
-  return made;
-}
-
-/* The synthetic rollouts have the shape of real ones (prompt and completion
- * token ids, a log-probability per completion token, a reward, the prompt
- * group), so the orchestrator and the benchmarks carry what an engine sends.
- * The values are made up from the ids; completions longer than this carry
- * their count only, which keeps a report of very long ones within limits. */
-#define INFERENCE__SHAPED_TOKENS_MAX 8192
-#define INFERENCE__PROMPT_TOKENS 16
-
-static uint32_t inference__mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= UINT64_C(0xff51afd7ed558ccd);
-  x ^= x >> 33;
-  return (uint32_t)x;
-}
-
-/* Fills the token fields of msgs from ro into ids/lps (room for `room`
- * completion tokens in all); the prompt is shared: one request is one group. */
-static void inference__shape(Rlorch__V1__Rollout *msgs, const agent_rollout *ro, size_t made,
-                             uint64_t request_id, uint32_t *prompt, uint32_t *ids, float *lps,
-                             double *rewards) {
-  for (int k = 0; k < INFERENCE__PROMPT_TOKENS; k++)
-    prompt[k] = inference__mix(request_id * 131 + (uint64_t)k) % 32000;
-  size_t off = 0;
-  for (size_t i = 0; i < made; i++) {
-    Rlorch__V1__Rollout *m = &msgs[i];
-    m->group_id = request_id;
-    m->n_prompt_token_ids = INFERENCE__PROMPT_TOKENS;
-    m->prompt_token_ids = prompt;
-    m->finish_reason = RLORCH__V1__FINISH_REASON__FINISH_REASON_STOP;
-    rewards[i] = (double)(inference__mix(ro[i].id) % 1000) / 1000.0;
-    m->n_rewards = 1;
-    m->rewards = &rewards[i];
-    if (ro[i].tokens > INFERENCE__SHAPED_TOKENS_MAX) continue;
-    for (uint32_t k = 0; k < ro[i].tokens; k++) {
-      uint32_t h = inference__mix(ro[i].id * 7919 + k);
-      ids[off + k] = h % 32000;
-      lps[off + k] = -(float)(h % 4000) / 1000.0f;
-    }
-    m->tokens = 0; /* the ids say it */
-    m->n_completion_token_ids = m->n_completion_logprobs = ro[i].tokens;
-    m->completion_token_ids = &ids[off];
-    m->completion_logprobs = &lps[off];
-    off += ro[i].tokens;
-  }
-}
-
-/* Reports `made` rollouts of `ro` (none is a valid answer: it frees the
+/* Reports res (no rollout at all is a valid answer: it frees the
  * orchestrator's slot) for request `request_id`. */
-static void inference__report(agent__inference *in, uint64_t request_id, const agent_rollout *ro,
-                              Rlorch__V1__Rollout *msgs, Rlorch__V1__Rollout **ptrs,
-                              size_t made, uint64_t version) {
-  uint64_t tokens = 0;
-  size_t shaped = 0;
-  for (size_t i = 0; i < made; i++) {
-    rlorch__v1__rollout__init(&msgs[i]);
-    msgs[i].id = ro[i].id;
-    msgs[i].policy_version = ro[i].policy_version;
-    msgs[i].tokens = ro[i].tokens;
-    msgs[i].seconds = ro[i].seconds;
-    ptrs[i] = &msgs[i];
-    tokens += ro[i].tokens;
-    if (ro[i].tokens <= INFERENCE__SHAPED_TOKENS_MAX) shaped += ro[i].tokens;
-  }
-  uint32_t prompt[INFERENCE__PROMPT_TOKENS];
-  uint32_t *ids = made ? malloc((shaped ? shaped : 1) * sizeof *ids) : NULL;
-  float *lps = made ? malloc((shaped ? shaped : 1) * sizeof *lps) : NULL;
-  double *rewards = made ? malloc(made * sizeof *rewards) : NULL;
-  if (ids && lps && rewards) inference__shape(msgs, ro, made, request_id, prompt, ids, lps, rewards);
-  /* Without the memory the rollouts go as counts: still valid, only thinner. */
-  Rlorch__V1__RolloutResult res = RLORCH__V1__ROLLOUT_RESULT__INIT;
-  res.request_id = request_id;
-  res.n_rollouts = made;
-  res.rollouts = made ? ptrs : NULL;
+static void inference__send(agent__inference *in, Rlorch__V1__RolloutResult *res, uint64_t tokens,
+                            uint64_t version) {
   Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
   req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS;
-  req.rollouts = &res;
+  req.rollouts = res;
   agent_log_debug("rollouts", "request_id=%llu count=%zu tokens=%llu version=%llu",
-                  (unsigned long long)request_id, made, (unsigned long long)tokens,
-                  (unsigned long long)version);
+                  (unsigned long long)res->request_id, res->n_rollouts,
+                  (unsigned long long)tokens, (unsigned long long)version);
   agent_report(in->a, &req);
-  free(ids);
-  free(lps);
-  free(rewards);
 }
 
-/* Serves one request on a generator thread. */
-static void inference__serve(agent__inference *in, const inference__job *j) {
-  uint32_t left = j->count;
-  uint32_t rank = agent_id_tag(in->a);
-  do {
-    uint32_t k = left < AGENT__ROLLOUTS_PER_REPORT ? left : AGENT__ROLLOUTS_PER_REPORT;
-    agent_rollout *ro = calloc(k ? k : 1, sizeof *ro);
-    Rlorch__V1__Rollout *msgs = calloc(k ? k : 1, sizeof *msgs);
-    Rlorch__V1__Rollout **ptrs = calloc(k ? k : 1, sizeof *ptrs);
-    if (!ro || !msgs || !ptrs) {
-      free(ro);
-      free(msgs);
-      free(ptrs);
-      /* Answer with nothing rather than leave the request in flight forever:
-       * the orchestrator asks again for what it still needs. */
-      agent_log_error("rollouts_failed", "request_id=%llu reason=\"no memory for %u rollouts\"",
-                      (unsigned long long)j->request_id, k);
-      inference__report(in, j->request_id, NULL, NULL, NULL, 0, 0);
-      return;
+static void inference__send_none(agent__inference *in, uint64_t request_id) {
+  Rlorch__V1__RolloutResult res = RLORCH__V1__ROLLOUT_RESULT__INIT;
+  res.request_id = request_id;
+  inference__send(in, &res, 0, agent_policy_version(in->a));
+}
+
+static int inference__aborted(agent__inference *in, const inference__job *j) {
+  pthread_mutex_lock(&in->mu);
+  int a = j->aborted;
+  pthread_mutex_unlock(&in->mu);
+  return a;
+}
+
+/* Generates, sleeps, scores and reports one request (the header says what is
+ * not sent); on a generator thread. */
+static void inference__serve(agent__inference *in, inference__job *j) {
+  const agent_request *rq = &j->rq;
+  atomic_fetch_add(&in->requests_active, 1);
+  double t0 = agent_now();
+  /* The version held when generation starts: never older than the one the
+   * orchestrator counted the request at. */
+  uint64_t version = agent_policy_version(in->a);
+  char err[1024];
+  agent_group g;
+  if (agent_group_generate(&in->gen, rq, agent_id_tag(in->a), version, &g, err, sizeof err)) {
+    agent_log_error("rollouts_failed", "request_id=%llu group_id=%llu reason=\"%s\" action=\"answer "
+                    "with no rollout\"", (unsigned long long)rq->request_id,
+                    (unsigned long long)rq->group_id, err);
+    inference__send_none(in, rq->request_id);
+    goto done;
+  }
+  uint32_t made = 0;
+  uint64_t tokens = 0;
+  int aborted = 0;
+  for (; made < g.n && !agent_stopping(in->a) && !(aborted = inference__aborted(in, j)); made++) {
+    double t = agent_now();
+    agent_sleep(in->a, g.c[made].latency_s);
+    g.c[made].seconds = agent_now() - t;
+    tokens += g.c[made].ntokens;
+  }
+  atomic_fetch_add(&in->rollouts_generated, made);
+  atomic_fetch_add(&in->tokens_generated, tokens);
+  if (!aborted) aborted = inference__aborted(in, j); /* during the last sleep */
+  if (agent_stopping(in->a)) {
+    /* Leaving: the report would be dropped anyway. */
+  } else if (aborted) {
+    agent_log_debug("request_aborted", "request_id=%llu state=generating made=%u of=%u action=\"send "
+                    "nothing\"", (unsigned long long)rq->request_id, made, g.n);
+  } else if (agent_group_reward(&in->gen, rq, &g, err, sizeof err)) {
+    agent_log_error("reward_failed", "request_id=%llu group_id=%llu reason=\"%s\" action=\"answer "
+                    "with no rollout\"", (unsigned long long)rq->request_id,
+                    (unsigned long long)rq->group_id, err);
+    inference__send_none(in, rq->request_id);
+  } else {
+    Rlorch__V1__RolloutResult *res = agent_pb_rollout_result(&g);
+    if (res) {
+      inference__send(in, res, tokens, version);
+      agent_pb_rollout_result_free(res);
+    } else {
+      agent_log_error("rollouts_failed", "request_id=%llu reason=\"no memory for the report\" "
+                      "action=\"answer with no rollout\"", (unsigned long long)rq->request_id);
+      inference__send_none(in, rq->request_id);
     }
-    /* The version held when generation starts: never older than the one the
-     * orchestrator counted the request at. */
-    uint64_t version = agent_policy_version(in->a);
-    size_t made = inference__generate(in, rank, version, ro, k);
-    if (made > 0 || j->count == 0) inference__report(in, j->request_id, ro, msgs, ptrs, made, version);
-    free(ro);
-    free(msgs);
-    free(ptrs);
-    left -= k;
-    if (made < k) break; /* stopping */
-  } while (left > 0);
+  }
+  agent_group_free(&g);
+done:
+  atomic_fetch_add(&in->generate_ns, (uint_fast64_t)((agent_now() - t0) * 1e9));
+  atomic_fetch_sub(&in->requests_active, 1);
+}
+
+/* Unlinks j from the list at *head; 1 when it was there. */
+static int inference__unlink(inference__job **head, inference__job *j) {
+  for (inference__job **p = head; *p; p = &(*p)->next)
+    if (*p == j) {
+      *p = j->next;
+      return 1;
+    }
+  return 0;
 }
 
 static void *inference__worker_main(void *arg) {
@@ -259,13 +243,51 @@ static void *inference__worker_main(void *arg) {
     inference__job *j = in->head;
     in->head = j->next;
     if (!in->head) in->tail = NULL;
+    j->next = in->active;
+    in->active = j;
     pthread_mutex_unlock(&in->mu);
     inference__serve(in, j);
-    free(j);
     pthread_mutex_lock(&in->mu);
+    inference__unlink(&in->active, j);
+    inference__job_free(j);
   }
   pthread_mutex_unlock(&in->mu);
   return NULL;
+}
+
+/* AbortCommand.request_id: drops the request if it still waits, or makes its
+ * generation stop and send nothing. */
+static void inference__abort_request(agent__inference *in, uint64_t request_id, const char *why) {
+  const char *state = "finished or unknown";
+  inference__job *drop = NULL;
+  pthread_mutex_lock(&in->mu);
+  for (inference__job *j = in->head, *prev = NULL; j; prev = j, j = j->next) {
+    if (j->rq.request_id != request_id) continue;
+    if (prev) prev->next = j->next;
+    else in->head = j->next;
+    if (in->tail == j) in->tail = prev;
+    drop = j;
+    state = "queued";
+    break;
+  }
+  for (inference__job *j = in->active; !drop && j; j = j->next) {
+    if (j->rq.request_id != request_id) continue;
+    j->aborted = 1;
+    state = "generating";
+    break;
+  }
+  pthread_mutex_unlock(&in->mu);
+  inference__job_free(drop);
+  agent_log_debug("request_aborted", "request_id=%llu state=\"%s\" reason=\"%s\"",
+                  (unsigned long long)request_id, state, why ? why : "");
+}
+
+static void inference__stats(Rlorch__V1__WorkerStats *s, void *ud) {
+  agent__inference *in = ud;
+  s->requests_active = atomic_load(&in->requests_active);
+  s->rollouts_generated = atomic_load(&in->rollouts_generated);
+  s->tokens_generated = atomic_load(&in->tokens_generated);
+  s->generate_seconds = (double)atomic_load(&in->generate_ns) * 1e-9;
 }
 
 /* Starts `n` generator threads; 0, or -1 with err filled (none left running). */
@@ -297,7 +319,7 @@ static void inference__pool_stop(agent__inference *in) {
   while (in->head) {
     inference__job *j = in->head;
     in->head = j->next;
-    free(j);
+    inference__job_free(j);
   }
   in->tail = NULL;
 }
@@ -305,13 +327,21 @@ static void inference__pool_stop(agent__inference *in) {
 /* Queues a request for the pool; -1 (fatal) only when out of memory. */
 static int inference__rollout(agent__inference *in, const Rlorch__V1__RolloutRequest *r) {
   inference__job *j = calloc(1, sizeof *j);
-  if (!j) {
+  /* A deep copy through the wire format: the job owns all it points to. */
+  size_t n = rlorch__v1__rollout_request__get_packed_size(r);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (j && buf) {
+    rlorch__v1__rollout_request__pack(r, buf);
+    j->msg = rlorch__v1__rollout_request__unpack(NULL, n, buf);
+  }
+  free(buf);
+  if (!j || !j->msg) {
+    inference__job_free(j);
     agent_log_error("fatal", "reason=\"no memory to queue request %llu\"",
                     (unsigned long long)r->request_id);
     return -1;
   }
-  j->request_id = r->request_id;
-  j->count = r->count;
+  agent_pb_request(j->msg, &j->rq);
   pthread_mutex_lock(&in->mu);
   if (in->tail) in->tail->next = j;
   else in->head = j;
@@ -319,6 +349,16 @@ static int inference__rollout(agent__inference *in, const Rlorch__V1__RolloutReq
   pthread_cond_signal(&in->cond);
   pthread_mutex_unlock(&in->mu);
   return 0;
+}
+
+/* An abort about a request, a plan, or (neither named) the plan pending. */
+static void inference__abort(agent__inference *in, const Rlorch__V1__Command *cmd) {
+  const Rlorch__V1__AbortCommand *ab = cmd->abort;
+  if (!ab) return;
+  if (ab->request_id) inference__abort_request(in, ab->request_id, ab->reason);
+  /* Not for a request only: an abort without a plan id drops whatever plan
+   * is pending. */
+  if ((ab->plan_id && ab->plan_id[0]) || !ab->request_id) agent_xfer_on_abort(&in->xfer, cmd);
 }
 
 static int inference__command(agent *a, const Rlorch__V1__Command *cmd, void *ud) {
@@ -336,7 +376,7 @@ static int inference__command(agent *a, const Rlorch__V1__Command *cmd, void *ud
   case RLORCH__V1__COMMAND__KIND_ROLLOUT: return inference__rollout(in, cmd->rollout);
   case RLORCH__V1__COMMAND__KIND_PLAN: agent_xfer_on_plan(&in->xfer, a, cmd); return 0;
   case RLORCH__V1__COMMAND__KIND_TRIGGER: agent_xfer_on_trigger(&in->xfer, a, cmd); return 0;
-  case RLORCH__V1__COMMAND__KIND_ABORT: agent_xfer_on_abort(&in->xfer, cmd); return 0;
+  case RLORCH__V1__COMMAND__KIND_ABORT: inference__abort(in, cmd); return 0;
   case RLORCH__V1__COMMAND__KIND_SHUTDOWN:
     agent_log_info("shutdown", "reason=\"%s\"", cmd->shutdown->reason ? cmd->shutdown->reason : "");
     return 1;
@@ -367,13 +407,14 @@ int agent_inference_run(const agent_opts *o) {
 #endif
   agent_log_devices(&in.caps, in.device);
   uint64_t seed = in.o.seed_set ? in.o.seed : (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
-  agent_rollout_gen_init(&in.gen, &in.o.rollout, seed);
+  agent_rollout_gen_init(&in.gen, &in.o.rollout, seed, in.o.reward, in.o.reward_ud);
   int status = 1;
   agent *a = NULL;
   agent_xfer_init(&in.xfer, 0, in.device, NULL, inference__bind, inference__done, &in, err,
                   sizeof err);
   rlorch__v1__register_request__init(&in.reg);
   agent_caps_to_pb(&in.caps, in.device, &in.caps_pb);
+  in.caps_pb.max_concurrent_requests = in.o.concurrency;
   in.reg.role = RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE;
   in.reg.capabilities = &in.caps_pb;
   if (agent_new(&in.o, &in.reg, inference__command, &in, &a, err, sizeof err)) {
@@ -386,11 +427,13 @@ int agent_inference_run(const agent_opts *o) {
     goto out;
   }
   agent_set_abort_fn(a, agent_xfer_abort_hook, &in.xfer);
+  agent_set_stats_fn(a, inference__stats, &in);
   agent_log_info("inference_ready", "distribution=%s tokens_mean=%g tokens_std=%g latency_ms_mean=%g "
-           "latency_ms_std=%g concurrency=%u device=%d",
+           "latency_ms_std=%g vocab_size=%u reward=%s concurrency=%u device=%d",
            in.o.rollout.dist == AGENT_DIST_NORMAL ? "normal" : "lognormal",
            in.o.rollout.tokens_mean, in.o.rollout.tokens_std, in.o.rollout.latency_ms_mean,
-           in.o.rollout.latency_ms_std, in.o.concurrency, in.device);
+           in.o.rollout.latency_ms_std, in.o.rollout.vocab_size, in.o.reward ? "hook" : "builtin",
+           in.o.concurrency, in.device);
   status = agent_run(a);
 out:
   /* Before agent_free: the generator threads report through the agent. */

@@ -37,6 +37,12 @@ typedef struct agent_opts {
   int seed_set;
   agent_rollout_cfg rollout;
   uint32_t concurrency;     /* inference: rollout requests served at once, >= 1 */
+  /* Inference: scores each completion (agent_rollout.h says how, and what a
+   * failure does); NULL for agent_reward_default. Called on the generator
+   * threads with reward_ud, up to `concurrency` calls at once. This is where
+   * an embedding program attaches its own reward code. */
+  agent_reward_fn reward;
+  void *reward_ud;
 } agent_opts;
 
 /* Fills every field with its default for role. */

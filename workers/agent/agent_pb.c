@@ -7,6 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The generator's finish reasons are sent as they are. */
+_Static_assert((int)AGENT_FINISH_STOP == (int)RLORCH__V1__FINISH_REASON__FINISH_REASON_STOP,
+               "AGENT_FINISH_STOP");
+_Static_assert((int)AGENT_FINISH_LENGTH == (int)RLORCH__V1__FINISH_REASON__FINISH_REASON_LENGTH,
+               "AGENT_FINISH_LENGTH");
+
 Rlorch__V1__WeightManifest *agent_pb_manifest(const bcast_tensor *t, size_t n, const char *preset,
                                               int offload) {
   /* One block: the manifest, its pointer array, the specs and their shapes. */
@@ -77,3 +83,60 @@ void agent_pb_record_free(Rlorch__V1__StepRecord *r) {
   bcast_pb_step_record_clear(r);
   free(r);
 }
+
+void agent_pb_request(const Rlorch__V1__RolloutRequest *msg, agent_request *out) {
+  memset(out, 0, sizeof *out);
+  out->request_id = msg->request_id;
+  out->group_id = msg->group_id ? msg->group_id : msg->request_id;
+  out->count = msg->count;
+  out->prompt_token_ids = msg->prompt_token_ids;
+  out->n_prompt = msg->n_prompt_token_ids;
+  out->prompt_metadata = msg->prompt_metadata.data;
+  out->n_metadata = msg->prompt_metadata.len;
+  agent_sampling_defaults(&out->sampling);
+  const Rlorch__V1__SamplingParams *s = msg->sampling;
+  if (s) {
+    out->sampling.temperature = s->temperature;
+    out->sampling.max_tokens = s->max_tokens;
+    out->sampling.stop_token_ids = s->stop_token_ids;
+    out->sampling.nstop = s->n_stop_token_ids;
+    out->sampling.seed = s->seed;
+  }
+}
+
+Rlorch__V1__RolloutResult *agent_pb_rollout_result(const agent_group *g) {
+  /* One block: the result, its pointer array and the rollouts. */
+  size_t n = g->n;
+  char *mem = calloc(1, sizeof(Rlorch__V1__RolloutResult) + n * sizeof(Rlorch__V1__Rollout *) +
+                            n * sizeof(Rlorch__V1__Rollout));
+  if (!mem) return NULL;
+  Rlorch__V1__RolloutResult *res = (Rlorch__V1__RolloutResult *)mem;
+  rlorch__v1__rollout_result__init(res);
+  Rlorch__V1__Rollout **ptrs = (Rlorch__V1__Rollout **)(res + 1);
+  Rlorch__V1__Rollout *msgs = (Rlorch__V1__Rollout *)(ptrs + n);
+  res->request_id = g->request_id;
+  res->n_rollouts = n;
+  res->rollouts = n ? ptrs : NULL;
+  for (size_t i = 0; i < n; i++) {
+    const agent_completion *c = &g->c[i];
+    Rlorch__V1__Rollout *m = &msgs[i];
+    rlorch__v1__rollout__init(m);
+    m->id = c->id;
+    m->policy_version = g->policy_version;
+    m->tokens = c->ntokens;
+    m->seconds = c->seconds;
+    m->group_id = g->group_id;
+    m->finish_reason = (Rlorch__V1__FinishReason)c->finish;
+    m->n_rewards = c->nrewards;
+    m->rewards = c->nrewards ? (double *)c->rewards : NULL;
+    if (c->ntokens <= AGENT_PB_SHAPED_TOKENS_MAX) {
+      m->n_completion_token_ids = m->n_completion_logprobs = c->ntokens;
+      m->completion_token_ids = c->token_ids;
+      m->completion_logprobs = c->logprobs;
+    }
+    ptrs[i] = m;
+  }
+  return res;
+}
+
+void agent_pb_rollout_result_free(Rlorch__V1__RolloutResult *r) { free(r); }

@@ -1,0 +1,452 @@
+/* The inference agent against a fake orchestrator (a Worker service on
+ * 127.0.0.1:0 run on a uv loop of its own): what it registers, the groups it
+ * reports, its heartbeat stats, request aborts and a failing reward hook. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <grpc/grpc.h>
+
+#include "rlorch/v1/worker.pb-c.h"
+#include "rpc/rpc.h"
+#include "workers/agent/agent.h"
+
+#define M_REGISTER "/rlorch.v1.Worker/Register"
+#define M_ATTACH "/rlorch.v1.Worker/Attach"
+#define M_REPORT "/rlorch.v1.Worker/Report"
+
+/* ---- the fake orchestrator ------------------------------------------------------------------- */
+
+typedef struct fake {
+  uv_loop_t loop;
+  uv_thread_t th;
+  rpc_server *s;
+  uv_async_t wake;      /* drains `out` onto the attach stream, or stops */
+  char target[64];
+  pthread_mutex_t mu;   /* guards everything below */
+  pthread_cond_t cv;
+  rpc_call *attach;     /* the open command stream, loop thread */
+  int attached;
+  int registered;
+  uint32_t max_concurrent; /* from Register */
+  Rlorch__V1__Command *out[64]; /* commands to send */
+  int nout;
+  uint64_t seq;
+  Rlorch__V1__ReportRequest *reports[4096]; /* copies, in arrival order */
+  int nreports;
+  int stopping;
+  /* the agent */
+  pthread_t agent_th;
+  agent_opts opts;
+  int agent_status;
+  char log[1 << 20];    /* every agent log line, "event fields\n" */
+  size_t loglen;
+} fake;
+
+static fake K;
+
+static void *copy_msg(const ProtobufCMessage *m, const ProtobufCMessageDescriptor *d) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = malloc(n ? n : 1);
+  protobuf_c_message_pack(m, buf);
+  void *c = protobuf_c_message_unpack(d, NULL, n, buf);
+  free(buf);
+  cr_assert_not_null(c);
+  return c;
+}
+
+static void h_register(rpc_call *c, const ProtobufCMessage *req, void *ud) {
+  const Rlorch__V1__RegisterRequest *r = (const void *)req;
+  pthread_mutex_lock(&K.mu);
+  K.registered++;
+  K.max_concurrent = r->capabilities ? r->capabilities->max_concurrent_requests : 0;
+  pthread_cond_broadcast(&K.cv);
+  pthread_mutex_unlock(&K.mu);
+  Rlorch__V1__RegisterResponse resp = RLORCH__V1__REGISTER_RESPONSE__INIT;
+  resp.worker_id = "w-1";
+  resp.heartbeat_interval_ms = 50;
+  resp.rank = 1;
+  rpc_call_reply(c, &resp.base);
+}
+
+static void on_attach_cancel(rpc_call *c, void *ud) {
+  pthread_mutex_lock(&K.mu);
+  if (K.attach == c) K.attach = NULL;
+  K.attached = 0;
+  pthread_mutex_unlock(&K.mu);
+  rpc_call_finish(c, GRPC_STATUS_CANCELLED, "cancelled");
+}
+
+static void h_attach(rpc_call *c, const ProtobufCMessage *req, void *ud) {
+  rpc_call_set_cancel_cb(c, on_attach_cancel, NULL);
+  pthread_mutex_lock(&K.mu);
+  K.attach = c;
+  K.attached = 1;
+  pthread_cond_broadcast(&K.cv);
+  pthread_mutex_unlock(&K.mu);
+}
+
+static void h_report(rpc_call *c, const ProtobufCMessage *req, void *ud) {
+  Rlorch__V1__ReportRequest *copy = copy_msg(req, &rlorch__v1__report_request__descriptor);
+  pthread_mutex_lock(&K.mu);
+  if (K.nreports < (int)(sizeof K.reports / sizeof K.reports[0])) K.reports[K.nreports++] = copy;
+  else rlorch__v1__report_request__free_unpacked(copy, NULL);
+  pthread_cond_broadcast(&K.cv);
+  pthread_mutex_unlock(&K.mu);
+  Rlorch__V1__ReportResponse resp = RLORCH__V1__REPORT_RESPONSE__INIT;
+  resp.known = 1;
+  rpc_call_reply(c, &resp.base);
+}
+
+static void on_done(void *ud) {}
+
+static void on_wake(uv_async_t *a) {
+  pthread_mutex_lock(&K.mu);
+  for (int i = 0; i < K.nout; i++) {
+    if (K.attach) rpc_call_send(K.attach, &K.out[i]->base);
+    rlorch__v1__command__free_unpacked(K.out[i], NULL);
+  }
+  K.nout = 0;
+  int stop = K.stopping;
+  rpc_call *open = stop ? K.attach : NULL;
+  if (stop) K.attach = NULL;
+  pthread_mutex_unlock(&K.mu);
+  if (open) rpc_call_finish(open, GRPC_STATUS_UNAVAILABLE, "stopping");
+  if (stop) {
+    rpc_server_shutdown(K.s, on_done, NULL);
+    uv_close((uv_handle_t *)&K.wake, NULL);
+  }
+}
+
+static void loop_main(void *arg) { uv_run(&K.loop, UV_RUN_DEFAULT); }
+
+static void on_log(void *ud, agent_log_level level, const char *event, const char *fields,
+                   va_list ap) {
+  char line[2048];
+  int n = snprintf(line, sizeof line, "%s ", event);
+  if (fields) vsnprintf(line + n, sizeof line - (size_t)n, fields, ap);
+  pthread_mutex_lock(&K.mu);
+  size_t l = strlen(line);
+  if (K.loglen + l + 2 < sizeof K.log) {
+    memcpy(K.log + K.loglen, line, l);
+    K.loglen += l;
+    K.log[K.loglen++] = '\n';
+    K.log[K.loglen] = 0;
+  }
+  pthread_mutex_unlock(&K.mu);
+}
+
+static void fake_start(void) {
+  memset(&K, 0, sizeof K);
+  pthread_mutex_init(&K.mu, NULL);
+  pthread_cond_init(&K.cv, NULL);
+  cr_assert_eq(uv_loop_init(&K.loop), 0);
+  rpc_method ms[] = {
+      {M_REGISTER, RPC_UNARY, &rlorch__v1__register_request__descriptor,
+       &rlorch__v1__register_response__descriptor, 0, h_register, NULL},
+      {M_ATTACH, RPC_SERVER_STREAM, &rlorch__v1__attach_request__descriptor,
+       &rlorch__v1__command__descriptor, 0, h_attach, NULL},
+      {M_REPORT, RPC_UNARY, &rlorch__v1__report_request__descriptor,
+       &rlorch__v1__report_response__descriptor, 0, h_report, NULL},
+  };
+  rpc_server_opts o = {.listen = "127.0.0.1:0"};
+  char err[256] = "";
+  cr_assert_eq(rpc_server_new(&K.loop, &o, ms, 3, &K.s, err, sizeof err), 0, "%s", err);
+  snprintf(K.target, sizeof K.target, "127.0.0.1:%d", rpc_server_port(K.s));
+  uv_async_init(&K.loop, &K.wake, on_wake);
+  cr_assert_eq(uv_thread_create(&K.th, loop_main, NULL), 0);
+  agent_log_config(on_log, NULL, AGENT_LOG_DEBUG);
+  agent_opts_defaults(AGENT_ROLE_INFERENCE, &K.opts);
+  K.opts.orchestrator = K.target;
+  K.opts.device = -1;
+  K.opts.device_set = 1;
+  K.opts.seed = 5;
+  K.opts.seed_set = 1;
+  K.opts.rollout.latency_ms_mean = 1;
+  K.opts.rollout.latency_ms_std = 0;
+  K.opts.rollout.tokens_mean = 20;
+  K.opts.rollout.tokens_std = 5;
+}
+
+static void *agent_main(void *arg) {
+  K.agent_status = agent_inference_run(&K.opts);
+  return NULL;
+}
+
+/* Waits (up to 10 s) until cond() holds under K.mu. */
+static int wait_until(int (*cond)(void *), void *arg) {
+  pthread_mutex_lock(&K.mu);
+  int ok = cond(arg);
+  for (int i = 0; i < 1000 && !ok; i++) {
+    pthread_mutex_unlock(&K.mu);
+    usleep(10000);
+    pthread_mutex_lock(&K.mu);
+    ok = cond(arg);
+  }
+  pthread_mutex_unlock(&K.mu);
+  return ok;
+}
+
+static int is_attached(void *arg) { return K.attached; }
+
+static void agent_start(void) {
+  cr_assert_eq(pthread_create(&K.agent_th, NULL, agent_main, NULL), 0);
+  cr_assert(wait_until(is_attached, NULL), "the agent attaches");
+}
+
+/* Queues cmd (copied; seq and run filled in) for the attach stream. */
+static void send_cmd(Rlorch__V1__Command *cmd) {
+  pthread_mutex_lock(&K.mu);
+  cmd->seq = ++K.seq;
+  cmd->run_id = "run-1";
+  K.out[K.nout++] = copy_msg(&cmd->base, &rlorch__v1__command__descriptor);
+  pthread_mutex_unlock(&K.mu);
+  uv_async_send(&K.wake);
+}
+
+static void send_rollout(Rlorch__V1__RolloutRequest *rq) {
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_ROLLOUT;
+  cmd.rollout = rq;
+  send_cmd(&cmd);
+}
+
+static void send_abort(uint64_t request_id) {
+  Rlorch__V1__AbortCommand ab = RLORCH__V1__ABORT_COMMAND__INIT;
+  ab.request_id = request_id;
+  ab.reason = "answered elsewhere";
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_ABORT;
+  cmd.abort = &ab;
+  send_cmd(&cmd);
+}
+
+/* The rollout result of request id, or NULL; K.mu held. */
+static const Rlorch__V1__RolloutResult *result_of(uint64_t id) {
+  for (int i = 0; i < K.nreports; i++)
+    if (K.reports[i]->kind_case == RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS &&
+        K.reports[i]->rollouts->request_id == id)
+      return K.reports[i]->rollouts;
+  return NULL;
+}
+
+static int has_result(void *arg) { return result_of(*(uint64_t *)arg) != NULL; }
+
+static const Rlorch__V1__RolloutResult *wait_result(uint64_t id) {
+  cr_assert(wait_until(has_result, &id), "request %llu answered", (unsigned long long)id);
+  pthread_mutex_lock(&K.mu);
+  const Rlorch__V1__RolloutResult *r = result_of(id);
+  pthread_mutex_unlock(&K.mu);
+  return r; /* reports are kept until fake_stop */
+}
+
+/* The last heartbeat's stats; K.mu held. */
+static const Rlorch__V1__WorkerStats *last_stats(void) {
+  for (int i = K.nreports - 1; i >= 0; i--)
+    if (K.reports[i]->kind_case == RLORCH__V1__REPORT_REQUEST__KIND_HEARTBEAT)
+      return K.reports[i]->heartbeat->stats;
+  return NULL;
+}
+
+static int stats_rollouts_at_least(void *arg) {
+  const Rlorch__V1__WorkerStats *s = last_stats();
+  return s && s->rollouts_generated >= *(uint64_t *)arg && s->requests_active == 0;
+}
+
+/* Shutdown command, the agent's exit status checked, then the server down. */
+static void fake_stop(void) {
+  Rlorch__V1__ShutdownCommand sd = RLORCH__V1__SHUTDOWN_COMMAND__INIT;
+  sd.reason = "test over";
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_SHUTDOWN;
+  cmd.shutdown = &sd;
+  send_cmd(&cmd);
+  pthread_join(K.agent_th, NULL);
+  cr_assert_eq(K.agent_status, 0, "the agent leaves cleanly on shutdown");
+  pthread_mutex_lock(&K.mu);
+  K.stopping = 1;
+  pthread_mutex_unlock(&K.mu);
+  uv_async_send(&K.wake);
+  uv_thread_join(&K.th);
+  rpc_server_free(K.s);
+  cr_assert_eq(uv_loop_close(&K.loop), 0);
+  for (int i = 0; i < K.nreports; i++) rlorch__v1__report_request__free_unpacked(K.reports[i], NULL);
+  for (int i = 0; i < K.nout; i++) rlorch__v1__command__free_unpacked(K.out[i], NULL);
+  agent_log_config(NULL, NULL, AGENT_LOG_ERROR);
+  grpc_shutdown_blocking();
+}
+
+static int log_has(const char *needle) {
+  pthread_mutex_lock(&K.mu);
+  int yes = strstr(K.log, needle) != NULL;
+  pthread_mutex_unlock(&K.mu);
+  return yes;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+Test(agent_inference, registers_its_pool_and_answers_a_group) {
+  fake_start();
+  K.opts.concurrency = 3;
+  agent_start();
+  pthread_mutex_lock(&K.mu);
+  cr_assert_geq(K.registered, 1);
+  cr_assert_eq(K.max_concurrent, 3u, "Capabilities.max_concurrent_requests is --concurrency");
+  pthread_mutex_unlock(&K.mu);
+
+  uint32_t prompt[] = {1, 2, 3};
+  uint32_t stops[] = {31990};
+  uint8_t meta[] = "answer";
+  Rlorch__V1__SamplingParams sp = RLORCH__V1__SAMPLING_PARAMS__INIT;
+  sp.max_tokens = 8;
+  sp.seed = 9;
+  sp.temperature = 1;
+  sp.n_stop_token_ids = 1;
+  sp.stop_token_ids = stops;
+  Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;
+  rq.request_id = 5;
+  rq.count = 4;
+  rq.group_id = 70;
+  rq.n_prompt_token_ids = 3;
+  rq.prompt_token_ids = prompt;
+  rq.sampling = &sp;
+  rq.prompt_metadata.data = meta;
+  rq.prompt_metadata.len = 6;
+  send_rollout(&rq);
+  /* Today's orchestrator: no prompt, no sampling, no group id. */
+  Rlorch__V1__RolloutRequest bare = RLORCH__V1__ROLLOUT_REQUEST__INIT;
+  bare.request_id = 6;
+  bare.count = 2;
+  send_rollout(&bare);
+
+  const Rlorch__V1__RolloutResult *r = wait_result(5);
+  cr_assert_eq(r->n_rollouts, 4u, "exactly count rollouts");
+  uint64_t tokens = 0;
+  for (size_t i = 0; i < r->n_rollouts; i++) {
+    const Rlorch__V1__Rollout *ro = r->rollouts[i];
+    cr_assert_eq(ro->group_id, 70u);
+    cr_assert_eq(ro->policy_version, 0u);
+    cr_assert_eq(ro->n_prompt_token_ids, 0u, "the orchestrator fills the prompt in");
+    cr_assert_geq(ro->n_completion_token_ids, 1u);
+    cr_assert_leq(ro->n_completion_token_ids, 8u, "max_tokens");
+    cr_assert_eq(ro->tokens, ro->n_completion_token_ids);
+    cr_assert_eq(ro->n_completion_logprobs, ro->n_completion_token_ids);
+    cr_assert_eq(ro->n_rewards, 1u);
+    cr_assert(ro->rewards[0] >= 0 && ro->rewards[0] <= 1);
+    cr_assert(ro->finish_reason == RLORCH__V1__FINISH_REASON__FINISH_REASON_LENGTH ||
+              ro->finish_reason == RLORCH__V1__FINISH_REASON__FINISH_REASON_STOP);
+    cr_assert_gt(ro->seconds, 0.0, "its latency was slept");
+    tokens += ro->n_completion_token_ids;
+  }
+  const Rlorch__V1__RolloutResult *b = wait_result(6);
+  cr_assert_eq(b->n_rollouts, 2u);
+  for (size_t i = 0; i < b->n_rollouts; i++) {
+    const Rlorch__V1__Rollout *ro = b->rollouts[i];
+    cr_assert_eq(ro->group_id, 6u, "no group id: the request is its group");
+    cr_assert_geq(ro->n_completion_token_ids, 1u, "an empty prompt still generates");
+    cr_assert_eq(ro->finish_reason, RLORCH__V1__FINISH_REASON__FINISH_REASON_STOP);
+    int sampled = 0;
+    for (size_t k = 0; k < ro->n_completion_logprobs; k++) sampled |= ro->completion_logprobs[k] < 0;
+    cr_assert(sampled, "no SamplingParams: temperature 1, not greedy");
+    tokens += ro->n_completion_token_ids;
+  }
+  uint64_t want = 6;
+  cr_assert(wait_until(stats_rollouts_at_least, &want), "a heartbeat counts the 6 rollouts");
+  pthread_mutex_lock(&K.mu);
+  const Rlorch__V1__WorkerStats *s = last_stats();
+  cr_assert_eq(s->rollouts_generated, 6u);
+  cr_assert_eq(s->tokens_generated, tokens);
+  cr_assert_gt(s->generate_seconds, 0.0);
+  cr_assert_lt(s->generate_seconds, 10.0);
+  pthread_mutex_unlock(&K.mu);
+  fake_stop();
+}
+
+static int stats_active(void *arg) {
+  const Rlorch__V1__WorkerStats *s = last_stats();
+  return s && s->requests_active == *(uint32_t *)arg;
+}
+
+Test(agent_inference, aborted_requests_send_nothing) {
+  fake_start();
+  K.opts.concurrency = 1;
+  K.opts.rollout.latency_ms_mean = 100; /* a request of 4 takes 0.4 s */
+  agent_start();
+  Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;
+  rq.count = 4;
+  for (uint64_t id = 1; id <= 3; id++) {
+    rq.request_id = id;
+    send_rollout(&rq);
+  }
+  uint32_t one = 1;
+  cr_assert(wait_until(stats_active, &one), "request 1 is being generated");
+  send_abort(2); /* still queued behind 1 */
+  send_abort(1); /* generating */
+  const Rlorch__V1__RolloutResult *r = wait_result(3);
+  cr_assert_eq(r->n_rollouts, 4u, "the request after them is served whole");
+  cr_assert(log_has("request_aborted request_id=2 state=\"queued\""), "%s", K.log);
+  cr_assert(log_has("request_aborted request_id=1 state=\"generating\""), "%s", K.log);
+  cr_assert(log_has("request_aborted request_id=1 state=generating made="), "%s", K.log);
+  cr_assert_not(log_has("abort_ignored"), "a request abort is not a plan abort");
+  /* An abort for a request already answered changes nothing. */
+  send_abort(3);
+  uint32_t zero = 0;
+  cr_assert(wait_until(stats_active, &zero));
+  usleep(200000);
+  pthread_mutex_lock(&K.mu);
+  cr_assert_null(result_of(1), "aborted while generating: not sent");
+  cr_assert_null(result_of(2), "aborted while queued: not generated");
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(log_has("request_aborted request_id=3 state=\"finished or unknown\""), "%s", K.log);
+  fake_stop();
+}
+
+static int fail_group_13(void *ud, const agent_reward_input *in, double *rewards, size_t cap,
+                         size_t *n, char *err, size_t errlen) {
+  __atomic_add_fetch((int *)ud, 1, __ATOMIC_SEQ_CST);
+  if (in->group_id == 13 && in->index == 1) {
+    snprintf(err, errlen, "no reference answer in \"%.*s\"", (int)in->n_metadata,
+             (const char *)in->prompt_metadata);
+    return -1;
+  }
+  rewards[0] = 0.5;
+  rewards[1] = (double)in->n_completion;
+  *n = 2;
+  return 0;
+}
+
+Test(agent_inference, a_failing_reward_hook_answers_with_no_rollout) {
+  fake_start();
+  int calls = 0;
+  K.opts.reward = fail_group_13;
+  K.opts.reward_ud = &calls;
+  agent_start();
+  uint8_t meta[] = "q7";
+  Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;
+  rq.request_id = 1;
+  rq.count = 3;
+  rq.group_id = 13;
+  rq.prompt_metadata.data = meta;
+  rq.prompt_metadata.len = 2;
+  send_rollout(&rq);
+  rq.request_id = 2;
+  rq.group_id = 14;
+  send_rollout(&rq);
+  const Rlorch__V1__RolloutResult *bad = wait_result(1), *good = wait_result(2);
+  cr_assert_eq(bad->n_rollouts, 0u, "the group is not sent with made-up rewards");
+  cr_assert(log_has("reward_failed request_id=1 group_id=13 reason=\"reward hook: group 13 "
+                    "completion 1: no reference answer in \"q7\"\""), "%s", K.log);
+  cr_assert_eq(good->n_rollouts, 3u);
+  for (size_t i = 0; i < 3; i++) {
+    cr_assert_eq(good->rollouts[i]->n_rewards, 2u, "the hook's rewards, as it gave them");
+    cr_assert_eq(good->rollouts[i]->rewards[0], 0.5);
+    cr_assert_eq(good->rollouts[i]->rewards[1], (double)good->rollouts[i]->n_completion_token_ids);
+  }
+  cr_assert_eq(__atomic_load_n(&calls, __ATOMIC_SEQ_CST), 5, "2 calls for group 13, 3 for 14");
+  fake_stop();
+}
