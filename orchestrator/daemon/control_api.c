@@ -10,6 +10,7 @@
 #include "orchestrator/common/log.h"
 #include "orchestrator/daemon/now.h"
 #include "orchestrator/daemon/orch.h"
+#include "orchestrator/daemon/prompt_source.h"
 #include "orchestrator/daemon/runner.h"
 #include "orchestrator/daemon/watch.h"
 #include "orchestrator/daemon/workers.h"
@@ -22,8 +23,6 @@
 #define MAX_GROUP_SIZE 4096u
 #define MAX_STOP_TOKENS 64u
 #define MAX_PATH_BYTES 4096u
-#define SYNTHETIC_PROMPT_TOKENS 16u
-#define SYNTHETIC_VOCAB 32000u
 
 /* Storage for the defaults spec_validate fills into sub-messages: the spec is
  * a shallow copy of the request, whose own sub-messages must not change. */
@@ -74,22 +73,21 @@ static int prompts_validate(const config *c, Rlorch__V1__RunSpec *s, spec_fill *
   }
   s->prompts = &f->prompts;
   if (f->prompts.source_case == RLORCH__V1__PROMPT_SOURCE__SOURCE_SYNTHETIC) {
+    /* Stored with the values used, so the run record says what it got. */
     if (f->prompts.synthetic) f->synthetic = *f->prompts.synthetic;
     f->prompts.synthetic = &f->synthetic;
-    if (!f->synthetic.prompt_tokens) f->synthetic.prompt_tokens = SYNTHETIC_PROMPT_TOKENS;
-    if (!f->synthetic.vocab_size) f->synthetic.vocab_size = SYNTHETIC_VOCAB;
-    if (f->synthetic.prompt_tokens > c->max_prompt_tokens)
-      return snprintf(err, len,
-                      "prompts.synthetic.prompt_tokens: %u is over the limit of %u "
-                      "(max_prompt_tokens)",
-                      f->synthetic.prompt_tokens, c->max_prompt_tokens),
-             -1;
-    return 0;
-  }
-  if (!f->prompts.jsonl_path[0]) return snprintf(err, len, "prompts.jsonl_path: empty"), -1;
-  if (strlen(f->prompts.jsonl_path) >= MAX_PATH_BYTES)
+    if (!f->synthetic.prompt_tokens) f->synthetic.prompt_tokens = PROMPT_SOURCE_SYNTHETIC_TOKENS;
+    if (!f->synthetic.vocab_size) f->synthetic.vocab_size = PROMPT_SOURCE_SYNTHETIC_VOCAB;
+  } else if (strlen(f->prompts.jsonl_path) >= MAX_PATH_BYTES) {
     return snprintf(err, len, "prompts.jsonl_path: longer than %u bytes", MAX_PATH_BYTES - 1), -1;
-  return 0;
+  }
+  /* Opened once here so that a missing file, a bad first line or a bad
+   * synthetic setting is the caller's INVALID_ARGUMENT, not a run that fails
+   * later; the runner opens it again for itself. */
+  prompt_source *ps = NULL;
+  int rc = prompt_source_open(&f->prompts, c->max_prompt_tokens, &ps, err, len);
+  prompt_source_close(ps);
+  return rc;
 }
 
 int control_api_run_is_final(Rlorch__V1__RunState s) {
