@@ -86,6 +86,17 @@ int rpc_call_fail(rpc_call *c, grpc_status_code code, const char *fmt, ...)
  * transport refuses ends the call INTERNAL, and the next send returns -1. */
 int rpc_call_send(rpc_call *c, const ProtobufCMessage *msg);
 int rpc_call_finish(rpc_call *c, grpc_status_code code, const char *msg);
+/* Flow control for a stream too large to encode whole: on_writable(c, ud)
+ * runs on the loop thread each time a send completed and nothing the handler
+ * sent is still queued or in flight, so the handler encodes its next message
+ * only when the previous ones went out (a slow client slows the handler
+ * instead of filling memory). It runs only after a send completes: the
+ * handler sends its first message itself. It never runs once the call is
+ * cancelled (on_cancel runs instead), finishing (rpc_call_finish, also from
+ * inside on_writable) or ended, so the handler may free ud there. NULL stops
+ * it. Note that rpc_call_send itself may run on_cancel before it returns (a
+ * message the transport refuses). */
+void rpc_call_set_writable_cb(rpc_call *c, void (*on_writable)(rpc_call *c, void *ud), void *ud);
 
 /* ---- client --------------------------------------------------------------- */
 typedef struct rpc_status {

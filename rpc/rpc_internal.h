@@ -60,5 +60,8 @@ void rpc__health_set(rpc__health *h, const char *service, int status);
  * error paths behind a refused batch cannot be reached from a client; this
  * is how their tests reach them. Call it on the loop thread. */
 void rpc__test_fail_batches(rpc_server *s, int skip, int fail);
+/* For unit tests only: stream messages of this call still queued or in
+ * flight, which the writable callback's contract says is 0 when it runs. */
+size_t rpc__test_unsent(const rpc_call *c);
 
 #endif

@@ -83,6 +83,8 @@ struct rpc_call {
   size_t qhead, qlen, qcap;
   void (*on_cancel)(rpc_call *, void *);
   void *cancel_ud;
+  void (*on_writable)(rpc_call *, void *); /* rpc_call_set_writable_cb */
+  void *writable_ud;
   char *method; /* as the client sent it (generic) */
   char *peer;
   double t0;
@@ -343,6 +345,7 @@ static int rpc__end(rpc_call *c, grpc_status_code code, const char *msg,
   }
   c->ended = 1;
   c->finish_pending = 0;
+  c->on_writable = NULL; /* nothing more can be sent */
   c->code = code;
   if (c->started) rpc__list_del(&s->live, c);
   if (c->zombie) rpc__list_add(&s->zombies, c);
@@ -493,10 +496,12 @@ static void rpc__on_new(rpc_server *s, rpc_call *c, int ok) {
 }
 
 static void rpc__pump(rpc_call *c);
+static void rpc__maybe_writable(rpc_call *c);
 
 static void rpc__notice_cancel(rpc_call *c) {
   if (c->cancelled) return;
   c->cancelled = 1;
+  c->on_writable = NULL; /* sends fail from now on: nothing to be asked for */
   c->cancel_deadline_left = rpc_call_deadline_remaining(c);
   /* Queued stream messages will never go out. */
   for (size_t i = 0; i < c->qlen; i++) grpc_byte_buffer_destroy(c->q[(c->qhead + i) % c->qcap]);
@@ -549,6 +554,7 @@ static void rpc__on_event(rpc_server *s, rpc__tag *tag, int ok) {
     c->reply_bb = NULL;
     if (!ok) rpc__notice_cancel(c);
     rpc__pump(c);
+    rpc__maybe_writable(c);
     break;
   case RPC__T_STATUS:
     c->pending--;
@@ -592,6 +598,16 @@ static void rpc__pump(rpc_call *c) {
     return;
   }
   if (c->finish_pending) rpc__end(c, c->code, c->finish_msg, NULL);
+}
+
+/* A message went out and nothing is queued behind it: the handler that paces
+ * its stream (rpc_call_set_writable_cb) may encode the next one. Not once the
+ * call is cancelled, ended or finishing: its handler may have freed what ud
+ * points to. */
+static void rpc__maybe_writable(rpc_call *c) {
+  if (!c->on_writable || c->ended || c->finish_pending || c->cancelled || c->reply_bb || c->qlen)
+    return;
+  c->on_writable(c, c->writable_ud);
 }
 
 /* Doubles the ring of queued stream messages; -1 when out of memory. */
@@ -672,6 +688,11 @@ int rpc_call_cancelled(const rpc_call *c) { return c->cancelled; }
 void rpc_call_set_cancel_cb(rpc_call *c, void (*on_cancel)(rpc_call *c, void *ud), void *ud) {
   c->on_cancel = on_cancel;
   c->cancel_ud = ud;
+}
+
+void rpc_call_set_writable_cb(rpc_call *c, void (*on_writable)(rpc_call *c, void *ud), void *ud) {
+  c->on_writable = on_writable;
+  c->writable_ud = ud;
 }
 
 rpc_server *rpc_call_server(const rpc_call *c) { return c->s; }
@@ -943,6 +964,7 @@ static int rpc__end_one_stream(rpc_server *s) {
       continue;
     void (*cb)(rpc_call *, void *) = c->on_cancel;
     c->on_cancel = NULL;
+    c->on_writable = NULL;
     c->zombie = 1;
     rpc__hold(c);
     for (size_t i = 0; i < c->qlen; i++) grpc_byte_buffer_destroy(c->q[(c->qhead + i) % c->qcap]);
@@ -981,6 +1003,8 @@ void rpc__test_fail_batches(rpc_server *s, int skip, int fail) {
   s->test_skip_batches = skip;
   s->test_fail_batches = fail;
 }
+
+size_t rpc__test_unsent(const rpc_call *c) { return c->qlen + (c->reply_bb ? 1 : 0); }
 
 void rpc_server_free(rpc_server *s) {
   if (!s) return;

@@ -43,11 +43,19 @@ static const opt_field config__fields[] = {
     {.name = "max_rollout_bytes", .type = OPT_BYTES, .off = CONFIG__OFF(max_rollout_bytes, uint64_t),
      .min = 64, .max = 2147483647.0, .metavar = "BYTES",
      .help = "largest rollout a worker may report (its packed size)"},
+    {.name = "batch_chunk_bytes", .flag = "--batch-chunk-bytes", .type = OPT_BYTES,
+     .off = CONFIG__OFF(batch_chunk_bytes, uint64_t), .min = 4096, .max = 2147483647.0,
+     .metavar = "BYTES",
+     .help = "largest message of a FetchBatch stream, at most max_message_bytes (whole "
+             "rollouts: a larger one goes alone)",
+     .dflt = "4MiB, or max_message_bytes when smaller"},
     {.name = "rollout_log", .type = OPT_SWITCH, .off = CONFIG__OFF(rollout_log, bool),
      .help = "write each step's batch to DATA_DIR/rollouts/RUN/step-N.jsonl"},
     {.name = "rollout_buffer_bytes", .type = OPT_BYTES,
      .off = CONFIG__OFF(rollout_buffer_bytes, uint64_t), .min = 1024, .max = 1099511627776.0,
-     .metavar = "BYTES", .help = "rollouts buffered per run before dispatch is held back"},
+     .metavar = "BYTES",
+     .help = "rollouts kept per run (buffered, and the batch being trained) before dispatch is "
+             "held back"},
     {.name = "shutdown_grace_s", .type = OPT_DOUBLE, .off = CONFIG__OFF(shutdown_grace_s, double),
      .min = 0, .max = 3600, .flags = OPT_GT_MIN, .metavar = "SECONDS",
      .help = "time given to in-flight work on shutdown"},
@@ -113,6 +121,7 @@ void config_defaults(config *c) {
   c->log_format = LOG_FORMAT_LOGFMT;
   c->max_message_bytes = 4u << 20;
   c->max_rollout_bytes = 1u << 20;
+  c->batch_chunk_bytes = 4u << 20;
   c->rollout_buffer_bytes = 256u << 20;
   c->rollout_log = true;
   c->shutdown_grace_s = 5.0;
@@ -170,6 +179,16 @@ static int config__validate(config *c, opt_state *st) {
     return opt_fail(st, opt_origin(st, "rollouts_per_step"), "%u is not a multiple of group_size (%u)",
                     c->rollouts_per_step, c->group_size);
   if (c->prompts_file && config__check_readable(st, "prompts_file", c->prompts_file)) return -1;
+  /* A chunk is a message: the server's own limit bounds it, so a peer that
+   * accepts what it may send accepts every chunk. */
+  if (c->batch_chunk_bytes > c->max_message_bytes) {
+    if (opt_is_set(st, "batch_chunk_bytes"))
+      return opt_fail(st, opt_origin(st, "batch_chunk_bytes"),
+                      "%llu exceeds max_message_bytes (%llu), the largest gRPC message the "
+                      "server uses", (unsigned long long)c->batch_chunk_bytes,
+                      (unsigned long long)c->max_message_bytes);
+    c->batch_chunk_bytes = c->max_message_bytes; /* the default follows a smaller limit */
+  }
   if (!c->tls_cert_file != !c->tls_key_file) {
     const char *set = c->tls_cert_file ? "tls_cert_file" : "tls_key_file";
     const char *unset = c->tls_cert_file ? "tls_key_file" : "tls_cert_file";

@@ -43,6 +43,10 @@ typedef struct config {
   log_format log_format;  /* default LOG_FORMAT_LOGFMT */
   uint64_t max_message_bytes;     /* gRPC message cap, default 4 MiB */
   uint64_t max_rollout_bytes;     /* one reported rollout at most, default 1 MiB */
+  uint64_t batch_chunk_bytes;     /* one FetchBatch message at most (a rollout larger
+                                     than this goes alone); default 4 MiB, or
+                                     max_message_bytes when that is smaller; never
+                                     above it */
   uint64_t rollout_buffer_bytes;  /* buffered per run before dispatch holds, default 256 MiB */
   bool rollout_log;               /* each step's batch as JSONL under data_dir, default on */
   double shutdown_grace_s;        /* drain time on SIGTERM, default 5.0 */

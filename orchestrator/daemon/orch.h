@@ -9,8 +9,9 @@
  *        metrics, http
  *   control_api  the Control API handlers (runs, workers, WatchRun streams)
  *     -> runner, workers, watch, store, now
- *   worker_api   the Worker API handlers: decode, answer, call the runner/table
- *     -> runner, workers, sched_pb, bcast (manifest check)
+ *   worker_api   the Worker API handlers: decode, answer, call the runner/table,
+ *                stream the held batch (FetchBatch)
+ *     -> runner, workers, sched_pb, bcast (manifest check), now, metrics
  *   runner       the shell around the scheduler: actions -> commands, plans,
  *                records, events, metrics; timers; run start/stop/policy
  *     -> workers, watch, sched_pb, sched, store, metrics, bcast, now
@@ -57,7 +58,9 @@ typedef struct orch_metrics {
   metrics_gauge *async_level;
   metrics_counter *rollouts;             /* outcome */
   metrics_counter *rollouts_malformed;   /* reason */
-  metrics_gauge *rollout_buffer_bytes;   /* the active run's buffered rollouts, packed */
+  metrics_gauge *rollout_buffer_bytes;   /* the active run's kept rollouts (buffered and
+                                            the held batch), packed */
+  metrics_counter *batch_fetch_bytes;    /* rollout bytes FetchBatch streamed */
   metrics_gauge *workers;                /* role, state */
   metrics_counter *broadcast_aborts;     /* reason */
   metrics_gauge *run_steps_done;         /* the active run's committed steps */

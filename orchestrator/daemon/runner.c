@@ -30,6 +30,26 @@
 
 _Static_assert(WORKERS_NAME_MAX == SCHED_NAME_MAX, "worker names must fit the scheduler's");
 
+/* The batch of the step being trained, held for FetchBatch from its TRAIN
+ * command until the trainer reports the step done, the step is trained again,
+ * the trainer is lost or the run ends: the store keeps its rollouts (and
+ * counts them against rollout_buffer_bytes) while it is held. */
+typedef struct held_batch {
+  int held;
+  uint64_t gen;      /* bumped at every hold and release, across runs: a share
+                        cut from another batch is stale */
+  uint64_t step;
+  uint32_t trainer;  /* scheduler id of the trainer the TRAIN command went to */
+  uint64_t *ids;     /* batch order: whole groups one after the other */
+  uint64_t *sorted;  /* the same ids ascending, for the sweep */
+  size_t *sizes;     /* packed size of the rollout ids[i] */
+  size_t n;
+  uint32_t group_size, groups; /* the last group may be short (see hold_batch) */
+  uint64_t bytes;    /* sizes summed: TrainStep.batch_bytes */
+  uint64_t released_gen; /* gen right after the last release, and why it happened */
+  char released_why[96];
+} held_batch;
+
 struct runner {
   orch *o;
   workers_table *workers;
@@ -46,6 +66,7 @@ struct runner {
   size_t n_nccl_members;
   int draining; /* inside drain(): re-entrant calls only queue */
   int64_t plan_ack_timeout_ms, broadcast_timeout_ms; /* the active run's scheduler settings */
+  held_batch batch; /* the batch of the step the trainer executes */
 };
 
 static void drain(runner *r);
@@ -151,8 +172,7 @@ typedef struct {
   size_t n;
 } id_set;
 
-static int keep_buffered(uint64_t id, void *ud) {
-  const id_set *b = ud;
+static int id_set_has(const id_set *b, uint64_t id) {
   size_t lo = 0, hi = b->n;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
@@ -162,15 +182,26 @@ static int keep_buffered(uint64_t id, void *ud) {
   return lo < b->n && b->ids[lo] == id;
 }
 
+typedef struct {
+  id_set buffered, held;
+} keep_sets;
+
+static int keep_wanted(uint64_t id, void *ud) {
+  const keep_sets *k = ud;
+  return id_set_has(&k->buffered, id) || id_set_has(&k->held, id);
+}
+
 static void rollouts_budget(runner *r);
-/* Frees what the scheduler no longer buffers (batched, dropped or refused):
- * one sorted list of its ids, so a sweep costs n log n, not store x pool. */
+/* Frees what neither the scheduler buffers (batched, dropped or refused) nor
+ * the held batch uses: sorted lists of both, so a sweep costs n log n, not
+ * store x pool. */
 static void rollouts_sweep(runner *r) {
   size_t n = sched_buffered_ids(r->sched, NULL, 0);
   uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
   if (ids) { /* out of memory: keep everything until the next sweep */
-    id_set b = {ids, sched_buffered_ids(r->sched, ids, n)};
-    rollout_store_retain(r->rollouts, keep_buffered, &b);
+    keep_sets k = {{ids, sched_buffered_ids(r->sched, ids, n)},
+                   {r->batch.sorted, r->batch.held ? r->batch.n : 0}};
+    rollout_store_retain(r->rollouts, keep_wanted, &k);
     free(ids);
   }
   rollouts_budget(r);
@@ -217,6 +248,76 @@ static void log_batch(runner *r, uint64_t step, Rlorch__V1__Rollout *const *batc
   if (fclose(f) != 0) log_warn("rollout_log_failed", "path=\"%s\" error=\"%s\"", path, strerror(errno));
 }
 
+/* ---- the held batch ------------------------------------------------------------------------- */
+
+static void release_batch(runner *r, const char *why) {
+  held_batch *b = &r->batch;
+  if (!b->held) return;
+  log_debug("batch_released", "run=%s step=%" PRIu64 " reason=\"%s\"", r->run ? r->run->id : "",
+            b->step, why);
+  free(b->ids);
+  free(b->sorted);
+  free(b->sizes);
+  b->ids = b->sorted = NULL;
+  b->sizes = NULL;
+  b->n = 0;
+  b->held = 0;
+  b->released_gen = ++b->gen;
+  snprintf(b->released_why, sizeof b->released_why, "%s", why);
+}
+
+static int cmp_u64(const void *x, const void *y) {
+  uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* Holds the batch of a TRAIN action (rollouts[i] is the stored rollout of
+ * a->rollout_ids[i], NULL when missing: it then has size 0 and FetchBatch
+ * fails when it reaches it). Groups are consecutive runs of the run's
+ * group_size; should the batch not divide into them, the last group is
+ * short and a warning says so. 0, or -1 out of memory (nothing held). */
+static int hold_batch(runner *r, const sched_action *a, Rlorch__V1__Rollout *const *rollouts) {
+  held_batch *b = &r->batch;
+  char why[96];
+  if (b->held && b->step == a->step) snprintf(why, sizeof why, "the step is trained again");
+  else snprintf(why, sizeof why, "step %" PRIu64 " was sent for training", a->step);
+  release_batch(r, why);
+  size_t n = a->nrollouts;
+  uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  uint64_t *sorted = malloc((n ? n : 1) * sizeof *sorted);
+  size_t *sizes = malloc((n ? n : 1) * sizeof *sizes);
+  if (!ids || !sorted || !sizes) {
+    free(ids);
+    free(sorted);
+    free(sizes);
+    return -1;
+  }
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    ids[i] = sorted[i] = a->rollout_ids[i];
+    sizes[i] = rollouts[i] ? protobuf_c_message_get_packed_size(&rollouts[i]->base) : 0;
+    bytes += sizes[i];
+  }
+  if (n > 1) qsort(sorted, n, sizeof *sorted, cmp_u64);
+  uint32_t gs = r->run->spec->group_size ? r->run->spec->group_size : 1;
+  b->held = 1;
+  b->gen++;
+  b->step = a->step;
+  b->trainer = a->worker;
+  b->ids = ids;
+  b->sorted = sorted;
+  b->sizes = sizes;
+  b->n = n;
+  b->group_size = gs;
+  b->groups = (uint32_t)((n + gs - 1) / gs);
+  b->bytes = bytes;
+  if (n % gs)
+    log_warn("batch_groups_partial", "run=%s step=%" PRIu64 " rollouts=%zu group_size=%u "
+             "msg=\"the batch is not whole groups: its last group is short\"", r->run->id,
+             a->step, n, gs);
+  return 0;
+}
+
 static void act_train(runner *r, const sched_action *a) {
   Rlorch__V1__TrainStep ts = RLORCH__V1__TRAIN_STEP__INIT;
   ts.step = a->step;
@@ -233,7 +334,8 @@ static void act_train(runner *r, const sched_action *a) {
     r->n_nccl_members = n;
     r->has_nccl_id = 0;
   }
-  /* The batch goes whole; the store keeps it until sent. */
+  /* The trainer fetches the batch with FetchBatch: it is held, and the sweep
+   * below keeps its rollouts, until the step is done. */
   Rlorch__V1__Rollout **batch = calloc(a->nrollouts ? a->nrollouts : 1, sizeof *batch);
   size_t missing = 0;
   for (size_t i = 0; batch && i < a->nrollouts; i++) {
@@ -246,6 +348,12 @@ static void act_train(runner *r, const sched_action *a) {
     log_error("batch_incomplete", "run=%s step=%" PRIu64 " missing=%zu of %zu", r->run->id,
               a->step, batch ? missing : a->nrollouts, a->nrollouts);
   }
+  if (!batch || hold_batch(r, a, batch) != 0)
+    log_error("batch_not_held", "run=%s step=%" PRIu64 " error=\"out of memory\"", r->run->id,
+              a->step);
+  ts.groups = r->batch.held ? r->batch.groups : 0;
+  ts.group_size = r->batch.held ? r->batch.group_size : 0;
+  ts.batch_bytes = r->batch.held ? r->batch.bytes : 0;
   Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
   cmd.kind_case = RLORCH__V1__COMMAND__KIND_TRAIN;
   cmd.train = &ts;
@@ -431,6 +539,11 @@ static void act_worker_state(runner *r, const sched_action *a) {
   if (!w) return;
   if (a->worker_state == SCHED_WORKER_LOST) {
     workers_mark_lost(r->workers, w, a->text);
+    /* The step is redone with a fresh batch once a trainer attaches. */
+    if (r->batch.held && r->batch.trainer == a->worker) {
+      release_batch(r, "the trainer was lost");
+      rollouts_sweep(r);
+    }
     return;
   }
   w->state = sched_pb_worker_state_to_pb(a->worker_state);
@@ -446,6 +559,7 @@ static void release_run(runner *r) {
   if (!r->run) return;
   watch_end(r->o->watch, r->run->id);
   workers_set_run(r->workers, NULL);
+  release_batch(r, "the run ended");
   protobuf_c_message_free_unpacked(&r->run->base, NULL);
   r->run = NULL;
   sched_free(r->sched);
@@ -661,7 +775,75 @@ int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_se
   if (!in_run(r, w)) return 0;
   sched_offload off;
   sched_pb_offload(w->manifest, &off);
-  return sched_step_done(r->sched, mono(), w->id, step, train_seconds, &off);
+  int rc = sched_step_done(r->sched, mono(), w->id, step, train_seconds, &off);
+  /* Whatever the scheduler made of the report, the trainer is done with the
+   * batch: its rollouts can go. */
+  if (r->batch.held && r->batch.step == step && r->batch.trainer == w->id) {
+    release_batch(r, "the trainer reported the step done");
+    rollouts_sweep(r);
+  }
+  return rc;
+}
+
+/* ---- the held batch, for FetchBatch ----------------------------------------------------------- */
+
+int runner_batch_share(runner *r, const workers_entry *w, uint64_t step, uint32_t rank,
+                       uint32_t ranks, runner_share *out, char *err, size_t errlen) {
+  const held_batch *b = &r->batch;
+  if (!r->run) return snprintf(err, errlen, "no active run"), SCHED_ESTATE;
+  if (w->role != RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER || !w->in_run)
+    return snprintf(err, errlen, "worker %s (%s) is not the trainer of the active run %s",
+                    w->api_id, w->name, r->run->id),
+           SCHED_ESTATE;
+  if (!b->held || b->trainer != w->id)
+    return snprintf(err, errlen, "step %" PRIu64 "'s batch is not held (no step is being trained)",
+                    step),
+           SCHED_ESTATE;
+  if (b->step != step)
+    return snprintf(err, errlen,
+                    "step %" PRIu64 "'s batch is not held (the trainer is executing step %" PRIu64
+                    ")",
+                    step, b->step),
+           SCHED_ESTATE;
+  if (ranks == 0) ranks = 1;
+  if (rank >= ranks)
+    return snprintf(err, errlen, "rank: %u is not below ranks %u", rank, ranks), SCHED_EINVAL;
+  /* Groups [rank G / ranks, (rank + 1) G / ranks): as even as whole groups allow. */
+  uint64_t g0 = (uint64_t)rank * b->groups / ranks, g1 = ((uint64_t)rank + 1) * b->groups / ranks;
+  size_t first = (size_t)(g0 * b->group_size), end = (size_t)(g1 * b->group_size);
+  if (first > b->n) first = b->n;
+  if (end > b->n) end = b->n;
+  uint64_t bytes = 0;
+  for (size_t i = first; i < end; i++) bytes += b->sizes[i];
+  *out = (runner_share){.gen = b->gen,
+                        .step = step,
+                        .first = first,
+                        .end = end,
+                        .groups = (uint32_t)(g1 - g0),
+                        .bytes = bytes};
+  return 0;
+}
+
+int runner_batch_rollout(runner *r, const runner_share *s, size_t i, const Rlorch__V1__Rollout **out,
+                         size_t *bytes, char *err, size_t errlen) {
+  const held_batch *b = &r->batch;
+  *out = NULL;
+  *bytes = 0;
+  if (!b->held || b->gen != s->gen)
+    return snprintf(err, errlen, "step %" PRIu64 "'s batch is no longer held (%s)", s->step,
+                    b->released_gen == s->gen + 1 ? b->released_why : "another batch replaced it"),
+           SCHED_ESTATE;
+  if (i < s->first || i >= s->end)
+    return snprintf(err, errlen, "rollout %zu is outside the share [%zu, %zu)", i, s->first,
+                    s->end),
+           SCHED_EINVAL;
+  *out = rollout_store_get(r->rollouts, b->ids[i]);
+  if (!*out)
+    return snprintf(err, errlen, "rollout %" PRIu64 " of step %" PRIu64 "'s batch is missing",
+                    b->ids[i], s->step),
+           SCHED_ENOENT;
+  *bytes = b->sizes[i];
+  return 0;
 }
 
 int runner_plan_acked(runner *r, workers_entry *w, const char *plan_id, uint64_t hash,
@@ -794,6 +976,7 @@ void runner_shutdown(runner *r) {
 
 void runner_free(runner *r) {
   if (!r) return;
+  release_batch(r, "the orchestrator shut down");
   if (r->run) protobuf_c_message_free_unpacked(&r->run->base, NULL);
   sched_free(r->sched);
   free(r);

@@ -14,6 +14,7 @@
 #include "orchestrator/daemon/workers.h"
 #include "orchestrator/sched/sched.h"
 #include "rlorch/v1/control.pb-c.h"
+#include "rlorch/v1/worker.pb-c.h"
 
 typedef struct runner runner;
 
@@ -66,6 +67,37 @@ int runner_plan_acked(runner *r, workers_entry *w, const char *plan_id, uint64_t
 int runner_broadcast_done(runner *r, workers_entry *w, const char *plan_id, const char *error,
                           const sched_bcast_report *report);
 const char *runner_last_error(const runner *r); /* "" without an active run */
+
+/* ---- the held batch, for FetchBatch ----
+ * The batch of the step the trainer executes is held from its TRAIN command
+ * (which carries its ids, groups and size) until the trainer reports the step
+ * done, the step is trained again, the trainer is lost or the run ends; its
+ * rollouts stay in the store meanwhile and count against
+ * rollout_buffer_bytes. A trainer rank reads its share of it, in batch order,
+ * a rollout at a time, at its own pace: the share stays valid while the
+ * batch is held and is refused (not freed memory) afterwards. */
+typedef struct runner_share {
+  uint64_t gen;        /* which held batch it was cut from */
+  uint64_t step;
+  size_t first, end;   /* rollouts [first, end) of the batch, in batch order */
+  uint32_t groups;     /* whole groups in it */
+  uint64_t bytes;      /* packed sizes of its rollouts summed */
+} runner_share;
+
+/* Cuts trainer w's share `rank` of `ranks` (0 or 1: the whole batch) of
+ * step's batch: the groups split in batch order into `ranks` contiguous runs
+ * as even as whole groups allow (rank r gets groups [r G/ranks, (r+1) G/ranks)).
+ * 0, or SCHED_ESTATE (no active run; w is not its trainer; step's batch is not
+ * held) or SCHED_EINVAL (rank not below ranks) with the message in err. */
+int runner_batch_share(runner *r, const workers_entry *w, uint64_t step, uint32_t rank,
+                       uint32_t ranks, runner_share *out, char *err, size_t errlen);
+/* Rollout i (s->first <= i < s->end) of the share, valid until the runner is
+ * next entered, and its packed size. 0; SCHED_ESTATE once the batch is no
+ * longer held (err says why: the step done, the run ended, ...); SCHED_ENOENT
+ * when the rollout is missing from the store (act_train logged it);
+ * SCHED_EINVAL for an index outside the share. */
+int runner_batch_rollout(runner *r, const runner_share *s, size_t i, const Rlorch__V1__Rollout **out,
+                         size_t *bytes, char *err, size_t errlen);
 /* Executes every pending scheduler action. */
 void runner_drain(runner *r);
 

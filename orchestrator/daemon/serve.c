@@ -98,9 +98,15 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
                           errlen));
   REG(rollout_buffer_bytes,
       metrics_gauge_new(m->reg, "rlorch_rollout_buffer_bytes",
-                        "Bytes of rollouts buffered for the active run (packed); at "
-                        "rollout_buffer_bytes dispatch is held back.",
+                        "Bytes of rollouts kept for the active run (packed): buffered "
+                        "ones and the batch being trained; at rollout_buffer_bytes "
+                        "dispatch is held back.",
                         NULL, err, errlen));
+  REG(batch_fetch_bytes,
+      metrics_counter_new(m->reg, "rlorch_batch_fetch_bytes_total",
+                          "Bytes of rollouts FetchBatch streamed to trainer ranks (packed "
+                          "sizes, as TrainStep.batch_bytes counts them).",
+                          NULL, err, errlen));
   REG(workers, metrics_gauge_new(m->reg, "rlorch_workers", "Workers by role and state.",
                                  l_role_state, err, errlen));
   REG(broadcast_aborts, metrics_counter_new(m->reg, "rlorch_broadcast_aborts_total",
@@ -170,6 +176,7 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
     const char *lv[] = {rollout_fault_name((rollout_fault)f)};
     metrics_counter_add(m->rollouts_malformed, lv, 0);
   }
+  metrics_counter_add(m->batch_fetch_bytes, NULL, 0);
   metrics_gauge_set(m->run_steps_done, NULL, 0);
   metrics_gauge_set(m->run_steps_target, NULL, 0);
   metrics_gauge_set(m->last_step_time, NULL, 0);

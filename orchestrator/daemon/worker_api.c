@@ -1,5 +1,6 @@
 /* The Worker API handlers: validate and decode the request, update the
- * worker table, hand the event to the runner, answer. */
+ * worker table, hand the event to the runner, answer; FetchBatch streams a
+ * trainer rank's share of the batch the runner holds. */
 #include "orchestrator/daemon/worker_api.h"
 
 #include <inttypes.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "orchestrator/common/log.h"
+#include "orchestrator/daemon/now.h"
 #include "orchestrator/daemon/orch.h"
 #include "orchestrator/daemon/rollout_check.h"
 #include "orchestrator/daemon/runner.h"
@@ -207,6 +209,158 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   runner_drain(r);
 }
 
+/* ---- FetchBatch ---------------------------------------------------------------------------- */
+
+/* One FetchBatch stream: a trainer rank's share, sent a chunk at a time from
+ * the writable callback, so that only the chunk being sent is ever encoded.
+ * Owned by the stream; freed where the stream is ended (fetch_end) or
+ * cancelled (on_fetch_cancel). */
+typedef struct fetch_stream {
+  orch *o;
+  runner_share share;
+  size_t next;                   /* the share's next rollout to send */
+  const Rlorch__V1__Rollout **v; /* one chunk's rollouts (pointers into the store) */
+  size_t cap;
+  char worker[24];
+  uint32_t rank, ranks;
+  uint64_t messages;
+  double t0;
+  int busy;      /* inside rpc_call_send, which may run on_fetch_cancel */
+  int cancelled; /* on_fetch_cancel ran while busy: the sender ends the stream */
+} fetch_stream;
+
+static size_t varint_len(uint64_t v) {
+  size_t n = 1;
+  for (; v >= 0x80; v >>= 7) n++;
+  return n;
+}
+
+static void fetch_end(rpc_call *call, fetch_stream *st, grpc_status_code code, const char *msg) {
+  rpc_call_set_writable_cb(call, NULL, NULL);
+  rpc_call_set_cancel_cb(call, NULL, NULL);
+  rpc_call_finish(call, code, msg);
+  if (code == GRPC_STATUS_OK)
+    log_info("batch_fetched", "worker=%s step=%" PRIu64 " rank=%u ranks=%u rollouts=%zu groups=%u "
+             "bytes=%" PRIu64 " messages=%" PRIu64 " seconds=%.3f", st->worker, st->share.step,
+             st->rank, st->ranks, st->share.end - st->share.first, st->share.groups,
+             st->share.bytes, st->messages, now_mono_ms() / 1e3 - st->t0);
+  else
+    log_warn("batch_fetch_failed", "worker=%s step=%" PRIu64 " rank=%u ranks=%u sent=%zu of %zu "
+             "code=%s msg=\"%s\"", st->worker, st->share.step, st->rank, st->ranks,
+             st->next - st->share.first, st->share.end - st->share.first, rpc_status_name(code),
+             msg);
+  free(st->v);
+  free(st);
+}
+
+static void on_fetch_cancel(rpc_call *call, void *ud) {
+  fetch_stream *st = ud;
+  if (st->busy) { /* the sender still uses st: it ends the stream */
+    st->cancelled = 1;
+    return;
+  }
+  fetch_end(call, st, GRPC_STATUS_CANCELLED, "stream closed");
+}
+
+/* Sends the share's next chunk: whole rollouts, in batch order, as many as
+ * fit batch_chunk_bytes (at least one: a rollout larger than that goes
+ * alone); the first chunk carries the share's counts. After the last one the
+ * status follows. A batch released meanwhile (the run stopped, the trainer
+ * was lost) ends the stream ABORTED, saying why. */
+static void fetch_send_next(rpc_call *call, fetch_stream *st) {
+  runner *r = st->o->runner;
+  size_t limit = st->o->cfg->batch_chunk_bytes, size = 0, k = 0;
+  uint64_t bytes = 0;
+  Rlorch__V1__BatchChunk ch = RLORCH__V1__BATCH_CHUNK__INIT;
+  if (st->messages == 0) {
+    ch.share_rollouts = (uint32_t)(st->share.end - st->share.first);
+    ch.share_groups = st->share.groups;
+    size = protobuf_c_message_get_packed_size(&ch.base);
+  }
+  char err[320];
+  while (st->next < st->share.end) {
+    const Rlorch__V1__Rollout *ro;
+    size_t b;
+    int rc = runner_batch_rollout(r, &st->share, st->next, &ro, &b, err, sizeof err);
+    if (rc != 0) {
+      fetch_end(call, st, rc == SCHED_ESTATE ? GRPC_STATUS_ABORTED : GRPC_STATUS_INTERNAL, err);
+      return;
+    }
+    size_t framed = 1 + varint_len(b) + b; /* field 1's tag, length, message */
+    if (k > 0 && size + framed > limit) break;
+    if (k == st->cap) {
+      size_t cap = st->cap ? st->cap * 2 : 64;
+      const Rlorch__V1__Rollout **v = realloc(st->v, cap * sizeof *v);
+      if (!v) {
+        fetch_end(call, st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+      }
+      st->v = v;
+      st->cap = cap;
+    }
+    st->v[k++] = ro;
+    size += framed;
+    bytes += b;
+    st->next++;
+  }
+  ch.rollouts = (Rlorch__V1__Rollout **)st->v;
+  ch.n_rollouts = k;
+  st->busy = 1;
+  int rc = rpc_call_send(call, &ch.base); /* encoded now: the pointers may go stale after */
+  st->busy = 0;
+  if (rc != 0 || st->cancelled) {
+    fetch_end(call, st, GRPC_STATUS_CANCELLED, "stream closed");
+    return;
+  }
+  st->messages++;
+  metrics_counter_add(st->o->m.batch_fetch_bytes, NULL, (double)bytes);
+  if (st->next == st->share.end) fetch_end(call, st, GRPC_STATUS_OK, "");
+}
+
+static void on_fetch_writable(rpc_call *call, void *ud) { fetch_send_next(call, ud); }
+
+static void h_fetch_batch(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  orch *o = ud;
+  const Rlorch__V1__FetchBatchRequest *q = (const void *)req;
+  uint32_t ranks = q->ranks ? q->ranks : 1;
+  if (q->rank >= ranks) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "rank: %u is not below ranks %u%s", q->rank,
+                  ranks, q->ranks ? "" : " (ranks 0 is 1: the whole batch)");
+    return;
+  }
+  workers_entry *w = workers_by_api_id(o->workers, q->worker_id);
+  if (!w || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) {
+    rpc_call_fail(call, GRPC_STATUS_NOT_FOUND, "worker_id: %s is not registered (register again)",
+                  q->worker_id);
+    return;
+  }
+  if (o->shutting_down) {
+    rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
+    return;
+  }
+  workers_seen(w);
+  runner_share share;
+  char err[320];
+  int rc = runner_batch_share(o->runner, w, q->step, q->rank, ranks, &share, err, sizeof err);
+  if (rc != 0) {
+    rpc_call_fail(call, rc == SCHED_EINVAL ? GRPC_STATUS_INVALID_ARGUMENT
+                                           : GRPC_STATUS_FAILED_PRECONDITION,
+                  "%s", err);
+    return;
+  }
+  fetch_stream *st = calloc(1, sizeof *st);
+  if (!st) {
+    rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  *st = (fetch_stream){.o = o, .share = share, .next = share.first, .rank = q->rank,
+                       .ranks = ranks, .t0 = now_mono_ms() / 1e3};
+  snprintf(st->worker, sizeof st->worker, "%s", w->api_id);
+  rpc_call_set_cancel_cb(call, on_fetch_cancel, st);
+  rpc_call_set_writable_cb(call, on_fetch_writable, st);
+  fetch_send_next(call, st);
+}
+
 #define M(name, kind, req, resp, fn) {"/rlorch.v1.Worker/" name, kind, &req, &resp, 1, fn, NULL}
 const rpc_method worker_api_methods[] = {
     M("Register", RPC_UNARY, rlorch__v1__register_request__descriptor,
@@ -215,6 +369,8 @@ const rpc_method worker_api_methods[] = {
       rlorch__v1__command__descriptor, h_attach),
     M("Report", RPC_UNARY, rlorch__v1__report_request__descriptor,
       rlorch__v1__report_response__descriptor, h_report),
+    M("FetchBatch", RPC_SERVER_STREAM, rlorch__v1__fetch_batch_request__descriptor,
+      rlorch__v1__batch_chunk__descriptor, h_fetch_batch),
 };
 const size_t worker_api_nmethods = sizeof worker_api_methods / sizeof worker_api_methods[0];
 #undef M

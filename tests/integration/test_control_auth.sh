@@ -53,6 +53,10 @@ for m in "StartRun {}" "StopRun {\"run_id\":\"run-1\"}" "GetRun {\"run_id\":\"ru
 done
 out="$(grpc_call --method /rlorch.v1.Worker/Register --json '{"role":1}' --deadline-ms 5000)"
 assert_status_details UNAUTHENTICATED "missing bearer token" "$out" "Worker/Register without a token"
+out="$(grpc_call --method /rlorch.v1.Worker/FetchBatch --json '{"worker_id":"w-1"}' --deadline-ms 5000)"
+assert_status_details UNAUTHENTICATED "missing bearer token" "$out" "Worker/FetchBatch without a token"
+out="$(grpc_call --method /rlorch.v1.Worker/FetchBatch --json '{"worker_id":"w-1"}' --token wrong --deadline-ms 5000)"
+assert_status_details UNAUTHENTICATED "invalid bearer token" "$out" "Worker/FetchBatch with a wrong token"
 # Near misses of the right token.
 out="$(grpc_call --method $C/ListRuns --json '{}' --token "${TOKEN}x")"
 assert_status UNAUTHENTICATED "$out" "a token with an extra byte: UNAUTHENTICATED"

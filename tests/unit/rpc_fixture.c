@@ -9,6 +9,8 @@
 
 #include <grpc/grpc.h>
 
+#include "rpc/rpc_internal.h"
+
 fx F;
 
 /* ---- handlers ------------------------------------------------------------------ */
@@ -61,10 +63,80 @@ static void on_cancel_stream(rpc_call *c, void *ud) {
   rpc_call_finish(c, GRPC_STATUS_CANCELLED, "cancelled");
 }
 
+/* Sends the pacer's next event; after the last one the stream ends OK (the
+ * status follows it out). */
+static void pace_send(rpc_call *c, fx_pacer *p) {
+  static char big[FX_BIG_BYTES + 1];
+  Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
+  Rlorch__V1__Run run = RLORCH__V1__RUN__INIT;
+  ev.seq = (uint64_t)p->next;
+  ev.unix_ms = p->next * 10;
+  if (p->big) {
+    if (!big[0]) memset(big, 'x', FX_BIG_BYTES);
+    run.message = big;
+    ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_RUN;
+    ev.run = &run;
+  }
+  if (rpc_call_send(c, &ev.base) < 0) { /* cancelled: on_cancel_paced ends it */
+    p->over = 1;
+    return;
+  }
+  pthread_mutex_lock(&p->f->mu);
+  p->f->paced_sent++;
+  pthread_mutex_unlock(&p->f->mu);
+  if (p->next++ == p->last) {
+    p->over = 1;
+    rpc_call_finish(c, GRPC_STATUS_OK, "");
+  }
+}
+
+static void on_writable_paced(rpc_call *c, void *ud) {
+  fx_pacer *p = ud;
+  pthread_mutex_lock(&p->f->mu);
+  p->f->writable_calls++;
+  if (rpc__test_unsent(c)) p->f->writable_backlog++;
+  if (p->over) p->f->writable_after_end++;
+  pthread_mutex_unlock(&p->f->mu);
+  if (!p->over) pace_send(c, p);
+}
+
+static void on_cancel_paced(rpc_call *c, void *ud) {
+  fx_pacer *p = ud;
+  p->over = 1;
+  if (!p->lazy) {
+    on_cancel_stream(c, p->f);
+    return;
+  }
+  p->cancelled = c;
+  pthread_mutex_lock(&p->f->mu);
+  p->f->cancels++;
+  pthread_mutex_unlock(&p->f->mu);
+}
+
+static void do_finish_lazy(fx *f, void *arg) {
+  (void)arg;
+  for (int i = 0; i < f->npacers; i++)
+    if (f->pacers[i].cancelled) {
+      rpc_call_finish(f->pacers[i].cancelled, GRPC_STATUS_CANCELLED, "cancelled");
+      f->pacers[i].cancelled = NULL;
+    }
+}
+
+void fx_finish_lazy(void) { fx_on_loop(do_finish_lazy, NULL); }
+
 /* Sends from_step events numbered 1..n; run "open" then stays open. */
 static void h_watchrun(rpc_call *c, const ProtobufCMessage *req, void *ud) {
   fx *f = ud;
   const Rlorch__V1__WatchRunRequest *r = (const void *)req;
+  if (!strncmp(r->run_id, "paced", 5) && r->from_step > 0 && f->npacers < FX_PACERS) {
+    fx_pacer *p = &f->pacers[f->npacers++];
+    *p = (fx_pacer){.f = f, .next = 1, .last = r->from_step, .big = !strcmp(r->run_id, "paced-big"),
+                    .lazy = !strcmp(r->run_id, "paced-lazy")};
+    rpc_call_set_cancel_cb(c, on_cancel_paced, p);
+    rpc_call_set_writable_cb(c, on_writable_paced, p);
+    pace_send(c, p);
+    return;
+  }
   for (int64_t i = 1; i <= r->from_step; i++) {
     Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
     ev.seq = (uint64_t)i;

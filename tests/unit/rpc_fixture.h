@@ -7,7 +7,11 @@
  *   StartRun: echoes the spec in a Run "run-1".
  *   WatchRun: sends events 1..from_step (seq i, unix_ms 10 i), stopping at
  *             a refused send (counted); run "open" then stays open until
- *             cancelled, any other run ends OK.
+ *             cancelled, any other run ends OK. Runs "paced", "paced-big"
+ *             (each event carrying a Run of FX_BIG_BYTES) and "paced-lazy"
+ *             send one event at a time from the writable callback and end OK
+ *             after the last; "paced-lazy" leaves a cancelled stream open
+ *             until fx_finish_lazy ends it (a handler that ends it later).
  * One test at a time per process (ctest runs each program with --jobs 1). */
 #ifndef RLORCH_TEST_RPC_FIXTURE_H
 #define RLORCH_TEST_RPC_FIXTURE_H
@@ -29,6 +33,19 @@ typedef struct hook_rec {
   grpc_status_code code;
 } hook_rec;
 
+#define FX_BIG_BYTES (64 << 10)
+#define FX_PACERS 8
+
+/* One paced stream's state; kept until fx_stop, so that a writable callback
+ * after its end is seen rather than a use after free. */
+typedef struct fx_pacer {
+  struct fx *f;
+  int64_t next, last;
+  int big, lazy;
+  int over; /* finished or cancelled */
+  rpc_call *cancelled; /* lazy: the cancelled call, not yet ended */
+} fx_pacer;
+
 typedef struct fx {
   uv_loop_t loop;
   uv_thread_t th;
@@ -43,6 +60,12 @@ typedef struct fx {
   int done_called; /* shutdown done() ran */
   int stream_open; /* an "open" WatchRun stream is held */
   int sends_refused; /* WatchRun sends that rpc_call_send refused */
+  int paced_sent;         /* events the paced streams sent */
+  int writable_calls;     /* writable callbacks */
+  int writable_backlog;   /* of them, run while a message was still unsent */
+  int writable_after_end; /* of them, run for a stream finished or cancelled */
+  fx_pacer pacers[FX_PACERS];
+  int npacers;
   hook_rec hooks[1024];
   int nhooks;
   char target[64];
@@ -92,6 +115,9 @@ typedef struct fx_watcher {
   grpc_status_code code;
 } fx_watcher;
 void fx_watch_thread(void *arg); /* arg: fx_watcher */
+
+/* Ends the cancelled "paced-lazy" streams, on the loop thread. */
+void fx_finish_lazy(void);
 
 grpc_status_code fx_health_check(rpc_client *c, const char *svc, int *status, rpc_status *st);
 

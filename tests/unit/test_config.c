@@ -86,6 +86,7 @@ Test(config, defaults) {
   cr_assert_eq(c.log_level, LOG_INFO);
   cr_assert_eq(c.log_format, LOG_FORMAT_LOGFMT);
   cr_assert_eq(c.max_message_bytes, 4u << 20);
+  cr_assert_eq(c.batch_chunk_bytes, 4u << 20);
   cr_assert_float_eq(c.shutdown_grace_s, 5.0, 1e-12);
   cr_assert_eq(c.heartbeat_interval_ms, 1000);
   cr_assert_eq(c.worker_timeout_ms, 5000);
@@ -203,6 +204,7 @@ Test(config, print_round_trip) {
   cr_assert_eq(a.log_level, b.log_level);
   cr_assert_eq(a.log_format, b.log_format);
   cr_assert_eq(a.max_message_bytes, b.max_message_bytes);
+  cr_assert_eq(a.batch_chunk_bytes, b.batch_chunk_bytes);
   cr_assert_eq(a.shutdown_grace_s, b.shutdown_grace_s);
   cr_assert_eq(a.heartbeat_interval_ms, b.heartbeat_interval_ms);
   cr_assert_eq(a.worker_timeout_ms, b.worker_timeout_ms);
@@ -279,6 +281,10 @@ Test(config, file_errors_name_file_line_and_field) {
       {"http_timeout_ms: 1\n", "rlorch.yaml:1: http_timeout_ms: 1 out of range"},
       {"heartbeat_interval_ms: 0\n", "heartbeat_interval_ms: 0 out of range"},
       {"max_message_bytes: 10\n", "rlorch.yaml:1: max_message_bytes: 10 out of range"},
+      {"batch_chunk_bytes: 4095\n", "rlorch.yaml:1: batch_chunk_bytes: 4095 out of range [4096, "},
+      {"\nbatch_chunk_bytes: 8MiB\n",
+       "rlorch.yaml:2: batch_chunk_bytes: 8388608 exceeds max_message_bytes (4194304), the "
+       "largest gRPC message the server uses"},
       {"staging_budget_bytes: 12XB\n", "staging_budget_bytes: not a byte count: \"12XB\""},
       {"staging_budget_bytes: 2048GiB\n", "staging_budget_bytes: 2048GiB out of range"},
       {"shutdown_grace_s: 0\n", "rlorch.yaml:1: shutdown_grace_s: 0 out of range"},
@@ -338,6 +344,33 @@ Test(config, env_errors_name_the_variable) {
   expect_env_error("RLORCH_TOKEN_FILE=/nonexistent/t", "rlorch serve: RLORCH_TOKEN_FILE: cannot read");
   expect_env_error("RLORCH_TLS_KEY_FILE=/k", "rlorch serve: RLORCH_TLS_KEY_FILE: set without tls_cert_file");
   expect_env_error("RLORCH_CONFIG=/nonexistent/x.yaml", "rlorch serve: /nonexistent/x.yaml: cannot open");
+}
+
+Test(config, batch_chunk_bytes_from_every_source_and_bounded_by_the_message_limit) {
+  config c;
+  char err[512] = "";
+  char *env[] = {"RLORCH_BATCH_CHUNK_BYTES=64KiB", NULL};
+  cr_assert_eq(LOAD(&c, err, env), 0, "%s", err);
+  cr_assert_eq(c.batch_chunk_bytes, 64u << 10);
+  config_free(&c);
+  cr_assert_eq(LOAD(&c, err, env, "--batch-chunk-bytes", "8192"), 0, "%s", err);
+  cr_assert_eq(c.batch_chunk_bytes, 8192, "the flag wins over the environment");
+  config_free(&c);
+  /* Left at its default, it follows a smaller message limit... */
+  char *small[] = {"RLORCH_MAX_MESSAGE_BYTES=16KiB", NULL};
+  cr_assert_eq(LOAD(&c, err, small), 0, "%s", err);
+  cr_assert_eq(c.batch_chunk_bytes, 16u << 10);
+  config_free(&c);
+  /* ...set, it is refused above it, naming where it came from. */
+  cr_assert_eq(LOAD(&c, err, small, "--batch-chunk-bytes", "32KiB"), -1);
+  cr_assert(strstr(err, "rlorch serve: --batch-chunk-bytes: 32768 exceeds max_message_bytes (16384)"),
+            "%s", err);
+  config_free(&c);
+  char *both[] = {"RLORCH_MAX_MESSAGE_BYTES=16KiB", "RLORCH_BATCH_CHUNK_BYTES=16KiB", NULL};
+  cr_assert_eq(LOAD(&c, err, both), 0, "%s", err);
+  cr_assert_eq(c.batch_chunk_bytes, 16u << 10, "equal to the limit is fine");
+  config_free(&c);
+  expect_env_error("RLORCH_BATCH_CHUNK_BYTES=1", "rlorch serve: RLORCH_BATCH_CHUNK_BYTES: 1 out of range");
 }
 
 Test(config, env_empty_clears_optional_path) {

@@ -18,6 +18,7 @@
 #define AGENT__M_REGISTER "/rlorch.v1.Worker/Register"
 #define AGENT__M_ATTACH "/rlorch.v1.Worker/Attach"
 #define AGENT__M_REPORT "/rlorch.v1.Worker/Report"
+#define AGENT__M_FETCH_BATCH "/rlorch.v1.Worker/FetchBatch"
 #define AGENT__CALL_TIMEOUT_S 10.0
 #define AGENT__BACKOFF_MIN_S 0.1
 #define AGENT__BACKOFF_MAX_S 5.0
@@ -380,6 +381,37 @@ int agent_report(agent *a, Rlorch__V1__ReportRequest *req) {
   return -1;
 }
 
+/* ---- the batch of a train step ---------------------------------------------- */
+
+typedef struct agent__fetch_ctx {
+  int (*on_chunk)(const Rlorch__V1__BatchChunk *c, void *ud);
+  void *ud;
+} agent__fetch_ctx;
+
+static int agent__on_chunk(ProtobufCMessage *m, void *ud) {
+  agent__fetch_ctx *f = ud;
+  int rc = f->on_chunk((const Rlorch__V1__BatchChunk *)m, f->ud);
+  protobuf_c_message_free_unpacked(m, NULL);
+  return rc;
+}
+
+grpc_status_code agent_fetch_batch(agent *a, uint64_t step, uint32_t rank, uint32_t ranks,
+                                   double timeout_s,
+                                   int (*on_chunk)(const Rlorch__V1__BatchChunk *c, void *ud),
+                                   void *ud, rpc_status *st) {
+  char id[128];
+  agent__snapshot(a, id, sizeof id);
+  Rlorch__V1__FetchBatchRequest req = RLORCH__V1__FETCH_BATCH_REQUEST__INIT;
+  req.worker_id = id;
+  req.step = step;
+  req.rank = rank;
+  req.ranks = ranks;
+  agent__fetch_ctx f = {on_chunk, ud};
+  return rpc_client_stream(a->rpc, AGENT__M_FETCH_BATCH, &req.base,
+                           &rlorch__v1__batch_chunk__descriptor, timeout_s, agent__on_chunk, &f,
+                           st);
+}
+
 /* ---- signals ---------------------------------------------------------------- */
 
 void agent_block_signals(void) {
@@ -445,7 +477,10 @@ int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_comma
   pthread_mutex_init(&a->mu, NULL);
   pthread_mutex_init(&a->reg_mu, NULL);
   a->hb_ms = 1000;
-  rpc_client_opts co = {.target = o->orchestrator, .token = a->token[0] ? a->token : NULL};
+  /* The orchestrator bounds what it sends (batch chunks, commands) by its own
+   * max_message_bytes, up to 2 GiB: take whatever it is configured to. */
+  rpc_client_opts co = {.target = o->orchestrator, .token = a->token[0] ? a->token : NULL,
+                        .max_message_bytes = 0x7fffffff};
   if (rpc_client_new(&co, &a->rpc, err, errlen) != 0) {
     agent_free(a);
     return -1;

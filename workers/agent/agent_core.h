@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "rlorch/v1/worker.pb-c.h"
+#include "rpc/rpc.h"
 #include "workers/agent/agent_opts.h"
 #include "workers/bcast/bcast.h"
 
@@ -59,6 +60,16 @@ void agent_set_stats_fn(agent *a, agent_stats_fn fn, void *ud);
  * orchestrator is unreachable. 0 when delivered; -1 when dropped (stopping, or
  * the orchestrator forgot the worker: the report is then stale anyway). */
 int agent_report(agent *a, Rlorch__V1__ReportRequest *req);
+
+/* Streams this trainer's share `rank` of `ranks` of step's batch (FetchBatch)
+ * under the current worker id: on_chunk gets each message in order (it is
+ * freed after) and returns non-zero to cancel. Blocks until the stream ends,
+ * the deadline passes (timeout_s <= 0: none) or the agent stops (CANCELLED);
+ * no retry here. Returns the status, with its message in st. */
+grpc_status_code agent_fetch_batch(agent *a, uint64_t step, uint32_t rank, uint32_t ranks,
+                                   double timeout_s,
+                                   int (*on_chunk)(const Rlorch__V1__BatchChunk *c, void *ud),
+                                   void *ud, rpc_status *st);
 
 int agent_stopping(const agent *a);
 uint64_t agent_policy_version(const agent *a);

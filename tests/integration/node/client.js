@@ -4,7 +4,8 @@
 //
 //   node client.js --target HOST:PORT --method /pkg.Service/Method [--json '{...}']
 //                  [--token T] [--deadline-ms N] [--raw-hex HEX] [--max-send BYTES]
-//                  [--stream [--max-messages N] [--cancel-after-ms N]] [--pad-bytes N]
+//                  [--stream [--max-messages N] [--cancel-after-ms N] [--read-delay-ms N]]
+//                  [--pad-bytes N]
 //   node client.js --target HOST:PORT --health SERVICE | --health-watch SERVICE
 //
 // Output: one JSON line per response message ({"message": {...}}), then one final
@@ -47,6 +48,8 @@ const USAGE = `usage: node client.js --target HOST:PORT (--method /pkg.Service/M
   --stream              server-streaming call (implied for known streaming methods)
   --max-messages N      cancel the stream after N messages
   --cancel-after-ms N   cancel the call after N ms
+  --read-delay-ms N     stop reading the stream for N ms after its first message
+                        (a slow reader: the server's flow control holds it back)
   --tls-ca FILE         use TLS, trusting the PEM roots in FILE
   --schemas DIR         .proto root (default: the repository's schemas/)`;
 
@@ -55,7 +58,7 @@ const USAGE = `usage: node client.js --target HOST:PORT (--method /pkg.Service/M
 const FLAGS = {
   '--target': 'str', '--method': 'str', '--json': 'str', '--token': 'str',
   '--deadline-ms': 'int', '--raw-hex': 'str', '--max-send': 'int', '--stream': 'bool',
-  '--max-messages': 'int', '--cancel-after-ms': 'int', '--pad-bytes': 'int',
+  '--max-messages': 'int', '--cancel-after-ms': 'int', '--read-delay-ms': 'int', '--pad-bytes': 'int',
   '--pad-field': 'str', '--health': 'str', '--health-watch': 'str', '--tls-ca': 'str',
   '--schemas': 'str', '--metadata': 'list', '--list': 'bool', '--help': 'bool',
 };
@@ -325,6 +328,10 @@ function call(o, methods) {
       printLine(decodeResponse(entry, buf));
       seen++;
       if (o.maxMessages !== undefined && seen >= o.maxMessages) c.cancel();
+      if (o.readDelayMs !== undefined && seen === 1) {
+        c.pause();
+        setTimeout(() => c.resume(), o.readDelayMs);
+      }
     });
     c.on('error', () => {}); // the status event carries the same facts
     c.on('status', (s) => finish(s.code, s.details));
