@@ -53,6 +53,7 @@ typedef struct agent__inference {
 typedef struct inference__job {
   uint64_t request_id;
   uint32_t count;
+  uint64_t group_id;
   struct inference__job *next;
 } inference__job;
 
@@ -148,16 +149,16 @@ static uint32_t inference__mix(uint64_t x) {
 }
 
 /* Fills the token fields of msgs from ro into ids/lps (room for `room`
- * completion tokens in all); the prompt is shared: one request is one group. */
+ * completion tokens in all); the prompt is made up from the group, so a group
+ * re-sent to another worker gets the same one. */
 static void inference__shape(Rlorch__V1__Rollout *msgs, const agent_rollout *ro, size_t made,
-                             uint64_t request_id, uint32_t *prompt, uint32_t *ids, float *lps,
+                             uint64_t group_id, uint32_t *prompt, uint32_t *ids, float *lps,
                              double *rewards) {
   for (int k = 0; k < INFERENCE__PROMPT_TOKENS; k++)
-    prompt[k] = inference__mix(request_id * 131 + (uint64_t)k) % 32000;
+    prompt[k] = inference__mix(group_id * 131 + (uint64_t)k) % 32000;
   size_t off = 0;
   for (size_t i = 0; i < made; i++) {
     Rlorch__V1__Rollout *m = &msgs[i];
-    m->group_id = request_id;
     m->n_prompt_token_ids = INFERENCE__PROMPT_TOKENS;
     m->prompt_token_ids = prompt;
     m->finish_reason = RLORCH__V1__FINISH_REASON__FINISH_REASON_STOP;
@@ -180,9 +181,9 @@ static void inference__shape(Rlorch__V1__Rollout *msgs, const agent_rollout *ro,
 
 /* Reports `made` rollouts of `ro` (none is a valid answer: it frees the
  * orchestrator's slot) for request `request_id`. */
-static void inference__report(agent__inference *in, uint64_t request_id, const agent_rollout *ro,
-                              Rlorch__V1__Rollout *msgs, Rlorch__V1__Rollout **ptrs,
-                              size_t made, uint64_t version) {
+static void inference__report(agent__inference *in, uint64_t request_id, uint64_t group_id,
+                              const agent_rollout *ro, Rlorch__V1__Rollout *msgs,
+                              Rlorch__V1__Rollout **ptrs, size_t made, uint64_t version) {
   uint64_t tokens = 0;
   size_t shaped = 0;
   for (size_t i = 0; i < made; i++) {
@@ -191,6 +192,7 @@ static void inference__report(agent__inference *in, uint64_t request_id, const a
     msgs[i].policy_version = ro[i].policy_version;
     msgs[i].tokens = ro[i].tokens;
     msgs[i].seconds = ro[i].seconds;
+    msgs[i].group_id = group_id; /* the orchestrator refuses a result of another group */
     ptrs[i] = &msgs[i];
     tokens += ro[i].tokens;
     if (ro[i].tokens <= INFERENCE__SHAPED_TOKENS_MAX) shaped += ro[i].tokens;
@@ -199,7 +201,7 @@ static void inference__report(agent__inference *in, uint64_t request_id, const a
   uint32_t *ids = made ? malloc((shaped ? shaped : 1) * sizeof *ids) : NULL;
   float *lps = made ? malloc((shaped ? shaped : 1) * sizeof *lps) : NULL;
   double *rewards = made ? malloc(made * sizeof *rewards) : NULL;
-  if (ids && lps && rewards) inference__shape(msgs, ro, made, request_id, prompt, ids, lps, rewards);
+  if (ids && lps && rewards) inference__shape(msgs, ro, made, group_id, prompt, ids, lps, rewards);
   /* Without the memory the rollouts go as counts: still valid, only thinner. */
   Rlorch__V1__RolloutResult res = RLORCH__V1__ROLLOUT_RESULT__INIT;
   res.request_id = request_id;
@@ -234,14 +236,15 @@ static void inference__serve(agent__inference *in, const inference__job *j) {
        * the orchestrator asks again for what it still needs. */
       agent_log_error("rollouts_failed", "request_id=%llu reason=\"no memory for %u rollouts\"",
                       (unsigned long long)j->request_id, k);
-      inference__report(in, j->request_id, NULL, NULL, NULL, 0, 0);
+      inference__report(in, j->request_id, j->group_id, NULL, NULL, NULL, 0, 0);
       return;
     }
     /* The version held when generation starts: never older than the one the
      * orchestrator counted the request at. */
     uint64_t version = agent_policy_version(in->a);
     size_t made = inference__generate(in, rank, version, ro, k);
-    if (made > 0 || j->count == 0) inference__report(in, j->request_id, ro, msgs, ptrs, made, version);
+    if (made > 0 || j->count == 0)
+      inference__report(in, j->request_id, j->group_id, ro, msgs, ptrs, made, version);
     free(ro);
     free(msgs);
     free(ptrs);
@@ -284,7 +287,7 @@ static int inference__pool_start(agent__inference *in, size_t n, char *err, size
 }
 
 /* Stops and joins the pool; requests not yet started are dropped (the
- * orchestrator forgets them with the worker's stream). */
+ * orchestrator sends their groups to other workers once the stream closes). */
 static void inference__pool_stop(agent__inference *in) {
   pthread_mutex_lock(&in->mu);
   in->quit = 1;
@@ -312,6 +315,7 @@ static int inference__rollout(agent__inference *in, const Rlorch__V1__RolloutReq
   }
   j->request_id = r->request_id;
   j->count = r->count;
+  j->group_id = r->group_id;
   pthread_mutex_lock(&in->mu);
   if (in->tail) in->tail->next = j;
   else in->head = j;
