@@ -43,6 +43,7 @@ typedef struct dispatch__cfg {
 typedef struct dispatch__job {
   uint64_t request_id;
   uint32_t count;
+  uint64_t group_id;
   struct dispatch__job *next;
 } dispatch__job;
 
@@ -79,8 +80,9 @@ static int dispatch__report(dispatch__fake *f, Rlorch__V1__ReportRequest *r) {
   return bench_fake_report(f->client, f->id, r);
 }
 
-/* One slot: generates a request's rollouts one after another, each taking
- * the configured latency, tagged with the version held when it started. */
+/* One slot: generates a request's rollouts (its whole group) one after
+ * another, each taking the configured latency, tagged with the version held
+ * when it started and the request's group. */
 static void dispatch__serve(dispatch__fake *f, const dispatch__job *j) {
   uint32_t n = j->count;
   Rlorch__V1__Rollout *ro = calloc(n ? n : 1, sizeof *ro);
@@ -94,6 +96,7 @@ static void dispatch__serve(dispatch__fake *f, const dispatch__job *j) {
     ro[made].id = ((uint64_t)(f->index + 1) << 40) | (atomic_fetch_add(&f->counter, 1) + 1);
     ro[made].policy_version = version;
     ro[made].tokens = 1;
+    ro[made].group_id = j->group_id;
     ro[made].seconds = f->cfg->latency_ms / 1000.0;
     rp[made] = &ro[made];
   }
@@ -143,6 +146,7 @@ static int dispatch__on_command(ProtobufCMessage *m, void *ud) {
     if (!j) break;
     j->request_id = c->rollout->request_id;
     j->count = c->rollout->count;
+    j->group_id = c->rollout->group_id;
     pthread_mutex_lock(&f->mu);
     if (f->tail) f->tail->next = j;
     else f->head = j;

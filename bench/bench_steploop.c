@@ -76,6 +76,7 @@ static int on_command(ProtobufCMessage *m, void *ud) {
       ro[i].id = ((uint64_t)(f->index + 1) << 40) | ++f->counter;
       ro[i].policy_version = f->version;
       ro[i].tokens = 1;
+      ro[i].group_id = c->rollout->group_id; /* a result answers its request's group */
       rp[i] = &ro[i];
     }
     res.request_id = c->rollout->request_id;

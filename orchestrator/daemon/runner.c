@@ -161,10 +161,24 @@ static void act_dispatch(runner *r, const sched_action *a) {
   Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;
   rq.request_id = a->request_id;
   rq.count = a->count;
+  rq.group_id = a->group_id;
   Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
   cmd.kind_case = RLORCH__V1__COMMAND__KIND_ROLLOUT;
   cmd.rollout = &rq;
   send_or_lose(r, a->worker, &cmd);
+}
+
+/* The request's group was answered by another worker. Not send_or_lose: a
+ * worker that cannot be reached has nothing left to cancel. */
+static void act_cancel(runner *r, const sched_action *a) {
+  Rlorch__V1__AbortCommand ab = RLORCH__V1__ABORT_COMMAND__INIT;
+  ab.request_id = a->request_id;
+  ab.reason = (char *)a->text;
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_ABORT;
+  cmd.abort = &ab;
+  workers_entry *w = workers_by_id(r->workers, a->worker);
+  if (w) workers_send(r->workers, w, &cmd);
 }
 
 typedef struct {
@@ -596,6 +610,7 @@ static void drain(runner *r) {
         if (run_state_final(a->run_state)) final = 1;
         break;
       case SCHED_ACT_WORKER_STATE: act_worker_state(r, a); break;
+      case SCHED_ACT_CANCEL: act_cancel(r, a); break;
       }
     }
     sched_action_batch_free(&b);
@@ -883,6 +898,8 @@ int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
   st.steps = run->spec->steps;
   st.rollouts_per_step = run->spec->rollouts_per_step;
   st.max_async_level = run->spec->max_async_level;
+  st.group_size = run->spec->group_size ? run->spec->group_size : 1;
+  st.request_timeout_ms = run->spec->request_timeout_ms;
   /* 0 only in a spec that bypassed the Control API's defaults: keep the scheduler's. */
   if (run->spec->max_requests_per_worker) st.max_outstanding = run->spec->max_requests_per_worker;
   if (sched_pb_mode_from_pb(run->policy, &st.policy) != 0) {

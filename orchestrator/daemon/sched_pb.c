@@ -121,6 +121,7 @@ void sched_pb_caps(const Rlorch__V1__Capabilities *c, sched_caps *out) {
   out->cuda_devices = c->cuda_devices;
   out->nccl = c->nccl_version && c->nccl_version[0] != 0;
   out->pinned_limit_bytes = c->pinned_limit_bytes;
+  out->max_concurrent_requests = c->max_concurrent_requests;
 }
 
 void sched_pb_offload(const Rlorch__V1__WeightManifest *m, sched_offload *out) {
@@ -164,5 +165,6 @@ void sched_pb_rollouts(const Rlorch__V1__RolloutResult *r, sched_rollout *out) {
     out[i].id = r->rollouts[i]->id;
     out[i].policy_version = r->rollouts[i]->policy_version;
     out[i].tokens = rollout_tokens(r->rollouts[i]);
+    out[i].group_id = r->rollouts[i]->group_id;
   }
 }

@@ -25,13 +25,37 @@ typedef struct sched__request {
   uint64_t id;
   uint32_t worker;
   uint32_t count;
+  uint64_t group;
   uint64_t version; /* the worker's version at dispatch: the one its rollouts will carry */
+  int64_t sent_ms;  /* dispatch time: the request timeout counts from it */
+  uint64_t twin;    /* the other request in flight for the same group; 0: none */
+  int overdue;      /* out for request_timeout_ms: its group may go to another worker too */
 } sched__request;
 
 typedef struct sched__rollout {
   sched_rollout r;
-  uint64_t seq; /* arrival order: ties between equal versions go oldest first */
+  uint64_t gversion; /* its group's version: the oldest among the group's rollouts */
+  uint64_t seq;      /* arrival order: ties between equal versions go oldest first; a
+                        group's rollouts arrive together, so their seqs are consecutive */
 } sched__rollout;
+
+/* A group waiting to be sent again (its worker lost, its report refused). */
+typedef struct sched__requeued {
+  uint64_t group;
+  uint32_t avoid; /* the worker whose report was refused, when has_avoid */
+  int has_avoid;
+} sched__requeued;
+
+/* A cancelled request: a result still sent for it is expected and harmless. */
+typedef struct sched__cancelled {
+  uint64_t id;
+  uint32_t worker;
+} sched__cancelled;
+
+/* Cancelled requests remembered at most: a worker may never answer one it was
+ * told to abort, so the list must not grow with the run. One forgotten gets
+ * SCHED_ENOENT instead of SCHED_ESTALE for its late result, nothing worse. */
+#define SCHED__CANCELLED_MAX 4096
 
 /* The step in progress and its plan. */
 typedef struct sched__step {
@@ -66,7 +90,7 @@ typedef struct sched__step {
 
 struct sched {
   sched_settings cfg;
-  uint32_t per_request, max_buffered;
+  uint32_t max_buffered;
   sched_run_state state;
   char message[SCHED_TEXT_MAX];
   sched_mode policy;
@@ -81,6 +105,12 @@ struct sched {
   sched__request *reqs;        /* sorted by id (ids only grow) */
   size_t nreqs, reqs_cap;
   uint64_t next_request_id;
+  uint64_t next_group_id;
+  sched__requeued *requeue;    /* groups to send again, oldest first; room reserved at
+                                  dispatch, so a loss or refusal never allocates */
+  size_t nrequeue, requeue_cap;
+  sched__cancelled *cancelled; /* SCHED__CANCELLED_MAX, oldest first */
+  size_t ncancelled;
 
   sched__rollout *pool;        /* arrival order */
   size_t npool, pool_cap;
@@ -278,9 +308,23 @@ static size_t sched__req_find(const sched *s, uint64_t id) {
   return lo;
 }
 
+/* Index of request `id` in flight, or s->nreqs. */
+static size_t sched__req_index(const sched *s, uint64_t id) {
+  size_t i = sched__req_find(s, id);
+  return i < s->nreqs && s->reqs[i].id == id ? i : s->nreqs;
+}
+
+/* The other request of q's group no longer has q beside it. */
+static void sched__unlink_twin(sched *s, const sched__request *q) {
+  if (!q->twin) return;
+  size_t t = sched__req_index(s, q->twin);
+  if (t < s->nreqs) s->reqs[t].twin = 0;
+}
+
 static void sched__req_remove(sched *s, size_t i) {
   sched_worker_info *w = sched__worker(s, s->reqs[i].worker);
   s->c.rollouts_requested -= s->reqs[i].count;
+  sched__unlink_twin(s, &s->reqs[i]);
   memmove(&s->reqs[i], &s->reqs[i + 1], (s->nreqs - i - 1) * sizeof *s->reqs);
   s->nreqs--;
   if (w && w->outstanding > 0) {
@@ -290,25 +334,93 @@ static void sched__req_remove(sched *s, size_t i) {
   }
 }
 
-/* Forgets every request in flight on worker `id`. */
-static void sched__forget_requests(sched *s, uint32_t id) {
-  size_t j = 0;
-  for (size_t i = 0; i < s->nreqs; i++) {
-    if (s->reqs[i].worker == id) s->c.rollouts_requested -= s->reqs[i].count;
-    else s->reqs[j++] = s->reqs[i];
-  }
-  s->nreqs = j;
-  sched_worker_info *w = sched__worker(s, id);
-  if (w) w->outstanding = 0;
+/* Puts `group` in the re-send queue. The room was reserved when its request
+ * was dispatched (sched__send), so this cannot fail. */
+static void sched__requeue(sched *s, uint64_t group, const uint32_t *avoid) {
+  s->requeue[s->nrequeue++] =
+      (sched__requeued){.group = group, .avoid = avoid ? *avoid : 0, .has_avoid = avoid != NULL};
+  s->c.groups_requeued++;
 }
 
-/* Drops buffered rollouts older than the bound of step `n`: versions only go
- * up, so a rollout stale for step n is stale for every later step. */
+/* Remembers a cancelled request, forgetting the oldest half when full (one
+ * move per SCHED__CANCELLED_MAX / 2 cancels). */
+static void sched__remember_cancelled(sched *s, uint64_t id, uint32_t worker) {
+  if (s->ncancelled == SCHED__CANCELLED_MAX) {
+    size_t keep = SCHED__CANCELLED_MAX / 2;
+    memmove(s->cancelled, s->cancelled + (s->ncancelled - keep), keep * sizeof *s->cancelled);
+    s->ncancelled = keep;
+  }
+  s->cancelled[s->ncancelled++] = (sched__cancelled){.id = id, .worker = worker};
+}
+
+/* Index of cancelled request `id`, or s->ncancelled. Linear: only a result
+ * for no request in flight looks here. */
+static size_t sched__cancelled_index(const sched *s, uint64_t id) {
+  for (size_t i = 0; i < s->ncancelled; i++)
+    if (s->cancelled[i].id == id) return i;
+  return s->ncancelled;
+}
+
+static void sched__cancelled_remove(sched *s, size_t i) {
+  memmove(&s->cancelled[i], &s->cancelled[i + 1], (s->ncancelled - i - 1) * sizeof *s->cancelled);
+  s->ncancelled--;
+}
+
+/* Cancels request i (its group was answered by request `by`): the worker is
+ * told, its slot is free at once, and a late result for it is stale. */
+static void sched__cancel(sched *s, size_t i, uint64_t by, const char *by_worker) {
+  const sched__request *q = &s->reqs[i];
+  sched_action *a = sched__act(s, SCHED_ACT_CANCEL);
+  if (a) {
+    a->worker = q->worker;
+    a->request_id = q->id;
+    a->group_id = q->group;
+    snprintf(a->text, sizeof a->text, "group %" PRIu64 " answered by request %" PRIu64 " on %s",
+             q->group, by, by_worker);
+  }
+  sched__remember_cancelled(s, q->id, q->worker);
+  s->c.requests_cancelled++;
+  sched__req_remove(s, i);
+}
+
+/* Takes every request in flight on worker `id` away (it is lost): a group
+ * with no other request in flight is queued to be sent again, oldest
+ * request first; one whose other request is on another worker leaves it to
+ * that one. Its cancelled requests cannot answer any more. */
+static void sched__requeue_worker(sched *s, uint32_t id) {
+  size_t j = 0;
+  int orphans = 0;
+  for (size_t i = 0; i < s->nreqs; i++) {
+    const sched__request *q = &s->reqs[i];
+    if (q->worker != id) {
+      s->reqs[j++] = *q;
+      continue;
+    }
+    s->c.rollouts_requested -= q->count;
+    if (q->twin) orphans = 1;
+    else sched__requeue(s, q->group, NULL);
+  }
+  s->nreqs = j;
+  /* The twins of removed requests stand alone now; they may sit before or
+   * after theirs, so they are found once the array is whole again. */
+  for (size_t i = 0; orphans && i < s->nreqs; i++)
+    if (s->reqs[i].twin && sched__req_index(s, s->reqs[i].twin) == s->nreqs) s->reqs[i].twin = 0;
+  sched_worker_info *w = sched__worker(s, id);
+  if (w) w->outstanding = 0;
+  size_t k = 0;
+  for (size_t i = 0; i < s->ncancelled; i++)
+    if (s->cancelled[i].worker != id) s->cancelled[k++] = s->cancelled[i];
+  s->ncancelled = k;
+}
+
+/* Drops buffered groups older than the bound of step `n` (a group's
+ * rollouts share its version, so groups go whole): versions only go up, so a
+ * group stale for step n is stale for every later step. */
 static void sched__prune(sched *s, uint64_t n) {
   int64_t bound = (int64_t)n - (int64_t)s->cfg.max_async_level;
   size_t j = 0;
   for (size_t i = 0; i < s->npool; i++) {
-    if ((int64_t)s->pool[i].r.policy_version >= bound) s->pool[j++] = s->pool[i];
+    if ((int64_t)s->pool[i].gversion >= bound) s->pool[j++] = s->pool[i];
   }
   uint64_t dropped = s->npool - j;
   s->npool = j;
@@ -317,19 +429,24 @@ static void sched__prune(sched *s, uint64_t n) {
   s->c.rollouts_buffered = (uint32_t)s->npool;
 }
 
+/* (group version, arrival): a group's rollouts share the version and have
+ * consecutive seqs, so in this order every group stays in one piece and in
+ * report order. */
 static int sched__cmp_rollout(const void *a, const void *b) {
   const sched__rollout *x = a, *y = b;
-  if (x->r.policy_version != y->r.policy_version)
-    return x->r.policy_version < y->r.policy_version ? -1 : 1;
+  if (x->gversion != y->gversion) return x->gversion < y->gversion ? -1 : 1;
   return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-/* Moves the rollouts_per_step oldest valid rollouts into the step's batch. */
+/* Moves the rollouts_per_step / group_size oldest valid groups into the
+ * step's batch. Every buffered group is whole (group_size rollouts) and
+ * rollouts_per_step is a multiple of group_size, so the first
+ * rollouts_per_step in (version, arrival) order are whole groups. */
 static void sched__take_batch(sched *s, uint64_t n) {
   uint32_t need = s->cfg.rollouts_per_step;
   memcpy(s->scratch, s->pool, s->npool * sizeof *s->pool);
   qsort(s->scratch, s->npool, sizeof *s->scratch, sched__cmp_rollout);
-  uint64_t cut_version = s->scratch[need - 1].r.policy_version;
+  uint64_t cut_version = s->scratch[need - 1].gversion;
   uint64_t cut_seq = s->scratch[need - 1].seq;
   s->st.nbatch = need;
   s->st.batch_tokens = 0;
@@ -337,13 +454,12 @@ static void sched__take_batch(sched *s, uint64_t n) {
     s->st.batch[i] = s->scratch[i].r.id;
     s->st.batch_tokens += s->scratch[i].r.tokens;
   }
-  s->c.async_level = (int64_t)n - (int64_t)s->scratch[0].r.policy_version;
+  s->c.async_level = (int64_t)n - (int64_t)s->scratch[0].gversion;
   /* Keep, in arrival order, exactly those after the cut in (version, seq) order. */
   size_t j = 0;
   for (size_t i = 0; i < s->npool; i++) {
     const sched__rollout *r = &s->pool[i];
-    int taken = r->r.policy_version < cut_version ||
-                (r->r.policy_version == cut_version && r->seq <= cut_seq);
+    int taken = r->gversion < cut_version || (r->gversion == cut_version && r->seq <= cut_seq);
     if (!taken) s->pool[j++] = *r;
   }
   s->npool = j;
@@ -361,6 +477,7 @@ static void sched__start_step(sched *s, int64_t now) {
     a->worker = t->id;
     a->step = n;
     a->nrollouts = s->st.nbatch;
+    a->ngroups = s->st.nbatch / s->cfg.group_size;
     a->batch_tokens = s->st.batch_tokens;
     if (!sched__grow(&s->a64, &s->cap64, s->n64 + s->st.nbatch, sizeof *s->a64)) {
       memcpy(s->a64 + s->n64, s->st.batch, s->st.nbatch * sizeof *s->a64);
@@ -368,6 +485,7 @@ static void sched__start_step(sched *s, int64_t now) {
       s->n64 += s->st.nbatch;
     } else {
       a->nrollouts = 0;
+      a->ngroups = 0;
     }
   }
   s->st.phase = SCHED__TRAINING;
@@ -381,10 +499,17 @@ static void sched__start_step(sched *s, int64_t now) {
  * (first: the next step still to be batched), so what is buffered and what is
  * in flight is a set of items with deadlines, and each step takes
  * rollouts_per_step of them. Filling the steps earliest deadline first is
- * optimal for such items; a new request of version v is worth sending only
- * while that filling leaves a free slot at or before v + async that no
- * item with a later deadline needs. Whatever is then dropped as stale went
- * stale by being late (a slow or lost worker), never by being surplus. */
+ * optimal for such items; a new group of version v is worth asking for only
+ * while that filling leaves group_size free slots at or before v + async that
+ * no item with a later deadline needs. Whatever is then dropped as stale went
+ * stale by being late (a slow or lost worker), never by being surplus.
+ *
+ * A group with two requests in flight (a re-send of a slow one) is counted
+ * twice, each request at its own version. Counting more items never frees a
+ * slot, so a duplicate cannot make dispatch ask for too much; it asks for up
+ * to one group less until one of the two is answered and the other cancelled.
+ * Counting the group once instead would have to guess which of the two
+ * versions it will come back with, and the newer guess can be wrong. */
 typedef struct sched__window {
   uint64_t first, last; /* steps still to batch that a rollout may serve */
   int open;             /* 0: no step left to serve (run ends, or the bound is past) */
@@ -415,7 +540,7 @@ static void sched__demand(sched *s, const sched__window *w) {
   size_t len = (size_t)(w->last - w->first + 1);
   memset(s->demand, 0, len * sizeof *s->demand);
   for (size_t i = 0; i < s->npool; i++) {
-    int64_t d = sched__deadline(s, w, s->pool[i].r.policy_version);
+    int64_t d = sched__deadline(s, w, s->pool[i].gversion);
     if (d >= 0) s->demand[d]++;
   }
   for (size_t i = 0; i < s->nreqs; i++) {
@@ -441,50 +566,140 @@ static void sched__room(sched *s, const sched__window *w) {
     if (s->fill[k + 1] < s->fill[k]) s->fill[k] = s->fill[k + 1];
 }
 
-static void sched__dispatch(sched *s) {
+/* Requests worker `w` may have in flight: K, or less if it says so. */
+static uint32_t sched__cap(const sched *s, const sched_worker_info *w) {
+  uint32_t k = s->cfg.max_outstanding, m = w->caps.max_concurrent_requests;
+  return m && m < k ? m : k;
+}
+
+static int sched__has_slot(const sched *s, const sched_worker_info *w) {
+  return w->role == SCHED_ROLE_INFERENCE && sched__attached(w) && w->outstanding < sched__cap(s, w);
+}
+
+/* Whether max_buffered leaves room for one more group. */
+static int sched__under_cap(const sched *s) {
+  return (uint64_t)s->npool + s->c.rollouts_requested + s->cfg.group_size <= s->max_buffered;
+}
+
+/* Least loaded attached inference worker with a free slot and room for a
+ * whole group at its version (s->fill current); ties: lowest id. Workers may
+ * hold different versions (one that attached after the last broadcast holds
+ * an older one), so room is per worker. `avoid`, if not NULL, is skipped. */
+static sched_worker_info *sched__pick(sched *s, const sched__window *win, const uint32_t *avoid) {
+  sched_worker_info *best = NULL;
+  for (size_t i = 0; i < s->nworkers; i++) {
+    sched_worker_info *w = &s->workers[i];
+    if (!sched__has_slot(s, w) || (avoid && w->id == *avoid)) continue;
+    if (best && w->outstanding >= best->outstanding) continue;
+    int64_t d = sched__deadline(s, win, w->policy_version);
+    if (d < 0 || s->fill[d] < s->cfg.group_size) continue;
+    best = w;
+  }
+  return best;
+}
+
+/* Sends `group` to worker `w`: a DISPATCH and a request in flight, counted in
+ * the demand. Returns the request's index, or -1 when out of memory. */
+static int64_t sched__send(sched *s, int64_t now, const sched__window *win, sched_worker_info *w,
+                           uint64_t group) {
+  uint32_t g = s->cfg.group_size;
+  if (sched__grow(&s->reqs, &s->reqs_cap, s->nreqs + 1, sizeof *s->reqs)) return -1;
+  /* Every request may come back as a queued group (lost worker, refused
+   * report) where nothing can be allowed to fail: room for it now. */
+  if (sched__grow(&s->requeue, &s->requeue_cap, s->nreqs + s->nrequeue + 1, sizeof *s->requeue))
+    return -1;
+  sched_action *a = sched__act(s, SCHED_ACT_DISPATCH);
+  if (!a) return -1;
+  uint64_t id = s->next_request_id++;
+  a->worker = w->id;
+  a->request_id = id;
+  a->group_id = group;
+  a->count = g;
+  a->policy_version = w->policy_version;
+  size_t i = s->nreqs++;
+  s->reqs[i] = (sched__request){.id = id, .worker = w->id, .count = g, .group = group,
+                                .version = w->policy_version, .sent_ms = now};
+  int64_t d = sched__deadline(s, win, w->policy_version);
+  if (d >= 0) s->demand[d] += g;
+  s->c.rollouts_requested += g;
+  s->c.requests_dispatched++;
+  w->outstanding++;
+  sched__set_worker_state(s, w, SCHED_WORKER_BUSY, "generating rollouts");
+  return (int64_t)i;
+}
+
+/* The two least loaded attached inference workers with a free slot whose
+ * version some step in the window can use (ties: lowest id); NULL if none. */
+static void sched__two_free(sched *s, const sched__window *win, sched_worker_info **b1,
+                            sched_worker_info **b2) {
+  *b1 = *b2 = NULL;
+  for (size_t i = 0; i < s->nworkers; i++) {
+    sched_worker_info *w = &s->workers[i];
+    if (!sched__has_slot(s, w) || sched__deadline(s, win, w->policy_version) < 0) continue;
+    if (!*b1 || w->outstanding < (*b1)->outstanding) {
+      *b2 = *b1;
+      *b1 = w;
+    } else if (!*b2 || w->outstanding < (*b2)->outstanding) {
+      *b2 = w;
+    }
+  }
+}
+
+/* A second request for every slow group: one whose only request in flight is
+ * overdue goes to another worker with a free slot, oldest request first. The
+ * group is already counted in the window, so only max_buffered must have
+ * room; the worker's version must be one the window can use, or its answer
+ * would be stale on arrival. */
+static void sched__resend_slow(sched *s, int64_t now, const sched__window *win) {
+  sched_worker_info *b1 = NULL, *b2 = NULL;
+  int looked = 0; /* the workers are scanned only once a slow group is found */
+  size_t n = s->nreqs; /* the second requests appended below are not overdue */
+  for (size_t i = 0; i < n; i++) {
+    if (!s->reqs[i].overdue || s->reqs[i].twin) continue;
+    if (!sched__under_cap(s)) return;
+    if (!looked) {
+      sched__two_free(s, win, &b1, &b2);
+      looked = 1;
+    }
+    if (!b1) return;
+    sched_worker_info *to = s->reqs[i].worker != b1->id ? b1 : b2;
+    if (!to) continue;
+    int64_t k = sched__send(s, now, win, to, s->reqs[i].group);
+    if (k < 0) return;
+    s->reqs[k].twin = s->reqs[i].id;
+    s->reqs[i].twin = s->reqs[k].id;
+    s->c.groups_resent++;
+    sched__two_free(s, win, &b1, &b2);
+  }
+}
+
+static void sched__dispatch(sched *s, int64_t now) {
   if (s->dispatch_held) return;
   sched__window win = sched__dispatch_window(s);
   if (!win.open) return;
   sched__demand(s, &win);
-  for (;;) {
-    uint64_t used = (uint64_t)s->npool + s->c.rollouts_requested;
-    if (used >= s->max_buffered) return;
+  /* Groups waiting to be sent again come first: they are the oldest wanted.
+   * One that cannot go anywhere means no worker has room for any group. */
+  size_t sent = 0;
+  while (sent < s->nrequeue && sched__under_cap(s)) {
     sched__room(s, &win);
-    /* Least loaded attached inference worker with room for its version; ties:
-     * lowest id. Workers may hold different versions (one that attached
-     * after the last broadcast holds an older one), so room is per worker. */
-    sched_worker_info *best = NULL;
-    uint64_t best_room = 0;
-    for (size_t i = 0; i < s->nworkers; i++) {
-      sched_worker_info *w = &s->workers[i];
-      if (w->role != SCHED_ROLE_INFERENCE || !sched__attached(w)) continue;
-      if (w->outstanding >= s->cfg.max_outstanding) continue;
-      if (best && w->outstanding >= best->outstanding) continue;
-      int64_t d = sched__deadline(s, &win, w->policy_version);
-      uint64_t room = d < 0 ? 0 : s->fill[d];
-      if (room == 0) continue;
-      best = w;
-      best_room = room;
-    }
-    if (!best) return;
-    if (sched__grow(&s->reqs, &s->reqs_cap, s->nreqs + 1, sizeof *s->reqs)) return;
-    uint64_t room = s->max_buffered - used;
-    if (best_room < room) room = best_room;
-    uint32_t count = room < s->per_request ? (uint32_t)room : s->per_request;
-    sched_action *a = sched__act(s, SCHED_ACT_DISPATCH);
-    if (!a) return;
-    uint64_t id = s->next_request_id++;
-    a->worker = best->id;
-    a->request_id = id;
-    a->count = count;
-    a->policy_version = best->policy_version;
-    s->reqs[s->nreqs++] = (sched__request){
-        .id = id, .worker = best->id, .count = count, .version = best->policy_version};
-    s->demand[sched__deadline(s, &win, best->policy_version)] += count;
-    s->c.rollouts_requested += count;
-    s->c.requests_dispatched++;
-    best->outstanding++;
-    sched__set_worker_state(s, best, SCHED_WORKER_BUSY, "generating rollouts");
+    const sched__requeued *e = &s->requeue[sent];
+    /* Another worker than the one whose report was refused, if one has room. */
+    sched_worker_info *w = sched__pick(s, &win, e->has_avoid ? &e->avoid : NULL);
+    if (!w && e->has_avoid) w = sched__pick(s, &win, NULL);
+    if (!w || sched__send(s, now, &win, w, e->group) < 0) break;
+    sent++;
+  }
+  if (sent) { /* requeue may still be NULL when nothing was ever queued */
+    memmove(s->requeue, s->requeue + sent, (s->nrequeue - sent) * sizeof *s->requeue);
+    s->nrequeue -= sent;
+  }
+  if (s->cfg.request_timeout_ms > 0) sched__resend_slow(s, now, &win);
+  while (s->nrequeue == 0 && sched__under_cap(s)) {
+    sched__room(s, &win);
+    sched_worker_info *w = sched__pick(s, &win, NULL);
+    if (!w || sched__send(s, now, &win, w, s->next_group_id) < 0) return;
+    s->next_group_id++;
   }
 }
 
@@ -591,7 +806,7 @@ static void sched__pump(sched *s, int64_t now) {
   if (s->state != SCHED_RUN_RUNNING) return;
   if (s->st.phase == SCHED__IDLE) sched__start_step(s, now);
   if (s->st.phase == SCHED__TRAINED) sched__start_plan(s, now);
-  if (s->state == SCHED_RUN_RUNNING) sched__dispatch(s);
+  if (s->state == SCHED_RUN_RUNNING) sched__dispatch(s, now);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------------- */
@@ -607,7 +822,6 @@ int sched_new(const sched_settings *settings, sched **out, char *err, size_t err
   sched *s = calloc(1, sizeof *s);
   if (!s) goto nomem;
   s->cfg = *settings;
-  s->per_request = settings->rollouts_per_request ? settings->rollouts_per_request : 1;
   uint64_t mb = settings->max_buffered;
   if (!mb) mb = 2ull * settings->rollouts_per_step * ((uint64_t)settings->max_async_level + 1);
   if (mb > UINT32_MAX) mb = UINT32_MAX;
@@ -616,6 +830,7 @@ int sched_new(const sched_settings *settings, sched **out, char *err, size_t err
   snprintf(s->message, sizeof s->message, "waiting for workers");
   s->policy = settings->policy;
   s->next_request_id = 1;
+  s->next_group_id = 1;
   s->st.deadline_ms = SCHED_NEVER;
   s->last_now = INT64_MIN;
   s->pool_cap = s->max_buffered;
@@ -628,7 +843,9 @@ int sched_new(const sched_settings *settings, sched **out, char *err, size_t err
   s->window_len = (uint32_t)(wl < held ? wl : held);
   s->demand = malloc(s->window_len * sizeof *s->demand);
   s->fill = malloc(s->window_len * sizeof *s->fill);
-  if (!s->pool || !s->scratch || !s->st.batch || !s->demand || !s->fill) goto nomem;
+  s->cancelled = malloc(SCHED__CANCELLED_MAX * sizeof *s->cancelled);
+  if (!s->pool || !s->scratch || !s->st.batch || !s->demand || !s->fill || !s->cancelled)
+    goto nomem;
   *out = s;
   return SCHED_OK;
 nomem:
@@ -641,6 +858,8 @@ void sched_free(sched *s) {
   if (!s) return;
   free(s->workers);
   free(s->reqs);
+  free(s->requeue);
+  free(s->cancelled);
   free(s->pool);
   free(s->scratch);
   free(s->demand);
@@ -708,6 +927,11 @@ int64_t sched_next_deadline(const sched *s) {
     if (!sched__live(w)) continue;
     int64_t due = w->last_seen_ms + s->cfg.heartbeat_timeout_ms;
     if (due < d) d = due;
+  }
+  for (size_t i = 0; s->cfg.request_timeout_ms > 0 && i < s->nreqs; i++) {
+    const sched__request *q = &s->reqs[i];
+    if (q->overdue || q->sent_ms > INT64_MAX - s->cfg.request_timeout_ms) continue;
+    if (q->sent_ms + s->cfg.request_timeout_ms < d) d = q->sent_ms + s->cfg.request_timeout_ms;
   }
   return d;
 }
@@ -820,7 +1044,7 @@ static void sched__lose(sched *s, sched_worker_info *w, const char *reason) {
   snprintf(why, sizeof why, "%s", reason && reason[0] ? reason : "connection lost");
   uint32_t id = w->id;
   int trainer = w->role == SCHED_ROLE_TRAINER;
-  sched__forget_requests(s, id);
+  sched__requeue_worker(s, id);
   sched__set_worker_state(s, w, SCHED_WORKER_LOST, why);
   int in_plan = 0;
   for (size_t i = 0; sched__plan_pending(s) && i < s->st.nparts; i++)
@@ -853,18 +1077,24 @@ static int sched__pool_has(const sched *s, uint64_t id) {
   return 0;
 }
 
-/* Checks a report before anything is kept: all or nothing. */
+/* Checks a report before anything is kept: all or nothing. A group is
+ * batched whole, so a short one is as unusable as a long one. */
 static int sched__check_rollouts(sched *s, const sched_worker_info *w, const sched__request *q,
                                  const sched_rollout *r, size_t n) {
   if (n && !r)
     return sched__fail_arg(s, SCHED_EINVAL, "worker %s: request %" PRIu64 ": rollouts: NULL",
                            w->name, q->id);
-  if (n > q->count)
+  if (n != q->count)
     return sched__fail_arg(s, SCHED_EINVAL,
                            "worker %s: request %" PRIu64 " asked for %" PRIu32
                            " rollouts, got %zu",
                            w->name, q->id, q->count, n);
   for (size_t i = 0; i < n; i++) {
+    if (r[i].group_id != q->group)
+      return sched__fail_arg(s, SCHED_EINVAL,
+                             "worker %s: rollout %" PRIu64 ": group_id %" PRIu64
+                             ", but request %" PRIu64 " is for group %" PRIu64,
+                             w->name, r[i].id, r[i].group_id, q->id, q->group);
     if (r[i].policy_version > sched__max_version(s))
       return sched__fail_arg(s, SCHED_EINVAL,
                              "worker %s: rollout %" PRIu64 ": policy_version %" PRIu64
@@ -882,6 +1112,23 @@ static int sched__check_rollouts(sched *s, const sched_worker_info *w, const sch
   return SCHED_OK;
 }
 
+/* A result for no request in flight: a cancelled one's is stale (expected:
+ * the abort and the result may cross), anything else unknown. */
+static int sched__not_in_flight(sched *s, const sched_worker_info *w, uint64_t request_id) {
+  size_t ci = sched__cancelled_index(s, request_id);
+  if (ci == s->ncancelled)
+    return sched__fail_arg(s, SCHED_ENOENT, "worker %s: request %" PRIu64 ": not in flight",
+                           w->name, request_id);
+  if (s->cancelled[ci].worker != w->id)
+    return sched__fail_arg(s, SCHED_EINVAL, "worker %s: request %" PRIu64 " was sent to %s",
+                           w->name, request_id, sched__name(s, s->cancelled[ci].worker));
+  sched__cancelled_remove(s, ci);
+  return sched__fail_arg(s, SCHED_ESTALE,
+                         "worker %s: request %" PRIu64 " was cancelled (its group was answered "
+                         "by another request): result ignored",
+                         w->name, request_id);
+}
+
 int sched_rollouts_done(sched *s, int64_t now, uint32_t worker, uint64_t request_id,
                         const sched_rollout *rollouts, size_t n) {
   if (sched__begin(s, now)) return SCHED_EINVAL;
@@ -889,21 +1136,30 @@ int sched_rollouts_done(sched *s, int64_t now, uint32_t worker, uint64_t request
   int rc = sched__get_live(s, worker, &w);
   if (rc) return rc;
   w->last_seen_ms = now;
-  size_t qi = sched__req_find(s, request_id);
-  if (qi >= s->nreqs || s->reqs[qi].id != request_id)
-    return sched__fail_arg(s, SCHED_ENOENT, "worker %s: request %" PRIu64 ": not in flight",
-                           w->name, request_id);
+  size_t qi = sched__req_index(s, request_id);
+  if (qi == s->nreqs) return sched__not_in_flight(s, w, request_id);
   if (s->reqs[qi].worker != worker)
     return sched__fail_arg(s, SCHED_EINVAL, "worker %s: request %" PRIu64 " was sent to %s",
                            w->name, request_id, sched__name(s, s->reqs[qi].worker));
   sched__request q = s->reqs[qi];
   rc = sched__check_rollouts(s, w, &q, rollouts, n);
-  sched__req_remove(s, qi); /* frees the reservation: the pool has room for n <= count */
+  sched__req_remove(s, qi); /* frees the reservation: the pool has room for its count */
   if (rc == SCHED_OK) {
+    /* The first whole answer wins: the group's other request is not needed. */
+    size_t ti = q.twin ? sched__req_index(s, q.twin) : s->nreqs;
+    if (ti < s->nreqs) sched__cancel(s, ti, q.id, w->name);
+    uint64_t gversion = rollouts[0].policy_version;
+    for (size_t i = 1; i < n; i++)
+      if (rollouts[i].policy_version < gversion) gversion = rollouts[i].policy_version;
     for (size_t i = 0; i < n; i++)
-      s->pool[s->npool++] = (sched__rollout){.r = rollouts[i], .seq = s->next_seq++};
+      s->pool[s->npool++] =
+          (sched__rollout){.r = rollouts[i], .gversion = gversion, .seq = s->next_seq++};
     s->c.rollouts_received += n;
     s->c.rollouts_buffered = (uint32_t)s->npool;
+  } else if (!q.twin) {
+    /* Nothing of it is kept, but the prompt is still wanted: another worker
+     * gets it, if one has room. */
+    sched__requeue(s, q.group, &worker);
   }
   sched__pump(s, now);
   return rc;
@@ -1147,6 +1403,23 @@ size_t sched_buffered_ids(const sched *s, uint64_t *out, size_t cap) {
   return s->npool;
 }
 
+size_t sched_open_groups(const sched *s, uint64_t *out, size_t cap) {
+  size_t n = 0, total = 0;
+  for (size_t i = 0; i < s->nreqs; i++) {
+    const sched__request *q = &s->reqs[i];
+    if (q->twin && q->twin < q->id) continue; /* listed with the first of the two */
+    if (n < cap) out[n++] = q->group;
+    total++;
+  }
+  /* A queued group has no request in flight: no id is listed twice. */
+  for (size_t i = 0; i < s->nrequeue; i++) {
+    if (n < cap) out[n++] = s->requeue[i].group;
+    total++;
+  }
+  if (n > 1) qsort(out, n, sizeof *out, sched__cmp_u64);
+  return total;
+}
+
 int sched_set_policy(sched *s, int64_t now, sched_mode policy) {
   if (sched__begin(s, now)) return SCHED_EINVAL;
   if (policy < SCHED_MODE_AUTO || policy > SCHED_MODE_HOST)
@@ -1229,6 +1502,12 @@ int sched_tick(sched *s, int64_t now) {
   }
   if (!sched__terminal(s) && sched__plan_pending(s) && now >= s->st.deadline_ms)
     sched__plan_timeout(s);
+  /* Marked here, acted on by every dispatch until the group has its second
+   * request: a slow request may find no other worker free at once. */
+  for (size_t i = 0; s->cfg.request_timeout_ms > 0 && i < s->nreqs; i++) {
+    sched__request *q = &s->reqs[i];
+    if (!q->overdue && now - q->sent_ms >= s->cfg.request_timeout_ms) q->overdue = 1;
+  }
   sched__pump(s, now);
   return SCHED_OK;
 }
@@ -1253,6 +1532,7 @@ void sched_get_run(const sched *s, sched_run_info *out) {
 void sched_get_counters(const sched *s, sched_counters *out) {
   *out = s->c;
   out->policy_version = s->steps_done;
+  out->requests_in_flight = (uint32_t)s->nreqs;
 }
 
 int sched_get_worker(const sched *s, uint32_t id, sched_worker_info *out) {

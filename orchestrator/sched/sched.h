@@ -3,8 +3,9 @@
  * Events go in (a worker registered, attached, sent a heartbeat or was lost;
  * rollouts arrived; the trainer finished a step; a plan was built, acked,
  * broadcast; the operator changed the policy or asked to stop; a timer fired),
- * actions come out (dispatch rollouts, start a train step, build and send a
- * plan, trigger it, abort it, commit a step record, report state changes).
+ * actions come out (dispatch a group, cancel a request, start a train step,
+ * build and send a plan, trigger it, abort it, commit a step record, report
+ * state changes).
  *
  * Nothing here reads a clock, opens a socket or touches CUDA: every event
  * carries `now_ms`, a monotonic millisecond clock chosen by the caller (its
@@ -15,20 +16,58 @@
  * calls sched_tick() no later than sched_next_deadline().
  *
  * The step, as seen from here (policy version v = steps committed so far):
- *   rollouts(v) -> batch n -> TRAIN n -> step done -> BUILD_PLAN "RUN/step-n"
+ *   groups(v) -> batch n -> TRAIN n -> step done -> BUILD_PLAN "RUN/step-n"
  *   -> plan built (hash) -> every participant acks (same id, same hash)
  *   -> TRIGGER -> every participant reports broadcast done -> COMMIT, v = n+1.
- * A batch for step n uses only rollouts of version >= n - max_async_level,
- * oldest valid first; older rollouts are dropped and counted.
  *
- * Dispatch asks only for what those batches can use: a request goes to the
- * least loaded inference worker (at most max_outstanding in flight on each)
- * while the rollouts buffered and in flight, counted by the version each
- * carries (a request's: the version its worker held when it was sent), leave
- * a slot in steps next .. v + max_async_level (rollouts_per_step each; none
- * past the run's last step). So with on-time workers nothing is dropped; a
- * rollout goes stale only by arriving late. max_buffered caps the total on
- * top of that.
+ * Groups. One request asks one inference worker for one whole group:
+ * group_size completions of one prompt, all carrying the request's group id
+ * (new groups are numbered from 1). A result must hold exactly group_size
+ * rollouts of that group. Batches are made of whole groups (GRPO takes its
+ * baselines per group): the batch of step n takes rollouts_per_step /
+ * group_size groups. A group's version is the oldest policy_version among its
+ * rollouts (a worker may receive weights mid-request); a group is stale for
+ * step n when its version < n - max_async_level and is then dropped whole,
+ * counted in rollouts. The batch takes the oldest valid groups first (by
+ * version, then arrival); TRAIN lists them group after group, each group's
+ * rollouts in the order they were reported.
+ *
+ * Dispatch asks only for what those batches can use: a group goes to the
+ * least loaded inference worker (at most its cap in flight: max_outstanding,
+ * or the worker's max_concurrent_requests when lower) while the rollouts
+ * buffered and in flight, counted by the version each carries (a request's:
+ * the version its worker held when it was sent), leave room for a whole group
+ * in steps next .. v + max_async_level (rollouts_per_step each; none past the
+ * run's last step), filled earliest deadline first. So with on-time workers
+ * nothing is dropped; a group goes stale only by arriving late or old.
+ * max_buffered caps the total (rollouts buffered plus requested) on top of
+ * that. Order of dispatch: groups waiting to be re-sent first (oldest first),
+ * then second requests for slow groups, then new groups.
+ *
+ * Re-sending. A group is wanted until one whole valid answer for it is
+ * buffered; the scheduler re-sends it, keeping its group id, when
+ *   - its worker is lost, or its worker's report is refused (SCHED_EINVAL),
+ *     and no other request for it is in flight: the group waits in the re-send
+ *     queue and goes to the next worker with room (another worker than the
+ *     one whose report was refused, when one has room; counted in
+ *     groups_requeued);
+ *   - request_timeout_ms > 0 and its only request in flight has been out that
+ *     long since dispatch (sched_tick fires it): a second request for the
+ *     same group goes to another attached inference worker with a free slot
+ *     and a version the window can use (not the same worker; counted in
+ *     groups_resent). It needs no room in the window (its group is already
+ *     counted) but does need room under max_buffered. While a slow request
+ *     has no such worker, each later dispatch tries again; if its second
+ *     request is refused or lost, it is alone and slow again and gets
+ *     another.
+ * A group has at most two requests in flight. The first whole valid answer is
+ * kept; the group's other request is cancelled at once (a CANCEL action; its
+ * slot is free; counted in requests_cancelled), and a result for it that
+ * still arrives returns SCHED_ESTALE and changes nothing. Window accounting
+ * with two requests for a group: each counts its group_size rollouts at its
+ * own version, in the window and under max_buffered alike. That never asks
+ * for more than the batches can use; while the second request is in flight,
+ * dispatch may ask for up to one group less than it could.
  *
  * Failure policy. A participant that refuses the plan or acks another hash,
  * an ack or broadcast timeout, a broadcast error, or a policy override the
@@ -38,8 +77,8 @@
  * pending: the plan is aborted; an inference worker's loss re-plans the same
  * step without it (PENDING if none is left, until one attaches); the
  * trainer's loss sends the run back to PENDING and the step is redone with a
- * fresh batch once a trainer attaches. Rollout requests in flight on a lost
- * worker are forgotten; its results already received stay usable.
+ * fresh batch once a trainer attaches. Groups in flight on a lost worker are
+ * re-sent (above); its results already received stay usable.
  *
  * Errors are negative SCHED_E* codes; sched_last_error() tells which field or
  * worker was at fault. A rejected event changes nothing unless its doc says so
@@ -114,20 +153,23 @@ const char *sched_role_name(sched_role r);
 typedef struct sched_settings {
   char run_id[SCHED_RUN_ID_MAX];  /* non-empty; prefixes plan ids */
   uint64_t steps;                 /* steps to take; 0: until stopped */
-  uint32_t rollouts_per_step;     /* batch size, >= 1 */
-  uint32_t rollouts_per_request;  /* count asked of a worker per request; 0: 1 */
+  uint32_t rollouts_per_step;     /* batch size in rollouts, >= 1, a multiple of group_size */
+  uint32_t group_size;            /* rollouts per group = per request, >= 1 */
   uint32_t max_async_level;       /* off-policy bound */
   uint32_t max_outstanding;       /* K: outstanding requests per inference worker, >= 1 */
   uint32_t max_buffered;          /* hard cap on rollouts buffered + requested; 0: default
                                      2 * rollouts_per_step * (max_async_level + 1) */
+  int64_t request_timeout_ms;     /* a group's only request out this long is sent to
+                                     another worker too, >= 0; 0: never re-send */
   sched_mode policy;              /* initial broadcast policy */
   int64_t plan_ack_timeout_ms;    /* build request/plan built -> every ack, > 0 */
   int64_t broadcast_timeout_ms;   /* trigger -> every broadcast done, > 0 */
   int64_t heartbeat_timeout_ms;   /* silence after which a worker is lost, > 0 */
 } sched_settings;
 
-/* Defaults: run "run", steps 0, 8 rollouts per step, 1 per request, async 1,
- * K 8, policy auto, timeouts 30 s ack, 300 s broadcast, 15 s heartbeat. */
+/* Defaults: run "run", steps 0, 8 rollouts per step, groups of 1, async 1,
+ * K 8, policy auto, timeouts 30 s ack, 300 s broadcast, 15 s heartbeat, no
+ * request timeout. */
 void sched_settings_default(sched_settings *s);
 /* 0, or SCHED_EINVAL with a message naming the field in `err`. */
 int sched_settings_validate(const sched_settings *s, char *err, size_t errlen);
@@ -137,6 +179,8 @@ typedef struct sched_caps {
   uint32_t cuda_devices;       /* 0: no CUDA on this worker */
   int nccl;                    /* non-zero when NCCL is present */
   uint64_t pinned_limit_bytes; /* host memory it may pin */
+  uint32_t max_concurrent_requests; /* inference: requests it serves at once; 0: no limit
+                                       of its own (max_outstanding applies either way) */
 } sched_caps;
 
 /* Offload summary of the trainer's manifest: where its tensors live. */
@@ -152,7 +196,7 @@ typedef struct sched_worker_info {
   char name[SCHED_NAME_MAX];
   sched_caps caps;
   sched_offload offload;   /* trainer: latest manifest summary */
-  uint32_t outstanding;    /* inference: rollout requests in flight */
+  uint32_t outstanding;    /* inference: rollout requests in flight (cancelled ones not) */
   uint64_t policy_version; /* inference: version it holds; trainer: last produced */
   int64_t last_seen_ms;    /* last heartbeat or report */
 } sched_worker_info;
@@ -200,11 +244,12 @@ typedef struct sched_rollout {
   uint64_t id;
   uint64_t policy_version;
   uint32_t tokens;
+  uint64_t group_id; /* the group of the request it answers */
 } sched_rollout;
 
 /* ---- actions --------------------------------------------------------------------- */
 typedef enum {
-  SCHED_ACT_DISPATCH = 1,    /* send RolloutRequest{request_id, count} to `worker` */
+  SCHED_ACT_DISPATCH = 1,    /* send RolloutRequest{request_id, count, group_id} to `worker` */
   SCHED_ACT_TRAIN,           /* send TrainStep{step, rollout_ids} to the trainer `worker` */
   SCHED_ACT_BUILD_PLAN,      /* build plan `plan_id` in `mode` for `participants`
                                 (rank i = participants[i]; trainer is rank 0), send
@@ -213,26 +258,31 @@ typedef enum {
   SCHED_ACT_ABORT,           /* send AbortCommand{plan_id, text} to `participants` */
   SCHED_ACT_COMMIT,          /* store and publish `record` */
   SCHED_ACT_RUN_STATE,       /* the run entered `run_state`; `text` says why */
-  SCHED_ACT_WORKER_STATE     /* `worker` entered `worker_state`; `text` says why */
+  SCHED_ACT_WORKER_STATE,    /* `worker` entered `worker_state`; `text` says why */
+  SCHED_ACT_CANCEL           /* send AbortCommand{request_id, text} to `worker`: its group
+                                `group_id` was answered by another request */
 } sched_action_kind;
 
 typedef struct sched_action {
   sched_action_kind kind;
-  uint32_t worker;            /* DISPATCH, TRAIN, WORKER_STATE */
+  uint32_t worker;            /* DISPATCH, TRAIN, WORKER_STATE, CANCEL */
   uint64_t step;              /* TRAIN, BUILD_PLAN, TRIGGER, ABORT, COMMIT */
-  uint64_t request_id;        /* DISPATCH */
-  uint32_t count;             /* DISPATCH: rollouts asked for */
+  uint64_t request_id;        /* DISPATCH, CANCEL */
+  uint64_t group_id;          /* DISPATCH, CANCEL: the group; a re-sent group keeps its id */
+  uint32_t count;             /* DISPATCH: rollouts asked for, always group_size */
   uint64_t policy_version;    /* DISPATCH: version the scheduler believes the worker
                                  holds; BUILD_PLAN: version the plan publishes */
-  const uint64_t *rollout_ids; /* TRAIN: the batch, oldest first */
+  const uint64_t *rollout_ids; /* TRAIN: the batch, whole groups oldest first, each
+                                  group's rollouts in report order */
   size_t nrollouts;
+  uint32_t ngroups;           /* TRAIN: groups in the batch (nrollouts / group_size) */
   uint64_t batch_tokens;      /* TRAIN: sum of the batch's tokens */
   const uint32_t *participants; /* BUILD_PLAN, TRIGGER, ABORT: worker ids by rank */
   size_t nparticipants;
   sched_mode mode;            /* BUILD_PLAN */
   uint64_t plan_hash;         /* TRIGGER */
   char plan_id[SCHED_PLAN_ID_MAX]; /* BUILD_PLAN, TRIGGER, ABORT */
-  char text[SCHED_TEXT_MAX];  /* BUILD_PLAN: mode reason; ABORT: reason;
+  char text[SCHED_TEXT_MAX];  /* BUILD_PLAN: mode reason; ABORT, CANCEL: reason;
                                  RUN_STATE, WORKER_STATE: why */
   sched_run_state run_state;  /* RUN_STATE */
   sched_worker_state worker_state; /* WORKER_STATE */
@@ -260,11 +310,16 @@ typedef struct sched_counters {
   uint64_t steps;               /* committed */
   uint64_t broadcasts[SCHED_MODE_COUNT]; /* committed, by mode (index: sched_mode) */
   uint64_t aborts;              /* plans aborted, any reason */
-  uint64_t requests_dispatched;
-  int64_t async_level;          /* last batch: step - oldest version used */
+  uint64_t requests_dispatched; /* every DISPATCH, re-sends included */
+  uint64_t groups_requeued;     /* put in the re-send queue: worker lost, report refused */
+  uint64_t groups_resent;       /* second requests for slow groups */
+  uint64_t requests_cancelled;  /* CANCEL actions: their group was answered elsewhere */
+  int64_t async_level;          /* last batch: step - oldest group version used */
   uint64_t policy_version;      /* published: steps committed */
   uint32_t rollouts_buffered;   /* received, not yet used or dropped */
-  uint32_t rollouts_requested;  /* asked for, not yet received */
+  uint32_t rollouts_requested;  /* asked for, not yet received (both requests of a
+                                   re-sent group count) */
+  uint32_t requests_in_flight;  /* dispatched, not yet answered, refused, cancelled or lost */
 } sched_counters;
 
 typedef struct sched_run_info {
@@ -294,7 +349,8 @@ size_t sched_take_actions(sched *s, sched_action_batch *out);
  * fine, and so is freeing twice. */
 void sched_action_batch_free(sched_action_batch *b);
 
-/* Earliest time the caller must call sched_tick() (SCHED_NEVER: none). */
+/* Earliest time the caller must call sched_tick() (SCHED_NEVER: none): plan
+ * deadlines, heartbeat timeouts and request timeouts. */
 int64_t sched_next_deadline(const sched *s);
 
 /* ---- events ------------------------------------------------------------------------ */
@@ -311,12 +367,18 @@ int sched_worker_attached(sched *s, int64_t now_ms, uint32_t id);
  * (ignored for the trainer; an older one than already known changes nothing:
  * it was read before a broadcast landed). */
 int sched_worker_heartbeat(sched *s, int64_t now_ms, uint32_t id, uint64_t policy_version);
-/* Stream closed or otherwise gone; `reason` may be NULL. SCHED_ESTALE if already lost. */
+/* Stream closed or otherwise gone; `reason` may be NULL. SCHED_ESTALE if already lost.
+ * Its groups in flight are re-sent to other workers (see "Re-sending"). */
 int sched_worker_lost(sched *s, int64_t now_ms, uint32_t id, const char *reason);
 
-/* Results of request `request_id`. At most the requested count; versions not
- * newer than the published one; ids unique. A malformed report closes the
- * request, keeps none of its rollouts and returns SCHED_EINVAL. */
+/* Results of request `request_id`: exactly its count, every rollout of its
+ * group; versions not newer than the published one; ids unique. The group is
+ * buffered whole and its other request in flight, if any, cancelled. A
+ * malformed report closes the request, keeps none of its rollouts and returns
+ * SCHED_EINVAL; its group is re-sent unless its other request is still in
+ * flight. A result for a request that was cancelled returns SCHED_ESTALE and
+ * changes nothing (the scheduler remembers the latest cancelled requests,
+ * until their result arrives or their worker is lost). */
 int sched_rollouts_done(sched *s, int64_t now_ms, uint32_t worker, uint64_t request_id,
                         const sched_rollout *rollouts, size_t n);
 
@@ -350,11 +412,17 @@ int sched_has_rollout(const sched *s, uint64_t id);
 /* The ids of the buffered rollouts, ascending, into out (room for cap);
  * returns how many are buffered (more than cap: only cap were written). */
 size_t sched_buffered_ids(const sched *s, uint64_t *out, size_t cap);
+/* The ids of the groups still wanted (a request in flight, or waiting to be
+ * re-sent), each once, ascending, into out (room for cap); returns how many
+ * there are (more than cap: only cap were written). A group neither open nor
+ * buffered is done with: batched, dropped, or lost with a trainer's batch. */
+size_t sched_open_groups(const sched *s, uint64_t *out, size_t cap);
 
 /* No new steps; a pending plan is aborted; STOPPED once the trainer is quiet. */
 int sched_stop(sched *s, int64_t now_ms, const char *reason);
 
-/* Fires what is due at `now_ms`: ack and broadcast timeouts, heartbeat losses. */
+/* Fires what is due at `now_ms`: ack and broadcast timeouts, heartbeat losses,
+ * request timeouts. */
 int sched_tick(sched *s, int64_t now_ms);
 
 /* ---- queries ----------------------------------------------------------------------- */

@@ -1,4 +1,4 @@
-/* The scheduler's pure helpers: names, settings, the mode choice No state. */
+/* The scheduler's pure helpers: names, settings, the mode choice. No state. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -79,7 +79,7 @@ void sched_settings_default(sched_settings *s) {
   snprintf(s->run_id, sizeof s->run_id, "run");
   s->steps = 0;
   s->rollouts_per_step = 8;
-  s->rollouts_per_request = 1;
+  s->group_size = 1;
   s->max_async_level = 1;
   s->max_outstanding = 8;
   s->max_buffered = 0;
@@ -87,6 +87,7 @@ void sched_settings_default(sched_settings *s) {
   s->plan_ack_timeout_ms = 30000;
   s->broadcast_timeout_ms = 300000;
   s->heartbeat_timeout_ms = 15000;
+  s->request_timeout_ms = 0;
 }
 
 static int sched__bad(char *err, size_t errlen, const char *msg) {
@@ -100,6 +101,14 @@ int sched_settings_validate(const sched_settings *s, char *err, size_t errlen) {
     return sched__bad(err, errlen, "run_id: not NUL-terminated");
   if (s->run_id[0] == '\0') return sched__bad(err, errlen, "run_id: empty");
   if (s->rollouts_per_step == 0) return sched__bad(err, errlen, "rollouts_per_step: must be >= 1");
+  if (s->group_size == 0) return sched__bad(err, errlen, "group_size: must be >= 1");
+  /* Batches are whole groups: a remainder could never be filled. */
+  if (s->rollouts_per_step % s->group_size != 0) {
+    if (err && errlen)
+      snprintf(err, errlen, "rollouts_per_step: %" PRIu32 " is not a multiple of group_size %" PRIu32,
+               s->rollouts_per_step, s->group_size);
+    return SCHED_EINVAL;
+  }
   if (s->max_outstanding == 0) return sched__bad(err, errlen, "max_outstanding: must be >= 1");
   if (s->policy < SCHED_MODE_AUTO || s->policy > SCHED_MODE_HOST)
     return sched__bad(err, errlen, "policy: not auto, direct, staged or host");
@@ -109,11 +118,11 @@ int sched_settings_validate(const sched_settings *s, char *err, size_t errlen) {
     return sched__bad(err, errlen, "broadcast_timeout_ms: must be > 0");
   if (s->heartbeat_timeout_ms <= 0)
     return sched__bad(err, errlen, "heartbeat_timeout_ms: must be > 0");
-  uint32_t per_req = s->rollouts_per_request ? s->rollouts_per_request : 1;
+  if (s->request_timeout_ms < 0)
+    return sched__bad(err, errlen, "request_timeout_ms: must be >= 0 (0: never re-send)");
+  /* rollouts_per_step is a multiple of group_size, so a whole group fits too. */
   if (s->max_buffered && s->max_buffered < s->rollouts_per_step)
     return sched__bad(err, errlen, "max_buffered: smaller than rollouts_per_step, no batch could form");
-  if (s->max_buffered && per_req > s->max_buffered)
-    return sched__bad(err, errlen, "rollouts_per_request: larger than max_buffered");
   return SCHED_OK;
 }
 

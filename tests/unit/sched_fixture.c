@@ -18,16 +18,35 @@ void fx_drain(fx *h) {
     switch (a[i].kind) {
     case SCHED_ACT_DISPATCH:
       cr_assert_lt(h->nreqs, FX_MAXQ);
+      cr_assert_lt(h->ndispatch, FX_MAXQ);
       h->reqs[h->nreqs].worker = a[i].worker;
       h->reqs[h->nreqs].id = a[i].request_id;
       h->reqs[h->nreqs].version = a[i].policy_version;
+      h->reqs[h->nreqs].group = a[i].group_id;
       h->reqs[h->nreqs++].count = a[i].count;
+      h->dispatch_group[h->ndispatch] = a[i].group_id;
       h->dispatch_log[h->ndispatch++] = a[i].worker;
       break;
+    case SCHED_ACT_CANCEL: {
+      cr_assert_lt(h->ncancel, FX_MAXQ);
+      h->cancels[h->ncancel].worker = a[i].worker;
+      h->cancels[h->ncancel].id = a[i].request_id;
+      h->cancels[h->ncancel].group = a[i].group_id;
+      snprintf(h->cancels[h->ncancel].text, sizeof h->cancels[0].text, "%s", a[i].text);
+      h->ncancel++;
+      size_t k = fx_req(h, a[i].request_id);
+      cr_assert_eq(h->reqs[k].worker, a[i].worker, "a CANCEL goes to the request's worker");
+      cr_assert_eq(h->reqs[k].group, a[i].group_id, "a CANCEL names the request's group");
+      memmove(&h->reqs[k], &h->reqs[k + 1], (h->nreqs - k - 1) * sizeof h->reqs[0]);
+      h->nreqs--;
+      break;
+    }
     case SCHED_ACT_TRAIN:
       h->ntrain++;
       h->train_step = a[i].step;
       h->ntrain_ids = a[i].nrollouts;
+      h->train_ngroups = a[i].ngroups;
+      cr_assert_leq(a[i].nrollouts, 64);
       memcpy(h->train_ids, a[i].rollout_ids, a[i].nrollouts * sizeof(uint64_t));
       break;
     case SCHED_ACT_BUILD_PLAN:
@@ -86,15 +105,27 @@ void fx_add(fx *h, uint32_t id, sched_role role, const char *name, const sched_c
   fx_drain(h);
 }
 
+size_t fx_req(const fx *h, uint64_t id) {
+  for (size_t i = 0; i < h->nreqs; i++)
+    if (h->reqs[i].id == id) return i;
+  cr_assert_fail("request %" PRIu64 " is not in flight", id);
+  return 0;
+}
+
 void fx_answer(fx *h, uint32_t worker, uint64_t rid, uint64_t version) {
   for (size_t i = 0; i < h->nreqs; i++) {
     if (worker && h->reqs[i].worker != worker) continue;
-    sched_rollout r = {.id = rid, .policy_version = version, .tokens = 10};
+    sched_rollout r[64];
+    uint32_t n = h->reqs[i].count;
+    cr_assert_leq(n, 64);
+    for (uint32_t k = 0; k < n; k++)
+      r[k] = (sched_rollout){.id = rid + k, .policy_version = version, .tokens = 10,
+                             .group_id = h->reqs[i].group};
     uint32_t w = h->reqs[i].worker;
     uint64_t q = h->reqs[i].id;
     memmove(&h->reqs[i], &h->reqs[i + 1], (h->nreqs - i - 1) * sizeof h->reqs[0]);
     h->nreqs--;
-    cr_assert_eq(sched_rollouts_done(h->s, h->now, w, q, &r, 1), SCHED_OK, "%s",
+    cr_assert_eq(sched_rollouts_done(h->s, h->now, w, q, r, n), SCHED_OK, "%s",
                  sched_last_error(h->s));
     fx_drain(h);
     return;

@@ -20,15 +20,24 @@ typedef struct fx {
     uint32_t worker;
     uint64_t id;
     uint32_t count;
+    uint64_t group;
     uint64_t version; /* the version the scheduler believed the worker held */
-  } reqs[FX_MAXQ];    /* in flight */
+  } reqs[FX_MAXQ];    /* in flight: dispatched, not answered or cancelled */
   size_t nreqs;
   size_t dispatch_log[FX_MAXQ]; /* worker ids of every DISPATCH, in order */
+  uint64_t dispatch_group[FX_MAXQ]; /* and their group ids */
   size_t ndispatch;
+  struct {
+    uint32_t worker;
+    uint64_t id, group;
+    char text[SCHED_TEXT_MAX];
+  } cancels[FX_MAXQ]; /* every CANCEL, in order (taken out of reqs) */
+  size_t ncancel;
   int ntrain, nplan, ntrigger, nabort, ncommit;
   uint64_t train_step;
   uint64_t train_ids[64];
   size_t ntrain_ids;
+  uint32_t train_ngroups;
   char plan_id[SCHED_PLAN_ID_MAX];
   sched_mode plan_mode;
   uint32_t parts[16];
@@ -55,8 +64,11 @@ void fx_start(fx *h, const sched_settings *c);
 void fx_drain(fx *h);
 /* Registers and attaches worker `id`. */
 void fx_add(fx *h, uint32_t id, sched_role role, const char *name, const sched_caps *c);
-/* Answers the oldest request in flight of `worker` (0: any) with one rollout. */
+/* Answers the oldest request in flight of `worker` (0: any) in full: its
+ * count of rollouts of its group, ids rid, rid + 1, ..., of `version`. */
 void fx_answer(fx *h, uint32_t worker, uint64_t rid, uint64_t version);
+/* Index in h->reqs of request `id`; fails the test if it is not in flight. */
+size_t fx_req(const fx *h, uint64_t id);
 /* The trainer reports the step in training done, 100 ms later. */
 void fx_step_done(fx *h);
 /* The pending plan is built (hash 0xabc) and every participant acks it. */

@@ -27,7 +27,7 @@ Test(sched_actions, survive_later_events_until_freed) {
   /* Rollout 41 makes the TRAIN of step 0; keep that batch while step 0 commits
    * and step 1 is trained from rollout 42: the scheduler produces new TRAIN,
    * plan and COMMIT actions in between, which must not touch the kept ones. */
-  sched_rollout r = {.id = 41, .policy_version = 0, .tokens = 5};
+  sched_rollout r = {.id = 41, .policy_version = 0, .tokens = 5, .group_id = h.reqs[0].group};
   cr_assert_eq(sched_rollouts_done(h.s, h.now, 2, h.reqs[0].id, &r, 1), SCHED_OK);
   h.nreqs = 0;
   sched_action_batch train0;
@@ -40,6 +40,7 @@ Test(sched_actions, survive_later_events_until_freed) {
   cr_assert_not_null(d0, "the freed slot is asked again");
   h.reqs[0].worker = d0->worker;
   h.reqs[0].id = d0->request_id;
+  h.reqs[0].group = d0->group_id;
   h.nreqs = 1;
   h.train_step = t0->step;
 

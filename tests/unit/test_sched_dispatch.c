@@ -16,13 +16,15 @@
 
 static uint64_t next_id = 1;
 
-/* Answers request `i` in flight with `n` rollouts (n <= its count) of `version`. */
+/* Answers request `i` in flight with `n` rollouts (its count) of its group
+ * and `version`. */
 static void answer_n(fx *h, size_t i, uint32_t n, uint64_t version) {
   cr_assert_lt(i, h->nreqs);
   sched_rollout r[16];
   cr_assert_leq(n, 16);
   for (uint32_t k = 0; k < n; k++)
-    r[k] = (sched_rollout){.id = next_id++, .policy_version = version, .tokens = 10};
+    r[k] = (sched_rollout){.id = next_id++, .policy_version = version, .tokens = 10,
+                           .group_id = h->reqs[i].group};
   uint32_t w = h->reqs[i].worker;
   uint64_t q = h->reqs[i].id;
   memmove(&h->reqs[i], &h->reqs[i + 1], (h->nreqs - i - 1) * sizeof h->reqs[0]);
@@ -124,23 +126,33 @@ Test(sched_dispatch, per_worker_limit) {
   sched_free(h.s);
 }
 
-/* A lost worker's requests are forgotten and asked again of the others:
- * more requests, still nothing dropped. */
+/* A lost worker's groups are sent again, keeping their ids, before any new
+ * group: each slot the survivor frees goes to the next of them. More
+ * requests, still nothing dropped. */
 Test(sched_dispatch, lost_worker_requests_are_asked_again) {
   fx h;
-  start(&h, 1, 8, 2);
+  start(&h, 1, R, 2);
   cr_assert_eq(h.nreqs, 2 * R);
   size_t on3 = 0;
-  for (size_t i = 0; i < h.nreqs; i++) on3 += h.reqs[i].worker == 3;
+  uint64_t lost_groups[2 * R];
+  for (size_t i = 0; i < h.nreqs; i++)
+    if (h.reqs[i].worker == 3) lost_groups[on3++] = h.reqs[i].group;
+  cr_assert_eq(on3, R, "K %d on each worker", R);
   cr_assert_eq(sched_worker_lost(h.s, h.now, 3, "stream closed"), SCHED_OK);
   size_t j = 0;
   for (size_t i = 0; i < h.nreqs; i++)
     if (h.reqs[i].worker != 3) h.reqs[j++] = h.reqs[i];
   h.nreqs = j;
   fx_drain(&h);
-  cr_assert_eq(h.ndispatch, 2 * R + on3);
-  cr_assert_eq(h.nreqs, 2 * R);
-  for (size_t i = 0; i < h.nreqs; i++) cr_assert_eq(h.reqs[i].worker, 2);
+  cr_assert_eq(h.ndispatch, 2 * R, "worker 2 is full: the lost groups wait");
+  uint64_t open[4 * R];
+  cr_assert_eq(sched_open_groups(h.s, open, 4 * R), 2 * R, "waiting groups are still open");
+  for (size_t k = 0; k < on3; k++) {
+    answer_oldest(&h);
+    cr_assert_eq(h.ndispatch, 2 * R + k + 1);
+    cr_assert_eq(h.dispatch_log[2 * R + k], 2);
+    cr_assert_eq(h.dispatch_group[2 * R + k], lost_groups[k], "re-sent oldest first, same group");
+  }
   for (int step = 0; step < 2; step++) {
     while (h.ntrain == step) answer_oldest(&h);
     fx_finish_step(&h);
@@ -149,6 +161,8 @@ Test(sched_dispatch, lost_worker_requests_are_asked_again) {
   sched_counters k;
   sched_get_counters(h.s, &k);
   cr_assert_eq(k.rollouts_dropped_stale, 0);
+  cr_assert_eq(k.groups_requeued, on3);
+  cr_assert_eq(k.requests_dispatched, 2 * R + on3);
   sched_free(h.s);
 }
 
@@ -202,21 +216,24 @@ Test(sched_dispatch, late_joiner_waits_for_weights) {
   sched_free(h.s);
 }
 
-/* Partial answers free their slots, and max_buffered still caps the total. */
-Test(sched_dispatch, partial_report_and_cap) {
+/* max_buffered caps in whole groups: with room for one group of 4 only one
+ * request goes out, though four steps could use more. */
+Test(sched_dispatch, cap_counts_whole_groups) {
   fx h;
-  sched_settings c = fx_settings(R, 3, 8, R);
-  c.rollouts_per_request = 4;
+  sched_settings c = fx_settings(R, 3, 8, R + 3);
+  c.group_size = 4;
   c.steps = STEPS;
   next_id = 1;
   fx_start(&h, &c);
   fx_add(&h, FX_TRAINER, SCHED_ROLE_TRAINER, "trainer", &FX_GPU);
   fx_add(&h, 2, SCHED_ROLE_INFERENCE, "inference-2", &FX_GPU);
-  cr_assert_eq(h.nreqs, 1, "cap R: one request of 4");
+  cr_assert_eq(h.nreqs, 1, "room for 7 under the cap: one group of 4");
   cr_assert_eq(h.reqs[0].count, 4);
-  answer_n(&h, 0, 1, 0);
-  cr_assert_eq(h.nreqs, 1);
-  cr_assert_eq(h.reqs[0].count, 3, "the 3 not delivered are asked again");
+  cr_assert_eq(h.reqs[0].group, 1, "groups are numbered from 1");
+  answer_oldest(&h);
+  cr_assert_eq(h.ntrain, 1);
+  cr_assert_eq(h.nreqs, 1, "the batch freed the cap: the next group");
+  cr_assert_eq(h.reqs[0].group, 2);
   sched_free(h.s);
 }
 

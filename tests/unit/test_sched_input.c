@@ -29,7 +29,7 @@ Test(sched_input, rejected_reports_name_the_field) {
   cr_assert_eq(sched_worker_heartbeat(h.s, h.now, 2, 5), SCHED_EINVAL);
   cr_assert(strstr(sched_last_error(h.s), "policy_version"));
   /* Requests: 2 has request 1, 3 has request 2 (K = 1). */
-  sched_rollout future = {.id = 1, .policy_version = 3};
+  sched_rollout future = {.id = 1, .policy_version = 3, .group_id = 1};
   cr_assert_eq(sched_rollouts_done(h.s, h.now, 2, 1, &future, 1), SCHED_EINVAL);
   cr_assert(strstr(sched_last_error(h.s), "policy_version"), "%s", sched_last_error(h.s));
   cr_assert_eq(sched_rollouts_done(h.s, h.now, 2, 1, &future, 1), SCHED_ENOENT,
@@ -57,7 +57,7 @@ Test(sched_input, duplicate_rollout_ids_are_refused) {
   fx_add(&h, FX_TRAINER, SCHED_ROLE_TRAINER, "trainer", &FX_GPU);
   fx_add(&h, 2, SCHED_ROLE_INFERENCE, "inference-2", &FX_GPU);
   fx_answer(&h, 2, 1, 0);
-  sched_rollout dup = {.id = 1};
+  sched_rollout dup = {.id = 1, .group_id = h.reqs[0].group};
   cr_assert_eq(sched_rollouts_done(h.s, h.now, 2, h.reqs[0].id, &dup, 1), SCHED_EINVAL);
   cr_assert(strstr(sched_last_error(h.s), "duplicate"));
   sched_counters k;
@@ -91,5 +91,23 @@ Test(sched_input, settings_are_validated) {
   c.policy = (sched_mode)7;
   cr_assert_eq(sched_new(&c, &s, err, sizeof err), SCHED_EINVAL);
   cr_assert(strstr(err, "policy"));
+  sched_settings_default(&c);
+  c.group_size = 0;
+  cr_assert_eq(sched_new(&c, &s, err, sizeof err), SCHED_EINVAL);
+  cr_assert(strstr(err, "group_size"), "%s", err);
+  sched_settings_default(&c);
+  c.rollouts_per_step = 6;
+  c.group_size = 4;
+  cr_assert_eq(sched_new(&c, &s, err, sizeof err), SCHED_EINVAL);
+  cr_assert_str_eq(err, "rollouts_per_step: 6 is not a multiple of group_size 4");
+  c.rollouts_per_step = 8;
+  cr_assert_eq(sched_new(&c, &s, err, sizeof err), SCHED_OK, "%s", err);
+  sched_free(s);
+  s = NULL;
+  sched_settings_default(&c);
+  c.request_timeout_ms = -1;
+  cr_assert_eq(sched_new(&c, &s, err, sizeof err), SCHED_EINVAL);
+  cr_assert(strstr(err, "request_timeout_ms"), "%s", err);
+  cr_assert_null(s);
   sched_free(NULL);
 }

@@ -45,7 +45,7 @@ static void triggered(fx *h) {
   }
   fx_drain(h);
   cr_assert_geq(h->nreqs, 1);
-  sched_rollout r = {.id = 1, .policy_version = 0, .tokens = 10};
+  sched_rollout r = {.id = 1, .policy_version = 0, .tokens = 10, .group_id = h->reqs[0].group};
   cr_assert_eq(sched_rollouts_done(h->s, h->now, h->reqs[0].worker, h->reqs[0].id, &r, 1), SCHED_OK,
                "%s", sched_last_error(h->s));
   fx_drain(h);

@@ -173,7 +173,12 @@ Test(sched_lost, heartbeat_timeout_loses_the_worker) {
   cr_assert_eq(h.run_state, SCHED_RUN_PENDING);
   sched_counters k;
   sched_get_counters(h.s, &k);
-  cr_assert_eq(k.rollouts_requested, 0, "requests in flight on a lost worker are forgotten");
+  cr_assert_eq(k.rollouts_requested, 0, "a lost worker's requests are no longer in flight");
+  cr_assert_eq(k.requests_in_flight, 0);
+  cr_assert_eq(k.groups_requeued, 1, "its group waits for another worker");
+  uint64_t open[4];
+  cr_assert_eq(sched_open_groups(h.s, open, 4), 1);
+  cr_assert_eq(open[0], 1);
   cr_assert_eq(sched_rollouts_done(h.s, h.now + 500, 2, 1, NULL, 0), SCHED_ESTALE);
   sched_free(h.s);
 }

@@ -202,6 +202,8 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
 void agent_xfer_on_abort(agent_xfer *x, const Rlorch__V1__Command *cmd) {
   const char *id = cmd->abort->plan_id ? cmd->abort->plan_id : "";
   const char *why = cmd->abort->reason ? cmd->abort->reason : "";
+  /* An abort of a rollout request names no plan: it must not drop this one. */
+  if (!id[0] && cmd->abort->request_id) return;
   if (x->plan && (!id[0] || !strcmp(id, x->plan->id))) {
     agent_log_info("plan_aborted", "plan_id=%s reason=\"%s\"", x->plan->id, why);
     agent__drop_plan(x);
