@@ -12,6 +12,7 @@ const char *rollout_fault_name(rollout_fault f) {
   case ROLLOUT_LOGPROB_COUNT: return "logprob_count";
   case ROLLOUT_NOT_FINITE: return "not_finite";
   case ROLLOUT_FINISH_REASON: return "finish_reason";
+  case ROLLOUT_MISMATCH: return "mismatch";
   case ROLLOUT_REASONS: break;
   }
   return "unknown";

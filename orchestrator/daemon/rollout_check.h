@@ -16,6 +16,10 @@ typedef enum {
   ROLLOUT_LOGPROB_COUNT,  /* logprobs given, not one per completion token */
   ROLLOUT_NOT_FINITE,     /* a NaN or infinite logprob or reward, or a positive logprob */
   ROLLOUT_FINISH_REASON,  /* an unknown finish reason */
+  ROLLOUT_MISMATCH,       /* well-formed, but not an answer to its request (found by
+                             the runner and the scheduler): another group, a count
+                             other than the group size, another prompt, a version
+                             from the future, a duplicate id, an unknown request */
   ROLLOUT_REASONS         /* count */
 } rollout_fault;
 

@@ -17,7 +17,9 @@
 
 #include "orchestrator/common/log.h"
 #include "orchestrator/common/pbjson.h"
+#include "orchestrator/daemon/group_table.h"
 #include "orchestrator/daemon/now.h"
+#include "orchestrator/daemon/prompt_source.h"
 #include "orchestrator/daemon/rollout_store.h"
 #include "orchestrator/daemon/sched_pb.h"
 #include "orchestrator/daemon/watch.h"
@@ -67,6 +69,11 @@ struct runner {
   int draining; /* inside drain(): re-entrant calls only queue */
   int64_t plan_ack_timeout_ms, broadcast_timeout_ms; /* the active run's scheduler settings */
   held_batch batch; /* the batch of the step the trainer executes */
+  prompt_source *prompts; /* the active run's */
+  group_table *groups;    /* its open groups: prompt and first dispatch */
+  sched_counters seen;    /* the counters already added to the metrics */
+  char err[512];          /* the last report refused by the runner itself */
+  int err_set;            /* err, not the scheduler's, explains the last refusal */
 };
 
 static void drain(runner *r);
@@ -157,11 +164,54 @@ static void send_or_lose(runner *r, uint32_t id, Rlorch__V1__Command *cmd) {
 
 /* ---- actions ------------------------------------------------------------------------------ */
 
+/* The group's entry; a group dispatched for the first time draws the next
+ * prompt. NULL when the run cannot go on (then it is failed, by name). */
+static group_entry *dispatch_group(runner *r, uint64_t group_id) {
+  group_entry *g = group_table_get(r->groups, group_id);
+  if (g) return g; /* re-sent: the same prompt */
+  char err[600], msg[700];
+  prompt p = {0};
+  if (prompt_source_next(r->prompts, &p, err, sizeof err) != 0) {
+    snprintf(msg, sizeof msg, "prompts: %s", err);
+  } else if (group_table_add(r->groups, group_id, &p, mono()) != 0) {
+    prompt_free(&p);
+    snprintf(msg, sizeof msg, "out of memory keeping the prompt of group %" PRIu64, group_id);
+  } else {
+    return group_table_get(r->groups, group_id);
+  }
+  log_error("run_failed", "run=%s error=\"%s\"", r->run->id, msg);
+  sched_fail(r->sched, mono(), msg);
+  return NULL;
+}
+
+/* A re-sent request must sample as the first did, so a seed given to the run
+ * becomes one per group (splitmix64 of both); 0 leaves it to the engine. */
+static uint64_t group_seed(uint64_t seed, uint64_t group_id) {
+  if (!seed) return 0;
+  uint64_t z = seed + group_id * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return z ? z : 1;
+}
+
 static void act_dispatch(runner *r, const sched_action *a) {
+  group_entry *g = dispatch_group(r, a->group_id);
+  if (!g) return;
   Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;
   rq.request_id = a->request_id;
   rq.count = a->count;
   rq.group_id = a->group_id;
+  rq.prompt_token_ids = g->prompt.token_ids;
+  rq.n_prompt_token_ids = g->prompt.ntokens;
+  rq.prompt_metadata.data = g->prompt.metadata;
+  rq.prompt_metadata.len = g->prompt.nmetadata;
+  Rlorch__V1__SamplingParams sp;
+  if (r->run->spec->sampling) {
+    sp = *r->run->spec->sampling;
+    sp.seed = group_seed(sp.seed, a->group_id);
+    rq.sampling = &sp;
+  }
   Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
   cmd.kind_case = RLORCH__V1__COMMAND__KIND_ROLLOUT;
   cmd.rollout = &rq;
@@ -500,7 +550,7 @@ static void record_metrics(runner *r, const sched_step_record *rec) {
   metrics_gauge_set(m->broadcast_throughput, NULL, rec->gbps * 1e9);
   metrics_gauge_set(m->policy_version, NULL, (double)rec->policy_version);
   metrics_gauge_set(m->run_steps_done, NULL, (double)(rec->step + 1));
-  metrics_gauge_set(m->last_step_time, NULL, (double)now_unix_ms() / 1000.0);
+  metrics_gauge_set(m->last_broadcast_time, NULL, (double)now_unix_ms() / 1000.0);
   const char *used[] = {"used"}, *stale[] = {"dropped_stale"};
   metrics_counter_add(m->rollouts, used, rec->rollouts_used);
   metrics_counter_add(m->rollouts, stale, rec->rollouts_dropped);
@@ -580,11 +630,43 @@ static void release_run(runner *r) {
   r->sched = NULL;
   rollout_store_free(r->rollouts);
   r->rollouts = NULL;
+  prompt_source_close(r->prompts);
+  r->prompts = NULL;
+  group_table_free(r->groups);
+  r->groups = NULL;
+  memset(&r->seen, 0, sizeof r->seen);
+  metrics_gauge_set(r->o->m.rollouts_in_flight, NULL, 0);
   r->dispatch_held = 0;
   metrics_gauge_set(r->o->m.rollout_buffer_bytes, NULL, 0);
   r->has_nccl_id = 0;
   r->n_nccl_members = 0;
   workers_gauge(r->workers);
+}
+
+/* Adds what the scheduler counted since the last call to the process-wide
+ * counters (the scheduler's start again with every run). */
+static void sync_counters(runner *r) {
+  sched_counters c;
+  sched_get_counters(r->sched, &c);
+  orch_metrics *m = &r->o->m;
+  const char *disp[] = {"dispatched"}, *resent[] = {"resent"}, *requeued[] = {"requeued"},
+             *cancelled[] = {"cancelled"};
+  metrics_counter_add(m->requests, disp, (double)(c.requests_dispatched - r->seen.requests_dispatched));
+  metrics_counter_add(m->requests, resent, (double)(c.groups_resent - r->seen.groups_resent));
+  metrics_counter_add(m->requests, requeued, (double)(c.groups_requeued - r->seen.groups_requeued));
+  metrics_counter_add(m->requests, cancelled,
+                      (double)(c.requests_cancelled - r->seen.requests_cancelled));
+  metrics_gauge_set(m->rollouts_in_flight, NULL, (double)c.rollouts_requested);
+  r->seen = c;
+}
+
+/* Forgets the prompts of groups the scheduler no longer has open. */
+static void groups_sweep(runner *r) {
+  size_t n = sched_open_groups(r->sched, NULL, 0);
+  uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  if (!ids) return; /* out of memory: keep them until the next sweep */
+  group_table_retain(r->groups, ids, sched_open_groups(r->sched, ids, n));
+  free(ids);
 }
 
 static void drain(runner *r) {
@@ -614,6 +696,10 @@ static void drain(runner *r) {
       }
     }
     sched_action_batch_free(&b);
+    if (r->sched) {
+      sync_counters(r);
+      groups_sweep(r);
+    }
     if (final) release_run(r);
   }
   r->draining = 0;
@@ -621,6 +707,7 @@ static void drain(runner *r) {
 }
 
 void runner_drain(runner *r) { drain(r); }
+
 
 /* ---- time ------------------------------------------------------------------------------- */
 
@@ -759,21 +846,87 @@ void runner_worker_stream_closed(runner *r, workers_entry *w) {
 static int in_run(const runner *r, const workers_entry *w) { return r->sched && w->in_run; }
 
 int runner_heartbeat(runner *r, workers_entry *w, uint64_t policy_version) {
+  r->err_set = 0;
   return in_run(r, w) ? sched_worker_heartbeat(r->sched, mono(), w->id, policy_version) : 0;
 }
 
+/* Engines may leave a rollout's prompt out (the orchestrator sent it); the
+ * trainer gets it filled in from the group. One given must be the group's.
+ * Writes shallow copies into `out` (n of them) and the result `filled`
+ * pointing to them. 0, or SCHED_EINVAL with the message in err. */
+static int fill_prompts(runner *r, const Rlorch__V1__RolloutResult *res,
+                        Rlorch__V1__Rollout *out, Rlorch__V1__Rollout **ptrs,
+                        Rlorch__V1__RolloutResult *filled, char *err, size_t errlen) {
+  *filled = *res;
+  filled->rollouts = ptrs;
+  for (size_t i = 0; i < res->n_rollouts; i++) {
+    out[i] = *res->rollouts[i];
+    ptrs[i] = &out[i];
+    /* An unknown group is the scheduler's to refuse, with the request. */
+    const group_entry *g = group_table_get(r->groups, out[i].group_id);
+    if (!g) continue;
+    if (!out[i].n_prompt_token_ids) {
+      out[i].prompt_token_ids = g->prompt.token_ids;
+      out[i].n_prompt_token_ids = g->prompt.ntokens;
+    } else if (out[i].n_prompt_token_ids != g->prompt.ntokens ||
+               memcmp(out[i].prompt_token_ids, g->prompt.token_ids,
+                      g->prompt.ntokens * sizeof *g->prompt.token_ids) != 0) {
+      snprintf(err, errlen,
+               "rollouts[%zu].prompt_token_ids: not the prompt of group %" PRIu64
+               " (%zu tokens); leave it empty or send the request's",
+               i, out[i].group_id, g->prompt.ntokens);
+      return SCHED_EINVAL;
+    }
+  }
+  return 0;
+}
+
+/* What an accepted report adds to the metrics: its group's latency from the
+ * first dispatch, and the completion tokens. */
+static void count_rollouts(runner *r, const Rlorch__V1__RolloutResult *res) {
+  uint64_t tokens = 0;
+  for (size_t i = 0; i < res->n_rollouts; i++) {
+    const Rlorch__V1__Rollout *o = res->rollouts[i];
+    tokens += o->n_completion_token_ids ? o->n_completion_token_ids : o->tokens;
+  }
+  metrics_counter_add(r->o->m.generated_tokens, NULL, (double)tokens);
+  const group_entry *g = res->n_rollouts ? group_table_get(r->groups, res->rollouts[0]->group_id)
+                                         : NULL;
+  if (g)
+    metrics_histogram_observe(r->o->m.request_duration, NULL,
+                              (double)(mono() - g->dispatched_ms) / 1000.0);
+}
+
 int runner_rollouts_done(runner *r, workers_entry *w, const Rlorch__V1__RolloutResult *res) {
+  r->err_set = 0;
   if (!in_run(r, w)) return 0;
+  size_t k = res->n_rollouts ? res->n_rollouts : 1;
+  Rlorch__V1__Rollout *copies = malloc(k * sizeof *copies);
+  Rlorch__V1__Rollout **ptrs = malloc(k * sizeof *ptrs);
+  Rlorch__V1__RolloutResult filled;
+  int rc = copies && ptrs ? 0 : SCHED_ENOMEM;
+  if (rc == 0) rc = fill_prompts(r, res, copies, ptrs, &filled, r->err, sizeof r->err);
   /* Kept first, so a batch the scheduler builds from them finds them all. */
-  if (rollout_store_put(r->rollouts, res) != 0) return SCHED_ENOMEM;
+  if (rc == 0 && rollout_store_put(r->rollouts, &filled) != 0) rc = SCHED_ENOMEM;
+  free(copies);
+  free(ptrs);
+  if (rc != 0) {
+    r->err_set = rc == SCHED_EINVAL;
+    return rc;
+  }
   sched_rollout *v = calloc(res->n_rollouts ? res->n_rollouts : 1, sizeof *v);
   if (!v) {
     rollouts_sweep(r);
     return SCHED_ENOMEM;
   }
   sched_pb_rollouts(res, v);
-  int rc = sched_rollouts_done(r->sched, mono(), w->id, res->request_id, v, res->n_rollouts);
+  rc = sched_rollouts_done(r->sched, mono(), w->id, res->request_id, v, res->n_rollouts);
   free(v);
+  if (rc == SCHED_OK) count_rollouts(r, res);
+  else if (rc == SCHED_ESTALE) { /* an answer to a request cancelled: its group was served */
+    const char *late[] = {"late"};
+    metrics_counter_inc(r->o->m.requests, late);
+  }
   /* A refused report built no batch, so a sweep frees its copies; an accepted
    * one may have: its TRAIN action still needs them, and act_train sweeps. */
   if (rc != SCHED_OK) rollouts_sweep(r);
@@ -783,6 +936,7 @@ int runner_rollouts_done(runner *r, workers_entry *w, const Rlorch__V1__RolloutR
 
 int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_seconds,
                      const uint8_t *nccl_id, size_t nccl_len) {
+  r->err_set = 0;
   if (nccl_id && nccl_len == sizeof r->nccl_id) {
     memcpy(r->nccl_id, nccl_id, sizeof r->nccl_id);
     r->has_nccl_id = 1;
@@ -791,6 +945,8 @@ int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_se
   sched_offload off;
   sched_pb_offload(w->manifest, &off);
   int rc = sched_step_done(r->sched, mono(), w->id, step, train_seconds, &off);
+  if (rc == SCHED_OK)
+    metrics_gauge_set(r->o->m.last_step_time, NULL, (double)now_unix_ms() / 1000.0);
   /* Whatever the scheduler made of the report, the trainer is done with the
    * batch: its rollouts can go. */
   if (r->batch.held && r->batch.step == step && r->batch.trainer == w->id) {
@@ -863,16 +1019,19 @@ int runner_batch_rollout(runner *r, const runner_share *s, size_t i, const Rlorc
 
 int runner_plan_acked(runner *r, workers_entry *w, const char *plan_id, uint64_t hash,
                       const char *error) {
+  r->err_set = 0;
   return in_run(r, w) ? sched_plan_acked(r->sched, mono(), w->id, plan_id, hash, error) : 0;
 }
 
 int runner_broadcast_done(runner *r, workers_entry *w, const char *plan_id, const char *error,
                           const sched_bcast_report *report) {
+  r->err_set = 0;
   return in_run(r, w) ? sched_broadcast_done(r->sched, mono(), w->id, plan_id, error, report)
                       : 0;
 }
 
 const char *runner_last_error(const runner *r) {
+  if (r->err_set) return r->err;
   return r->sched ? sched_last_error(r->sched) : "";
 }
 
@@ -910,15 +1069,28 @@ int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
   r->plan_ack_timeout_ms = st.plan_ack_timeout_ms;
   r->broadcast_timeout_ms = st.broadcast_timeout_ms;
   if (sched_new(&st, &r->sched, err, errlen) != 0) return refuse_run(r, run, err);
-  if (rollout_store_new(&r->rollouts) != 0) {
+  if (prompt_source_open(run->spec->prompts, cfg->max_prompt_tokens, &r->prompts, err,
+                         errlen) != 0) {
+    sched_free(r->sched);
+    r->sched = NULL;
+    return refuse_run(r, run, err);
+  }
+  if (rollout_store_new(&r->rollouts) != 0 || !(r->groups = group_table_new())) {
+    rollout_store_free(r->rollouts);
+    r->rollouts = NULL;
+    prompt_source_close(r->prompts);
+    r->prompts = NULL;
     sched_free(r->sched);
     r->sched = NULL;
     snprintf(err, errlen, "out of memory");
     return refuse_run(r, run, err);
   }
+  log_info("run_prompts", "run=%s source=\"%s\" group_size=%u", run->id,
+           prompt_source_describe(r->prompts), st.group_size);
   r->run = run;
   metrics_gauge_set(r->o->m.run_steps_done, NULL, 0);
   metrics_gauge_set(r->o->m.last_step_time, NULL, 0); /* per run: alerts judge this one */
+  metrics_gauge_set(r->o->m.last_broadcast_time, NULL, 0);
   metrics_gauge_set(r->o->m.run_steps_target, NULL, (double)run->spec->steps);
   workers_set_run(r->workers, run->id);
   set_run_message(run, "waiting for 1 trainer and at least 1 inference worker");

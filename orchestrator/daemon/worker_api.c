@@ -175,6 +175,12 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
       return;
     }
     rc = runner_rollouts_done(r, w, res);
+    if (rc == SCHED_EINVAL || rc == SCHED_ENOENT) {
+      const char *lv[] = {rollout_fault_name(ROLLOUT_MISMATCH)};
+      metrics_counter_inc(o->m.rollouts_malformed, lv);
+      log_warn("rollouts_refused", "worker=%s request=%" PRIu64 " reason=%s msg=\"%s\"",
+               w->api_id, res->request_id, lv[0], runner_last_error(r));
+    }
     if (rc == SCHED_ENOMEM) {
       rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory keeping the rollouts");
       return;

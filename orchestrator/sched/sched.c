@@ -1432,6 +1432,15 @@ int sched_set_policy(sched *s, int64_t now, sched_mode policy) {
   return SCHED_OK;
 }
 
+int sched_fail(sched *s, int64_t now, const char *reason) {
+  if (sched__begin(s, now)) return SCHED_EINVAL;
+  if (sched__terminal(s))
+    return sched__fail_arg(s, SCHED_ESTATE, "run %s: already %s", s->cfg.run_id,
+                           sched_run_state_name(s->state));
+  sched__fail_run(s, reason && reason[0] ? reason : "failed by the orchestrator");
+  return SCHED_OK;
+}
+
 int sched_stop(sched *s, int64_t now, const char *reason) {
   if (sched__begin(s, now)) return SCHED_EINVAL;
   if (sched__terminal(s) || s->state == SCHED_RUN_STOPPING)

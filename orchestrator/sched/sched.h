@@ -418,6 +418,11 @@ size_t sched_buffered_ids(const sched *s, uint64_t *out, size_t cap);
  * buffered is done with: batched, dropped, or lost with a trainer's batch. */
 size_t sched_open_groups(const sched *s, uint64_t *out, size_t cap);
 
+/* The shell cannot go on with the run (its prompt source broke, say): a
+ * pending plan is aborted and the run FAILS with `reason`. SCHED_ESTATE when
+ * the run already ended. */
+int sched_fail(sched *s, int64_t now_ms, const char *reason);
+
 /* No new steps; a pending plan is aborted; STOPPED once the trainer is quiet. */
 int sched_stop(sched *s, int64_t now_ms, const char *reason);
 
