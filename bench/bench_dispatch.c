@@ -35,7 +35,7 @@ extern char **environ;
 #define DISPATCH__LEVELS 4 /* async levels 0..3 */
 
 typedef struct dispatch__cfg {
-  uint32_t steps, rollouts_per_step, workers, slots;
+  uint32_t steps, rollouts_per_step, workers, slots, group_size;
   double latency_ms, train_ms;
   bool json;
 } dispatch__cfg;
@@ -271,8 +271,10 @@ static dispatch__round dispatch__run(const dispatch__cfg *cfg, const char *targe
   spec.name = "bench-dispatch";
   spec.steps = cfg->steps;
   spec.rollouts_per_step = cfg->rollouts_per_step;
+  spec.async_bound_case = RLORCH__V1__RUN_SPEC__ASYNC_BOUND_MAX_ASYNC_LEVEL; /* 0 is a value */
   spec.max_async_level = async;
   spec.max_requests_per_worker = cfg->slots;
+  spec.group_size = cfg->group_size;
   spec.policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST;
   ProtobufCMessage *resp = NULL;
   rpc_status st;
@@ -305,18 +307,24 @@ out:
   return res;
 }
 
-/* The utilisation the batches allow: the generation every step needs
- * (R rollouts of latency L on C slots: ceil(R / C) * L), against the fastest
- * run those batches permit given the measured step time t (train and
- * broadcast). On-policy (async 0) every step waits for its generation:
- * steps * (g + t). With async >= 1 generation of the next batch overlaps the
- * step in progress: g + (steps - 1) * max(g, t) + t. */
+/* The utilisation the batches allow, against the fastest run they permit
+ * given the step time t measured in the same run (train and broadcast). A
+ * batch is R rollouts in groups of G; a slot generates a group one
+ * completion after another, L each, and there are C slots. On-policy (async
+ * 0) every step waits for its own batch, g = ceil(R / (G C)) * G L:
+ * steps * (g + t). With async >= 1 later batches are generated while a step
+ * runs, so after the first batch a step takes the longer of t and the slot
+ * time a batch needs, w = R L / C: g + (steps - 1) * max(w, t) + t. A ratio
+ * under 1 then means the off-policy window, not the slots, held generation
+ * back (few groups of long latency at a low async level). */
 static double dispatch__ideal_util(const dispatch__cfg *cfg, const dispatch__round *r) {
   if (!r->steps) return 0;
   double slots = (double)cfg->workers * cfg->slots, lat = cfg->latency_ms / 1000.0;
-  double g = ceil((double)cfg->rollouts_per_step / slots) * lat;
+  double gs = cfg->group_size;
+  double g = ceil((double)cfg->rollouts_per_step / (gs * slots)) * gs * lat;
   double t = r->step_s / (double)r->steps, steps = (double)r->steps;
-  double wall = r->async == 0 ? steps * (g + t) : g + (steps - 1) * (g > t ? g : t) + t;
+  double w = (double)cfg->rollouts_per_step * lat / slots;
+  double wall = r->async == 0 ? steps * (g + t) : g + (steps - 1) * (w > t ? w : t) + t;
   return wall > 0 ? steps * cfg->rollouts_per_step * lat / (slots * wall) : 0;
 }
 
@@ -355,6 +363,9 @@ static const opt_field dispatch__fields[] = {
     {.name = "max_requests_per_worker", .flag = "--max-requests-per-worker", .type = OPT_U32,
      .off = BDO(slots, uint32_t), .min = 1, .max = 1024, .metavar = "N",
      .help = "requests each worker generates at once"},
+    {.name = "group_size", .flag = "--group-size", .type = OPT_U32,
+     .off = BDO(group_size, uint32_t), .min = 1, .max = 4096, .metavar = "N",
+     .help = "completions per prompt: one request (rollouts-per-step is a multiple)"},
     {.name = "latency_ms", .flag = "--latency-ms", .type = OPT_DOUBLE,
      .off = BDO(latency_ms, double), .min = 0, .max = 60000, .metavar = "MS",
      .help = "generation time of one rollout"},
@@ -374,7 +385,7 @@ static const opt_cmd dispatch__cmd = {
 
 int bench_dispatch(int argc, char **argv) {
   const dispatch__cfg defaults = {.steps = 20, .rollouts_per_step = 32, .workers = 2,
-                                  .slots = 8, .latency_ms = 20, .train_ms = 40};
+                                  .slots = 8, .group_size = 4, .latency_ms = 20, .train_ms = 40};
   dispatch__cfg cfg = defaults;
   opt_state st;
   int parsed = opt_parse_main(&dispatch__cmd, &cfg, &defaults, argc, argv, environ, &st);
@@ -424,9 +435,10 @@ int bench_dispatch(int argc, char **argv) {
     printf("]}\n");
     return 0;
   }
-  printf("dispatch: %u steps x %u rollouts, %u inference workers x %u requests at once,\n"
-         "%.0f ms per rollout, %.0f ms training per step, loopback\n",
-         cfg.steps, cfg.rollouts_per_step, cfg.workers, cfg.slots, cfg.latency_ms, cfg.train_ms);
+  printf("dispatch: %u steps x %u rollouts in groups of %u, %u inference workers x %u requests\n"
+         "at once, %.0f ms per rollout, %.0f ms training per step, loopback\n",
+         cfg.steps, cfg.rollouts_per_step, cfg.group_size, cfg.workers, cfg.slots, cfg.latency_ms,
+         cfg.train_ms);
   printf("ideal: 0 stale drops; utilisation the batches allow at the measured step time\n\n");
   printf("%5s %9s %6s %8s %7s %7s %8s %8s %7s %13s\n", "async", "generated", "used", "dropped",
          "drop%", "ideal%", "util", "ideal", "ratio", "wall_ms/step");

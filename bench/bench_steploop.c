@@ -172,6 +172,7 @@ static round_result run_round(const char *target, pid_t serve, uint32_t nworkers
   spec.name = "bench-steploop";
   spec.steps = steps;
   spec.rollouts_per_step = per_step;
+  spec.async_bound_case = RLORCH__V1__RUN_SPEC__ASYNC_BOUND_MAX_ASYNC_LEVEL; /* 0 is a value */
   spec.max_async_level = 1;
   spec.policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST;
   ProtobufCMessage *resp = NULL;

@@ -37,6 +37,7 @@ static Rlorch__V1__Run *create(store *s, const char *name, int64_t now) {
   spec.name = (char *)name;
   spec.preset = "100m";
   spec.steps = 10;
+  spec.async_bound_case = RLORCH__V1__RUN_SPEC__ASYNC_BOUND_MAX_ASYNC_LEVEL; /* 0 is a value */
   spec.max_async_level = 1;
   spec.policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED;
   spec.rollouts_per_step = 8;
