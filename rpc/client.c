@@ -327,12 +327,15 @@ grpc_status_code rpc_client_stream(rpc_client *c, const char *method,
   return code;
 }
 
-void rpc_client_cancel_streams(rpc_client *c) {
+static void rpc__cancel_open(rpc_client *c, int and_later) {
   uv_mutex_lock(&c->mu);
-  c->streams_cancelled = 1;
+  if (and_later) c->streams_cancelled = 1;
   for (rpc__open *o = c->streams; o; o = o->next) grpc_call_cancel(o->call, NULL);
   uv_mutex_unlock(&c->mu);
 }
+
+void rpc_client_cancel_streams(rpc_client *c) { rpc__cancel_open(c, 1); }
+void rpc_client_interrupt_streams(rpc_client *c) { rpc__cancel_open(c, 0); }
 
 /* Clients of every kind (ctl, agents) read their bearer token the same way. */
 /* The one reader of bearer-token files, for the server and every client, so

@@ -130,6 +130,10 @@ grpc_status_code rpc_client_stream(rpc_client *c, const char *method,
  * started on this client afterwards end at once with CANCELLED. Safe to call
  * when no stream is open. */
 void rpc_client_cancel_streams(rpc_client *c);
+/* Cancels the blocking streams open now (they end CANCELLED) and nothing
+ * else: a stream started afterwards runs as usual. For a client that must
+ * re-open its streams (an agent registered again under a new id). */
+void rpc_client_interrupt_streams(rpc_client *c);
 
 /* Raw bytes in and out, for tests that send what no codec would. */
 grpc_status_code rpc_client_call_raw(rpc_client *c, const char *method, const void *req,

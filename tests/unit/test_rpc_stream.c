@@ -60,6 +60,24 @@ Test(rpc_stream, client_cancel_streams_from_another_thread) {
   fx_stop();
 }
 
+Test(rpc_stream, interrupt_ends_open_streams_and_leaves_later_ones_alone) {
+  fx_start();
+  fx_streamer s = {.c = fx_client(NULL), .run_id = "open", .n = 1};
+  uv_thread_t th;
+  uv_thread_create(&th, fx_stream_thread, &s);
+  cr_assert_eq(fx_wait_for(&s.got, 1), 1);
+  rpc_client_interrupt_streams(s.c);
+  uv_thread_join(&th);
+  cr_assert_eq(s.code, GRPC_STATUS_CANCELLED, "%s", rpc_status_name(s.code));
+  /* A stream opened afterwards runs to its end. */
+  fx_streamer t = {.c = s.c, .run_id = "done", .n = 10};
+  fx_stream_thread(&t);
+  cr_assert_eq(t.code, GRPC_STATUS_OK, "%s: %s", rpc_status_name(t.code), t.st.message);
+  cr_assert_eq(t.got, 10);
+  rpc_client_free(s.c);
+  fx_stop();
+}
+
 /* ---- paced streams: the writable callback --------------------------------------- */
 
 Test(rpc_stream, paced_stream_sends_the_next_message_once_the_last_went_out) {

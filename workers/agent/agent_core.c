@@ -219,7 +219,9 @@ static int agent__register(agent *a, uint64_t seen) {
  * thread re-open its stream under the new id. */
 static void agent__reregister(agent *a, uint64_t seen, const char *why) {
   agent_log_warn("worker_unknown", "reason=\"%s\" action=register", why);
-  if (agent__register(a, seen) == 0 && !atomic_load(&a->stop)) rpc_client_cancel_streams(a->rpc);
+  /* Interrupt, not cancel: cancelling would also end every stream opened
+   * later, so the attach thread could never open one under the new id. */
+  if (agent__register(a, seen) == 0 && !atomic_load(&a->stop)) rpc_client_interrupt_streams(a->rpc);
 }
 
 /* ---- attach thread ------------------------------------------------------- */
