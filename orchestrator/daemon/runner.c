@@ -938,6 +938,11 @@ int runner_rollouts_done(runner *r, workers_entry *w, const Rlorch__V1__RolloutR
   return rc;
 }
 
+void runner_rollouts_refused(runner *r, workers_entry *w, uint64_t request_id) {
+  r->err_set = 0;
+  if (in_run(r, w)) sched_rollouts_refused(r->sched, mono(), w->id, request_id);
+}
+
 int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_seconds,
                      const uint8_t *nccl_id, size_t nccl_len) {
   r->err_set = 0;

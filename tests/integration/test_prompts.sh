@@ -379,8 +379,18 @@ assert_eq 2 "$(metric_value 'rlorch_rollouts_malformed_total{reason="mismatch"}'
 wait_until 10 has_request 3
 read -r rq3 g3 p3 <<<"$(request 3)"
 assert_eq "$g1 $p1" "$g3 $p3" "the group is sent a third time"
+# Refused by the checks that come before the scheduler: the same.
+out="$(answer "$rq3" "$(rollout 6 "$g3" | sed 's/-0.5,-0.25/-0.5/'),$(rollout 7 "$g3")")"
+assert_status INVALID_ARGUMENT "$out" "an answer with a logprob missing is INVALID_ARGUMENT"
+assert_eq "rollouts[0].completion_logprobs: 1 values for 2 completion tokens" \
+  "$(json_get status.details "$out")" "naming rollouts[0].completion_logprobs"
+assert_eq 1 "$(metric_value 'rlorch_rollouts_malformed_total{reason="logprob_count"}')" \
+  "counted as logprob_count"
+wait_until 10 has_request 4
+read -r rq4 g4 p4 <<<"$(request 4)"
+assert_eq "$g1 $p1" "$g4 $p4" "the group is sent a fourth time"
 # A whole answer, prompts left out: the orchestrator fills them in.
-out="$(answer "$rq3" "$(rollout 4 "$g3"),$(rollout 5 "$g3" "$p3")")"
+out="$(answer "$rq4" "$(rollout 4 "$g4"),$(rollout 5 "$g4" "$p4")")"
 assert_status OK "$out" "the whole answer is accepted"
 wait_until 10 grep -q '"train"' "$TEST_TMP/t-js.jsonl"
 assert_eq 0 $? "and makes the batch of step 0"
