@@ -912,6 +912,10 @@ int runner_rollouts_done(runner *r, workers_entry *w, const Rlorch__V1__RolloutR
   free(ptrs);
   if (rc != 0) {
     r->err_set = rc == SCHED_EINVAL;
+    /* The scheduler never saw this report: tell it the request is answered
+     * and refused, or it would wait for the group on that worker forever
+     * (or until request_timeout_ms) instead of sending it again. */
+    if (rc == SCHED_EINVAL) sched_rollouts_refused(r->sched, mono(), w->id, res->request_id);
     return rc;
   }
   sched_rollout *v = calloc(res->n_rollouts ? res->n_rollouts : 1, sizeof *v);
@@ -932,6 +936,11 @@ int runner_rollouts_done(runner *r, workers_entry *w, const Rlorch__V1__RolloutR
   if (rc != SCHED_OK) rollouts_sweep(r);
   else rollouts_budget(r);
   return rc;
+}
+
+void runner_rollouts_refused(runner *r, workers_entry *w, uint64_t request_id) {
+  r->err_set = 0;
+  if (in_run(r, w)) sched_rollouts_refused(r->sched, mono(), w->id, request_id);
 }
 
 int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_seconds,

@@ -58,6 +58,10 @@ int runner_heartbeat(runner *r, workers_entry *w, uint64_t policy_version);
 /* A worker's rollouts (checked by rollout_check): kept whole for the batch,
  * handed to the scheduler. SCHED_ENOMEM when they cannot be kept. */
 int runner_rollouts_done(runner *r, workers_entry *w, const Rlorch__V1__RolloutResult *res);
+/* A worker's rollouts that rollout_check refused (the caller answered the
+ * report): the request is closed and its group sent again, as for a report
+ * the runner or the scheduler refuses. Runs no actions either. */
+void runner_rollouts_refused(runner *r, workers_entry *w, uint64_t request_id);
 /* The trainer finished `step`; its manifest (workers_set_manifest) is current.
  * `nccl_id` of the engine's size replaces the NCCL id the next plans carry. */
 int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_seconds,

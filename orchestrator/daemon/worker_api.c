@@ -172,6 +172,9 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
                     f == ROLLOUT_TOO_LARGE ? GRPC_STATUS_RESOURCE_EXHAUSTED
                                            : GRPC_STATUS_INVALID_ARGUMENT,
                     "%s", why);
+      /* The worker has answered: its request must not stay in flight. */
+      runner_rollouts_refused(r, w, res->request_id);
+      runner_drain(r);
       return;
     }
     rc = runner_rollouts_done(r, w, res);

@@ -1129,18 +1129,42 @@ static int sched__not_in_flight(sched *s, const sched_worker_info *w, uint64_t r
                          w->name, request_id);
 }
 
+/* The request `request_id` in flight on `worker`, which answered it: its
+ * index in s->reqs, or a code (not in flight, or another worker's). */
+static int sched__answered(sched *s, int64_t now, uint32_t worker, uint64_t request_id,
+                           sched_worker_info **w, size_t *qi) {
+  int rc = sched__get_live(s, worker, w);
+  if (rc) return rc;
+  (*w)->last_seen_ms = now;
+  *qi = sched__req_index(s, request_id);
+  if (*qi == s->nreqs) return sched__not_in_flight(s, *w, request_id);
+  if (s->reqs[*qi].worker != worker)
+    return sched__fail_arg(s, SCHED_EINVAL, "worker %s: request %" PRIu64 " was sent to %s",
+                           (*w)->name, request_id, sched__name(s, s->reqs[*qi].worker));
+  return SCHED_OK;
+}
+
+int sched_rollouts_refused(sched *s, int64_t now, uint32_t worker, uint64_t request_id) {
+  if (sched__begin(s, now)) return SCHED_EINVAL;
+  sched_worker_info *w = NULL;
+  size_t qi = 0;
+  int rc = sched__answered(s, now, worker, request_id, &w, &qi);
+  if (rc) return rc;
+  sched__request q = s->reqs[qi];
+  sched__req_remove(s, qi);
+  /* As for a report the scheduler refuses itself (sched_rollouts_done). */
+  if (!q.twin) sched__requeue(s, q.group, &worker);
+  sched__pump(s, now);
+  return SCHED_OK;
+}
+
 int sched_rollouts_done(sched *s, int64_t now, uint32_t worker, uint64_t request_id,
                         const sched_rollout *rollouts, size_t n) {
   if (sched__begin(s, now)) return SCHED_EINVAL;
   sched_worker_info *w = NULL;
-  int rc = sched__get_live(s, worker, &w);
+  size_t qi = 0;
+  int rc = sched__answered(s, now, worker, request_id, &w, &qi);
   if (rc) return rc;
-  w->last_seen_ms = now;
-  size_t qi = sched__req_index(s, request_id);
-  if (qi == s->nreqs) return sched__not_in_flight(s, w, request_id);
-  if (s->reqs[qi].worker != worker)
-    return sched__fail_arg(s, SCHED_EINVAL, "worker %s: request %" PRIu64 " was sent to %s",
-                           w->name, request_id, sched__name(s, s->reqs[qi].worker));
   sched__request q = s->reqs[qi];
   rc = sched__check_rollouts(s, w, &q, rollouts, n);
   sched__req_remove(s, qi); /* frees the reservation: the pool has room for its count */

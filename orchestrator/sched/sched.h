@@ -46,7 +46,8 @@
  *
  * Re-sending. A group is wanted until one whole valid answer for it is
  * buffered; the scheduler re-sends it, keeping its group id, when
- *   - its worker is lost, or its worker's report is refused (SCHED_EINVAL),
+ *   - its worker is lost, or its worker's report is refused (SCHED_EINVAL,
+ *     or by the caller: sched_rollouts_refused),
  *     and no other request for it is in flight: the group waits in the re-send
  *     queue and goes to the next worker with room (another worker than the
  *     one whose report was refused, when one has room; counted in
@@ -381,6 +382,15 @@ int sched_worker_lost(sched *s, int64_t now_ms, uint32_t id, const char *reason)
  * until their result arrives or their worker is lost). */
 int sched_rollouts_done(sched *s, int64_t now_ms, uint32_t worker, uint64_t request_id,
                         const sched_rollout *rollouts, size_t n);
+
+/* The caller refused the result of request `request_id` from `worker` for a
+ * fault it alone can see (rollouts that answer another prompt than their
+ * group's): the request is closed as for a malformed report, nothing of it
+ * is kept and its group is re-sent unless its other request is still in
+ * flight. SCHED_OK once closed; a request not in flight gives what
+ * sched_rollouts_done would (SCHED_ESTALE for a cancelled one: nothing
+ * changes). */
+int sched_rollouts_refused(sched *s, int64_t now_ms, uint32_t worker, uint64_t request_id);
 
 /* The trainer finished step `step`; `offload` summarises the manifest it will
  * broadcast (NULL: keep the one from registration). */

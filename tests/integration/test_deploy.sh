@@ -13,7 +13,9 @@ METRICS="rlorch_build_info rlorch_rpc_requests_total rlorch_rpc_duration_seconds
 rlorch_event_loop_lag_seconds rlorch_runs rlorch_step_duration_seconds
 rlorch_broadcast_duration_seconds rlorch_staging_seconds rlorch_broadcast_bytes_total
 rlorch_broadcast_throughput_bytes_per_second rlorch_policy_version rlorch_async_level
-rlorch_rollouts_total rlorch_workers"
+rlorch_rollouts_total rlorch_workers rlorch_generated_tokens_total rlorch_worker_generated_tokens_total
+rlorch_rollouts_in_flight rlorch_rollout_request_duration_seconds rlorch_rollout_requests_total
+rlorch_rollouts_malformed_total"
 
 # ---- Prometheus rules --------------------------------------------------------------
 if need_cmd promtool; then
@@ -39,7 +41,12 @@ fi
 # Every key of the example is documented in the file and in docs/OPERATIONS.md.
 keys="listen metrics_listen data_dir token_file tls_cert_file tls_key_file log_level log_format
 max_message_bytes max_rollout_bytes batch_chunk_bytes rollout_buffer_bytes rollout_log shutdown_grace_s heartbeat_interval_ms worker_timeout_ms http_timeout_ms
-http_max_connections default_policy max_async_level rollouts_per_step max_requests_per_worker staging_budget_bytes"
+http_max_connections default_policy max_async_level rollouts_per_step max_requests_per_worker
+group_size prompts_file max_prompt_tokens max_tokens temperature request_timeout_ms staging_budget_bytes"
+# The list is the program's: the keys --print-config prints, all of them.
+assert_eq "$(tr ' ' '\n' <<<"$keys" | sed '/^$/d' | sort | tr '\n' ' ')" \
+  "$("$RLORCH_BIN" serve --print-config | sed -n 's/^\([a-z_]*\):.*/\1/p' | sort | tr '\n' ' ')" \
+  "the key list is every key rlorch serve has"
 missing=""
 for k in $keys; do
   grep -Eq "^#? ?$k:" "$DEPLOY/config/rlorch.yaml" || missing="$missing $k"
@@ -58,6 +65,11 @@ awk '/^  rlorch.yaml: \|/{on=1; next} on && /^    /{sub(/^    /, ""); print; nex
   "$DEPLOY/k8s/configmap.yaml" |
   sed "s#^token_file:.*#token_file: \"$TEST_TMP/token\"#" >"$TEST_TMP/configmap.yaml"
 assert_exit 0 "$RLORCH_BIN" serve --config "$TEST_TMP/configmap.yaml" --print-config
+missing=""
+for k in $keys; do
+  grep -Eq "^#? ?$k:" "$TEST_TMP/configmap.yaml" || missing="$missing $k"
+done
+assert_eq "" "$missing" "deploy/k8s/configmap.yaml lists every configuration key"
 assert_contains "$LAST_OUTPUT" "0.0.0.0:9464" "the ConfigMap's metrics_listen is read"
 assert_not_contains "$LAST_OUTPUT" "not-a-real-token" "--print-config never prints the token"
 
@@ -65,6 +77,127 @@ assert_not_contains "$LAST_OUTPUT" "not-a-real-token" "--print-config never prin
 printf 'listen: "0.0.0.0:7070"\nno_such_key: 1\n' >"$TEST_TMP/bad.yaml"
 assert_exit 2 "$RLORCH_BIN" serve --config "$TEST_TMP/bad.yaml" --print-config
 assert_contains "$LAST_OUTPUT" "no_such_key" "the error names the unknown key"
+
+# ---- docs/OPERATIONS.md: each command's table is its --help -------------------------
+# Every command rlorch lists (rlorch --help, rlorch ctl --help, rlorch bench
+# --help) has a "#### `rlorch CMD`" section whose table rows are its --help
+# entries, in order: arguments, flags, the variable of each. serve's table
+# groups its keys with notes of its own, so there each flag and key must be
+# present.
+doc_out="$(python3 - "$RLORCH_BIN" "$RLORCH_SOURCE_DIR/docs/OPERATIONS.md" <<'EOF'
+import re, subprocess, sys
+
+binary, doc = sys.argv[1], sys.argv[2]
+
+def help_of(cmd):
+    return subprocess.run([binary] + cmd.split() + ["--help"], capture_output=True,
+                          text=True).stdout
+
+def parse(text):
+    """A --help text's entries [section, spec, help] and each flag's or key's variable."""
+    entries, env, sect = [], {}, None
+    for line in text.splitlines():
+        if not line.strip():
+            sect = None if sect == "env" else sect
+            continue
+        if not line.startswith(" "):
+            sect = ("args" if line.startswith("arguments:") else
+                    "flags" if line.startswith("flags:") else
+                    "keys" if line.startswith("settings without a flag") else
+                    "env" if line.startswith("environment") else None)
+            continue
+        if sect == "env":
+            f = line.split()
+            also = re.search(r"\(also (\S+)\)", line)
+            if len(f) >= 3 and not f[2].startswith("("):  # serve: VARIABLE KEY FLAG
+                env[f[1]] = (f[0], None)
+                if f[2] != "-":
+                    env[f[2]] = (f[0], None)
+            else:
+                env[f[1]] = (f[0], also.group(1) if also else None)
+        elif sect in ("args", "flags", "keys"):
+            if line.startswith("    "):  # the help of an entry too wide for its column
+                entries[-1][2] = (entries[-1][2] + " " + line.strip()).strip()
+            elif len(line) > 29 and line[28] == " " and line[29] != " ":
+                entries.append([sect, line[:29].strip(), line[29:].strip()])
+            else:
+                entries.append([sect, line.strip(), ""])
+    return entries, env
+
+def rows(cmd):
+    entries, env = parse(help_of(cmd))
+    out = []
+    for sect, spec, h in entries:
+        name = spec.split()[0].rstrip(",")
+        if name == "--help":
+            continue
+        h = h.replace("|", "\\|")
+        var, also = env.get(name, (None, None))
+        col = (f"`{var}`" + (f" (also {also})" if also else "")) if var else "—"
+        if sect == "args":
+            out.append(f"| `{spec}` (argument) | — | {h} |")
+        elif sect == "keys":
+            out.append(f"| `{spec}` (file and environment) | {col} | {h} |")
+        else:
+            out.append(f"| `{spec}` | {col} | {h} |")
+    return out
+
+def listed(cmd, section):
+    names, on = [], False
+    for line in help_of(cmd).splitlines():
+        if line.startswith(section):
+            on = True
+        elif on and line.startswith("  ") and line.split():
+            names.append(line.split()[0])
+        elif on and not line.startswith(" "):
+            on = False
+    return names
+
+tables, cur = {}, None
+for line in open(doc):
+    m = re.match(r"#### `rlorch (.+)`$", line.strip())
+    if m:
+        cur = m.group(1)
+        tables[cur] = []
+    elif line.startswith("#"):
+        cur = None
+    elif cur and line.startswith("| `"):
+        tables[cur].append(line.rstrip("\n"))
+
+commands = listed("", "commands:") + ["ctl " + c for c in listed("ctl", "commands")]
+commands += ["bench " + c for c in listed("bench", "benchmarks:")]
+print(f"commands {len(commands)}")
+for cmd in commands:
+    if cmd not in tables:
+        print(f"FAIL rlorch {cmd} has a section in docs/OPERATIONS.md")
+        continue
+    if cmd == "bench":  # a list of the benchmarks: no settings of its own
+        continue
+    want, have = rows(cmd), tables[cmd]
+    if not want:
+        print(f"FAIL rlorch {cmd} --help lists no entry")
+    elif cmd == "serve":
+        names = {r.split("`")[1].split()[0] for r in have}
+        missing = [r.split("`")[1].split()[0] for r in want
+                   if r.split("`")[1].split()[0] not in names]
+        print(("ok " if not missing else "FAIL ") + "the rlorch serve table has every flag and key"
+              + (f" (missing: {' '.join(missing)})" if missing else ""))
+    elif have == want:
+        print(f"ok the rlorch {cmd} table is its --help")
+    else:
+        diff = [f"docs: {r}" for r in have if r not in want] + [f"--help: {r}" for r in want if r not in have]
+        print(f"FAIL the rlorch {cmd} table is its --help: " + ("; ".join(diff) or "another order"))
+EOF
+)"
+ncmd="$(sed -n 's/^commands //p' <<<"$doc_out")"
+assert_eq 1 "$((${ncmd:-0} > 10))" "rlorch lists its commands ($ncmd)" || printf '%s\n' "$doc_out"
+while IFS= read -r line; do
+  case "$line" in
+    "ok "*) pass "${line#ok }" ;;
+    "FAIL "*) fail "${line#FAIL }" ;;
+  esac
+done <<<"$doc_out"
+assert_eq "$((ncmd - 1))" "$(grep -cE '^(ok|FAIL) ' <<<"$doc_out")" "every command's table was checked"
 
 # ---- Grafana dashboard --------------------------------------------------------------
 dash_out="$(python3 - "$DEPLOY/grafana/rlorch.json" $METRICS <<'EOF'

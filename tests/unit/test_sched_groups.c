@@ -117,6 +117,39 @@ Test(sched_groups, short_report_is_refused_and_its_group_sent_again) {
   sched_free(h.s);
 }
 
+/* A report the caller refuses (its rollouts answer another prompt: only the
+ * caller knows the prompts) closes the request like one the scheduler
+ * refuses: nothing kept, the group asked again with its id. */
+Test(sched_groups, report_refused_by_the_caller_sends_its_group_again) {
+  fx h;
+  start(&h, G, 0, 1, 0); /* one group at a time */
+  cr_assert_eq(h.nreqs, 1);
+  uint64_t rid = h.reqs[0].id, group = h.reqs[0].group;
+  uint32_t w = h.reqs[0].worker, other = w == 2 ? 3 : 2;
+  cr_assert_eq(sched_rollouts_refused(h.s, h.now, other, rid), SCHED_EINVAL,
+               "only the worker the request went to answers it");
+  cr_assert_eq(sched_rollouts_refused(h.s, h.now, w, rid + 100), SCHED_ENOENT);
+  cr_assert_eq(counters(&h).groups_requeued, 0, "neither changed anything");
+  h.nreqs = 0;
+  cr_assert_eq(sched_rollouts_refused(h.s, h.now, w, rid), SCHED_OK, "%s", sched_last_error(h.s));
+  fx_drain(&h);
+  sched_counters k = counters(&h);
+  cr_assert_eq(k.groups_requeued, 1);
+  cr_assert_eq(k.rollouts_received, 0);
+  cr_assert_eq(outstanding(&h, w), 0, "its slot is free");
+  cr_assert_eq(h.nreqs, 1, "the group is asked again at once");
+  cr_assert_eq(h.reqs[0].group, group, "with its id");
+  cr_assert_neq(h.reqs[0].id, rid, "in a new request");
+  cr_assert_eq(h.reqs[0].worker, other, "of the other worker, which has room");
+  cr_assert_eq(sched_rollouts_done(h.s, h.now, w, rid,
+                                   (sched_rollout[G]){{.id = 1, .group_id = group}}, G),
+               SCHED_ENOENT, "the refused request is no longer in flight");
+  cr_assert_eq(answer_full(&h, h.reqs[0].id, 20, 0), SCHED_OK, "%s", sched_last_error(h.s));
+  cr_assert_eq(h.ntrain, 1);
+  cr_assert_eq(h.train_ids[0], 20);
+  sched_free(h.s);
+}
+
 Test(sched_groups, long_report_and_foreign_group_are_refused) {
   fx h;
   start(&h, 2 * G, 0, 1, 0); /* two groups, one on each worker */
