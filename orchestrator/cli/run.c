@@ -56,6 +56,7 @@ static const opt_name run__modes[] = {
     {"direct", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_DIRECT},
     {"staged", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED},
     {"host", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST},
+    {"colocated", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_COLOCATED},
     {NULL, 0}};
 
 #define RO(m, ctype) OPT_OFF(run_opts, m, ctype)

@@ -405,6 +405,7 @@ int agent_inference_run(const agent_opts *o) {
 #ifdef RLORCH_HAVE_CUDA
   if (in.device >= 0) cudaSetDevice(in.device);
 #endif
+  bcast_caps_select_device(&in.caps, in.device);
   agent_log_devices(&in.caps, in.device);
   uint64_t seed = in.o.seed_set ? in.o.seed : (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
   agent_rollout_gen_init(&in.gen, &in.o.rollout, seed, in.o.reward, in.o.reward_ud);

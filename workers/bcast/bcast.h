@@ -54,11 +54,16 @@ typedef enum {
   BCAST_RES_HOST_PAGEABLE = 3
 } bcast_residency;
 
-typedef enum { BCAST_MODE_DIRECT = 2, BCAST_MODE_STAGED = 3, BCAST_MODE_HOST = 4 } bcast_mode;
+typedef enum {
+  BCAST_MODE_DIRECT = 2,
+  BCAST_MODE_STAGED = 3,
+  BCAST_MODE_HOST = 4,
+  BCAST_MODE_COLOCATED = 5 /* receivers on the sender's GPU: writes through CUDA IPC */
+} bcast_mode;
 
 size_t bcast_dtype_size(bcast_dtype d);           /* 0 for an unknown dtype */
 const char *bcast_dtype_name(bcast_dtype d);      /* "fp32", "bf16", "fp16", "u16" */
-const char *bcast_mode_name(bcast_mode m);        /* "direct", "staged", "host" */
+const char *bcast_mode_name(bcast_mode m);        /* "direct", "staged", "host", "colocated" */
 /* 1 when a plan may carry a tensor stored as `from` on the wire as `to`:
  *   fp32 -> fp32 | bf16 | fp16   (narrowing casts round to nearest even)
  *   bf16 -> bf16, fp16 -> fp16, u16 -> u16   (bytes copied as they are)
@@ -181,7 +186,9 @@ typedef struct bcast_caps {
   char cuda_version[32];        /* runtime version, "" without CUDA */
   char driver_version[32];
   char nccl_version[32];        /* "2.28.9", "" without NCCL */
-  char gpu_name[128];
+  char gpu_name[128];           /* of device 0, or of the device bcast_caps_select_device chose */
+  char gpu_uuid[48];            /* "GPU-xxxxxxxx-...", as nvidia-smi -L; "" without a device */
+  char host_id[64];             /* this machine: its boot id, else its host name */
   uint64_t pinned_limit_bytes;  /* RLIMIT_MEMLOCK or physical memory */
   int cpu_threads;
   int cpu_avx2, cpu_avx512;     /* vector units the host casts use */
@@ -189,6 +196,9 @@ typedef struct bcast_caps {
 } bcast_caps;
 
 void bcast_caps_probe(bcast_caps *caps);
+/* Points gpu_name and gpu_uuid at `device` (the one a worker uses); device -1,
+ * or one that is not visible, empties both. Colocation is decided on them. */
+void bcast_caps_select_device(bcast_caps *caps, int device);
 /* 1 when the mode can run here; else 0 and a reason in `why`. */
 int bcast_mode_available(const bcast_caps *caps, bcast_mode m, char *why, size_t whylen);
 

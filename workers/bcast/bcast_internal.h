@@ -75,6 +75,11 @@ int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *loc
 /* GPU backend. Without CUDA in the build these return BCAST_ENOTSUP with a message. */
 typedef struct bcast_gpu bcast_gpu;
 void bcast__gpu_probe(bcast_caps *caps); /* fills the CUDA/NCCL fields */
+/* The UUID of `device` as nvidia-smi prints it ("GPU-8-4-4-4-12 hex"); 0, or
+ * BCAST_ENOTSUP / BCAST_ECUDA with `out` emptied. */
+int bcast__gpu_uuid(int device, char *out, size_t len);
+/* This machine's identity: /proc/sys/kernel/random/boot_id, else the host name. */
+void bcast__host_id(char *out, size_t len);
 int bcast__gpu_open(const bcast_engine_opts *o, bcast_gpu **out, bcast_err *err);
 void bcast__gpu_close(bcast_gpu *g);
 int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err);
