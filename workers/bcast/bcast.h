@@ -265,6 +265,36 @@ int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tenso
  * Only the latest cancelled id is kept. 0, or BCAST_EINVAL. */
 int bcast_engine_cancel(bcast_engine *e, const char *plan_id);
 
+/* ---- colocated mode: receivers on the sender's GPU ------------------------------
+ * Every receiver of a BCAST_MODE_COLOCATED plan exports where its tensors
+ * live; the sender imports every receiver's export, then all execute the plan.
+ * The sender's copies and cast kernels write straight into receiver memory
+ * (CUDA IPC; pointers as they are for a receiver in the sender's process);
+ * receivers copy nothing and hold one copy of their weights.
+ *
+ * Receiver: call after binding its buffers and before acknowledging the plan;
+ * the bytes (malloc'd, free() them) go to the sender through the control
+ * plane (PlanAck.colocated_export). Its tensors must be cudaMalloc memory on
+ * the engine's device in the wire dtype; the handles are made once per layout
+ * and made again only when the buffers or the plan's tensors change. Each
+ * export clears this receiver's done word.
+ * Sender: imports one export per receiver rank (a different process or this
+ * one), before bcast_engine_execute. Mappings are kept while a receiver's
+ * export stays the same, closed when it changes, when an executed plan no
+ * longer has that receiver, and by bcast_engine_free. An export made on
+ * another GPU or host is refused (BCAST_ENOTSUP, naming both); one for another
+ * plan hash with BCAST_EMISMATCH.
+ * Ordering: the sender's execute waits on the host until every write is done,
+ * then sets each receiver's done word and waits for that; a receiver's
+ * execute returns once its done word holds the plan's token. A receiver is
+ * thus told the version is complete only after every write into it. */
+int bcast_engine_coloc_export(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
+                              size_t n, uint8_t **out, size_t *len, bcast_err *err);
+int bcast_engine_coloc_import(bcast_engine *e, const bcast_plan *p, uint32_t rank,
+                              const uint8_t *buf, size_t len, bcast_err *err);
+/* Receiver allocations the sender has mapped now (for tests and leak checks). */
+size_t bcast_engine_coloc_mappings(const bcast_engine *e);
+
 /* ---- floors: what the hardware gives without the engine (bcast_floor.c) ---
  * For benchmarks that put the engine's step time beside the bound it works
  * against, measured in the same run (the bound moves from machine to machine).

@@ -87,6 +87,22 @@ int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err);
 int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank,
                        const bcast_tensor *local, size_t n, bcast_stats *stats, bcast_err *err);
 
+/* Colocated mode (bcast_coloc.c): the receivers' exports and the sender's
+ * mappings of them, owned by one engine and freed before its GPU backend. */
+typedef struct bcast_coloc bcast_coloc;
+int bcast__coloc_new(bcast_gpu *g, bcast_coloc **out, bcast_err *err);
+void bcast__coloc_free(bcast_coloc *c, bcast_gpu *g);
+size_t bcast__coloc_mapped(const bcast_coloc *c); /* receiver allocations mapped now */
+int bcast__coloc_export(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_t rank,
+                        const bcast_tensor *local, size_t n, uint8_t **out, size_t *len,
+                        bcast_err *err);
+int bcast__coloc_import(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_t rank,
+                        const uint8_t *buf, size_t len, bcast_err *err);
+/* cancel_fd: readable means "cancel this execution" (-1: none). */
+int bcast__coloc_execute(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_t rank,
+                         const bcast_tensor *local, size_t n, int cancel_fd, bcast_stats *stats,
+                         bcast_err *err);
+
 /* Synchronous copy between host and the backend's device (host transport with
  * GPU-resident tensors on one side). to_device: 1 host -> device, 0 device -> host. */
 int bcast__gpu_copy(bcast_gpu *g, void *dst, const void *src, size_t bytes, int to_device,
