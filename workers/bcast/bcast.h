@@ -308,6 +308,13 @@ size_t bcast_engine_coloc_mappings(const bcast_engine *e);
  * timed with CUDA events; one warm-up copy, then the best of `reps`. */
 int bcast_floor_h2d(int device, uint64_t bytes, int reps, double *gbps, bcast_err *err);
 
+/* Device-to-device copy bandwidth of `device` in GB/s, one way (bytes copied
+ * per second; the memory moves twice that, read plus write): one
+ * cudaMemcpyAsync of `bytes` between two allocations, timed with CUDA events;
+ * one warm-up copy, then the best of `reps`. The floor of colocated mode with
+ * the master on the GPU. */
+int bcast_floor_d2d(int device, uint64_t bytes, int reps, double *gbps, bcast_err *err);
+
 /* Broadcast alone: `bytes` as one buffer from devices[0] to the other ndev - 1
  * devices, all driven by this process (ncclCommInitAll, one ncclBroadcast per
  * device in one group).  Host wall time from the launch until every device's
