@@ -82,7 +82,7 @@ static const opt_field bb__fields[] = {
      .dflt = "0: all"},
     {.name = "master", .flag = "--master", .type = OPT_ENUM, .off = BBA(master, int),
      .names = bb__masters, .metavar = "WHERE",
-     .help = "colocated: the sender's weights: fp32 pinned host, fp32 on the GPU, or bf16 pinned host"},
+     .help = "colocated: the sender's weights, fp32 pinned host, fp32 on the GPU or bf16 pinned host"},
     {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BBA(json, bool),
      .help = "one JSON object instead of text"},
 };
