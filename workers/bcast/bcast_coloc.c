@@ -50,7 +50,7 @@
 #define COLOC_MAGIC 0x58434c52u /* "RLCX" */
 #define COLOC_VERSION 1u
 #define COLOC_HANDLE_BYTES 64
-#define COLOC_FLAG_BYTES 256 /* the done word's allocation */
+#define COLOC_FLAG_BYTES (2u << 20) /* the done word's allocation: a whole 2 MiB page of its own */
 #define COLOC_MAX_ALLOCS (1u << 20)
 
 _Static_assert(sizeof(cudaIpcMemHandle_t) == COLOC_HANDLE_BYTES, "IPC handle size changed");
