@@ -66,8 +66,8 @@ step gpu_test_bcast_coloc 240 "$B/gpu_test_bcast_coloc" --jobs 1 --verbose
 step gpu_test_bcast_gpu 120 "$B/gpu_test_bcast_gpu" --jobs 1
 export -f run_check
 export R work
-step run_1b_none_coloc 120 bash -c 'run_check none 1'
-step run_1b_params_coloc_2rx 150 bash -c 'run_check params 2'
+step run_1b_none_coloc 150 bash -c 'run_check none 1'
+step run_1b_params_coloc_2rx 170 bash -c 'run_check params 2'
 for p in 1b 4b; do
   for m in gpu host bf16-host; do
     step "bench_${p}_${m}" 150 "$R" bench broadcast --mode colocated --preset "$p" --master "$m" \
