@@ -8,8 +8,13 @@
  *           broadcast alone as one buffer (bcast_floor_broadcast).
  *   host:   fp32 pageable host weights, bf16 over loopback TCP. Baseline: a
  *           memcpy plus a plain socket send of the same bytes.
+ *   colocated: sender and receiver on GPU 0, the receiver's bf16 buffers
+ *           written by the sender (--master: fp32 pinned host, fp32 on the
+ *           GPU, or a bf16 pinned host copy). Floors, all measured here: fp32
+ *           and bf16 bytes over the pinned host-to-device bandwidth, and a
+ *           device-to-device copy moving the bytes the casts read and write.
  * Ranks are two engines in this process, one thread each (GPU 0 sends, GPU 1
- * receives; NCCL refuses two ranks on one GPU). Only the public headers of the
+ * receives; NCCL refuses two ranks on one GPU; colocated: both on GPU 0). Only the public headers of the
  * engine are used, so what is timed is what a user of the library gets. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -37,14 +42,25 @@ typedef struct bb_args {
   uint32_t reps;
   uint32_t budget_mib; /* staging memory per bucket */
   uint32_t max_layers; /* 0: all */
+  int master;          /* colocated: where the sender's weights live (BB_MASTER_*) */
   bool json;
 } bb_args;
+
+enum { BB_MASTER_HOST = 1, BB_MASTER_GPU = 2, BB_MASTER_BF16_HOST = 3 };
+
+static const opt_name bb__masters[] = {
+    {"host", BB_MASTER_HOST},
+    {"gpu", BB_MASTER_GPU},
+    {"bf16-host", BB_MASTER_BF16_HOST},
+    {NULL, 0},
+};
 
 /* The modes that can be timed; auto is the orchestrator's choice among them. */
 static const opt_name bb__modes[] = {
     {"direct", BCAST_MODE_DIRECT},
     {"staged", BCAST_MODE_STAGED},
     {"host", BCAST_MODE_HOST},
+    {"colocated", BCAST_MODE_COLOCATED},
     {NULL, 0},
 };
 
@@ -64,6 +80,9 @@ static const opt_field bb__fields[] = {
     {.name = "layers", .flag = "--layers", .type = OPT_U32, .off = BBA(max_layers, uint32_t),
      .min = 0, .max = 1 << 20, .metavar = "N", .help = "keep only the first N decoder layers",
      .dflt = "0: all"},
+    {.name = "master", .flag = "--master", .type = OPT_ENUM, .off = BBA(master, int),
+     .names = bb__masters, .metavar = "WHERE",
+     .help = "colocated: the sender's weights, fp32 pinned host, fp32 on the GPU or bf16 pinned host"},
     {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BBA(json, bool),
      .help = "one JSON object instead of text"},
 };
@@ -75,7 +94,10 @@ static const opt_cmd bb__cmd = {
              "  staged  fp32 pinned host weights, bf16 to GPU 1; floor: fp32 bytes over PCIe\n"
              "  direct  bf16 weights on GPU 0; floor: the same bytes broadcast as one buffer\n"
              "  host    fp32 pageable host weights, bf16 over loopback TCP; baseline: memcpy\n"
-             "          plus a plain socket send",
+             "          plus a plain socket send\n"
+             "  colocated  sender and receiver on GPU 0, the sender writing the receiver's bf16\n"
+             "          buffers (--master host|gpu|bf16-host); floors: fp32 and bf16 pinned\n"
+             "          host-to-device, device-to-device copy",
     .fields = bb__fields,
     .nfields = sizeof bb__fields / sizeof bb__fields[0],
 };
@@ -85,7 +107,7 @@ static const opt_cmd bb__cmd = {
  * message printed). Release a with opt_free on every path. */
 static int parse(int argc, char **argv, bb_args *a) {
   static const bb_args defaults = {.preset = "100m", .mode = BCAST_MODE_STAGED, .reps = 5,
-                                   .budget_mib = 256};
+                                   .budget_mib = 256, .master = BB_MASTER_HOST};
   *a = defaults;
   if (opt_own(&bb__cmd, a) != 0) {
     fprintf(stderr, "rlorch %s: out of memory\n", bb__cmd.name);
@@ -106,6 +128,8 @@ static int parse(int argc, char **argv, bb_args *a) {
 /* ---- results ------------------------------------------------------------------------ */
 
 typedef struct bb_result {
+  double h2d_gbps, d2d_gbps;                  /* colocated: measured bandwidths */
+  double fp32_h2d_s, bf16_h2d_s, d2d_s;       /* colocated: the three floors */
   double floor_s, engine_s;
   double floor_gbps;
   const char *floor_name;
@@ -217,9 +241,16 @@ static int gpu_available(const bb_args *a) {
   char why[256];
   bcast_caps_probe(&caps);
   const char *m = bcast_mode_name(a->mode);
-  if (!caps.cuda_built || !caps.nccl_built) {
+  if (!caps.cuda_built || (!caps.nccl_built && a->mode != BCAST_MODE_COLOCATED)) {
     fprintf(stderr, "bench broadcast: --mode %s needs a build with CUDA and NCCL\n", m);
     return 0;
+  }
+  if (a->mode == BCAST_MODE_COLOCATED) {
+    if (!bcast_mode_available(&caps, a->mode, why, sizeof why)) {
+      fprintf(stderr, "bench broadcast: --mode colocated unavailable: %s\n", why);
+      return 0;
+    }
+    return 1; /* one GPU, no NCCL */
   }
   if (caps.cuda_devices < BB_RANKS) {
     fprintf(stderr, "bench broadcast: --mode %s needs %d CUDA devices, %d visible\n", m, BB_RANKS,
@@ -238,6 +269,28 @@ static int gpu_available(const bb_args *a) {
  * GPU 0 -> GPU 1 as one buffer (median of reps after a warm-up). */
 static int gpu_floor(const bb_args *a, uint64_t fp32_bytes, uint64_t bf16_bytes, bb_result *res,
                      bcast_err *err) {
+  if (a->mode == BCAST_MODE_COLOCATED) {
+    int rc = bcast_floor_h2d(0, (uint64_t)2 << 30, 3, &res->h2d_gbps, err);
+    if (!rc) rc = bcast_floor_d2d(0, (uint64_t)2 << 30, 5, &res->d2d_gbps, err);
+    if (rc) return rc;
+    res->fp32_h2d_s = (double)fp32_bytes / (res->h2d_gbps * 1e9);
+    res->bf16_h2d_s = (double)bf16_bytes / (res->h2d_gbps * 1e9);
+    /* The GPU-resident master reads fp32 and writes bf16: a device copy that
+     * moves as many bytes (read + write) copies half their sum. With a bf16
+     * master the engine copies the bf16 bytes themselves. */
+    uint64_t copied = a->master == BB_MASTER_GPU ? (fp32_bytes + bf16_bytes) / 2 : bf16_bytes;
+    res->d2d_s = (double)copied / (res->d2d_gbps * 1e9);
+    if (a->master == BB_MASTER_GPU) {
+      res->floor_s = res->d2d_s;
+      res->floor_gbps = res->d2d_gbps;
+      res->floor_name = "d2d";
+    } else {
+      res->floor_s = a->master == BB_MASTER_BF16_HOST ? res->bf16_h2d_s : res->fp32_h2d_s;
+      res->floor_gbps = res->h2d_gbps;
+      res->floor_name = a->master == BB_MASTER_BF16_HOST ? "bf16 h2d" : "fp32 h2d";
+    }
+    return BCAST_OK;
+  }
   if (a->mode == BCAST_MODE_STAGED) {
     int rc = bcast_floor_h2d(0, (uint64_t)2 << 30, 3, &res->floor_gbps, err);
     if (rc) return rc;
@@ -342,6 +395,7 @@ static int host_baseline(const bcast_tensor *snd, size_t n, bb_result *res) {
 
 static int bench_run(const bb_args *a, bb_result *res) {
   int gpu = a->mode != BCAST_MODE_HOST, staged = a->mode == BCAST_MODE_STAGED;
+  int coloc = a->mode == BCAST_MODE_COLOCATED;
   if (gpu && !gpu_available(a)) return 1;
   bcast_preset_opts so = {.storage_dtype = BCAST_DTYPE_FP32, .wire_dtype = BCAST_DTYPE_BF16,
                           .residency = BCAST_RES_HOST_PAGEABLE, .max_layers = a->max_layers};
@@ -350,10 +404,14 @@ static int bench_run(const bb_args *a, bb_result *res) {
     so.residency = staged ? BCAST_RES_HOST_PINNED : BCAST_RES_GPU;
     so.device = 0;
   }
+  if (coloc) {
+    so.storage_dtype = a->master == BB_MASTER_BF16_HOST ? BCAST_DTYPE_BF16 : BCAST_DTYPE_FP32;
+    so.residency = a->master == BB_MASTER_GPU ? BCAST_RES_GPU : BCAST_RES_HOST_PINNED;
+  }
   bcast_preset_opts ro = so;
   if (gpu) {
     ro.residency = BCAST_RES_GPU;
-    ro.device = 1;
+    ro.device = coloc ? 0 : 1;
   }
   bcast_tensor *snd = NULL, *rcv = NULL;
   size_t n = 0, m = 0;
@@ -376,7 +434,7 @@ static int bench_run(const bb_args *a, bb_result *res) {
   /* The GPU floors run before the engines exist, on idle devices. */
   if (gpu && gpu_floor(a, fp32, bf16, res, &err)) goto fail;
   for (int i = 0; i < BB_RANKS; i++) {
-    bcast_engine_opts eo = {.rank = (uint32_t)i, .device = gpu ? i : -1, .timeout_s = 120,
+    bcast_engine_opts eo = {.rank = (uint32_t)i, .device = gpu ? (coloc ? 0 : i) : -1, .timeout_s = 120,
                             .host_listen = !gpu && i == 0 ? "127.0.0.1:0" : NULL};
     if (bcast_engine_new(&eo, &e[i], &err)) goto fail;
   }
@@ -384,10 +442,19 @@ static int bench_run(const bb_args *a, bb_result *res) {
                         .root_rank = 0, .staging_budget = (uint64_t)a->budget_mib << 20,
                         .host_endpoint = gpu ? NULL : bcast_engine_data_address(e[0])};
   if (bcast_plan_build(snd, n, &po, &plan, &err)) goto fail;
-  if (gpu) {
+  if (gpu && !coloc) {
     uint8_t id[128];
     if (bcast_engine_nccl_id(e[0], id, &err)) goto fail;
     bcast_plan_set_nccl_id(plan, id);
+  }
+  if (coloc) {
+    /* What the control plane does: the receiver's export, the sender's import. */
+    uint8_t *ex = NULL;
+    size_t exlen = 0;
+    if (bcast_engine_coloc_export(e[1], plan, rcv, m, &ex, &exlen, &err)) goto fail;
+    int irc = bcast_engine_coloc_import(e[0], plan, 1, ex, exlen, &err);
+    free(ex);
+    if (irc) goto fail;
   }
   res->wire_bytes = bcast_plan_wire_bytes(plan);
   res->nbuckets = (uint32_t)plan->nbuckets;
@@ -412,11 +479,63 @@ out:
 
 /* ---- report ------------------------------------------------------------------------------ */
 
+/* Colocated: the engine against each floor, and the peers' figure for 4b. */
+static void report_coloc(const bb_args *a, const bb_result *r) {
+  const bcast_stats *s = &r->last;
+  const char *master = opt_enum_name(bb__masters, a->master);
+  double ratio = r->floor_s > 0 ? r->engine_s / r->floor_s : 0;
+  /* Goals: host masters within 3 % of their host-to-device floor, the GPU
+   * master within 3x the device copy of the bytes it reads and writes. */
+  double goal = a->master == BB_MASTER_GPU ? 3.0 : 1.03;
+  int is4b = !strcmp(a->preset, "4b");
+  if (a->json) {
+    printf("{\"bench\":\"broadcast\",\"preset\":\"%s\",\"mode\":\"colocated\",\"master\":\"%s\","
+           "\"reps\":%u,\"params\":%llu,\"wire_bytes\":%llu,\"pcie_bytes\":%llu,\"buckets\":%u,"
+           "\"transport\":\"%s\",\"h2d_gbps\":%.2f,\"d2d_gbps\":%.2f,\"fp32_h2d_floor_s\":%.6f,"
+           "\"bf16_h2d_floor_s\":%.6f,\"d2d_floor_s\":%.6f,\"floor\":\"%s\",\"floor_s\":%.6f,"
+           "\"engine_s\":%.6f,\"ratio\":%.4f,\"goal_ratio\":%.2f,\"goal_met\":%s,"
+           "\"ratio_fp32_h2d\":%.4f,\"ratio_bf16_h2d\":%.4f,\"ratio_d2d\":%.4f,"
+           "\"h2d_s\":%.6f,\"cast_s\":%.6f%s}\n",
+           a->preset, master, a->reps, (unsigned long long)r->params,
+           (unsigned long long)r->wire_bytes, (unsigned long long)r->pcie_bytes, r->nbuckets,
+           s->transport ? s->transport : "", r->h2d_gbps, r->d2d_gbps, r->fp32_h2d_s, r->bf16_h2d_s,
+           r->d2d_s, r->floor_name, r->floor_s, r->engine_s, ratio, goal,
+           ratio <= goal ? "true" : "false", r->engine_s / r->fp32_h2d_s,
+           r->engine_s / r->bf16_h2d_s, r->engine_s / r->d2d_s, s->h2d_s, s->cast_s,
+           is4b ? ",\"peers_reference_s\":0.339" : "");
+    return;
+  }
+  printf("broadcast %s, mode colocated (master %s, %s): %.2f B params, %.2f GB written in %u "
+         "buckets, %u reps\n",
+         a->preset, master, s->transport ? s->transport : "?", r->params / 1e9,
+         r->wire_bytes / 1e9, r->nbuckets, a->reps);
+  printf("  floor fp32 h2d   %.4f s  (pinned, %.1f GB/s)\n", r->fp32_h2d_s, r->h2d_gbps);
+  printf("  floor bf16 h2d   %.4f s\n", r->bf16_h2d_s);
+  printf("  floor d2d        %.4f s  (%.0f GB/s one way; %s)\n", r->d2d_s, r->d2d_gbps,
+         a->master == BB_MASTER_GPU ? "the bytes the casts read and write" : "the bf16 bytes");
+  printf("  engine           %.4f s  (median after a warm-up)\n", r->engine_s);
+  printf("  ratios           %.3fx fp32 h2d, %.3fx bf16 h2d, %.3fx d2d\n",
+         r->engine_s / r->fp32_h2d_s, r->engine_s / r->bf16_h2d_s, r->engine_s / r->d2d_s);
+  printf("  against %-8s %.3fx (goal <= %.2fx: %s)\n", r->floor_name, ratio, goal,
+         ratio <= goal ? "met" : "NOT met");
+  printf("  sender stages (sums): h2d %.4f s, cast %.4f s; PCIe %.2f GB\n", s->h2d_s, s->cast_s,
+         s->pcie_bytes / 1e9);
+  if (is4b)
+    printf("  reference: verl/slime-style colocated update (per-layer IPC buckets, receiver "
+           "copies) took 0.339 s on 1 x H200 (%.2fx of it)\n",
+           r->engine_s / 0.339);
+}
+
 static void report(const bb_args *a, const bb_result *r) {
   const bcast_stats *s = &r->last;
   const char *mode = bcast_mode_name(a->mode);
   double ratio = r->floor_s > 0 ? r->engine_s / r->floor_s : 0;
-  int is4b = !strcmp(a->preset, "4b") && a->mode != BCAST_MODE_HOST;
+  int is4b = !strcmp(a->preset, "4b") && a->mode != BCAST_MODE_HOST &&
+             a->mode != BCAST_MODE_COLOCATED;
+  if (a->mode == BCAST_MODE_COLOCATED) {
+    report_coloc(a, r);
+    return;
+  }
   if (a->json) {
     printf("{\"bench\":\"broadcast\",\"preset\":\"%s\",\"mode\":\"%s\",\"reps\":%u,"
            "\"params\":%llu,\"wire_bytes\":%llu,\"pcie_bytes\":%llu,\"buckets\":%u,"

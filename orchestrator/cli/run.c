@@ -56,6 +56,7 @@ static const opt_name run__modes[] = {
     {"direct", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_DIRECT},
     {"staged", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED},
     {"host", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST},
+    {"colocated", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_COLOCATED},
     {NULL, 0}};
 
 #define RO(m, ctype) OPT_OFF(run_opts, m, ctype)
@@ -129,6 +130,7 @@ typedef struct run_ctx {
   rpc_client *client;
   char run_id[64];
   int ndevices; /* CUDA devices usable with NCCL here */
+  int colocate; /* fewer of those than processes, but a GPU: every worker on GPU 0 */
   int inference_set;
   Rlorch__V1__StepRecord **steps;
   size_t nsteps, capsteps;
@@ -429,10 +431,13 @@ static void stop_children(run_ctx *c) {
   }
 }
 
-/* One GPU per process: NCCL refuses two ranks on one device. The trainer takes
- * device 0, inference worker i takes device 1 + i; a worker left without a
- * device of its own runs on the host (and the broadcast mode says so). */
+/* One GPU per process when there are enough: NCCL refuses two ranks on one
+ * device. The trainer takes device 0, inference worker i takes device 1 + i.
+ * With fewer GPUs than processes (one GPU, typically) every process shares
+ * GPU 0 and the broadcast runs colocated over CUDA IPC; without a GPU all run
+ * on the host (and the broadcast mode says so). */
 static int device_for(const run_ctx *c, int index) {
+  if (c->colocate) return 0;
   return index < c->ndevices ? index : -1;
 }
 
@@ -625,6 +630,8 @@ int cmd_run(int argc, char **argv) {
    * GPUs: NCCL needs one device per rank. */
   if (!c->inference_set && c->ndevices >= 2)
     c->o.inference = (uint32_t)(c->ndevices - 1 < MAX_INFERENCE ? c->ndevices - 1 : MAX_INFERENCE);
+  /* Colocated mode needs CUDA only, not NCCL. */
+  c->colocate = caps.cuda_devices >= 1 && c->ndevices < (int)c->o.inference + 1;
   const bcast_preset *pr = bcast_preset_find(c->o.preset);
   bcast_preset_opts po = {.max_layers = c->o.layers};
   if (!c->o.json) {
@@ -633,15 +640,15 @@ int cmd_run(int argc, char **argv) {
            c->o.preset, (double)bcast_preset_params(pr, &po) / 1e6, c->o.inference,
            opt_enum_name(run__offloads, c->o.offload), opt_enum_name(run__modes, c->o.policy),
            c->o.steps);
-    if (c->ndevices > 0)
+    if (c->colocate)
+      printf("transport:  CUDA IPC - the trainer and %u inference worker%s colocated on GPU 0 "
+             "(%s, %s)\n",
+             c->o.inference, c->o.inference == 1 ? "" : "s", caps.gpu_name, caps.gpu_uuid);
+    else if (c->ndevices > 0)
       printf("transport:  CUDA (%d device%s, %s) and NCCL %s\n", caps.cuda_devices,
              caps.cuda_devices > 1 ? "s" : "", caps.gpu_name, caps.nccl_version);
     else
       printf("transport:  HOST TCP ONLY - %s\n", caps.note[0] ? caps.note : "no GPU");
-    if (c->ndevices > 0 && (int)c->o.inference + 1 > c->ndevices)
-      printf("warning:    %d GPU%s for 1 trainer + %u inference workers: workers without a GPU\n"
-             "            of their own run on the host, so broadcasts use the HOST transport\n",
-             c->ndevices, c->ndevices > 1 ? "s" : "", c->o.inference);
     printf("grpc:       %s\nmetrics:    http://%s/metrics\nlogs:       %s/\n\n", c->grpc_addr,
            c->metrics_addr, c->log_dir);
     fflush(stdout);

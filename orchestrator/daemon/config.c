@@ -14,6 +14,7 @@ static const opt_name config__policies[] = {
     {"direct", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_DIRECT},
     {"staged", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED},
     {"host", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST},
+    {"colocated", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_COLOCATED},
     {NULL, 0},
 };
 

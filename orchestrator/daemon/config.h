@@ -91,7 +91,7 @@ void config_print(const config *c, FILE *f);
 void config_free(config *c);
 
 
-/* "auto", "direct", "staged", "host" <-> enum; parse returns 0 or -1. */
+/* "auto", "direct", "staged", "host", "colocated" <-> enum; parse returns 0 or -1. */
 int config_policy_parse(const char *s, Rlorch__V1__BroadcastMode *out);
 const char *config_policy_name(Rlorch__V1__BroadcastMode m);
 

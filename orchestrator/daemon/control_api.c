@@ -325,7 +325,7 @@ static void h_set_policy(rpc_call *call, const ProtobufCMessage *req, void *ud) 
   if (r->policy == RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_UNSPECIFIED ||
       !enum_known(&rlorch__v1__broadcast_mode__descriptor, r->policy)) {
     rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT,
-                  "policy: want auto, direct, staged or host (got %d)", (int)r->policy);
+                  "policy: want auto, direct, staged, host or colocated (got %d)", (int)r->policy);
     return;
   }
   Rlorch__V1__Run *run = load_run(o, call, r->run_id);

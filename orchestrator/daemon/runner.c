@@ -439,7 +439,9 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, char *er
   bcast_err be = {0};
   if (bcast_manifest_from_pb(t->manifest, &tensors, &nt, &be) != 0)
     return snprintf(err, errlen, "trainer manifest: %s", be.msg), -1;
-  if (mode != BCAST_MODE_HOST && !nccl_members_match(r, a->participants, a->nparticipants)) {
+  /* Only NCCL modes use the communicator; colocated mode writes through CUDA IPC. */
+  int nccl = mode == BCAST_MODE_DIRECT || mode == BCAST_MODE_STAGED;
+  if (nccl && !nccl_members_match(r, a->participants, a->nparticipants)) {
     free(tensors);
     return snprintf(err, errlen,
                     "the trainer's NCCL id was made for another set of participants"),
@@ -462,7 +464,7 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, char *er
   free(tensors);
   if (rc != 0) return snprintf(err, errlen, "plan: %s", be.msg), -1;
   snprintf(plan->mode_reason, sizeof plan->mode_reason, "%s", a->text);
-  if (mode != BCAST_MODE_HOST) {
+  if (nccl) {
     memcpy(plan->nccl_id, r->nccl_id, sizeof plan->nccl_id);
     plan->has_nccl_id = 1;
   }
@@ -502,16 +504,41 @@ static void act_build_plan(runner *r, const sched_action *a) {
 
 static void act_trigger(runner *r, const sched_action *a) {
   publish_broadcast(r, a, RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_ACKED, NULL);
+  /* Colocated plans: the receivers' exports from their acks, for the sender
+   * (rank 0) alone. Every participant acked the same hash by now, so the
+   * trainer maps and writes only after the barrier. */
+  Rlorch__V1__ColocatedExport *ex = calloc(a->nparticipants ? a->nparticipants : 1, sizeof *ex);
+  Rlorch__V1__ColocatedExport **exp = calloc(a->nparticipants ? a->nparticipants : 1, sizeof *exp);
+  size_t nex = 0;
+  for (size_t i = 1; ex && exp && i < a->nparticipants; i++) {
+    workers_entry *w = workers_by_id(r->workers, a->participants[i]);
+    if (!w || !w->coloc_export || strcmp(w->coloc_plan, a->plan_id) != 0) continue;
+    rlorch__v1__colocated_export__init(&ex[nex]);
+    ex[nex].rank = (uint32_t)i;
+    ex[nex].export_bytes.data = w->coloc_export;
+    ex[nex].export_bytes.len = w->coloc_export_len;
+    exp[nex] = &ex[nex];
+    nex++;
+  }
+  if (!ex || !exp)
+    log_error("coloc_exports_dropped", "run=%s plan=%s error=\"out of memory\"", r->run->id,
+              a->plan_id);
   for (size_t i = 0; i < a->nparticipants; i++) {
     Rlorch__V1__TriggerBroadcast tb = RLORCH__V1__TRIGGER_BROADCAST__INIT;
     tb.plan_id = (char *)a->plan_id;
     tb.plan_hash = a->plan_hash;
+    if (i == 0) {
+      tb.colocated = exp;
+      tb.n_colocated = nex;
+    }
     Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
     cmd.kind_case = RLORCH__V1__COMMAND__KIND_TRIGGER;
     cmd.trigger = &tb;
     cmd.rank = (uint32_t)i;
     send_or_lose(r, a->participants[i], &cmd);
   }
+  free(ex);
+  free(exp);
 }
 
 static void act_abort(runner *r, const sched_action *a) {
@@ -1027,8 +1054,14 @@ int runner_batch_rollout(runner *r, const runner_share *s, size_t i, const Rlorc
 }
 
 int runner_plan_acked(runner *r, workers_entry *w, const char *plan_id, uint64_t hash,
-                      const char *error) {
+                      const char *error, const uint8_t *coloc, size_t coloc_len) {
   r->err_set = 0;
+  /* Kept before the scheduler hears of the ack: the last ack triggers, and
+   * the trigger carries every export to the trainer. */
+  if (in_run(r, w) && workers_set_coloc_export(w, plan_id, error && error[0] ? NULL : coloc,
+                                               coloc_len) != 0)
+    log_error("coloc_export_dropped", "run=%s worker=%s plan=%s error=\"out of memory\"", r->run->id,
+              w->api_id, plan_id ? plan_id : "");
   return in_run(r, w) ? sched_plan_acked(r->sched, mono(), w->id, plan_id, hash, error) : 0;
 }
 

@@ -66,8 +66,10 @@ void runner_rollouts_refused(runner *r, workers_entry *w, uint64_t request_id);
  * `nccl_id` of the engine's size replaces the NCCL id the next plans carry. */
 int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_seconds,
                      const uint8_t *nccl_id, size_t nccl_len);
+/* `coloc`/`coloc_len`: a colocated receiver's export (PlanAck.colocated_export),
+ * kept for the trainer's trigger; NULL/0 otherwise. */
 int runner_plan_acked(runner *r, workers_entry *w, const char *plan_id, uint64_t hash,
-                      const char *error);
+                      const char *error, const uint8_t *coloc, size_t coloc_len);
 int runner_broadcast_done(runner *r, workers_entry *w, const char *plan_id, const char *error,
                           const sched_bcast_report *report);
 const char *runner_last_error(const runner *r); /* "" without an active run */

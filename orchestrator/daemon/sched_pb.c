@@ -15,10 +15,12 @@ SAME(SCHED_MODE_AUTO, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO);
 SAME(SCHED_MODE_DIRECT, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_DIRECT);
 SAME(SCHED_MODE_STAGED, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED);
 SAME(SCHED_MODE_HOST, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST);
-SAME(SCHED_MODE_COUNT, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST + 1);
+SAME(SCHED_MODE_COLOCATED, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_COLOCATED);
+SAME(SCHED_MODE_COUNT, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_COLOCATED + 1);
 SAME(SCHED_MODE_DIRECT, BCAST_MODE_DIRECT);
 SAME(SCHED_MODE_STAGED, BCAST_MODE_STAGED);
 SAME(SCHED_MODE_HOST, BCAST_MODE_HOST);
+SAME(SCHED_MODE_COLOCATED, BCAST_MODE_COLOCATED);
 
 SAME(SCHED_RUN_PENDING, RLORCH__V1__RUN_STATE__RUN_STATE_PENDING);
 SAME(SCHED_RUN_RUNNING, RLORCH__V1__RUN_STATE__RUN_STATE_RUNNING);
@@ -40,14 +42,14 @@ SAME(SCHED_WORKER_LOST, RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST);
 /* ---- enums ------------------------------------------------------------------ */
 
 Rlorch__V1__BroadcastMode sched_pb_mode_to_pb(sched_mode m) {
-  return m >= SCHED_MODE_AUTO && m <= SCHED_MODE_HOST
+  return m >= SCHED_MODE_AUTO && m <= SCHED_MODE_COLOCATED
              ? (Rlorch__V1__BroadcastMode)m
              : RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_UNSPECIFIED;
 }
 
 int sched_pb_mode_from_pb(Rlorch__V1__BroadcastMode m, sched_mode *out) {
   if (m < RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO ||
-      m > RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST)
+      m > RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_COLOCATED)
     return -1;
   *out = (sched_mode)m;
   return 0;
@@ -80,7 +82,7 @@ int sched_pb_role_from_pb(Rlorch__V1__WorkerRole r, sched_role *out) {
 }
 
 int sched_pb_bcast_mode(sched_mode m, bcast_mode *out) {
-  if (m < SCHED_MODE_DIRECT || m > SCHED_MODE_HOST) return -1;
+  if (m < SCHED_MODE_DIRECT || m > SCHED_MODE_COLOCATED) return -1;
   *out = (bcast_mode)m;
   return 0;
 }
@@ -122,6 +124,9 @@ void sched_pb_caps(const Rlorch__V1__Capabilities *c, sched_caps *out) {
   out->nccl = c->nccl_version && c->nccl_version[0] != 0;
   out->pinned_limit_bytes = c->pinned_limit_bytes;
   out->max_concurrent_requests = c->max_concurrent_requests;
+  /* Cut, not refused: an over-long value only ever fails to match. */
+  snprintf(out->gpu_uuid, sizeof out->gpu_uuid, "%s", c->gpu_uuid ? c->gpu_uuid : "");
+  snprintf(out->host_id, sizeof out->host_id, "%s", c->host_id ? c->host_id : "");
 }
 
 void sched_pb_offload(const Rlorch__V1__WeightManifest *m, sched_offload *out) {

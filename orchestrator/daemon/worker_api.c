@@ -202,7 +202,8 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   }
   case RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK:
     rc = runner_plan_acked(r, w, q->plan_ack->plan_id, q->plan_ack->plan_hash,
-                           q->plan_ack->error);
+                           q->plan_ack->error, q->plan_ack->colocated_export.data,
+                           q->plan_ack->colocated_export.len);
     break;
   case RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE: {
     sched_bcast_report rep;

@@ -32,6 +32,7 @@ int workers_new(store *db, const workers_metrics *m, watch_hub *watch, workers_t
 static void workers__entry_free(workers_entry *w) {
   if (w->caps) protobuf_c_message_free_unpacked(&w->caps->base, NULL);
   if (w->manifest) protobuf_c_message_free_unpacked(&w->manifest->base, NULL);
+  free(w->coloc_export);
   free(w);
 }
 
@@ -101,6 +102,20 @@ int workers_set_manifest(workers_entry *w, const Rlorch__V1__WeightManifest *m) 
   if (!c) return -1;
   if (w->manifest) protobuf_c_message_free_unpacked(&w->manifest->base, NULL);
   w->manifest = c;
+  return 0;
+}
+
+int workers_set_coloc_export(workers_entry *w, const char *plan_id, const uint8_t *b, size_t len) {
+  free(w->coloc_export);
+  w->coloc_export = NULL;
+  w->coloc_export_len = 0;
+  w->coloc_plan[0] = '\0';
+  if (!len || !b || !plan_id) return 0;
+  w->coloc_export = malloc(len);
+  if (!w->coloc_export) return -1;
+  memcpy(w->coloc_export, b, len);
+  w->coloc_export_len = len;
+  snprintf(w->coloc_plan, sizeof w->coloc_plan, "%s", plan_id);
   return 0;
 }
 

@@ -40,6 +40,11 @@ typedef struct workers_entry {
   int in_run;                              /* known to the active run's scheduler; the runner sets it */
   Rlorch__V1__WorkerStats stats;           /* the worker's own figures, last heartbeat */
   int has_stats;
+  /* Colocated plans: the export this receiver acked plan `coloc_plan` with,
+   * handed to the trainer with the trigger. Owned; replaced at each ack. */
+  uint8_t *coloc_export;
+  size_t coloc_export_len;
+  char coloc_plan[128];
 } workers_entry;
 
 /* The metrics the table keeps up to date; any may be NULL. */
@@ -73,6 +78,9 @@ int workers_add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
                 const Rlorch__V1__WeightManifest *manifest, workers_entry **out);
 /* Replaces the manifest with a copy of `m`; 0, or -1 (out of memory, old kept). */
 int workers_set_manifest(workers_entry *w, const Rlorch__V1__WeightManifest *m);
+/* Keeps a copy of the colocated export acked for plan_id (len 0: drops it); 0 or
+ * -1 out of memory (the old one is dropped either way). */
+int workers_set_coloc_export(workers_entry *w, const char *plan_id, const uint8_t *b, size_t len);
 /* Keeps the figures a worker reported about itself (a heartbeat's stats). */
 void workers_set_stats(workers_entry *w, const Rlorch__V1__WorkerStats *s);
 /* Proof of life now, on both clocks. */

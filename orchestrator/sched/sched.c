@@ -1446,8 +1446,8 @@ size_t sched_open_groups(const sched *s, uint64_t *out, size_t cap) {
 
 int sched_set_policy(sched *s, int64_t now, sched_mode policy) {
   if (sched__begin(s, now)) return SCHED_EINVAL;
-  if (policy < SCHED_MODE_AUTO || policy > SCHED_MODE_HOST)
-    return sched__fail_arg(s, SCHED_EINVAL, "policy %d: not auto, direct, staged or host",
+  if (policy < SCHED_MODE_AUTO || policy > SCHED_MODE_COLOCATED)
+    return sched__fail_arg(s, SCHED_EINVAL, "policy %d: not auto, direct, staged, host or colocated",
                            (int)policy);
   if (sched__terminal(s))
     return sched__fail_arg(s, SCHED_ESTATE, "run %s: already %s", s->cfg.run_id,

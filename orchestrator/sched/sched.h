@@ -115,9 +115,10 @@ typedef enum {
   SCHED_MODE_AUTO = 1,
   SCHED_MODE_DIRECT = 2,
   SCHED_MODE_STAGED = 3,
-  SCHED_MODE_HOST = 4
+  SCHED_MODE_HOST = 4,
+  SCHED_MODE_COLOCATED = 5 /* every receiver on the trainer's GPU: CUDA IPC, no NCCL */
 } sched_mode;
-#define SCHED_MODE_COUNT 5 /* array size for per-mode counters, indexed by mode */
+#define SCHED_MODE_COUNT 6 /* array size for per-mode counters, indexed by mode */
 
 typedef enum {
   SCHED_RUN_PENDING = 1,
@@ -137,7 +138,7 @@ typedef enum {
   SCHED_WORKER_LOST = 4        /* heartbeats stopped or stream closed; terminal for the id */
 } sched_worker_state;
 
-const char *sched_mode_name(sched_mode m);            /* "auto", "direct", "staged", "host" */
+const char *sched_mode_name(sched_mode m);            /* "auto", "direct", "staged", "host", "colocated" */
 int sched_mode_parse(const char *s, sched_mode *out);  /* 0 or SCHED_EINVAL */
 const char *sched_run_state_name(sched_run_state s);   /* "pending", "running", ... */
 const char *sched_worker_state_name(sched_worker_state s);
@@ -148,6 +149,8 @@ const char *sched_role_name(sched_role r);
 #define SCHED_NAME_MAX 64     /* worker name, NUL included */
 #define SCHED_PLAN_ID_MAX 96  /* "RUN/step-N" or "RUN/step-N-rK", NUL included */
 #define SCHED_TEXT_MAX 256    /* reasons and messages, NUL included */
+#define SCHED_GPU_UUID_MAX 48 /* "GPU-" and 36 characters, NUL included, with room */
+#define SCHED_HOST_ID_MAX 64  /* a boot id (36) or a host name, NUL included */
 #define SCHED_NEVER INT64_MAX /* sched_next_deadline() with nothing to wait for */
 
 /* ---- settings of one run ----------------------------------------------------- */
@@ -182,6 +185,8 @@ typedef struct sched_caps {
   uint64_t pinned_limit_bytes; /* host memory it may pin */
   uint32_t max_concurrent_requests; /* inference: requests it serves at once; 0: no limit
                                        of its own (max_outstanding applies either way) */
+  char gpu_uuid[SCHED_GPU_UUID_MAX]; /* GPU it uses ("GPU-..."); "" without one */
+  char host_id[SCHED_HOST_ID_MAX];   /* machine it runs on; "" when it did not say */
 } sched_caps;
 
 /* Offload summary of the trainer's manifest: where its tensors live. */
@@ -456,11 +461,18 @@ typedef struct sched_participant {
 } sched_participant;
 
 /* Chooses the broadcast mode for `policy` over participants (rank order) and
- * the trainer's `offload` summary. AUTO: host when CUDA or NCCL is missing on
- * any participant (the reason names the first one), else staged when any
- * tensor is host-resident, else direct. DIRECT/STAGED/HOST: the override, or
- * SCHED_ENOTSUP when it cannot run here (reason names the missing capability
- * and the worker; direct also needs every tensor on GPU). SCHED_EINVAL for no
+ * the trainer's `offload` summary; parts[0] is the trainer. Two participants
+ * share a GPU when both report the same host id and GPU UUID.
+ * AUTO: colocated when there are receivers and every one shares the trainer's
+ * GPU (and has CUDA); else host when CUDA or NCCL is missing on any
+ * participant (the reason names the first one) or when two participants share
+ * a GPU (NCCL needs one device per rank; the reason names them); else staged
+ * when any tensor is host-resident, else direct.
+ * DIRECT/STAGED/HOST/COLOCATED: the override, or SCHED_ENOTSUP when it cannot
+ * run here (reason names the missing capability and the worker; direct also
+ * needs every tensor on GPU, direct and staged a GPU per participant,
+ * colocated every receiver on the trainer's GPU: a plan partly colocated is
+ * refused, naming the receivers that are not). SCHED_EINVAL for no
  * participants, no tensors or an unknown policy. `reason` is always filled. */
 int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t n,
                       const sched_offload *offload, sched_mode *mode, char *reason,

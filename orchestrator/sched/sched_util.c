@@ -25,13 +25,14 @@ const char *sched_mode_name(sched_mode m) {
   case SCHED_MODE_DIRECT: return "direct";
   case SCHED_MODE_STAGED: return "staged";
   case SCHED_MODE_HOST: return "host";
+  case SCHED_MODE_COLOCATED: return "colocated";
   default: return "unknown";
   }
 }
 
 int sched_mode_parse(const char *s, sched_mode *out) {
   static const sched_mode all[] = {SCHED_MODE_AUTO, SCHED_MODE_DIRECT, SCHED_MODE_STAGED,
-                                   SCHED_MODE_HOST};
+                                   SCHED_MODE_HOST, SCHED_MODE_COLOCATED};
   if (!s || !out) return SCHED_EINVAL;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     if (strcmp(s, sched_mode_name(all[i])) == 0) {
@@ -110,8 +111,8 @@ int sched_settings_validate(const sched_settings *s, char *err, size_t errlen) {
     return SCHED_EINVAL;
   }
   if (s->max_outstanding == 0) return sched__bad(err, errlen, "max_outstanding: must be >= 1");
-  if (s->policy < SCHED_MODE_AUTO || s->policy > SCHED_MODE_HOST)
-    return sched__bad(err, errlen, "policy: not auto, direct, staged or host");
+  if (s->policy < SCHED_MODE_AUTO || s->policy > SCHED_MODE_COLOCATED)
+    return sched__bad(err, errlen, "policy: not auto, direct, staged, host or colocated");
   if (s->plan_ack_timeout_ms <= 0)
     return sched__bad(err, errlen, "plan_ack_timeout_ms: must be > 0");
   if (s->broadcast_timeout_ms <= 0)
@@ -149,6 +150,57 @@ static size_t sched__missing(const sched_participant *parts, size_t n, char *wha
   return missing;
 }
 
+/* Two participants share a GPU when both name the same one on the same host:
+ * a UUID alone could repeat across machines only by accident, a host alone
+ * says nothing about devices. Workers that report neither never match. */
+static int sched__same_gpu(const sched_caps *a, const sched_caps *b) {
+  return a->cuda_devices > 0 && b->cuda_devices > 0 && a->gpu_uuid[0] && a->host_id[0] &&
+         !strcmp(a->gpu_uuid, b->gpu_uuid) && !strcmp(a->host_id, b->host_id);
+}
+
+static const char *sched__pname(const sched_participant *p) {
+  return p->name && p->name[0] ? p->name : "?";
+}
+
+/* Appends to `buf` what fits. */
+static void sched__cat(char *buf, size_t len, const char *fmt, const char *a, const char *b) {
+  size_t used = strlen(buf);
+  if (used + 1 < len) snprintf(buf + used, len - used, fmt, a, b);
+}
+
+/* Lists the receivers (parts[1..]) not on the trainer's GPU into `what`;
+ * returns how many. */
+static size_t sched__not_colocated(const sched_participant *parts, size_t n, char *what,
+                                   size_t len) {
+  size_t count = 0;
+  what[0] = '\0';
+  for (size_t i = 1; i < n; i++) {
+    if (sched__same_gpu(&parts[0].caps, &parts[i].caps)) continue;
+    const sched_caps *c = &parts[i].caps;
+    if (count) sched__cat(what, len, "%s%s", ", ", "");
+    if (c->cuda_devices == 0 || !c->gpu_uuid[0])
+      sched__cat(what, len, "%s reports no GPU%s", sched__pname(&parts[i]), "");
+    else if (strcmp(c->host_id, parts[0].caps.host_id) != 0)
+      sched__cat(what, len, "%s is on another host%s", sched__pname(&parts[i]), "");
+    else
+      sched__cat(what, len, "%s is on %s", sched__pname(&parts[i]), c->gpu_uuid);
+    count++;
+  }
+  return count;
+}
+
+/* Names the first two participants sharing a GPU into `what`; 1 when found. */
+static int sched__shared_gpu(const sched_participant *parts, size_t n, char *what, size_t len) {
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = i + 1; j < n; j++)
+      if (sched__same_gpu(&parts[i].caps, &parts[j].caps)) {
+        snprintf(what, len, "%s and %s share GPU %s", sched__pname(&parts[i]),
+                 sched__pname(&parts[j]), parts[i].caps.gpu_uuid);
+        return 1;
+      }
+  return 0;
+}
+
 int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t n,
                       const sched_offload *off, sched_mode *mode, char *reason,
                       size_t reason_len) {
@@ -160,7 +212,7 @@ int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t 
     host_t = (uint64_t)off->pinned_tensors + off->pageable_tensors;
     total_t = host_t + off->gpu_tensors;
   }
-  if (policy < SCHED_MODE_AUTO || policy > SCHED_MODE_HOST) {
+  if (policy < SCHED_MODE_AUTO || policy > SCHED_MODE_COLOCATED) {
     snprintf(buf, sizeof buf, "unknown broadcast policy %d", (int)policy);
     rc = SCHED_EINVAL;
   } else if (n == 0 || !parts) {
@@ -172,12 +224,24 @@ int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t 
   } else {
     char miss[SCHED_TEXT_MAX] = "";
     size_t nmiss = sched__missing(parts, n, miss, sizeof miss);
+    char far[SCHED_TEXT_MAX] = "", share[SCHED_TEXT_MAX] = "";
+    size_t nfar = sched__not_colocated(parts, n, far, sizeof far);
+    int shared = sched__shared_gpu(parts, n, share, sizeof share);
     uint64_t host_b = off->pinned_bytes + off->pageable_bytes;
     switch (policy) {
     case SCHED_MODE_AUTO:
-      if (nmiss) {
+      if (n >= 2 && nfar == 0) {
+        m = SCHED_MODE_COLOCATED;
+        snprintf(buf, sizeof buf, "all %zu receivers share the trainer's GPU %s", n - 1,
+                 parts[0].caps.gpu_uuid);
+      } else if (nmiss) {
         m = SCHED_MODE_HOST;
         snprintf(buf, sizeof buf, "%s", miss);
+      } else if (shared) {
+        /* NCCL refuses two ranks on one device, and colocated mode needs all
+         * receivers on the trainer's GPU: only the host transport is left. */
+        m = SCHED_MODE_HOST;
+        snprintf(buf, sizeof buf, "%.120s, but %.100s: NCCL needs a GPU per rank", share, far);
       } else if (host_t) {
         m = SCHED_MODE_STAGED;
         snprintf(buf, sizeof buf,
@@ -197,6 +261,10 @@ int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t 
                  "operator override %s needs CUDA and NCCL on every participant: %.180s",
                  sched_mode_name(policy), miss);
         rc = SCHED_ENOTSUP;
+      } else if (shared) {
+        snprintf(buf, sizeof buf, "operator override %s needs a GPU per participant (NCCL): %.160s",
+                 sched_mode_name(policy), share);
+        rc = SCHED_ENOTSUP;
       } else if (policy == SCHED_MODE_DIRECT && host_t) {
         snprintf(buf, sizeof buf,
                  "operator override direct needs every tensor on GPU: %" PRIu64 " of %" PRIu64
@@ -209,6 +277,30 @@ int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t 
       break;
     case SCHED_MODE_HOST:
       snprintf(buf, sizeof buf, "operator override: host");
+      break;
+    case SCHED_MODE_COLOCATED:
+      if (n < 2) {
+        snprintf(buf, sizeof buf, "operator override colocated needs at least one receiver");
+        rc = SCHED_ENOTSUP;
+      } else if (parts[0].caps.cuda_devices == 0 || !parts[0].caps.gpu_uuid[0] ||
+                 !parts[0].caps.host_id[0]) {
+        snprintf(buf, sizeof buf,
+                 "operator override colocated needs the trainer on a GPU: %.100s reports no GPU "
+                 "UUID or host id",
+                 sched__pname(&parts[0]));
+        rc = SCHED_ENOTSUP;
+      } else if (nfar) {
+        /* A plan partly colocated is refused rather than split between CUDA
+         * IPC and NCCL: one transport per plan keeps the barrier simple. */
+        snprintf(buf, sizeof buf,
+                 "operator override colocated needs every receiver on the trainer's GPU %s: "
+                 "%.120s",
+                 parts[0].caps.gpu_uuid, far);
+        rc = SCHED_ENOTSUP;
+      } else {
+        snprintf(buf, sizeof buf, "operator override: colocated (all %zu receivers on GPU %s)",
+                 n - 1, parts[0].caps.gpu_uuid);
+      }
       break;
     }
   }

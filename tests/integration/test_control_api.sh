@@ -110,7 +110,7 @@ out="$(grpc_call --method $C/SetBroadcastPolicy --json "{\"run_id\":\"$RUN1\",\"
 assert_status OK "$out" "SetBroadcastPolicy STAGED on the pending run"
 assert_eq BROADCAST_MODE_STAGED "$(json_get message.policy "$out")" "the run's policy is now STAGED"
 out="$(grpc_call --method $C/SetBroadcastPolicy --json "{\"run_id\":\"$RUN1\",\"policy\":0}")"
-assert_status_details INVALID_ARGUMENT "policy: want auto, direct, staged or host (got 0)" "$out" \
+assert_status_details INVALID_ARGUMENT "policy: want auto, direct, staged, host or colocated (got 0)" "$out" \
   "SetBroadcastPolicy UNSPECIFIED"
 out="$(grpc_call --method $C/SetBroadcastPolicy --json "{\"run_id\":\"$RUN1\",\"policy\":31}")"
 assert_status_details INVALID_ARGUMENT "(got 31)" "$out" "SetBroadcastPolicy with an unknown enum number"

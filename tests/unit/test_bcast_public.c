@@ -93,3 +93,39 @@ Test(bcast_floor, broadcast_measures_or_says_what_is_missing) {
                  "CUDA device(s) visible");
   }
 }
+
+/* Colocated mode without a GPU (CI): refused, saying what is missing. */
+Test(bcast_coloc, refused_without_a_gpu_naming_what_is_missing) {
+  bcast_caps c;
+  bcast_caps_probe(&c);
+  cr_assert(c.host_id[0], "every machine has a host id");
+  char why[256] = "";
+  if (c.cuda_devices > 0) cr_skip_test("a CUDA device is visible: the GPU tests cover this");
+  cr_assert_not(bcast_mode_available(&c, BCAST_MODE_COLOCATED, why, sizeof why));
+  cr_assert(strstr(why, "without CUDA") || strstr(why, "no CUDA device"), "%s", why);
+  cr_assert_str_eq(c.gpu_uuid, "", "no device, no UUID");
+  cr_assert_str_eq(bcast_mode_name(BCAST_MODE_COLOCATED), "colocated");
+
+  bcast_tensor t = {.name = "w", .storage_dtype = BCAST_DTYPE_FP32, .wire_dtype = BCAST_DTYPE_BF16,
+                    .ndim = 1, .shape = {1024}, .residency = BCAST_RES_GPU};
+  bcast_plan_opts po = {.id = "p", .mode = BCAST_MODE_COLOCATED, .world_size = 2};
+  bcast_plan *p = NULL;
+  bcast_err err = {0};
+  cr_assert_eq(bcast_plan_build(&t, 1, &po, &p, &err), BCAST_OK, "%s", err.msg);
+  bcast_engine_opts eo = {.rank = 1, .device = -1};
+  bcast_engine *e = NULL;
+  cr_assert_eq(bcast_engine_new(&eo, &e, &err), BCAST_OK, "%s", err.msg);
+  uint8_t *ex = (uint8_t *)"sentinel";
+  size_t len = 7;
+  cr_assert_eq(bcast_engine_coloc_export(e, p, &t, 1, &ex, &len, &err), BCAST_ENOTSUP);
+  cr_assert(strstr(err.msg, "colocated mode unavailable here"), "%s", err.msg);
+  cr_assert_null(ex);
+  cr_assert_eq(len, 0);
+  cr_assert_eq(bcast_engine_coloc_import(e, p, 1, NULL, 0, &err), BCAST_ENOTSUP);
+  cr_assert_eq(bcast_engine_execute(e, p, &t, 1, NULL, &err), BCAST_ENOTSUP);
+  cr_assert(strstr(err.msg, "colocated"), "%s", err.msg);
+  cr_assert_eq(bcast_engine_coloc_mappings(e), 0);
+  cr_assert_eq(bcast_floor_d2d(0, 1 << 20, 1, &(double){0}, &err), BCAST_ENOTSUP);
+  bcast_engine_free(e);
+  bcast_plan_free(p);
+}

@@ -53,7 +53,7 @@ Test(bench_broadcast, help_goes_to_stdout_and_exits_0) {
   run(&c, (const char *[]){"--help", NULL});
   cr_assert_eq(c.rc, 0);
   const char *must[] = {"usage: rlorch bench broadcast [FLAGS]\n",
-                        "  --mode MODE ", "direct|staged|host (default staged)\n",
+                        "  --mode MODE ", "direct|staged|host|colocated (default staged)\n",
                         "  --preset P ", "(default 100m)\n", "  --reps N ", "(default 5)\n",
                         "  --budget-mib M ", "(default 256)\n", "(default 0: all)\n",
                         "  --json ", "  RLORCH_PRESET ", "  RLORCH_MODE ", "  RLORCH_REPS ",
@@ -76,9 +76,9 @@ static double num(const char *json, const char *key, const char **after);
 #define BB "rlorch bench broadcast: "
 Test(bench_broadcast, bad_flags_are_named) {
   bad((const char *[]){"--mode", "bogus", NULL},
-      BB "--mode: invalid value \"bogus\" (want direct|staged|host)\n");
+      BB "--mode: invalid value \"bogus\" (want direct|staged|host|colocated)\n");
   bad((const char *[]){"--mode", "auto", NULL},
-      BB "--mode: invalid value \"auto\" (want direct|staged|host)\n");
+      BB "--mode: invalid value \"auto\" (want direct|staged|host|colocated)\n");
   bad((const char *[]){"--preset", "3b", NULL},
       BB "--preset: unknown preset \"3b\" (want 100m, 1b, 4b, 8b)\n");
   bad((const char *[]){"--reps", "0", NULL}, BB "--reps: 0 out of range [1, 1000]\n");
@@ -103,7 +103,7 @@ Test(bench_broadcast, environment_is_read_and_named) {
   bad((const char *[]){NULL}, BB "RLORCH_REPS: 0 out of range [1, 1000]\n");
   cr_assert_eq(unsetenv("RLORCH_REPS"), 0);
   cr_assert_eq(setenv("RLORCH_MODE", "gpu", 1), 0);
-  bad((const char *[]){NULL}, BB "RLORCH_MODE: invalid value \"gpu\" (want direct|staged|host)\n");
+  bad((const char *[]){NULL}, BB "RLORCH_MODE: invalid value \"gpu\" (want direct|staged|host|colocated)\n");
   cr_assert_eq(unsetenv("RLORCH_MODE"), 0);
   /* A good environment for a host run that the flags then partly override. */
   cr_assert_eq(setenv("RLORCH_MODE", "host", 1), 0);

@@ -80,5 +80,5 @@ Test(pbjson, enum_short_names_round_trip) {
   cr_assert_eq(pbjson_enum_parse(&rlorch__v1__broadcast_mode__descriptor, "fast", &v), -1);
   cr_assert_eq(pbjson_enum_parse(&rlorch__v1__broadcast_mode__descriptor, "", &v), -1);
   pbjson_enum_choices(&rlorch__v1__broadcast_mode__descriptor, buf, sizeof buf);
-  cr_assert_str_eq(buf, "auto|direct|staged|host");
+  cr_assert_str_eq(buf, "auto|direct|staged|host|colocated");
 }

@@ -9,6 +9,12 @@
 #define GPU_OK {.cuda_devices = 1, .nccl = 1}
 #define NO_NCCL {.cuda_devices = 1, .nccl = 0}
 #define NO_CUDA {.cuda_devices = 0, .nccl = 1}
+/* Colocation: GPU "a" and "b" of host "h1", and a GPU "a" of another host. */
+#define ON_A {.cuda_devices = 1, .nccl = 1, .gpu_uuid = "GPU-a", .host_id = "h1"}
+#define ON_A_NO_NCCL {.cuda_devices = 1, .nccl = 0, .gpu_uuid = "GPU-a", .host_id = "h1"}
+#define ON_B {.cuda_devices = 1, .nccl = 1, .gpu_uuid = "GPU-b", .host_id = "h1"}
+#define ON_A_ELSEWHERE {.cuda_devices = 1, .nccl = 1, .gpu_uuid = "GPU-a", .host_id = "h2"}
+#define NO_GPU_H1 {.cuda_devices = 0, .nccl = 1, .host_id = "h1"}
 
 static const sched_offload ALL_GPU = {.gpu_tensors = 8, .gpu_bytes = 800};
 static const sched_offload MIXED = {.gpu_tensors = 6, .pinned_tensors = 1, .pageable_tensors = 1,
@@ -57,6 +63,42 @@ static const row ROWS[] = {
      SCHED_MODE_AUTO, "no tensors"},
     {"no manifest", SCHED_MODE_AUTO, {GPU_OK, GPU_OK, GPU_OK}, NULL, SCHED_EINVAL,
      SCHED_MODE_AUTO, "no tensors"},
+    /* colocation */
+    {"auto, every receiver on the trainer's GPU", SCHED_MODE_AUTO, {ON_A, ON_A, ON_A}, &MIXED,
+     SCHED_OK, SCHED_MODE_COLOCATED, "all 2 receivers share the trainer's GPU GPU-a"},
+    {"auto, colocated needs no NCCL", SCHED_MODE_AUTO, {ON_A_NO_NCCL, ON_A_NO_NCCL, ON_A},
+     &ALL_GPU, SCHED_OK, SCHED_MODE_COLOCATED, "share the trainer's GPU"},
+    {"auto, partly colocated: host, both named", SCHED_MODE_AUTO, {ON_A, ON_A, ON_B}, &ALL_GPU,
+     SCHED_OK, SCHED_MODE_HOST,
+     "trainer and inference-1 share GPU GPU-a, but inference-2 is on GPU-b: NCCL needs a GPU "
+     "per rank"},
+    {"auto, two receivers share a GPU", SCHED_MODE_AUTO, {ON_A, ON_B, ON_B}, &ALL_GPU, SCHED_OK,
+     SCHED_MODE_HOST, "inference-1 and inference-2 share GPU GPU-b"},
+    {"auto, same UUID on another host is not colocated", SCHED_MODE_AUTO,
+     {ON_A, ON_A_ELSEWHERE, ON_B}, &ALL_GPU, SCHED_OK, SCHED_MODE_DIRECT, "all 8 tensors on GPU"},
+    {"colocated override", SCHED_MODE_COLOCATED, {ON_A, ON_A, ON_A}, &HOST_ONLY, SCHED_OK,
+     SCHED_MODE_COLOCATED, "operator override: colocated (all 2 receivers on GPU GPU-a)"},
+    {"colocated override, partly colocated", SCHED_MODE_COLOCATED, {ON_A, ON_A, ON_B}, &ALL_GPU,
+     SCHED_ENOTSUP, SCHED_MODE_COLOCATED,
+     "needs every receiver on the trainer's GPU GPU-a: inference-2 is on GPU-b"},
+    {"colocated override, a receiver without a GPU", SCHED_MODE_COLOCATED,
+     {ON_A, NO_GPU_H1, ON_B}, &ALL_GPU, SCHED_ENOTSUP, SCHED_MODE_COLOCATED,
+     "inference-1 reports no GPU, inference-2 is on GPU-b"},
+    {"colocated override, another host", SCHED_MODE_COLOCATED, {ON_A, ON_A, ON_A_ELSEWHERE},
+     &ALL_GPU, SCHED_ENOTSUP, SCHED_MODE_COLOCATED, "inference-2 is on another host"},
+    {"colocated override, trainer without a GPU", SCHED_MODE_COLOCATED, {NO_GPU_H1, ON_A, ON_A},
+     &ALL_GPU, SCHED_ENOTSUP, SCHED_MODE_COLOCATED, "trainer reports no GPU UUID"},
+    {"colocated override, capabilities without UUIDs", SCHED_MODE_COLOCATED,
+     {GPU_OK, GPU_OK, GPU_OK}, &ALL_GPU, SCHED_ENOTSUP, SCHED_MODE_COLOCATED,
+     "trainer reports no GPU UUID or host id"},
+    {"direct override, two ranks on one GPU", SCHED_MODE_DIRECT, {ON_A, ON_A, ON_B}, &ALL_GPU,
+     SCHED_ENOTSUP, SCHED_MODE_DIRECT,
+     "operator override direct needs a GPU per participant (NCCL): trainer and inference-1 share "
+     "GPU GPU-a"},
+    {"staged override, two ranks on one GPU", SCHED_MODE_STAGED, {ON_A, ON_A, ON_A}, &MIXED,
+     SCHED_ENOTSUP, SCHED_MODE_STAGED, "needs a GPU per participant"},
+    {"host override, colocated participants", SCHED_MODE_HOST, {ON_A, ON_A, ON_A}, &ALL_GPU,
+     SCHED_OK, SCHED_MODE_HOST, "operator override: host"},
     {"unknown policy", (sched_mode)9, {GPU_OK, GPU_OK, GPU_OK}, &ALL_GPU, SCHED_EINVAL,
      (sched_mode)9, "unknown broadcast policy 9"},
 };
@@ -89,8 +131,21 @@ Test(sched_mode, no_participants_and_short_reason_buffer) {
   cr_assert_eq(m, SCHED_MODE_DIRECT);
 }
 
+Test(sched_mode, colocated_override_with_the_trainer_alone) {
+  sched_participant p = {.name = "trainer", .caps = ON_A};
+  sched_mode m;
+  char reason[SCHED_TEXT_MAX];
+  cr_assert_eq(sched_choose_mode(SCHED_MODE_COLOCATED, &p, 1, &ALL_GPU, &m, reason, sizeof reason),
+               SCHED_ENOTSUP);
+  cr_assert(strstr(reason, "needs at least one receiver"), "%s", reason);
+  cr_assert_eq(sched_choose_mode(SCHED_MODE_AUTO, &p, 1, &ALL_GPU, &m, reason, sizeof reason),
+               SCHED_OK);
+  cr_assert_eq(m, SCHED_MODE_DIRECT, "no receivers: nothing to colocate with");
+}
+
 Test(sched_mode, names_parse_back) {
-  for (int m = SCHED_MODE_AUTO; m <= SCHED_MODE_HOST; m++) {
+  cr_assert_str_eq(sched_mode_name(SCHED_MODE_COLOCATED), "colocated");
+  for (int m = SCHED_MODE_AUTO; m <= SCHED_MODE_COLOCATED; m++) {
     sched_mode back;
     cr_assert_eq(sched_mode_parse(sched_mode_name((sched_mode)m), &back), SCHED_OK);
     cr_assert_eq(back, (sched_mode)m);
@@ -140,7 +195,8 @@ Test(sched_pb, enums_convert_both_ways_and_refuse_unknown_values) {
   } modes[] = {{SCHED_MODE_AUTO, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO},
                {SCHED_MODE_DIRECT, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_DIRECT},
                {SCHED_MODE_STAGED, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_STAGED},
-               {SCHED_MODE_HOST, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST}};
+               {SCHED_MODE_HOST, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_HOST},
+               {SCHED_MODE_COLOCATED, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_COLOCATED}};
   for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
     sched_mode back = (sched_mode)0;
     cr_assert_eq(sched_pb_mode_to_pb(modes[i].s), modes[i].pb);
@@ -159,6 +215,8 @@ Test(sched_pb, enums_convert_both_ways_and_refuse_unknown_values) {
   cr_assert_eq(sched_pb_bcast_mode(SCHED_MODE_STAGED, &bm), 0);
   cr_assert_eq(bm, BCAST_MODE_STAGED);
   cr_assert_eq(sched_pb_bcast_mode(SCHED_MODE_AUTO, &bm), -1, "a plan is never auto");
+  cr_assert_eq(sched_pb_bcast_mode(SCHED_MODE_COLOCATED, &bm), 0);
+  cr_assert_eq(bm, BCAST_MODE_COLOCATED);
 
   cr_assert_eq(sched_pb_run_state_to_pb(SCHED_RUN_FAILED), RLORCH__V1__RUN_STATE__RUN_STATE_FAILED);
   cr_assert_eq(sched_pb_run_state_to_pb(SCHED_RUN_PENDING),
@@ -187,6 +245,12 @@ Test(sched_pb, messages_convert) {
   cr_assert_eq(sc.cuda_devices, 2);
   cr_assert(sc.nccl);
   cr_assert_eq(sc.pinned_limit_bytes, 1 << 20);
+  cr_assert_str_eq(sc.gpu_uuid, "", "no UUID reported: none");
+  caps.gpu_uuid = "GPU-12345678-abcd-ef01-2345-6789abcdef01";
+  caps.host_id = "3b0c7a2e-1111-2222-3333-444455556666";
+  sched_pb_caps(&caps, &sc);
+  cr_assert_str_eq(sc.gpu_uuid, caps.gpu_uuid);
+  cr_assert_str_eq(sc.host_id, caps.host_id);
   caps.nccl_version = "";
   sched_pb_caps(&caps, &sc);
   cr_assert_not(sc.nccl, "an empty NCCL version is no NCCL");

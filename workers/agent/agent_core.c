@@ -589,6 +589,9 @@ void agent_caps_to_pb(const bcast_caps *caps, int device, Rlorch__V1__Capabiliti
   out->pinned_limit_bytes = caps->pinned_limit_bytes;
   out->cpu_threads = (uint32_t)caps->cpu_threads;
   out->gpu_name = device >= 0 ? (char *)caps->gpu_name : "";
+  /* Colocation is read from these two (bcast_caps_select_device set them). */
+  out->gpu_uuid = device >= 0 ? (char *)caps->gpu_uuid : "";
+  out->host_id = (char *)caps->host_id;
 }
 
 void agent_default_name(agent_role role, char *buf, size_t len) {

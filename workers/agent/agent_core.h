@@ -82,7 +82,8 @@ uint32_t agent_id_tag(const agent *a);
 /* Sleeps up to `s` seconds, waking early when the agent stops. */
 void agent_sleep(agent *a, double s);
 
-/* Fills the Capabilities message (strings point into caps). */
+/* Fills the Capabilities message (strings point into caps): the GPU name and
+ * UUID are those of `device`, as bcast_caps_select_device left them. */
 void agent_caps_to_pb(const bcast_caps *caps, int device, Rlorch__V1__Capabilities *out);
 /* The default worker name: "host-pid" (role-prefixed). */
 void agent_default_name(agent_role role, char *buf, size_t len);

@@ -49,6 +49,11 @@ typedef struct agent__inference {
   bcast_tensor *t; /* receive buffers in wire dtype, from the first plan */
   size_t n;
   bcast_storage *storage;
+  /* Buffers replaced by a new layout, freed after the next broadcast: a
+   * colocated sender keeps its mapping of them until it imports the new
+   * export, and CUDA IPC memory must outlive the mappings of it. */
+  bcast_tensor *retired_t;
+  bcast_storage *retired;
   agent_xfer xfer;
   Rlorch__V1__Capabilities caps_pb;
   Rlorch__V1__RegisterRequest reg;
@@ -82,9 +87,27 @@ static void inference__job_free(inference__job *j) {
   free(j);
 }
 
+static void inference__free_retired(agent__inference *in) {
+  bcast_storage_free(in->retired);
+  free(in->retired_t);
+  in->retired = NULL;
+  in->retired_t = NULL;
+}
+
 static void inference__free_buffers(agent__inference *in) {
+  inference__free_retired(in);
   bcast_storage_free(in->storage);
   free(in->t);
+  in->storage = NULL;
+  in->t = NULL;
+  in->n = 0;
+}
+
+/* The current buffers become the retired ones (the previous retired go now). */
+static void inference__retire_buffers(agent__inference *in) {
+  inference__free_retired(in);
+  in->retired = in->storage;
+  in->retired_t = in->t;
   in->storage = NULL;
   in->t = NULL;
   in->n = 0;
@@ -101,7 +124,7 @@ static int inference__bind(void *ud, const bcast_plan *p, bcast_tensor **local, 
     return 0;
   }
   if (in->t) agent_log_info("receive_buffers_realloc", "reason=\"%s\"", err->msg);
-  inference__free_buffers(in);
+  inference__retire_buffers(in);
   in->t = calloc(p->ntensors ? p->ntensors : 1, sizeof *in->t);
   if (!in->t) {
     err->code = BCAST_ENOMEM;
@@ -118,7 +141,11 @@ static int inference__bind(void *ud, const bcast_plan *p, bcast_tensor **local, 
   int rc = bcast_storage_alloc(in->t, in->n, BCAST_FILL_RECEIVER, 0, &in->storage, err);
   if (!rc) rc = bcast_plan_check_local(p, in->t, in->n, 0, err);
   if (rc) {
-    inference__free_buffers(in);
+    bcast_storage_free(in->storage);
+    free(in->t);
+    in->storage = NULL;
+    in->t = NULL;
+    in->n = 0;
     return rc;
   }
   agent_log_info("receive_buffers", "tensors=%zu bytes=%llu where=%s", in->n,
@@ -135,6 +162,7 @@ static int inference__done(void *ud, const bcast_plan *p, int ok, uint64_t *chec
                            size_t errlen) {
   agent__inference *in = ud;
   if (!ok) return 0;
+  inference__free_retired(in); /* every sender mapping of them is closed by now */
   if (agent_weights_checksum(in->t, in->n, AGENT_WEIGHTS_WIRE, checksum, err, errlen)) return -1;
   agent_set_policy_version(in->a, p->policy_version);
   agent_log_info("policy_version", "version=%llu", (unsigned long long)p->policy_version);
@@ -405,6 +433,7 @@ int agent_inference_run(const agent_opts *o) {
 #ifdef RLORCH_HAVE_CUDA
   if (in.device >= 0) cudaSetDevice(in.device);
 #endif
+  bcast_caps_select_device(&in.caps, in.device);
   agent_log_devices(&in.caps, in.device);
   uint64_t seed = in.o.seed_set ? in.o.seed : (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
   agent_rollout_gen_init(&in.gen, &in.o.rollout, seed, in.o.reward, in.o.reward_ud);

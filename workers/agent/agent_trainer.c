@@ -347,6 +347,7 @@ int agent_trainer_run(const agent_opts *o) {
 #ifdef RLORCH_HAVE_CUDA
   if (tr.device >= 0) cudaSetDevice(tr.device); /* the command thread's device */
 #endif
+  bcast_caps_select_device(&tr.caps, tr.device);
   agent_log_devices(&tr.caps, tr.device);
   agent_adamw_defaults(&tr.hp);
   trainer__placement(&tr);

@@ -2,6 +2,7 @@
 #include "workers/agent/agent_xfer.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "workers/agent/agent_log.h"
@@ -88,17 +89,24 @@ const char *agent_xfer_data_address(const agent_xfer *x) {
 
 bcast_engine *agent_xfer_engine(agent_xfer *x) { return x->engine; }
 
-static void agent__ack(agent *a, const char *id, uint64_t hash, const char *error) {
+static void agent__ack_with(agent *a, const char *id, uint64_t hash, const char *error,
+                            uint8_t *coloc, size_t coloc_len) {
   Rlorch__V1__PlanAck ack = RLORCH__V1__PLAN_ACK__INIT;
   ack.plan_id = (char *)id;
   ack.plan_hash = hash;
   ack.error = (char *)error;
+  ack.colocated_export.data = coloc;
+  ack.colocated_export.len = coloc_len;
   Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
   req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK;
   req.plan_ack = &ack;
   if (error[0]) agent_log_warn("plan_refused", "plan_id=%s error=\"%s\"", id, error);
   else agent_log_info("plan_acked", "plan_id=%s hash=%016llx", id, (unsigned long long)hash);
   agent_report(a, &req);
+}
+
+static void agent__ack(agent *a, const char *id, uint64_t hash, const char *error) {
+  agent__ack_with(a, id, hash, error, NULL, 0);
 }
 
 void agent_xfer_on_plan(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd) {
@@ -134,10 +142,26 @@ void agent_xfer_on_plan(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd)
     agent__ack(a, id, hash, be.msg);
     return;
   }
+  /* A colocated receiver tells the sender where its buffers are, in the ack:
+   * the sender gets the exports with its trigger, after every ack. */
+  uint8_t *coloc = NULL;
+  size_t coloc_len = 0;
+  if (p->mode == BCAST_MODE_COLOCATED && !x->sender) {
+    int rc = agent__engine(x, cmd->rank, &be);
+    if (!rc) rc = bcast_engine_coloc_export(x->engine, p, local, n, &coloc, &coloc_len, &be);
+    if (rc) {
+      snprintf(msg, sizeof msg, "colocated export: %s", be.msg);
+      bcast_plan_free(p);
+      agent__ack(a, id, hash, msg);
+      return;
+    }
+    agent_log_info("coloc_export", "plan_id=%s rank=%u bytes=%zu", id, cmd->rank, coloc_len);
+  }
   x->plan = p;
   x->local = local;
   x->nlocal = n;
-  agent__ack(a, id, hash, "");
+  agent__ack_with(a, id, hash, "", coloc, coloc_len);
+  free(coloc);
 }
 
 static void agent__done(agent *a, const char *id, const char *error, Rlorch__V1__StepRecord *rec,
@@ -169,6 +193,11 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
   bcast_stats st;
   memset(&st, 0, sizeof st);
   int rc = agent__engine(x, cmd->rank, &be);
+  /* The sender of a colocated plan maps every receiver's export first. */
+  for (size_t i = 0; !rc && x->sender && x->plan->mode == BCAST_MODE_COLOCATED && i < tg->n_colocated; i++)
+    rc = bcast_engine_coloc_import(x->engine, x->plan, tg->colocated[i]->rank,
+                                   tg->colocated[i]->export_bytes.data,
+                                   tg->colocated[i]->export_bytes.len, &be);
   if (!rc) {
     agent_log_info("broadcast_start", "plan_id=%s mode=%s rank=%u world=%u buckets=%zu bytes=%llu", id,
              bcast_mode_name(x->plan->mode), cmd->rank, x->plan->world_size, x->plan->nbuckets,

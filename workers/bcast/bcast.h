@@ -54,11 +54,16 @@ typedef enum {
   BCAST_RES_HOST_PAGEABLE = 3
 } bcast_residency;
 
-typedef enum { BCAST_MODE_DIRECT = 2, BCAST_MODE_STAGED = 3, BCAST_MODE_HOST = 4 } bcast_mode;
+typedef enum {
+  BCAST_MODE_DIRECT = 2,
+  BCAST_MODE_STAGED = 3,
+  BCAST_MODE_HOST = 4,
+  BCAST_MODE_COLOCATED = 5 /* receivers on the sender's GPU: writes through CUDA IPC */
+} bcast_mode;
 
 size_t bcast_dtype_size(bcast_dtype d);           /* 0 for an unknown dtype */
 const char *bcast_dtype_name(bcast_dtype d);      /* "fp32", "bf16", "fp16", "u16" */
-const char *bcast_mode_name(bcast_mode m);        /* "direct", "staged", "host" */
+const char *bcast_mode_name(bcast_mode m);        /* "direct", "staged", "host", "colocated" */
 /* 1 when a plan may carry a tensor stored as `from` on the wire as `to`:
  *   fp32 -> fp32 | bf16 | fp16   (narrowing casts round to nearest even)
  *   bf16 -> bf16, fp16 -> fp16, u16 -> u16   (bytes copied as they are)
@@ -181,7 +186,9 @@ typedef struct bcast_caps {
   char cuda_version[32];        /* runtime version, "" without CUDA */
   char driver_version[32];
   char nccl_version[32];        /* "2.28.9", "" without NCCL */
-  char gpu_name[128];
+  char gpu_name[128];           /* of device 0, or of the device bcast_caps_select_device chose */
+  char gpu_uuid[48];            /* "GPU-xxxxxxxx-...", as nvidia-smi -L; "" without a device */
+  char host_id[64];             /* this machine: its boot id, else its host name */
   uint64_t pinned_limit_bytes;  /* RLIMIT_MEMLOCK or physical memory */
   int cpu_threads;
   int cpu_avx2, cpu_avx512;     /* vector units the host casts use */
@@ -189,6 +196,9 @@ typedef struct bcast_caps {
 } bcast_caps;
 
 void bcast_caps_probe(bcast_caps *caps);
+/* Points gpu_name and gpu_uuid at `device` (the one a worker uses); device -1,
+ * or one that is not visible, empties both. Colocation is decided on them. */
+void bcast_caps_select_device(bcast_caps *caps, int device);
 /* 1 when the mode can run here; else 0 and a reason in `why`. */
 int bcast_mode_available(const bcast_caps *caps, bcast_mode m, char *why, size_t whylen);
 
@@ -255,6 +265,36 @@ int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tenso
  * Only the latest cancelled id is kept. 0, or BCAST_EINVAL. */
 int bcast_engine_cancel(bcast_engine *e, const char *plan_id);
 
+/* ---- colocated mode: receivers on the sender's GPU ------------------------------
+ * Every receiver of a BCAST_MODE_COLOCATED plan exports where its tensors
+ * live; the sender imports every receiver's export, then all execute the plan.
+ * The sender's copies and cast kernels write straight into receiver memory
+ * (CUDA IPC; pointers as they are for a receiver in the sender's process);
+ * receivers copy nothing and hold one copy of their weights.
+ *
+ * Receiver: call after binding its buffers and before acknowledging the plan;
+ * the bytes (malloc'd, free() them) go to the sender through the control
+ * plane (PlanAck.colocated_export). Its tensors must be cudaMalloc memory on
+ * the engine's device in the wire dtype; the handles are made once per layout
+ * and made again only when the buffers or the plan's tensors change. Each
+ * export clears this receiver's done word.
+ * Sender: imports one export per receiver rank (a different process or this
+ * one), before bcast_engine_execute. Mappings are kept while a receiver's
+ * export stays the same, closed when it changes, when an executed plan no
+ * longer has that receiver, and by bcast_engine_free. An export made on
+ * another GPU or host is refused (BCAST_ENOTSUP, naming both); one for another
+ * plan hash with BCAST_EMISMATCH.
+ * Ordering: the sender's execute waits on the host until every write is done,
+ * then sets each receiver's done word and waits for that; a receiver's
+ * execute returns once its done word holds the plan's token. A receiver is
+ * thus told the version is complete only after every write into it. */
+int bcast_engine_coloc_export(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
+                              size_t n, uint8_t **out, size_t *len, bcast_err *err);
+int bcast_engine_coloc_import(bcast_engine *e, const bcast_plan *p, uint32_t rank,
+                              const uint8_t *buf, size_t len, bcast_err *err);
+/* Receiver allocations the sender has mapped now (for tests and leak checks). */
+size_t bcast_engine_coloc_mappings(const bcast_engine *e);
+
 /* ---- floors: what the hardware gives without the engine (bcast_floor.c) ---
  * For benchmarks that put the engine's step time beside the bound it works
  * against, measured in the same run (the bound moves from machine to machine).
@@ -267,6 +307,13 @@ int bcast_engine_cancel(bcast_engine *e, const char *plan_id);
  * cudaMemcpyAsync of `bytes` from pinned host memory on the default stream,
  * timed with CUDA events; one warm-up copy, then the best of `reps`. */
 int bcast_floor_h2d(int device, uint64_t bytes, int reps, double *gbps, bcast_err *err);
+
+/* Device-to-device copy bandwidth of `device` in GB/s, one way (bytes copied
+ * per second; the memory moves twice that, read plus write): one
+ * cudaMemcpyAsync of `bytes` between two allocations, timed with CUDA events;
+ * one warm-up copy, then the best of `reps`. The floor of colocated mode with
+ * the master on the GPU. */
+int bcast_floor_d2d(int device, uint64_t bytes, int reps, double *gbps, bcast_err *err);
 
 /* Broadcast alone: `bytes` as one buffer from devices[0] to the other ndev - 1
  * devices, all driven by this process (ncclCommInitAll, one ncclBroadcast per

@@ -10,6 +10,10 @@
 
 #include "workers/bcast/bcast_internal.h"
 
+#ifdef RLORCH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #if defined(__x86_64__)
 /* XCR0: the register state the OS saves on a context switch. */
 static uint64_t bcast__xcr0(void) {
@@ -54,13 +58,48 @@ void bcast_caps_probe(bcast_caps *c) {
   if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && geteuid() != 0 &&
       (uint64_t)rl.rlim_cur < phys)
     c->pinned_limit_bytes = (uint64_t)rl.rlim_cur;
+  bcast__host_id(c->host_id, sizeof c->host_id);
   bcast__gpu_probe(c);
+}
+
+void bcast__host_id(char *out, size_t len) {
+  if (!out || !len) return;
+  out[0] = '\0';
+  /* The boot id names one boot of one kernel: containers on a host share it
+   * (and may share its GPUs), distinct machines never do; host names can. */
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (fgets(out, (int)len, f)) out[strcspn(out, "\r\n")] = '\0';
+    fclose(f);
+  }
+  if (out[0]) return;
+  if (gethostname(out, len) != 0) out[0] = '\0';
+  out[len - 1] = '\0';
+}
+
+void bcast_caps_select_device(bcast_caps *c, int device) {
+  if (!c) return;
+  c->gpu_name[0] = c->gpu_uuid[0] = '\0';
+  if (device < 0 || device >= c->cuda_devices) return;
+#ifdef RLORCH_HAVE_CUDA
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    snprintf(c->gpu_name, sizeof c->gpu_name, "%.127s", prop.name);
+  else
+    (void)cudaGetLastError();
+#endif
+  bcast__gpu_uuid(device, c->gpu_uuid, sizeof c->gpu_uuid);
 }
 
 int bcast_mode_available(const bcast_caps *c, bcast_mode m, char *why, size_t whylen) {
   const char *reason = NULL;
   switch (m) {
   case BCAST_MODE_HOST: break;
+  case BCAST_MODE_COLOCATED:
+    /* CUDA IPC within one GPU: no NCCL involved. */
+    if (!c->cuda_built) reason = "built without CUDA";
+    else if (c->cuda_devices <= 0) reason = "no CUDA device visible";
+    break;
   case BCAST_MODE_DIRECT:
   case BCAST_MODE_STAGED:
     if (!c->cuda_built) reason = "built without CUDA";

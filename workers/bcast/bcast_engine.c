@@ -33,6 +33,7 @@ struct bcast_engine {
   int listen_fd;
   char bound[96];
   bcast_gpu *gpu;
+  bcast_coloc *coloc; /* colocated mode, made at the first export or import */
   bcast_caps caps;
   shadow_buf *shadows; /* one per local tensor index, grown on demand */
   size_t nshadows;
@@ -98,6 +99,7 @@ void bcast_engine_free(bcast_engine *e) {
   close(e->cancel_pipe[0]);
   close(e->cancel_pipe[1]);
   pthread_mutex_destroy(&e->cancel_mu);
+  bcast__coloc_free(e->coloc, e->gpu); /* mappings and the done word go before the device */
   if (e->gpu) bcast__gpu_close(e->gpu);
   for (size_t i = 0; i < e->nshadows; i++) free(e->shadows[i].mem);
   free(e->shadows);
@@ -288,10 +290,52 @@ int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tenso
   char stale[sizeof p->id];
   rc = cancel_begin(e, p, stale, sizeof stale, err);
   if (rc) return rc;
-  if (p->mode != BCAST_MODE_HOST) rc = bcast__gpu_execute(e->gpu, p, e->o.rank, local, n, stats, err);
+  if (p->mode == BCAST_MODE_COLOCATED)
+    rc = e->coloc ? bcast__coloc_execute(e->coloc, e->gpu, p, e->o.rank, local, n, e->cancel_pipe[0],
+                                         stats, err)
+                  : bcast__fail(err, BCAST_EINVAL,
+                                "plan '%s': colocated mode needs the receivers' exports imported "
+                                "first (bcast_engine_coloc_export / bcast_engine_coloc_import)",
+                                p->id);
+  else if (p->mode != BCAST_MODE_HOST) rc = bcast__gpu_execute(e->gpu, p, e->o.rank, local, n, stats, err);
   else rc = execute_host(e, p, local, n, stale, stats, err);
   cancel_end(e);
   return rc;
+}
+
+/* What export and import need: a valid colocated plan this engine can run,
+ * and the colocated state (made once). */
+static int coloc_ready(bcast_engine *e, const bcast_plan *p, bcast_err *err) {
+  if (!e || !p) return bcast__fail(err, BCAST_EINVAL, "colocated: NULL argument");
+  int rc = plan_runnable(e, p, err);
+  if (rc) return rc;
+  if (p->mode != BCAST_MODE_COLOCATED)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': mode %s, exports are for colocated plans", p->id,
+                       bcast_mode_name(p->mode));
+  if (!e->coloc) rc = bcast__coloc_new(e->gpu, &e->coloc, err);
+  return rc;
+}
+
+int bcast_engine_coloc_export(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
+                              size_t n, uint8_t **out, size_t *len, bcast_err *err) {
+  if (!out || !len) return bcast__fail(err, BCAST_EINVAL, "coloc_export: NULL argument");
+  *out = NULL;
+  *len = 0;
+  int rc = coloc_ready(e, p, err);
+  return rc ? rc : bcast__coloc_export(e->coloc, e->gpu, p, e->o.rank, local, n, out, len, err);
+}
+
+int bcast_engine_coloc_import(bcast_engine *e, const bcast_plan *p, uint32_t rank, const uint8_t *buf,
+                              size_t len, bcast_err *err) {
+  int rc = coloc_ready(e, p, err);
+  if (!rc && e->o.rank != p->root_rank)
+    rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': rank %u imports exports, but only the sender (rank %u) "
+                     "writes into receivers", p->id, e->o.rank, p->root_rank);
+  return rc ? rc : bcast__coloc_import(e->coloc, e->gpu, p, rank, buf, len, err);
+}
+
+size_t bcast_engine_coloc_mappings(const bcast_engine *e) {
+  return e ? bcast__coloc_mapped(e->coloc) : 0;
 }
 
 static int execute_host(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local, size_t n,

@@ -93,6 +93,48 @@ out:
 #endif
 }
 
+int bcast_floor_d2d(int device, uint64_t bytes, int reps, double *gbps, bcast_err *err) {
+  static const char what[] = "device-to-device floor";
+  int rc = floor__check(reps, gbps, bytes, what, err);
+  if (rc) return rc;
+  *gbps = 0;
+  if (device < 0) return bcast__fail(err, BCAST_EINVAL, "%s: device %d is negative", what, device);
+#ifndef RLORCH_HAVE_CUDA
+  return bcast__fail(err, BCAST_ENOTSUP, "%s: built without CUDA", what);
+#else
+  if ((rc = floor__devices(&device, 1, what, err))) return rc;
+  int prev = 0;
+  void *s = NULL, *d = NULL;
+  cudaEvent_t a = NULL, z = NULL;
+  double best = 0;
+  (void)cudaGetDevice(&prev);
+  FLOOR_CK(cudaSetDevice(device), what);
+  FLOOR_CK(cudaMalloc(&s, (size_t)bytes), what);
+  FLOOR_CK(cudaMalloc(&d, (size_t)bytes), what);
+  FLOOR_CK(cudaMemset(s, 1, (size_t)bytes), what);
+  FLOOR_CK(cudaEventCreate(&a), what);
+  FLOOR_CK(cudaEventCreate(&z), what);
+  for (int i = 0; i <= reps; i++) { /* i == 0: warm-up */
+    FLOOR_CK(cudaEventRecord(a, 0), what);
+    FLOOR_CK(cudaMemcpyAsync(d, s, (size_t)bytes, cudaMemcpyDeviceToDevice, 0), what);
+    FLOOR_CK(cudaEventRecord(z, 0), what);
+    FLOOR_CK(cudaEventSynchronize(z), what);
+    float ms = 0;
+    FLOOR_CK(cudaEventElapsedTime(&ms, a, z), what);
+    double g = ms > 0 ? (double)bytes / (ms / 1e3) / 1e9 : 0;
+    if (i > 0 && g > best) best = g;
+  }
+  *gbps = best;
+out:
+  if (a) cudaEventDestroy(a);
+  if (z) cudaEventDestroy(z);
+  if (d) cudaFree(d);
+  if (s) cudaFree(s);
+  (void)cudaSetDevice(prev);
+  return rc;
+#endif
+}
+
 static int floor__cmp(const void *x, const void *y) {
   double a = *(const double *)x, b = *(const double *)y;
   return (a > b) - (a < b);

@@ -26,45 +26,8 @@
 #endif
 
 #include "workers/bcast/bcast_gpu.cuh"
+#include "workers/bcast/bcast_gpu_priv.h"
 #include "workers/bcast/bcast_internal.h"
-
-typedef struct gpu_reg {
-  void *ptr;
-  size_t bytes;
-} gpu_reg;
-
-typedef struct bucket_ev {
-  cudaEvent_t h2d0, h2d1, cast0, cast1, wire0, wire1;
-} bucket_ev;
-
-struct bcast_gpu {
-  int device;
-  uint32_t rank;
-  uint32_t nslots;
-  double timeout_s;
-  cudaStream_t s_copy, s_cast, s_comm;
-  void **wire;   /* nslots device buffers of wire_cap bytes */
-  void **raw;    /* nslots device buffers of raw_cap bytes (sender staging) */
-  void **bounce; /* nslots pinned host buffers of bounce_cap bytes, on demand */
-  size_t wire_cap, raw_cap, bounce_cap;
-  gpu_reg *regs; /* pageable ranges registered once, kept until close */
-  size_t nregs, capregs;
-#ifdef RLORCH_HAVE_NCCL
-  ncclComm_t comm;
-  uint8_t comm_id[128];
-  uint32_t comm_world, comm_rank;
-#endif
-  bucket_ev *ev; /* per-bucket timing events, kept across steps (creation is not free) */
-  size_t nev;
-  uint64_t calib_sig; /* plan bucket layout the broadcast-alone time belongs to */
-  double calib_s;
-};
-
-/* How one local tensor is reached. */
-enum { AT_DEVICE = 1, AT_HOST_DMA = 2, AT_HOST_BOUNCE = 3 };
-
-#define CUDA_FAIL(err, ce, ...)                                                                  \
-  bcast__fail(err, (ce) == cudaErrorMemoryAllocation ? BCAST_ENOMEM : BCAST_ECUDA, __VA_ARGS__)
 
 static void sleep_us(long us) {
   struct timespec ts = {0, us * 1000};
@@ -284,7 +247,7 @@ static int comm_ensure(bcast_gpu *g, const bcast_plan *p, uint32_t rank, bcast_e
 
 /* ---- buffers and host memory ------------------------------------------------------- */
 
-static int grow(bcast_gpu *g, void **bufs, size_t *cap, size_t need, int host, const char *what,
+int bcast__gpu_grow(bcast_gpu *g, void **bufs, size_t *cap, size_t need, int host, const char *what,
                 bcast_err *err) {
   if (need <= *cap && (need == 0 || bufs[0])) return BCAST_OK;
   free_slots(g, bufs, host);
@@ -305,7 +268,7 @@ static int grow(bcast_gpu *g, void **bufs, size_t *cap, size_t need, int host, c
 
 /* Pinned, registered here before, or registered now (once, kept until close):
  * AT_HOST_DMA. Registration refused (limits, overlap): AT_HOST_BOUNCE. */
-static int host_access(bcast_gpu *g, void *ptr, size_t bytes) {
+int bcast__gpu_host_access(bcast_gpu *g, void *ptr, size_t bytes) {
   struct cudaPointerAttributes a;
   if (cudaPointerGetAttributes(&a, ptr) == cudaSuccess && a.type == cudaMemoryTypeHost)
     return AT_HOST_DMA;
@@ -413,7 +376,7 @@ static int check_tensor(exec_ctx *x, uint32_t ti, int sender, bcast_err *err) {
                          t->name, a.device, x->g->device);
     x->access[ti] = AT_DEVICE;
   } else if (t->residency == BCAST_RES_HOST_PINNED || t->residency == BCAST_RES_HOST_PAGEABLE) {
-    x->access[ti] = (uint8_t)host_access(x->g, t->data, bytes);
+    x->access[ti] = (uint8_t)bcast__gpu_host_access(x->g, t->data, bytes);
   } else {
     return bcast__fail(err, BCAST_EINVAL, "tensor %s: unknown residency %d", t->name,
                        (int)t->residency);
@@ -436,7 +399,7 @@ static void ev_destroy(bucket_ev *e) {
     if (all[i]) cudaEventDestroy(all[i]);
 }
 
-static int ev_ensure(bcast_gpu *g, size_t n, bcast_err *err) {
+int bcast__gpu_ev_ensure(bcast_gpu *g, size_t n, bcast_err *err) {
   if (n <= g->nev) return BCAST_OK;
   bucket_ev *e = realloc(g->ev, n * sizeof *e);
   if (!e) return bcast__fail(err, BCAST_ENOMEM, "gpu execute: no memory for events");
@@ -805,11 +768,11 @@ static int prepare(exec_ctx *x, const bcast_tensor *local, size_t n, bcast_err *
   }
   int any_bounce = 0;
   for (size_t i = 0; i < p->ntensors; i++) any_bounce |= x->access[i] == AT_HOST_BOUNCE;
-  if ((rc = grow(g, g->wire, &g->wire_cap, wire_need, 0, "wire buckets", err))) return rc;
-  if (raw_need && (rc = grow(g, g->raw, &g->raw_cap, raw_need, 0, "staging buffers", err)))
+  if ((rc = bcast__gpu_grow(g, g->wire, &g->wire_cap, wire_need, 0, "wire buckets", err))) return rc;
+  if (raw_need && (rc = bcast__gpu_grow(g, g->raw, &g->raw_cap, raw_need, 0, "staging buffers", err)))
     return rc;
   if (any_bounce &&
-      (rc = grow(g, g->bounce, &g->bounce_cap, bounce_need, 1, "pinned bounce buffers", err)))
+      (rc = bcast__gpu_grow(g, g->bounce, &g->bounce_cap, bounce_need, 1, "pinned bounce buffers", err)))
     return rc;
   return BCAST_OK;
 }
@@ -845,7 +808,7 @@ int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank, const b
   rc = bcast__fail(err, BCAST_ENOTSUP, "built without NCCL: direct and staged unavailable");
   goto out;
 #endif
-  if ((rc = ev_ensure(g, p->nbuckets, err))) goto out;
+  if ((rc = bcast__gpu_ev_ensure(g, p->nbuckets, err))) goto out;
   x.ev = g->ev;
   x.deadline_s = deadline_from(g->timeout_s, p->deadline_unix_ms);
   double t0 = bcast__now(); /* the broadcast proper: set-up above is not counted */

@@ -12,6 +12,27 @@
 #include <nccl.h>
 #endif
 
+int bcast__gpu_uuid(int device, char *out, size_t len) {
+  if (out && len) out[0] = '\0';
+#ifdef RLORCH_HAVE_CUDA
+  if (!out || len < 41) return BCAST_EINVAL;
+  struct cudaDeviceProp prop;
+  cudaError_t ce = cudaGetDeviceProperties(&prop, device);
+  if (ce != cudaSuccess) {
+    (void)cudaGetLastError();
+    return BCAST_ECUDA;
+  }
+  const unsigned char *u = (const unsigned char *)prop.uuid.bytes;
+  snprintf(out, len,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+           u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  return BCAST_OK;
+#else
+  (void)device;
+  return BCAST_ENOTSUP;
+#endif
+}
+
 void bcast__gpu_probe(bcast_caps *c) {
 #ifdef RLORCH_HAVE_CUDA
   c->cuda_built = 1;
@@ -31,6 +52,7 @@ void bcast__gpu_probe(bcast_caps *c) {
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
       snprintf(c->gpu_name, sizeof c->gpu_name, "%.127s", prop.name);
+    bcast__gpu_uuid(0, c->gpu_uuid, sizeof c->gpu_uuid);
   }
 #else
   snprintf(c->note, sizeof c->note, "built without CUDA: host transport only");

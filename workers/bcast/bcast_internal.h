@@ -75,12 +75,33 @@ int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *loc
 /* GPU backend. Without CUDA in the build these return BCAST_ENOTSUP with a message. */
 typedef struct bcast_gpu bcast_gpu;
 void bcast__gpu_probe(bcast_caps *caps); /* fills the CUDA/NCCL fields */
+/* The UUID of `device` as nvidia-smi prints it ("GPU-8-4-4-4-12 hex"); 0, or
+ * BCAST_ENOTSUP / BCAST_ECUDA with `out` emptied. */
+int bcast__gpu_uuid(int device, char *out, size_t len);
+/* This machine's identity: /proc/sys/kernel/random/boot_id, else the host name. */
+void bcast__host_id(char *out, size_t len);
 int bcast__gpu_open(const bcast_engine_opts *o, bcast_gpu **out, bcast_err *err);
 void bcast__gpu_close(bcast_gpu *g);
 int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err);
 /* Direct and staged modes; `rank` is the engine's rank. */
 int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank,
                        const bcast_tensor *local, size_t n, bcast_stats *stats, bcast_err *err);
+
+/* Colocated mode (bcast_coloc.c): the receivers' exports and the sender's
+ * mappings of them, owned by one engine and freed before its GPU backend. */
+typedef struct bcast_coloc bcast_coloc;
+int bcast__coloc_new(bcast_gpu *g, bcast_coloc **out, bcast_err *err);
+void bcast__coloc_free(bcast_coloc *c, bcast_gpu *g);
+size_t bcast__coloc_mapped(const bcast_coloc *c); /* receiver allocations mapped now */
+int bcast__coloc_export(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_t rank,
+                        const bcast_tensor *local, size_t n, uint8_t **out, size_t *len,
+                        bcast_err *err);
+int bcast__coloc_import(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_t rank,
+                        const uint8_t *buf, size_t len, bcast_err *err);
+/* cancel_fd: readable means "cancel this execution" (-1: none). */
+int bcast__coloc_execute(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_t rank,
+                         const bcast_tensor *local, size_t n, int cancel_fd, bcast_stats *stats,
+                         bcast_err *err);
 
 /* Synchronous copy between host and the backend's device (host transport with
  * GPU-resident tensors on one side). to_device: 1 host -> device, 0 device -> host. */

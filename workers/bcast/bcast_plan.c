@@ -173,7 +173,8 @@ static int group_cmp(const void *a, const void *b) {
 }
 
 static int opts_check(const bcast_plan_opts *o, uint64_t budget, bcast_err *err) {
-  if (o->mode != BCAST_MODE_DIRECT && o->mode != BCAST_MODE_STAGED && o->mode != BCAST_MODE_HOST)
+  if (o->mode != BCAST_MODE_DIRECT && o->mode != BCAST_MODE_STAGED && o->mode != BCAST_MODE_HOST &&
+      o->mode != BCAST_MODE_COLOCATED)
     return bcast__fail(err, BCAST_EINVAL, "plan options: unknown mode %d", (int)o->mode);
   if (o->world_size == 0) return bcast__fail(err, BCAST_EINVAL, "plan options: world_size must be >= 1");
   if (o->root_rank >= o->world_size)

@@ -67,6 +67,7 @@ const char *bcast_mode_name(bcast_mode m) {
   case BCAST_MODE_DIRECT: return "direct";
   case BCAST_MODE_STAGED: return "staged";
   case BCAST_MODE_HOST: return "host";
+  case BCAST_MODE_COLOCATED: return "colocated";
   default: return "unknown";
   }
 }

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Colocated mode on one GPU, every check and benchmark in one go: the GPU
+# tests, `rlorch run` with the trainer and inference workers sharing GPU 0,
+# and `rlorch bench broadcast --mode colocated` for 1b, 4b and 8b. Expects the
+# binaries in $BUNDLE/bin (default .devbundle: rlorch, gpu_test_bcast_coloc,
+# gpu_test_bcast_gpu), writes results under $OUT, stays within $BUDGET_S
+# seconds (default 450): a step that would start later is listed as skipped.
+# Each step is independent; exits 1 when any step failed.
+set -u
+BUNDLE=${BUNDLE:-.devbundle}
+OUT=${OUT:-$(mktemp -d)}
+BUDGET_S=${BUDGET_S:-450}
+export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+B="$PWD/$BUNDLE/bin"
+R="$B/rlorch"
+work=$(mktemp -d)
+failed=() skipped=() nsteps=0
+
+step() { # NAME TIMEOUT CMD...
+  local name=$1 t=$2
+  shift 2
+  if [ $((SECONDS + 20)) -gt "$BUDGET_S" ]; then
+    skipped+=("$name(time)")
+    echo "$name skipped: ${SECONDS}s of ${BUDGET_S}s used" | tee -a "$OUT/summary.txt"
+    return
+  fi
+  [ $((SECONDS + t)) -gt "$BUDGET_S" ] && t=$((BUDGET_S - SECONDS))
+  local t0=$SECONDS
+  timeout "$t" "$@" >"$OUT/$name.txt" 2>&1
+  local rc=$?
+  nsteps=$((nsteps + 1))
+  case $rc in
+    0) ;;
+    77) skipped+=("$name") ;;
+    *) failed+=("$name") ;;
+  esac
+  echo "$name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$OUT/summary.txt"
+}
+
+# `rlorch run` on this GPU: every step colocated, over CUDA IPC, verified.
+run_check() { # OFFLOAD WORKERS
+  local dir="$work/run-$1-$2" out rc
+  out="$("$R" run --preset 1b --offload "$1" --steps 3 --inference-workers "$2" \
+    --data-dir "$dir" --json)"
+  rc=$?
+  printf '%s\n' "$out" | grep -E '"step":\{' | tail -3
+  for f in "$dir"/logs/*.log; do
+    [ -f "$f" ] && grep -E 'level=(warn|error)|devices|coloc_export' "$f" | head -8
+  done
+  printf '%s\n' "$out" | python3 -c '
+import json, sys
+steps = [json.loads(l)["step"] for l in sys.stdin if "\"step\":{" in l]
+bad = ["step %s: %s %s verified=%s" % (s["step"], s["mode"], s.get("transport"), s["weights_verified"])
+       for s in steps if s["mode"] != "BROADCAST_MODE_COLOCATED" or not s["weights_verified"]
+       or s.get("transport") != "cuda-ipc"]
+for s in steps: print("step %s: %.4f s, %s, %s" % (s["step"], s.get("total_seconds", 0), s["mode"], s.get("transport")))
+print("ok" if len(steps) == 3 and not bad else "FAIL: " + ("; ".join(bad) or "%d steps" % len(steps)))
+sys.exit(0 if len(steps) == 3 and not bad else 1)' || return 1
+  return $rc
+}
+
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv; "$R" version; } \
+  >"$OUT/env.txt" 2>&1
+step gpu_test_bcast_coloc 240 "$B/gpu_test_bcast_coloc" --jobs 1 --verbose
+step gpu_test_bcast_gpu 120 "$B/gpu_test_bcast_gpu" --jobs 1
+export -f run_check
+export R work
+step run_1b_none_coloc 150 bash -c 'run_check none 1'
+step run_1b_params_coloc_2rx 170 bash -c 'run_check params 2'
+for p in 1b 4b; do
+  for m in gpu host bf16-host; do
+    step "bench_${p}_${m}" 150 "$R" bench broadcast --mode colocated --preset "$p" --master "$m" \
+      --reps 5 --json
+  done
+done
+step bench_8b_gpu 120 "$R" bench broadcast --mode colocated --preset 8b --master gpu --reps 5 --json
+step bench_8b_host 200 "$R" bench broadcast --mode colocated --preset 8b --master host --reps 3 --json
+
+# The benchmark lines side by side, then every output in one archive.
+grep -h '"bench":"broadcast"' "$OUT"/bench_*.txt >"$OUT/bench.jsonl" 2>/dev/null
+grep -h -E 'GPU free|RSS|PASS|FAIL|SKIP|Synthesis' "$OUT/gpu_test_bcast_coloc.txt" \
+  >"$OUT/tests_digest.txt" 2>/dev/null
+if ! (cd "$OUT" && tar czf results.tgz --exclude results.tgz ./*.txt && \
+  find . -name '*.txt' ! -name summary.txt ! -name tests_digest.txt -delete); then
+  failed+=("results archive")
+fi
+{
+  [ ${#skipped[@]} -gt 0 ] && echo "skipped: ${skipped[*]}"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "FAILED ${#failed[@]} of $nsteps steps: ${failed[*]}"
+  else
+    echo "all $nsteps steps passed"
+  fi
+  echo "total ${SECONDS}s"
+} >>"$OUT/summary.txt"
+cat "$OUT/summary.txt"
+[ -f "$OUT/bench.jsonl" ] && cat "$OUT/bench.jsonl"
+rm -rf "$work"
+[ ${#failed[@]} -eq 0 ]
