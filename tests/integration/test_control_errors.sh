@@ -58,7 +58,9 @@ t0=$SECONDS
 out="$(grpc_call --method $C/WatchRun --json "{\"run_id\":\"$RUN\",\"from_step\":-1}" --deadline-ms 700)"
 assert_status DEADLINE_EXCEEDED "$out" "WatchRun with a 700 ms deadline: DEADLINE_EXCEEDED"
 assert_eq "$RUN" "$(json_get message.run.id "$out")" "the run arrived before the deadline"
-if ((SECONDS - t0 < 8)); then pass "the deadline ended the stream promptly"; else fail "WatchRun took $((SECONDS - t0)) s"; fi
+# Generous: node itself starts slowly on a loaded machine; a stream the
+# deadline did not end would run on for the whole test.
+if ((SECONDS - t0 < 30)); then pass "the deadline ended the stream promptly"; else fail "WatchRun took $((SECONDS - t0)) s"; fi
 out="$(grpc_call --method $C/WatchRun --json "{\"run_id\":\"$RUN\"}" --deadline-ms 300)"
 assert_status DEADLINE_EXCEEDED "$out" "a second WatchRun with a deadline: DEADLINE_EXCEEDED"
 # Several streams cancelled by the client, then the server answers at once.
