@@ -1,4 +1,5 @@
-/* AdamW on the CPU: one thread per core, a loop the compiler vectorises. */
+/* AdamW on the CPU: one thread per core, a loop the compiler vectorises, and
+ * the bf16 shadow written from the updated lanes in the same loop. */
 #include "workers/agent/agent_adamw.h"
 
 #include <math.h>
@@ -60,6 +61,7 @@ float agent_adamw_grad(uint64_t seed, uint64_t index) {
 typedef float agent__vecf __attribute__((vector_size(AGENT__VW * 4)));
 typedef uint32_t agent__vecu __attribute__((vector_size(AGENT__VW * 4)));
 typedef int32_t agent__veci __attribute__((vector_size(AGENT__VW * 4)));
+typedef uint16_t agent__vech __attribute__((vector_size(AGENT__VW * 2)));
 
 static inline agent__vecf agent__vec_sqrt(agent__vecf x) {
 #if defined(__AVX__)
@@ -81,9 +83,26 @@ static inline agent__vecu agent__vec_mix32(agent__vecu x) {
   return x;
 }
 
-static void agent__adamw_block(const agent_adamw_coef *c, uint32_t key, uint32_t lo0,
-                               float *restrict p, float *restrict m, float *restrict v,
-                               size_t n) {
+/* agent__bf16_bits lane by lane, branch-free: the NaN lanes are picked by a
+ * mask (a lane compare gives all ones or zero). */
+static inline agent__vech agent__vec_bf16(agent__vecf f) {
+  const agent__vecu absm = (agent__vecu){0} + 0x7fffffffU;
+  const agent__veci inf = (agent__veci){0} + 0x7f800000;
+  agent__vecu x = (agent__vecu)f;
+  agent__vecu hi = x >> 16;
+  agent__vecu r = (x + 0x7fffU + (hi & 1U)) >> 16;
+  agent__vecu is_nan = (agent__vecu)((agent__veci)(x & absm) > inf);
+  agent__vecu q = (hi & 0x8000U) | 0x7fc0U;
+  return __builtin_convertvector((r & ~is_nan) | (q & is_nan), agent__vech);
+}
+
+/* One block of the step; sh is NULL or the block's shadow. Inlined into two
+ * callers, one passing NULL, so the loop without a shadow is the loop it was
+ * and the one with it does the cast on the updated lanes before storing them:
+ * no second pass over p. */
+static inline __attribute__((always_inline)) void
+agent__adamw_block_sh(const agent_adamw_coef *c, uint32_t key, uint32_t lo0, float *restrict p,
+                      float *restrict m, float *restrict v, uint16_t *restrict sh, size_t n) {
   const float b1 = c->beta1, b2 = c->beta2, omb1 = c->one_minus_beta1, omb2 = c->one_minus_beta2;
   const float step = c->step_size, bc2s = c->bc2_sqrt, eps = c->eps, decay = c->decay;
 #if AGENT__VW == 8
@@ -107,28 +126,68 @@ static void agent__adamw_block(const agent_adamw_coef *c, uint32_t key, uint32_t
     memcpy(p + i, &pv, sizeof pv);
     memcpy(m + i, &mv, sizeof mv);
     memcpy(v + i, &vv, sizeof vv);
+    if (sh) {
+      agent__vech b = agent__vec_bf16(pv);
+      memcpy(sh + i, &b, sizeof b);
+    }
   }
   for (; i < n; i++) {
     float g = agent__grad(key, lo0 + (uint32_t)i);
     float mi = b1 * m[i] + omb1 * g;
     float vi = b2 * v[i] + omb2 * (g * g);
     float denom = sqrtf(vi) / bc2s + eps;
-    p[i] = p[i] * decay - step * (mi / denom);
+    float pi = p[i] * decay - step * (mi / denom);
+    p[i] = pi;
     m[i] = mi;
     v[i] = vi;
+    if (sh) {
+      uint32_t u;
+      memcpy(&u, &pi, sizeof u);
+      sh[i] = agent__bf16_bits(u);
+    }
+  }
+}
+
+static void agent__adamw_block(const agent_adamw_coef *c, uint32_t key, uint32_t lo0,
+                               float *restrict p, float *restrict m, float *restrict v,
+                               uint16_t *restrict sh, size_t n) {
+  if (sh)
+    agent__adamw_block_sh(c, key, lo0, p, m, v, sh, n);
+  else
+    agent__adamw_block_sh(c, key, lo0, p, m, v, NULL, n);
+}
+
+void agent_adamw_bf16(uint16_t *restrict dst, const float *restrict src, size_t n) {
+  size_t i = 0;
+  for (; i + AGENT__VW <= n; i += AGENT__VW) {
+    agent__vecf f;
+    memcpy(&f, src + i, sizeof f);
+    agent__vech b = agent__vec_bf16(f);
+    memcpy(dst + i, &b, sizeof b);
+  }
+  for (; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, src + i, sizeof u);
+    dst[i] = agent__bf16_bits(u);
   }
 }
 
 /* Elements [first, first + n) of one span; blocks never cross a 2^32 boundary
- * of the global index, where the gradient key changes. */
+ * of the global index, where the gradient key changes. Without coefficients
+ * (c NULL) only the shadow is written from p. */
 static void agent__adamw_run(const agent_adamw_coef *c, const agent_adamw_span *s, uint64_t off,
                              uint64_t n) {
+  if (!c) {
+    if (s->shadow) agent_adamw_bf16(s->shadow + off, s->p + off, (size_t)n);
+    return;
+  }
   while (n > 0) {
     uint64_t idx = s->first_index + off;
     uint64_t room = (UINT64_C(1) << 32) - (uint32_t)idx;
     uint64_t k = n < room ? n : room;
     agent__adamw_block(c, agent__grad_key(c->seed, (uint32_t)(idx >> 32)), (uint32_t)idx,
-                       s->p + off, s->m + off, s->v + off, (size_t)k);
+                       s->p + off, s->m + off, s->v + off, s->shadow ? s->shadow + off : NULL,
+                       (size_t)k);
     off += k;
     n -= k;
   }
@@ -157,8 +216,8 @@ static void *agent__adamw_thread(void *arg) {
   return NULL;
 }
 
-int agent_adamw_cpu(const agent_adamw_coef *c, const agent_adamw_span *spans, size_t nspans,
-                    int threads) {
+static int agent__adamw_threads(const agent_adamw_coef *c, const agent_adamw_span *spans,
+                                size_t nspans, int threads) {
   uint64_t total = 0;
   for (size_t i = 0; i < nspans; i++) total += spans[i].n;
   if (threads <= 0) {
@@ -203,6 +262,15 @@ int agent_adamw_cpu(const agent_adamw_coef *c, const agent_adamw_span *spans, si
   free(tids);
   free(started);
   return rc;
+}
+
+int agent_adamw_cpu(const agent_adamw_coef *c, const agent_adamw_span *spans, size_t nspans,
+                    int threads) {
+  return agent__adamw_threads(c, spans, nspans, threads);
+}
+
+int agent_adamw_shadow_cpu(const agent_adamw_span *spans, size_t nspans, int threads) {
+  return agent__adamw_threads(NULL, spans, nspans, threads);
 }
 
 #ifndef RLORCH_HAVE_CUDA
