@@ -30,11 +30,14 @@
 #include "orchestrator/common/opt.h"
 #include "workers/agent/agent_adamw.h"
 #include "workers/bcast/bcast.h"
+#include "workers/bcast/bcast_preset.h"
 
 extern char **environ;
 
 typedef struct ba_args {
   uint64_t params;
+  char *preset; /* owned: opt_free; NULL: --params in one span */
+  uint32_t max_layers; /* with a preset: 0 = all decoder layers */
   int threads; /* 0: one per online CPU */
   uint32_t reps;
   bool json;
@@ -44,6 +47,12 @@ typedef struct ba_args {
 static const opt_field ba__fields[] = {
     {.name = "params", .flag = "--params", .type = OPT_U64, .off = BAA(params, uint64_t),
      .min = 1, .max = 1e11, .metavar = "N", .help = "parameters (fp32 weights) to update"},
+    {.name = "preset", .flag = "--preset", .type = OPT_STR, .off = BAA(preset, char *),
+     .metavar = "P", .help = "instead of --params: a model preset's, one span per tensor as the "
+     "trainer has them: 100m, 1b, 4b, 8b", .dflt = "none"},
+    {.name = "layers", .flag = "--layers", .type = OPT_U32, .off = BAA(max_layers, uint32_t),
+     .min = 0, .max = 1 << 20, .metavar = "N",
+     .help = "with --preset: keep only the first N decoder layers", .dflt = "0: all"},
     {.name = "threads", .flag = "--threads", .type = OPT_I32, .off = BAA(threads, int), .min = 0,
      .max = 1024, .metavar = "N", .help = "CPU threads of the step and of the cast pass",
      .dflt = "0: one per core"},
@@ -133,6 +142,9 @@ static double ba_median(double *v, size_t n) {
 
 static int ba_run(const ba_args *a, ba_result *r) {
   uint64_t n = a->params;
+  bcast_tensor *tensors = NULL;
+  agent_adamw_span *plain = NULL, *with = NULL;
+  size_t nspans = 0;
   int threads = a->threads;
   if (threads <= 0) {
     long online = sysconf(_SC_NPROCESSORS_ONLN);
@@ -155,7 +167,30 @@ static int ba_run(const ba_args *a, ba_result *r) {
    * arithmetic is the same for any finite value, and the cast sees real
    * mantissas. */
   for (uint64_t i = 0; i < n; i++) p[i] = agent_adamw_grad(7, i) * 8;
-  agent_adamw_span plain = {p, m, v, n, 0, NULL}, with = {p, m, v, n, 0, shadow};
+  /* One span per tensor, laid out one after another as the trainer's global
+   * indices are; without a preset the whole range is one span. */
+  nspans = 1;
+  if (a->preset) {
+    bcast_preset_opts po = {.max_layers = a->max_layers};
+    bcast_err be = {0};
+    if (bcast_preset_manifest(a->preset, &po, &tensors, &nspans, &be)) {
+      fprintf(stderr, "rlorch bench adamw: --preset %s: %s\n", a->preset, be.msg);
+      goto out;
+    }
+  }
+  plain = calloc(nspans, sizeof *plain);
+  with = calloc(nspans, sizeof *with);
+  if (!plain || !with) {
+    fprintf(stderr, "rlorch bench adamw: no memory\n");
+    goto out;
+  }
+  for (size_t i = 0, off = 0; i < nspans; i++) {
+    uint64_t e = tensors ? bcast_tensor_elems(&tensors[i]) : n;
+    plain[i] = (agent_adamw_span){p + off, m + off, v + off, e, off, NULL};
+    with[i] = plain[i];
+    with[i].shadow = shadow + off;
+    off += e;
+  }
   agent_adamw_hparams hp;
   agent_adamw_defaults(&hp);
   uint64_t step = 0;
@@ -171,9 +206,9 @@ static int ba_run(const ba_args *a, ba_result *r) {
     }
     ba_time at[4];
     at[0] = ba_now();
-    if (agent_adamw_cpu(&c1, &plain, 1, threads)) goto threads_failed;
+    if (agent_adamw_cpu(&c1, plain, nspans, threads)) goto threads_failed;
     at[1] = ba_now();
-    if (agent_adamw_cpu(&c2, &with, 1, threads)) goto threads_failed;
+    if (agent_adamw_cpu(&c2, with, nspans, threads)) goto threads_failed;
     at[2] = ba_now();
     if (ba_cast_pass(cast, p, n, threads)) goto threads_failed;
     at[3] = ba_now();
@@ -202,6 +237,9 @@ out:
   free(shadow);
   free(cast);
   free(t);
+  free(plain);
+  free(with);
+  free(tensors);
   return rc;
 }
 
@@ -227,8 +265,9 @@ static void ba_report(const ba_args *a, const ba_result *r) {
   ba_fig w = ba_fig_of(r->plain.wall, r->shadow.wall, r->cast.wall);
   ba_fig c = ba_fig_of(r->plain.cpu, r->shadow.cpu, r->cast.cpu);
   if (a->json) {
-    printf("{\"bench\":\"adamw\",\"params\":%llu,\"threads\":%d,\"reps\":%u,",
-           (unsigned long long)a->params, r->threads, a->reps);
+    printf("{\"bench\":\"adamw\",\"preset\":\"%s\",\"params\":%llu,\"threads\":%d,"
+           "\"reps\":%u,",
+           a->preset ? a->preset : "", (unsigned long long)a->params, r->threads, a->reps);
     const ba_fig *f[2] = {&w, &c};
     const char *clock[2] = {"wall", "cpu"};
     for (int k = 0; k < 2; k++)
@@ -240,8 +279,8 @@ static void ba_report(const ba_args *a, const ba_result *r) {
     printf("\"shadow_equals_cast\":%s}\n", r->equal ? "true" : "false");
     return;
   }
-  printf("adamw %.1f M params, %d threads, %u reps (medians after a warm-up)\n", n / 1e6,
-         r->threads, a->reps);
+  printf("adamw %.1f M params%s%s, %d threads, %u reps (medians after a warm-up)\n", n / 1e6,
+         a->preset ? ", preset " : "", a->preset ? a->preset : "", r->threads, a->reps);
   printf("                        wall s    cpu s\n");
   printf("  step without shadow   %.4f   %.4f\n", w.plain, c.plain);
   printf("  step with shadow      %.4f   %.4f   (%.3fx, %.3fx the step without)\n", w.shadow,
@@ -260,15 +299,54 @@ static void ba_report(const ba_args *a, const ba_result *r) {
            (unsigned long long)r->first_diff);
 }
 
-int bench_adamw(int argc, char **argv) {
+/* Fills a from the flags and the RLORCH_* environment. Returns -1 to run, or
+ * the exit status: 0 after --help, 2 for a bad setting, 1 out of memory (the
+ * message printed). Release a with opt_free on every path. */
+static int ba_parse(int argc, char **argv, ba_args *a) {
   static const ba_args defaults = {.params = 100000000, .threads = 0, .reps = 5};
-  ba_args a = defaults;
+  *a = defaults;
+  if (opt_own(&ba__cmd, a) != 0) {
+    fprintf(stderr, "rlorch %s: out of memory\n", ba__cmd.name);
+    return 1;
+  }
   opt_state st;
-  int rc = opt_parse_main(&ba__cmd, &a, &defaults, argc, argv, environ, &st);
+  int rc = opt_parse_main(&ba__cmd, a, &defaults, argc, argv, environ, &st);
   if (rc >= 0) return rc;
-  ba_result r;
-  memset(&r, 0, sizeof r);
-  if (ba_run(&a, &r)) return 1;
-  ba_report(&a, &r);
-  return r.equal ? 0 : 1;
+  if (!a->preset && opt_is_set(&st, "layers")) {
+    opt_fail(&st, opt_origin(&st, "layers"), "needs --preset");
+    fprintf(stderr, "%s\n", st.err);
+    return 2;
+  }
+  if (a->preset) {
+    const bcast_preset *pr = bcast_preset_find(a->preset);
+    if (!pr || opt_is_set(&st, "params")) {
+      if (!pr)
+        opt_fail(&st, opt_origin(&st, "preset"), "unknown preset \"%s\" (want 100m, 1b, 4b, 8b)",
+                 a->preset);
+      else
+        opt_fail(&st, opt_origin(&st, "preset"), "give %s or --preset, not both",
+                 opt_origin(&st, "params"));
+      fprintf(stderr, "%s\n", st.err);
+      return 2;
+    }
+    bcast_preset_opts po = {.max_layers = a->max_layers};
+    a->params = bcast_preset_params(pr, &po);
+  }
+  return -1;
+}
+
+int bench_adamw(int argc, char **argv) {
+  ba_args a;
+  int rc = ba_parse(argc, argv, &a);
+  if (rc < 0) {
+    ba_result r;
+    memset(&r, 0, sizeof r);
+    rc = ba_run(&a, &r) ? 1 : 0;
+    if (!rc) {
+      ba_report(&a, &r);
+      rc = r.equal ? 0 : 1;
+    }
+  }
+  opt_free(&ba__cmd, &a);
+  return rc;
 }

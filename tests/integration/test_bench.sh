@@ -31,5 +31,15 @@ print(str(d["shadow_equals_cast"]).lower(), d["threads"], "ok" if all(t > 0 for 
   "bench adamw: the shadow equals the engine cast, three timings in both clocks"
 assert_exit 2 "$RLORCH_BIN" bench adamw --params 0
 assert_contains "$LAST_OUTPUT" "rlorch bench adamw: --params" "a zero --params is named"
+# A preset's tensors as the trainer's spans (two decoder layers keep it small):
+# the trainer counts the same parameters.
+out="$("$RLORCH_BIN" bench adamw --preset 100m --layers 2 --threads 2 --reps 1 --json 2>&1)"
+assert_eq 0 "$?" "bench adamw --preset exits 0" || printf '%s\n' "$out"
+assert_contains "$out" '"preset":"100m","params":37162752,' "the preset's parameters, as the trainer's"
+assert_contains "$out" '"shadow_equals_cast":true' "bench adamw --preset: the shadow equals the engine cast"
+assert_exit 2 "$RLORCH_BIN" bench adamw --preset 100m --params 5
+assert_contains "$LAST_OUTPUT" "give --params or --preset, not both" "--params and --preset together are refused"
+assert_exit 2 "$RLORCH_BIN" bench adamw --layers 2
+assert_contains "$LAST_OUTPUT" "rlorch bench adamw: --layers: needs --preset" "--layers alone is refused"
 
 finish
