@@ -14,6 +14,7 @@ static const struct {
   const char *name;
   int (*fn)(int, char **);
 } benches[] = {
+    {"adamw", bench_adamw},
     {"broadcast", bench_broadcast},
     {"dispatch", bench_dispatch},
     {"rpc", bench_rpc},
@@ -40,6 +41,7 @@ static const opt_cmd bench__cmd = {
              "run, and their ratio (`rlorch bench NAME --help` for its flags).",
     .flags = OPT_CMD_SUBCOMMAND,
     .footer = "benchmarks:\n"
+              "  adamw      CPU optimizer step with and without the bf16 shadow vs a cast pass\n"
               "  broadcast  weight broadcast vs PCIe and wire floors\n"
               "  dispatch   stale drops and inference utilisation at async levels 0..3\n"
               "  rpc        control-call latency vs a bare gRPC C-core echo server\n"

@@ -8,6 +8,7 @@
 /* `rlorch bench NAME [FLAGS]`: the exit status. */
 int bench_main(int argc, char **argv);
 
+int bench_adamw(int argc, char **argv);     /* bench/bench_adamw.c */
 int bench_broadcast(int argc, char **argv); /* bench/bench_broadcast.c */
 int bench_dispatch(int argc, char **argv);  /* bench/bench_dispatch.c */
 int bench_rpc(int argc, char **argv);       /* bench/bench_rpc.c */

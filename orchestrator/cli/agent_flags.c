@@ -19,6 +19,9 @@ static const opt_name agent__offloads[] = {
     {NULL, 0},
 };
 
+/* Values of agent_opts.bf16_shadow. */
+static const opt_name agent__on_off[] = {{"on", 1}, {"off", 0}, {NULL, 0}};
+
 static const opt_name agent__dists[] = {
     {"lognormal", AGENT_DIST_LOGNORMAL}, {"normal", AGENT_DIST_NORMAL}, {NULL, 0}};
 
@@ -58,6 +61,10 @@ static const opt_field agent__trainer_fields[] = {
     {.name = "threads", .flag = "--threads", .type = OPT_I32, .off = AF(opts.threads, int),
      .min = 0, .max = 1024, .metavar = "N", .help = "CPU optimizer threads",
      .dflt = "0: one per core"},
+    {.name = "bf16_shadow", .flag = "--bf16-shadow", .type = OPT_ENUM,
+     .off = AF(opts.bf16_shadow, int), .names = agent__on_off, .metavar = "S",
+     .help = "with --offload params+optimizer: send a bf16 copy the CPU optimizer writes in "
+             "its update pass"},
     {.name = "seed", .flag = "--seed", .type = OPT_U64, .off = AF(opts.seed, uint64_t),
      .metavar = "N", .help = "seed of the initial weights"},
     AGENT__TAIL,

@@ -42,7 +42,7 @@ typedef struct child {
 typedef struct run_opts {
   uint32_t steps, inference, max_async, rollouts_per_step, max_requests, layers, group_size;
   char *preset, *listen, *metrics_listen, *data_dir, *prompts; /* owned: opt_free */
-  int offload, policy, log_level;
+  int offload, bf16_shadow, policy, log_level;
   bool json;
 } run_opts;
 
@@ -51,6 +51,7 @@ static const opt_name run__offloads[] = {
     {"params", RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS},
     {"params+optimizer", RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS_AND_OPTIMIZER},
     {NULL, 0}};
+static const opt_name run__on_off[] = {{"on", 1}, {"off", 0}, {NULL, 0}};
 static const opt_name run__modes[] = {
     {"auto", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO},
     {"direct", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_DIRECT},
@@ -73,6 +74,10 @@ static const opt_field run__fields[] = {
      .dflt = "2, or one per spare GPU when there are 2 or more GPUs"},
     {.name = "offload", .flag = "--offload", .type = OPT_ENUM, .off = RO(offload, int),
      .names = run__offloads, .metavar = "O", .help = "what the trainer keeps in host memory"},
+    {.name = "bf16_shadow", .flag = "--bf16-shadow", .type = OPT_ENUM, .off = RO(bf16_shadow, int),
+     .names = run__on_off, .metavar = "S",
+     .help = "with --offload params+optimizer: the trainer sends a bf16 copy its CPU optimizer "
+             "writes in its update pass"},
     {.name = "max_async_level", .flag = "--max-async-level", .type = OPT_U32,
      .off = RO(max_async, uint32_t), .min = 0, .max = 64, .metavar = "N",
      .help = "off-policy bound"},
@@ -143,6 +148,7 @@ static void run__defaults(run_opts *o) {
   *o = (run_opts){.steps = 5, .inference = 2, .max_async = 1, .rollouts_per_step = 8,
                   .max_requests = 8, .group_size = 4,
                   .preset = "100m", .offload = RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS,
+                  .bf16_shadow = 1,
                   .policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO,
                   .listen = "127.0.0.1:0", .metrics_listen = "127.0.0.1:0",
                   .data_dir = "rlorch-run", .log_level = LOG_INFO};
@@ -446,6 +452,7 @@ static int start_processes(run_ctx *c) {
   char dev[16];
   char *level = (char *)opt_enum_name(opt_log_level_names, o->log_level);
   char *offload = (char *)opt_enum_name(run__offloads, o->offload);
+  char *shadow = (char *)opt_enum_name(run__on_off, o->bf16_shadow);
   char *serve_argv[] = {c->exe, "serve", "--listen", c->grpc_addr, "--metrics-listen",
                         c->metrics_addr, "--data-dir", o->data_dir, "--log-level", level, NULL};
   if (spawn(c, "serve", serve_argv) != 0) return -1;
@@ -454,8 +461,8 @@ static int start_processes(run_ctx *c) {
   snprintf(layers, sizeof layers, "%u", o->layers);
   snprintf(dev, sizeof dev, "%d", device_for(c, 0));
   char *tr_argv[] = {c->exe, "trainer", "--orchestrator", c->grpc_addr, "--preset", o->preset,
-                     "--offload", offload, "--name", "trainer-0", "--device", dev,
-                     "--log-level", level, "--layers", layers, NULL};
+                     "--offload", offload, "--bf16-shadow", shadow, "--name", "trainer-0",
+                     "--device", dev, "--log-level", level, "--layers", layers, NULL};
   if (spawn(c, "trainer-0", tr_argv) != 0) return -1;
   char conc[16]; /* each worker generates as many at once as it may be asked */
   snprintf(conc, sizeof conc, "%u", o->max_requests);
@@ -636,10 +643,12 @@ int cmd_run(int argc, char **argv) {
   bcast_preset_opts po = {.max_layers = c->o.layers};
   if (!c->o.json) {
     printf("rlorch run: preset %s (%.0fM parameters), 1 trainer + %u inference workers, "
-           "offload %s, policy %s, %u steps\n",
+           "offload %s%s, policy %s, %u steps\n",
            c->o.preset, (double)bcast_preset_params(pr, &po) / 1e6, c->o.inference,
-           opt_enum_name(run__offloads, c->o.offload), opt_enum_name(run__modes, c->o.policy),
-           c->o.steps);
+           opt_enum_name(run__offloads, c->o.offload),
+           c->o.offload != RLORCH__V1__OFFLOAD__OFFLOAD_PARAMS_AND_OPTIMIZER ? ""
+           : c->o.bf16_shadow ? " (bf16 shadow)" : " (no bf16 shadow)",
+           opt_enum_name(run__modes, c->o.policy), c->o.steps);
     if (c->colocate)
       printf("transport:  CUDA IPC - the trainer and %u inference worker%s colocated on GPU 0 "
              "(%s, %s)\n",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The orchestration benchmarks end to end, as a smoke test (no figure is
 # judged here; bench/ and docs/BENCHMARKS.md do that): each drives a real
-# `rlorch serve` through whole runs and must see every run succeed.
+# `rlorch serve` through whole runs and must see every run succeed; bench
+# adamw checks its own shadow against the engine's cast.
 source "$(dirname "$0")/lib.sh"
 need_cmd python3
 
@@ -18,5 +19,27 @@ assert_eq "3 3 3 3" "$(printf '%s\n' "$out" | python3 -c '
 import json, sys
 print(" ".join(str(r["steps"]) for r in json.loads(sys.stdin.read().splitlines()[-1])["rounds"]))')" \
   "every dispatch round (async 0..3) ran its 3 steps"
+
+# An odd size (tails in the lanes and in the thread split) on 3 threads.
+out="$("$RLORCH_BIN" bench adamw --params 100003 --threads 3 --reps 2 --json 2>&1)"
+assert_eq 0 "$?" "bench adamw exits 0" || printf '%s\n' "$out"
+assert_eq "true 3 ok" "$(printf '%s\n' "$out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read().splitlines()[-1])
+times = [d[c][k] for c in ("wall", "cpu") for k in ("step_plain_s", "step_shadow_s", "cast_pass_s")]
+print(str(d["shadow_equals_cast"]).lower(), d["threads"], "ok" if all(t > 0 for t in times) else times)')" \
+  "bench adamw: the shadow equals the engine cast, three timings in both clocks"
+assert_exit 2 "$RLORCH_BIN" bench adamw --params 0
+assert_contains "$LAST_OUTPUT" "rlorch bench adamw: --params" "a zero --params is named"
+# A preset's tensors as the trainer's spans (two decoder layers keep it small):
+# the trainer counts the same parameters.
+out="$("$RLORCH_BIN" bench adamw --preset 100m --layers 2 --threads 2 --reps 1 --json 2>&1)"
+assert_eq 0 "$?" "bench adamw --preset exits 0" || printf '%s\n' "$out"
+assert_contains "$out" '"preset":"100m","params":37162752,' "the preset's parameters, as the trainer's"
+assert_contains "$out" '"shadow_equals_cast":true' "bench adamw --preset: the shadow equals the engine cast"
+assert_exit 2 "$RLORCH_BIN" bench adamw --preset 100m --params 5
+assert_contains "$LAST_OUTPUT" "give --params or --preset, not both" "--params and --preset together are refused"
+assert_exit 2 "$RLORCH_BIN" bench adamw --layers 2
+assert_contains "$LAST_OUTPUT" "rlorch bench adamw: --layers: needs --preset" "--layers alone is refused"
 
 finish

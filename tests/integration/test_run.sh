@@ -42,6 +42,31 @@ for f in "$TEST_TMP"/run2/logs/*.log; do
   assert_not_contains "$(cat "$f")" "level=error" "$name logged no error"
 done
 
+# ---- params+optimizer: the bf16 shadow sends the same weights -----------------------
+# With the optimizer on the CPU the trainer sends the bf16 shadow its AdamW
+# step writes; with --bf16-shadow off it casts the fp32 master instead. Same
+# seed, same steps: the receivers verify every step either way, and the
+# trainer's checksums (XXH3 of the wire bytes) are the same step by step.
+for shadow in on off; do
+  out="$("$RLORCH_BIN" run --offload params+optimizer --bf16-shadow "$shadow" --steps 3 \
+    --inference-workers 2 --layers 2 --data-dir "$TEST_TMP/shadow-$shadow" --log-level info 2>&1)"
+  assert_eq 0 "$?" "params+optimizer with the shadow $shadow: exits 0" || printf '%s\n' "$out"
+  assert_contains "$out" "receivers verified           3 of 3 steps" \
+    "params+optimizer with the shadow $shadow: every step verified"
+done
+tlog_on="$TEST_TMP/shadow-on/logs/trainer-0.log" tlog_off="$TEST_TMP/shadow-off/logs/trainer-0.log"
+assert_contains "$(grep 'event=trainer_ready' "$tlog_on")" "bf16_shadow=host-" \
+  "the trainer sends the shadow from host memory"
+assert_contains "$(grep 'event=trainer_ready' "$tlog_on")" "weights=host-pageable" \
+  "with the shadow the fp32 master is not pinned"
+assert_contains "$(grep 'event=trainer_ready' "$tlog_off")" "bf16_shadow=off" \
+  "--bf16-shadow off sends the master"
+sums_on="$(grep -oE 'event=(trainer_ready|step_done) .*checksum=[0-9a-f]+' "$tlog_on" | sed 's/.*checksum=//')"
+sums_off="$(grep -oE 'event=(trainer_ready|step_done) .*checksum=[0-9a-f]+' "$tlog_off" | sed 's/.*checksum=//')"
+assert_eq 4 "$(wc -l <<<"$sums_on")" "a checksum at start and after each of the 3 steps"
+assert_eq "$sums_off" "$sums_on" "the same weights checksums with the shadow on and off"
+assert_eq 4 "$(sort -u <<<"$sums_on" | wc -l)" "each step changed the weights"
+
 # ---- bad flags are named, exit 2 --------------------------------------------------
 assert_exit 2 "$RLORCH_BIN" run --steps x
 assert_contains "$LAST_OUTPUT" "rlorch run: --steps: not an integer" "a bad --steps is named"
@@ -51,6 +76,9 @@ assert_exit 2 "$RLORCH_BIN" run --preset 3t
 assert_contains "$LAST_OUTPUT" "--preset" "an unknown preset is named"
 assert_exit 2 "$RLORCH_BIN" run --offload gpu
 assert_contains "$LAST_OUTPUT" "--offload" "a bad --offload is named"
+assert_exit 2 "$RLORCH_BIN" run --bf16-shadow maybe
+assert_contains "$LAST_OUTPUT" "rlorch run: --bf16-shadow: invalid value \"maybe\" (want on|off)" \
+  "a bad --bf16-shadow is named"
 assert_exit 2 "$RLORCH_BIN" run --inference-workers 0
 assert_contains "$LAST_OUTPUT" "--inference-workers" "zero inference workers is refused"
 assert_exit 2 "$RLORCH_BIN" run --max-requests-per-worker 0

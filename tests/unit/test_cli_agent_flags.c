@@ -255,3 +255,33 @@ Test(agent_opts, errors_name_the_flag) {
   EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--tokens-mean", "--orchestrator", "a:1", "--tokens-mean",
                "2e6");
 }
+
+/* The bf16 shadow: on by default, off by flag or variable, a flag beating the
+ * variable, a bad value named with its origin, and no such setting on an
+ * inference agent. */
+Test(agent_opts, bf16_shadow) {
+  agent_flags o;
+  char err[512];
+  cr_assert_eq(PARSE(AGENT_ROLE_TRAINER, &o, err, "--orchestrator", "a:1"), 0, "%s", err);
+  cr_assert_eq(o.opts.bf16_shadow, 1, "on unless turned off");
+  agent_flags_free(&o);
+  cr_assert_eq(PARSE(AGENT_ROLE_TRAINER, &o, err, "--orchestrator", "a:1", "--offload",
+                     "params+optimizer", "--bf16-shadow", "off"),
+               0, "%s", err);
+  cr_assert_eq(o.opts.bf16_shadow, 0);
+  agent_flags_free(&o);
+  char *envp[] = {"RLORCH_ORCHESTRATOR=a:1", "RLORCH_BF16_SHADOW=off", NULL};
+  cr_assert_eq(PARSE_ENV(AGENT_ROLE_TRAINER, envp, &o, err, "--name", "t"), 0, "%s", err);
+  cr_assert_eq(o.opts.bf16_shadow, 0, "off from the environment");
+  agent_flags_free(&o);
+  cr_assert_eq(PARSE_ENV(AGENT_ROLE_TRAINER, envp, &o, err, "--bf16-shadow=on"), 0, "%s", err);
+  cr_assert_eq(o.opts.bf16_shadow, 1, "a flag beats the environment");
+  agent_flags_free(&o);
+  EXPECT_ERROR(AGENT_ROLE_TRAINER, "--bf16-shadow", "--orchestrator", "a:1", "--bf16-shadow",
+               "yes");
+  char *bad[] = {"RLORCH_ORCHESTRATOR=a:1", "RLORCH_BF16_SHADOW=2", NULL};
+  expect_error_env(AGENT_ROLE_TRAINER, bad, ARGC("--name", "t"), ARGV("--name", "t"),
+                   "RLORCH_BF16_SHADOW");
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--bf16-shadow", "--orchestrator", "a:1", "--bf16-shadow",
+               "on");
+}

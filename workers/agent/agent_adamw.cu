@@ -26,6 +26,12 @@ __global__ void agent__adamw_kernel(agent_adamw_coef c, uint32_t key, uint32_t l
 extern "C" int agent_adamw_gpu(const agent_adamw_coef *c, const agent_adamw_span *spans,
                                size_t nspans, char *err, size_t errlen) {
   const unsigned threads = 256;
+  for (size_t s = 0; s < nspans; s++)
+    if (spans[s].shadow) {
+      snprintf(err, errlen, "AdamW on GPU: span %zu has a bf16 shadow, which only the CPU step "
+               "writes (the engine casts GPU weights itself)", s);
+      return -1;
+    }
   for (size_t s = 0; s < nspans; s++) {
     uint64_t off = 0, n = spans[s].n;
     while (off < n) {

@@ -36,4 +36,13 @@ AGENT__HD float agent__grad(uint32_t key, uint32_t lo) {
   return (float)s * (1.0f / 1073741824.0f);
 }
 
+/* fp32 bits -> bf16 bits, the broadcast engine's rule (bcast_cast.c): round
+ * to nearest even on the top 16 bits (finite values past the largest bf16
+ * become inf), NaN -> 0x7FC0 with its sign. The vector form in agent_adamw.c
+ * is the same expression lane by lane. */
+AGENT__HD uint16_t agent__bf16_bits(uint32_t x) {
+  if ((x & 0x7fffffffU) > 0x7f800000U) return (uint16_t)(((x >> 16) & 0x8000U) | 0x7fc0U);
+  return (uint16_t)((x + 0x7fffU + ((x >> 16) & 1U)) >> 16);
+}
+
 #endif

@@ -33,6 +33,12 @@ typedef struct agent_opts {
   int device_set;           /* 0: pick (0 when a GPU exists, else -1) */
   const char *data_listen;  /* trainer: host-transport listen address */
   int threads;              /* CPU optimizer threads; 0: one per core */
+  /* Trainer with AGENT_OFFLOAD_PARAMS_OPTIMIZER: 1 (the default) to send a
+   * bf16 shadow that the CPU step writes in the same pass as the update
+   * (pinned when a GPU is used) instead of casting the fp32 master weights
+   * while sending: half the bytes to stage, the same bytes on the wire. The
+   * fp32 master then stays in pageable memory. 0: send the fp32 master. */
+  int bf16_shadow;
   uint64_t seed;            /* initial weights / rollout rng */
   int seed_set;
   agent_rollout_cfg rollout;

@@ -1,5 +1,11 @@
 /* `rlorch trainer`: fp32 master weights of a preset, a real AdamW step per
- * train command, the sending side of the broadcast. */
+ * train command, the sending side of the broadcast.
+ *
+ * With the optimizer on the CPU (--offload params+optimizer) and the bf16
+ * shadow on, the tensors the manifest describes, the engine sends and the
+ * checksum covers are the shadow: bf16 storage (pinned when a GPU is used)
+ * that the AdamW step writes as it updates each weight. The fp32 master and
+ * the optimizer state are the optimizer's alone and stay in pageable memory. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,9 +29,12 @@ typedef struct agent__trainer {
   int device;
   bcast_residency residency; /* of the master weights */
   int opt_gpu;               /* optimizer state and step on the GPU */
-  bcast_tensor *t;
+  bcast_tensor *t;           /* fp32 master weights */
   size_t n;
   bcast_storage *storage;
+  bcast_tensor *shadow;      /* bf16 shadow of t, or NULL */
+  bcast_storage *shadow_storage;
+  const bcast_tensor *send;  /* what the manifest describes: shadow, else t */
   float *m, *v; /* optimizer state, total elements each */
   agent_adamw_span *spans;
   uint64_t total;
@@ -50,6 +59,8 @@ static void trainer__free(agent__trainer *tr) {
   free(tr->m);
   free(tr->v);
   free(tr->spans);
+  bcast_storage_free(tr->shadow_storage);
+  free(tr->shadow);
   bcast_storage_free(tr->storage);
   free(tr->t);
   agent_pb_manifest_free(tr->manifest);
@@ -68,7 +79,9 @@ static void trainer__placement(agent__trainer *tr) {
     tr->opt_gpu = gpu;
     break;
   case AGENT_OFFLOAD_PARAMS_OPTIMIZER:
-    tr->residency = gpu ? BCAST_RES_HOST_PINNED : BCAST_RES_HOST_PAGEABLE;
+    /* With the shadow, the engine never reads the master: pinning it would
+     * only take page-locked memory from the machine. */
+    tr->residency = gpu && !tr->o.bf16_shadow ? BCAST_RES_HOST_PINNED : BCAST_RES_HOST_PAGEABLE;
     tr->opt_gpu = 0;
     break;
   }
@@ -108,8 +121,41 @@ static int trainer__alloc_optimizer(agent__trainer *tr, char *err, size_t errlen
   uint64_t off = 0;
   for (size_t i = 0; i < tr->n; i++) {
     uint64_t e = bcast_tensor_elems(&tr->t[i]);
-    tr->spans[i] = (agent_adamw_span){tr->t[i].data, tr->m + off, tr->v + off, e, off};
+    tr->spans[i] = (agent_adamw_span){tr->t[i].data, tr->m + off, tr->v + off, e, off,
+                                      tr->shadow ? tr->shadow[i].data : NULL};
     off += e;
+  }
+  return 0;
+}
+
+static const char *trainer__residency_name(bcast_residency r) {
+  return r == BCAST_RES_GPU ? "gpu" : r == BCAST_RES_HOST_PINNED ? "host-pinned" : "host-pageable";
+}
+
+/* The bf16 shadow when the optimizer runs on the CPU and the setting asks for
+ * it: one bf16 tensor per master tensor, same names and shapes, storage in the
+ * wire dtype, pinned when a GPU will read it. Filled from the master before
+ * the first checksum (agent_adamw_shadow_cpu), then by every step. */
+static int trainer__alloc_shadow(agent__trainer *tr, char *err, size_t errlen) {
+  if (tr->opt_gpu || tr->o.offload != AGENT_OFFLOAD_PARAMS_OPTIMIZER || !tr->o.bf16_shadow)
+    return 0;
+  tr->shadow = calloc(tr->n ? tr->n : 1, sizeof *tr->shadow);
+  if (!tr->shadow) {
+    snprintf(err, errlen, "no memory");
+    return -1;
+  }
+  for (size_t i = 0; i < tr->n; i++) {
+    tr->shadow[i] = tr->t[i];
+    tr->shadow[i].data = NULL;
+    tr->shadow[i].storage_dtype = BCAST_DTYPE_BF16;
+    tr->shadow[i].wire_dtype = BCAST_DTYPE_BF16;
+    tr->shadow[i].residency = tr->device >= 0 ? BCAST_RES_HOST_PINNED : BCAST_RES_HOST_PAGEABLE;
+  }
+  bcast_err be = {0};
+  /* The receiver role allocates the wire dtype (bf16 here) and zeroes it. */
+  if (bcast_storage_alloc(tr->shadow, tr->n, BCAST_FILL_RECEIVER, 0, &tr->shadow_storage, &be)) {
+    snprintf(err, errlen, "bf16 shadow: %s", be.msg);
+    return -1;
   }
   return 0;
 }
@@ -117,9 +163,9 @@ static int trainer__alloc_optimizer(agent__trainer *tr, char *err, size_t errlen
 static int trainer__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
                          bcast_err *err) {
   agent__trainer *tr = ud;
-  int rc = bcast_plan_check_local(p, tr->t, tr->n, 1, err);
+  int rc = bcast_plan_check_local(p, tr->send, tr->n, 1, err);
   if (rc) return rc;
-  *local = tr->t;
+  *local = (bcast_tensor *)tr->send; /* the engine only reads a sender's tensors */
   *n = tr->n;
   return 0;
 }
@@ -146,10 +192,15 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
     snprintf(err, errlen, "master weights: %s", be.msg);
     return -1;
   }
+  if (trainer__alloc_shadow(tr, err, errlen)) return -1;
   if (trainer__alloc_optimizer(tr, err, errlen)) return -1;
-  if (agent_weights_checksum(tr->t, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err, errlen))
+  if (tr->shadow && agent_adamw_shadow_cpu(tr->spans, tr->n, tr->o.threads) != 0)
+    agent_log_warn("adamw_threads", "msg=\"could not start every thread; the shadow was "
+                   "written on fewer\"");
+  tr->send = tr->shadow ? tr->shadow : tr->t;
+  if (agent_weights_checksum(tr->send, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err, errlen))
     return -1;
-  tr->manifest = agent_pb_manifest(tr->t, tr->n, tr->o.preset, (int)tr->o.offload);
+  tr->manifest = agent_pb_manifest(tr->send, tr->n, tr->o.preset, (int)tr->o.offload);
   if (!tr->manifest) {
     snprintf(err, errlen, "no memory");
     return -1;
@@ -158,12 +209,12 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
                       tr, err, errlen))
     return -1;
   agent_log_info("trainer_ready",
-           "preset=%s tensors=%zu params=%llu offload=%s weights=%s optimizer=%s device=%d "
-           "gpu=\"%s\" data_address=%s checksum=%016llx",
+           "preset=%s tensors=%zu params=%llu offload=%s weights=%s optimizer=%s "
+           "bf16_shadow=%s device=%d gpu=\"%s\" data_address=%s checksum=%016llx",
            tr->o.preset, tr->n, (unsigned long long)tr->total, agent_offload_name(tr->o.offload),
-           tr->residency == BCAST_RES_GPU ? "gpu"
-           : tr->residency == BCAST_RES_HOST_PINNED ? "host-pinned" : "host-pageable",
-           tr->opt_gpu ? "gpu" : "cpu", tr->device, tr->device >= 0 ? tr->caps.gpu_name : "",
+           trainer__residency_name(tr->residency), tr->opt_gpu ? "gpu" : "cpu",
+           tr->shadow ? trainer__residency_name(tr->shadow[0].residency) : "off", tr->device,
+           tr->device >= 0 ? tr->caps.gpu_name : "",
            agent_xfer_data_address(&tr->xfer), (unsigned long long)tr->checksum);
   return 0;
 }
@@ -280,7 +331,7 @@ static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainS
   }
   double train_s = agent_now() - t0;
   double c0 = agent_now();
-  if (agent_weights_checksum(tr->t, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err,
+  if (agent_weights_checksum(tr->send, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err,
                              sizeof err)) {
     agent_log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
     return -1;
