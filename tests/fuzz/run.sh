@@ -19,7 +19,7 @@ build=${1:?usage: tests/fuzz/run.sh BUILD_DIR SECONDS [TARGET...]}
 seconds=${2:?usage: tests/fuzz/run.sh BUILD_DIR SECONDS [TARGET...]}
 shift 2
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(rpc plan http config prompts)
+[ ${#targets[@]} -gt 0 ] || targets=(rpc plan http config prompts data_root data_receiver)
 jobs=${JOBS:-$(nproc)}
 out="$build/fuzz"
 mkdir -p "$out/artifacts" "$out/logs"
