@@ -1,7 +1,7 @@
 /* Fuzz target: the gRPC request messages as the handlers receive them.
  *
- * Input: one byte that picks the message type, then the message's bytes, as
- * the rpc layer hands them to protobuf-c (rpc__decode). A message that
+ * Input: one byte that picks the message type, then the message's bytes,
+ * decoded as the rpc layer decodes every message (rpc_unpack). A message that
  * decodes goes through what its handler checks before any state is touched:
  *   RunSpec (Control.StartRun)   control_api_validate_spec, StartRun's checks
  *   RegisterRequest              the role and length checks of Register, the
@@ -25,6 +25,7 @@
 #include "orchestrator/daemon/rollout_check.h"
 #include "orchestrator/daemon/sched_pb.h"
 #include "orchestrator/daemon/workers.h"
+#include "rpc/rpc.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rlorch/v1/worker.pb-c.h"
 #include "workers/agent/agent_pb.h"
@@ -198,7 +199,7 @@ static void check_repack(const ProtobufCMessage *m) {
   uint8_t *a = malloc(n ? n : 1);
   FUZZ_CHECK(a, "out of memory");
   FUZZ_CHECK(protobuf_c_message_pack(m, a) == n, "packed size differs");
-  ProtobufCMessage *m2 = protobuf_c_message_unpack(m->descriptor, NULL, n, a);
+  ProtobufCMessage *m2 = rpc_unpack(m->descriptor, a, n);
   FUZZ_CHECK(m2, "%s: its own encoding does not decode", m->descriptor->name);
   size_t n2 = protobuf_c_message_get_packed_size(m2);
   uint8_t *b = malloc(n2 ? n2 : 1);
@@ -230,7 +231,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
   const ProtobufCMessageDescriptor *d = rpc_kinds[data[0] % RPC_NKINDS];
-  ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, size - 1, data + 1);
+  ProtobufCMessage *m = rpc_unpack(d, data + 1, size - 1);
   if (!m) return 0;
   check_fn *check = check_of(d);
   if (check) check(m);
