@@ -44,9 +44,8 @@ typedef struct root {
 
 static void read_full(int fd, uint8_t *b, size_t n) {
   for (size_t off = 0; off < n;) {
-    struct pollfd pf = {fd, POLLIN, 0};
-    FUZZ_CHECK(poll(&pf, 1, 10000) == 1, "no HELLO within 10 s");
-    ssize_t r = recv(fd, b + off, n - off, 0);
+    FUZZ_CHECK(fuzz_poll(fd, POLLIN, 10000), "no HELLO within 10 s");
+    ssize_t r = fuzz_recv(fd, b + off, n - off);
     FUZZ_CHECK(r > 0, "connection closed within the HELLO");
     off += (size_t)r;
   }
@@ -54,9 +53,8 @@ static void read_full(int fd, uint8_t *b, size_t n) {
 
 static void *root_main(void *arg) {
   root *r = arg;
-  struct pollfd pl = {lfd, POLLIN, 0};
-  FUZZ_CHECK(poll(&pl, 1, 10000) == 1, "the receiver did not connect within 10 s");
-  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  FUZZ_CHECK(fuzz_poll(lfd, POLLIN, 10000), "the receiver did not connect within 10 s");
+  int fd = fuzz_accept(lfd);
   FUZZ_CHECK(fd >= 0, "accept: %s", strerror(errno));
   /* The receiver's HELLO names this plan and its own rank. */
   size_t idlen = strlen(DATA_PLAN_ID);
@@ -67,16 +65,15 @@ static void *root_main(void *arg) {
                  data_get64(h + 16) == r->p->hash && !memcmp(h + 24, DATA_PLAN_ID, idlen),
              "HELLO does not present the plan");
   for (size_t off = 0; off < r->size;) {
-    ssize_t w = send(fd, r->data + off, r->size - off, MSG_NOSIGNAL);
+    ssize_t w = fuzz_send(fd, r->data + off, r->size - off);
     if (w <= 0) break; /* the receiver closed on us */
     off += (size_t)w;
   }
   shutdown(fd, SHUT_WR);
   uint8_t sink[4096];
   for (;;) {
-    struct pollfd pf = {fd, POLLIN, 0};
-    FUZZ_CHECK(poll(&pf, 1, 10000) == 1, "the receiver kept the connection open for 10 s");
-    if (recv(fd, sink, sizeof sink, 0) <= 0) break;
+    FUZZ_CHECK(fuzz_poll(fd, POLLIN, 10000), "the receiver kept the connection open for 10 s");
+    if (fuzz_recv(fd, sink, sizeof sink) <= 0) break;
   }
   close(fd);
   return NULL;

@@ -48,11 +48,12 @@ static void *client_main(void *arg) {
   client *c = arg;
   int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   FUZZ_CHECK(fd >= 0, "socket");
-  FUZZ_CHECK(connect(fd, (struct sockaddr *)&addr, addrlen) == 0, "connect: %s", strerror(errno));
+  FUZZ_CHECK(fuzz_connect(fd, (struct sockaddr *)&addr, addrlen) == 0, "connect: %s",
+             strerror(errno));
   /* The root reads while we write; what it sends meanwhile waits in the
    * socket buffer (the plan is a few hundred bytes). */
   for (size_t off = 0; off < c->size;) {
-    ssize_t w = send(fd, c->data + off, c->size - off, MSG_NOSIGNAL);
+    ssize_t w = fuzz_send(fd, c->data + off, c->size - off);
     if (w <= 0) break; /* the root closed on us */
     off += (size_t)w;
   }
@@ -63,9 +64,8 @@ static void *client_main(void *arg) {
       c->got = realloc(c->got, c->cap);
       FUZZ_CHECK(c->got, "out of memory");
     }
-    struct pollfd pf = {fd, POLLIN, 0};
-    FUZZ_CHECK(poll(&pf, 1, 10000) == 1, "the root kept the connection open for 10 s");
-    ssize_t r = recv(fd, c->got + c->ngot, c->cap - c->ngot, 0);
+    FUZZ_CHECK(fuzz_poll(fd, POLLIN, 10000), "the root kept the connection open for 10 s");
+    ssize_t r = fuzz_recv(fd, c->got + c->ngot, c->cap - c->ngot);
     if (r <= 0) break;
     c->ngot += (size_t)r;
   }

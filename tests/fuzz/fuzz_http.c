@@ -90,7 +90,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size > FUZZ_MAX_INPUT) size = FUZZ_MAX_INPUT;
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   FUZZ_CHECK(fd >= 0, "socket");
-  FUZZ_CHECK(connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0, "connect: %s",
+  FUZZ_CHECK(fuzz_connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0, "connect: %s",
              strerror(errno));
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   size_t piece = size % 3 == 0 ? size : 1 + size % 97, sent = 0, got = 0, cap = 1 << 16;
@@ -101,7 +101,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   while (!eof) {
     if (sent < size) {
       size_t want = size - sent < piece ? size - sent : piece;
-      ssize_t w = send(fd, data + sent, want, MSG_NOSIGNAL);
+      ssize_t w = fuzz_send(fd, data + sent, want);
       if (w > 0) sent += (size_t)w;
       else if (w < 0 && errno != EAGAIN && errno != EINTR) sent = size; /* closed on us */
     }
@@ -118,7 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(bigger, "out of memory");
         resp = bigger;
       }
-      ssize_t r = recv(fd, resp + got, cap - got, 0);
+      ssize_t r = fuzz_recv(fd, resp + got, cap - got);
       if (r > 0) {
         got += (size_t)r;
         continue;

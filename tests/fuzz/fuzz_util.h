@@ -9,12 +9,15 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <errno.h>
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define FUZZ_CHECK(cond, ...)                                                        \
@@ -51,6 +54,53 @@ static inline void fuzz_file_set(fuzz_file *f, const void *data, size_t size) {
     ssize_t w = pwrite(f->fd, p + off, size - off, (off_t)off);
     FUZZ_CHECK(w > 0, "pwrite failed");
     off += (size_t)w;
+  }
+}
+
+/* ---- sockets ------------------------------------------------------------------------------ */
+
+/* libFuzzer's alarm (-timeout) interrupts system calls now and then: these
+ * retry what an interruption cuts short, so that an input takes the same path
+ * however often it runs. */
+
+/* 1 when fd has events within ms, else 0. */
+static inline int fuzz_poll(int fd, short events, int ms) {
+  struct pollfd pf = {fd, events, 0};
+  for (;;) {
+    int n = poll(&pf, 1, ms);
+    if (n >= 0) return n > 0;
+    if (errno != EINTR) return 0;
+  }
+}
+
+static inline int fuzz_connect(int fd, const struct sockaddr *a, socklen_t n) {
+  if (connect(fd, a, n) == 0) return 0;
+  if (errno != EINTR) return -1;
+  /* An interrupted connect goes on in the background: wait for its outcome. */
+  if (!fuzz_poll(fd, POLLOUT, 10000)) return -1;
+  int e = 0;
+  socklen_t el = sizeof e;
+  return getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e == 0 ? 0 : -1;
+}
+
+static inline int fuzz_accept(int lfd) {
+  for (;;) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd >= 0 || errno != EINTR) return fd;
+  }
+}
+
+static inline ssize_t fuzz_send(int fd, const void *b, size_t n) {
+  for (;;) {
+    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+    if (w >= 0 || errno != EINTR) return w;
+  }
+}
+
+static inline ssize_t fuzz_recv(int fd, void *b, size_t n) {
+  for (;;) {
+    ssize_t r = recv(fd, b, n, 0);
+    if (r >= 0 || errno != EINTR) return r;
   }
 }
 
