@@ -38,8 +38,10 @@ static const opt_field config__fields[] = {
     {.name = "log_format", .flag = "--log-format", .type = OPT_ENUM,
      .off = CONFIG__OFF(log_format, int), .names = opt_log_format_names, .metavar = "FMT",
      .help = "log line format"},
+    /* At least the smallest batch_chunk_bytes: the chunk size follows a smaller
+     * message limit, and must stay in its own range. */
     {.name = "max_message_bytes", .type = OPT_BYTES, .off = CONFIG__OFF(max_message_bytes, uint64_t),
-     .min = 1024, .max = 2147483647.0, .metavar = "BYTES", .help = "largest gRPC message"},
+     .min = 4096, .max = 2147483647.0, .metavar = "BYTES", .help = "largest gRPC message"},
     {.name = "max_rollout_bytes", .type = OPT_BYTES, .off = CONFIG__OFF(max_rollout_bytes, uint64_t),
      .min = 64, .max = 2147483647.0, .metavar = "BYTES",
      .help = "largest rollout a worker may report (its packed size)"},

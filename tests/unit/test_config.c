@@ -282,6 +282,8 @@ Test(config, file_errors_name_file_line_and_field) {
       {"heartbeat_interval_ms: 0\n", "heartbeat_interval_ms: 0 out of range"},
       {"max_message_bytes: 10\n", "rlorch.yaml:1: max_message_bytes: 10 out of range"},
       {"batch_chunk_bytes: 4095\n", "rlorch.yaml:1: batch_chunk_bytes: 4095 out of range [4096, "},
+      /* A smaller limit would leave no chunk size in range. */
+      {"max_message_bytes: 3000\n", "rlorch.yaml:1: max_message_bytes: 3000 out of range [4096, "},
       {"\nbatch_chunk_bytes: 8MiB\n",
        "rlorch.yaml:2: batch_chunk_bytes: 8388608 exceeds max_message_bytes (4194304), the "
        "largest gRPC message the server uses"},
