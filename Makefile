@@ -4,6 +4,9 @@
 BUILD       ?= build
 ASAN_BUILD  ?= build-asan
 CLANG_BUILD ?= build-clang
+FUZZ_BUILD  ?= build-fuzz
+# Seconds each fuzz harness runs in `make test` (tests/fuzz/run.sh).
+FUZZ_SECONDS ?= 20
 JOBS        ?= $(shell nproc)
 CMAKE_ARGS  ?=
 # Warnings as errors: off for a developer's `make build`, on in `make test`.
@@ -14,7 +17,7 @@ DEB_PKGS := build-essential cmake ninja-build pkg-config git ca-certificates \
             libcriterion-dev libyaml-dev libhttp-parser-dev libsqlite3-dev \
             libxxhash-dev libjansson-dev sqlite3 prometheus curl python3 clang-14 clang-tidy-14
 
-.PHONY: all deps build run test test-unit test-asan test-clang test-gpu bench clean node-deps
+.PHONY: all deps build run test test-unit test-asan test-clang test-fuzz test-gpu bench clean node-deps
 
 all: build
 
@@ -44,13 +47,15 @@ run: build
 
 # The whole suite: unit and integration tests on a normal build, then again
 # under AddressSanitizer and UndefinedBehaviorSanitizer, then the clang build
-# and the static analysis gate; warnings are errors in every build.
+# and the static analysis gate, then a short run of every fuzz harness;
+# warnings are errors in every build.
 test: deps node-deps
 	cmake -S . -B $(BUILD) -G Ninja -DRLORCH_WERROR=ON $(CMAKE_ARGS)
 	cmake --build $(BUILD) -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -LE gpu -j 2
 	$(MAKE) test-asan WERROR=ON
 	$(MAKE) test-clang
+	$(MAKE) test-fuzz WERROR=ON
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -L unit
@@ -74,8 +79,19 @@ test-clang: deps
 	cd $(CLANG_BUILD) && ctest --output-on-failure -L unit -j 2
 	JOBS=$(JOBS) tests/lint/tidy.sh $(CLANG_BUILD)
 
+# The libFuzzer harnesses of tests/fuzz, built with clang 14 (libraries with
+# coverage, ASan and UBSan) in a build of their own; each fuzzes FUZZ_SECONDS
+# from its seeds, JOBS at a time, and prints its figures. A crash, leak,
+# sanitizer report or failed property fails the target and keeps the input
+# under $(FUZZ_BUILD)/fuzz/artifacts. Nothing outside the harnesses is started.
+test-fuzz: deps
+	CC=clang-14 CXX=clang++-14 cmake -S . -B $(FUZZ_BUILD) -G Ninja -DRLORCH_FUZZ=ON \
+	      -DRLORCH_WITH_CUDA=OFF -DRLORCH_WERROR=$(WERROR) $(CMAKE_ARGS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz
+	JOBS=$(JOBS) tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
 test-gpu: build
 	cd $(BUILD) && ctest --output-on-failure -L gpu
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(CLANG_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(CLANG_BUILD) $(FUZZ_BUILD)

@@ -38,11 +38,52 @@ int rpc__flatten(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {
   return 0;
 }
 
+/* protobuf-c 1.4 reads a tag of field number 0 when it is spelled in more
+ * than one byte ("80 00"), which the protobuf encoding does not allow, keeps
+ * it as an unknown field, and writes it back in one byte ("00"), which it
+ * refuses to read. A message holding one would be kept in a form that never
+ * decodes again (StartRun stores the spec packed, unknown fields included:
+ * GetRun and ListRuns then failed on it for good), so it does not decode. */
+static int rpc__tags_valid(const ProtobufCMessage *m) {
+  for (unsigned i = 0; i < m->n_unknown_fields; i++)
+    if (m->unknown_fields[i].tag == 0) return 0;
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  const char *base = (const char *)m;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    if (f->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+      size_t n = *(const size_t *)(base + f->quantifier_offset);
+      ProtobufCMessage *const *v = *(ProtobufCMessage *const *const *)(base + f->offset);
+      for (size_t k = 0; k < n; k++)
+        if (v[k] && !rpc__tags_valid(v[k])) return 0;
+      continue;
+    }
+    /* The members of a oneof share their storage: only the set one is a message. */
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+        *(const uint32_t *)(base + f->quantifier_offset) != f->id)
+      continue;
+    const ProtobufCMessage *sub = *(ProtobufCMessage *const *)(base + f->offset);
+    if (sub && !rpc__tags_valid(sub)) return 0;
+  }
+  return 1;
+}
+
+ProtobufCMessage *rpc_unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+                             size_t len) {
+  ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, len, data);
+  if (m && !rpc__tags_valid(m)) {
+    protobuf_c_message_free_unpacked(m, NULL);
+    return NULL;
+  }
+  return m;
+}
+
 ProtobufCMessage *rpc__decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc) {
   uint8_t *p;
   size_t n;
   if (rpc__flatten(bb, &p, &n) < 0) return NULL;
-  ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, n, p);
+  ProtobufCMessage *m = rpc_unpack(desc, p, n);
   free(p);
   return m;
 }

@@ -142,6 +142,13 @@ grpc_status_code rpc_client_call_raw(rpc_client *c, const char *method, const vo
 
 const char *rpc_status_name(grpc_status_code code); /* "NOT_FOUND" */
 
+/* How every message a handler or a client receives is decoded: protobuf-c's
+ * unpack, refusing too what protobuf-c reads but cannot write back in a form
+ * it reads again (a field number 0). NULL when the bytes do not decode;
+ * else free with protobuf_c_message_free_unpacked. */
+ProtobufCMessage *rpc_unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+                             size_t len);
+
 /* Reads a bearer token file into buf, trimming surrounding white space; the
  * one reader for the server and every client. 0, or -1 with a message naming
  * the path in err (the caller says which flag or variable gave it). */

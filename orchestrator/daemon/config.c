@@ -39,8 +39,10 @@ static const opt_field config__fields[] = {
     {.name = "log_format", .flag = "--log-format", .type = OPT_ENUM,
      .off = CONFIG__OFF(log_format, int), .names = opt_log_format_names, .metavar = "FMT",
      .help = "log line format"},
+    /* At least the smallest batch_chunk_bytes: the chunk size follows a smaller
+     * message limit, and must stay in its own range. */
     {.name = "max_message_bytes", .type = OPT_BYTES, .off = CONFIG__OFF(max_message_bytes, uint64_t),
-     .min = 1024, .max = 2147483647.0, .metavar = "BYTES", .help = "largest gRPC message"},
+     .min = 4096, .max = 2147483647.0, .metavar = "BYTES", .help = "largest gRPC message"},
     {.name = "max_rollout_bytes", .type = OPT_BYTES, .off = CONFIG__OFF(max_rollout_bytes, uint64_t),
      .min = 64, .max = 2147483647.0, .metavar = "BYTES",
      .help = "largest rollout a worker may report (its packed size)"},
@@ -234,18 +236,56 @@ int config_load(config *c, int argc, char **argv, char **envp, char *err, size_t
 
 /* ---- output ------------------------------------------------------------------ */
 
+/* The length (1..4) of the UTF-8 sequence at p and its code point, or 0 when
+ * p does not start a well-formed one (overlong, surrogate, past U+10FFFF). */
+static size_t config__utf8(const unsigned char *p, uint32_t *cp) {
+  size_t n = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc0 ? 2 : 0;
+  if (n == 0 || p[0] > 0xf4) return 0;
+  uint32_t v = p[0] & (0x7fu >> n);
+  for (size_t i = 1; i < n; i++) {
+    if ((p[i] & 0xc0) != 0x80) return 0; /* the string's NUL ends here too */
+    v = v << 6 | (p[i] & 0x3fu);
+  }
+  static const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (v < least[n] || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff)) return 0;
+  *cp = v;
+  return n;
+}
+
+/* A double-quoted YAML scalar that reads back as the same string. Escaped:
+ * quotes and backslashes, and what a YAML reader refuses or changes when it
+ * stands raw in a scalar: control characters, U+0080..U+009F (NEL, U+0085,
+ * is a line break), the line and paragraph separators (folded like a line
+ * break), U+FEFF, U+FFFE and U+FFFF. Bytes that are not UTF-8 have no YAML
+ * spelling at all: \xNN, which reads back as U+00NN, is the nearest. */
 static void config__print_string(const char *s, FILE *f) {
   if (!s) {
     fputs("null", f);
     return;
   }
   fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-    else if (*p == '\n') fputs("\\n", f);
-    else if (*p == '\t') fputs("\\t", f);
-    else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\x%02x", *p);
-    else fputc(*p, f);
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    if (*p < 0x80) {
+      if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+      else if (*p == '\n') fputs("\\n", f);
+      else if (*p == '\t') fputs("\\t", f);
+      else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\x%02x", *p);
+      else fputc(*p, f);
+      p++;
+      continue;
+    }
+    uint32_t cp = 0;
+    size_t n = config__utf8(p, &cp);
+    if (n == 0) {
+      fprintf(f, "\\x%02x", *p++);
+    } else if (cp <= 0x9f || cp == 0x2028 || cp == 0x2029 || cp == 0xfeff || cp == 0xfffe ||
+               cp == 0xffff) {
+      fprintf(f, "\\u%04x", (unsigned)cp);
+      p += n;
+    } else {
+      fwrite(p, 1, n, f);
+      p += n;
+    }
   }
   fputc('"', f);
 }

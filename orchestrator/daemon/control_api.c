@@ -102,9 +102,8 @@ static int enum_known(const ProtobufCEnumDescriptor *d, int v) {
 
 /* Fills defaults into spec and checks every field; returns 0 or -1 with a
  * message naming the field. */
-static int spec_validate(orch *o, Rlorch__V1__RunSpec *s, spec_fill *fill, char *err,
+static int spec_validate(const config *c, Rlorch__V1__RunSpec *s, spec_fill *fill, char *err,
                          size_t len) {
-  const config *c = o->cfg;
   if (strlen(s->name) > 128) return snprintf(err, len, "name: longer than 128 bytes"), -1;
   /* An empty preset or an unspecified offload takes the trainer's (the runner
    * fills them in when it joins); a given one admits only a trainer that holds it. */
@@ -160,6 +159,13 @@ static int spec_validate(orch *o, Rlorch__V1__RunSpec *s, spec_fill *fill, char 
   return 0;
 }
 
+int control_api_validate_spec(const config *c, const Rlorch__V1__RunSpec *spec, char *err,
+                              size_t len) {
+  Rlorch__V1__RunSpec filled = *spec; /* shallow, as StartRun's: spec stays as it was */
+  spec_fill fill;
+  return spec_validate(c, &filled, &fill, err, len);
+}
+
 static int run_id_ok(rpc_call *call, const char *id) {
   if (!id || !id[0]) {
     rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "run_id: required");
@@ -205,7 +211,7 @@ static void h_start_run(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
     return;
   }
-  if (spec_validate(o, spec, &fill, err, sizeof err) != 0) {
+  if (spec_validate(o->cfg, spec, &fill, err, sizeof err) != 0) {
     rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s", err);
     return;
   }

@@ -172,6 +172,43 @@ Test(config, help_and_print_flags) {
   free(text);
 }
 
+/* What YAML does not take raw in a scalar is printed escaped, so that the
+ * printed file loads to the same string: control characters, C1 controls,
+ * NEL and the line separators (a reader folds them), a BOM. Bytes that are
+ * not UTF-8 print as \\xNN: the file still loads. */
+Test(config, print_round_trip_of_any_characters) {
+  static const char dir[] = "a\tb\rc\x7f" "d\xc2\x81" "e\xc2\x85" "f\xe2\x80\xa8" "g\xe2\x80\xa9"
+                            "h\xef\xbb\xbf" "i \xc3\xa9\xe6\x97\xa5\xf0\x9f\x99\x82 \"q\" \\";
+  char env[256];
+  snprintf(env, sizeof env, "RLORCH_DATA_DIR=%s", dir);
+  char *envp[] = {env, NULL};
+  config a, b;
+  char err[512] = "";
+  cr_assert_eq(LOAD(&a, err, envp), 0, "%s", err);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  config_print(&a, f);
+  fclose(f);
+  const char *path = write_file("printed.yaml", text);
+  cr_assert_eq(LOAD(&b, err, NULL, "--config", (char *)path), 0, "%s\n%s", err, text);
+  cr_assert_str_eq(b.data_dir, dir, "printed as %s", strstr(text, "data_dir:"));
+  free(text);
+  config_free(&a);
+  config_free(&b);
+  char *bad[] = {"RLORCH_DATA_DIR=x\xff\xc0\x80" "y", NULL};
+  cr_assert_eq(LOAD(&a, err, bad), 0, "%s", err);
+  f = open_memstream(&text, &len);
+  config_print(&a, f);
+  fclose(f);
+  cr_assert(strstr(text, "data_dir: \"x\\xff\\xc0\\x80y\""), "%s", text);
+  path = write_file("printed.yaml", text);
+  cr_assert_eq(LOAD(&b, err, NULL, "--config", (char *)path), 0, "%s\n%s", err, text);
+  free(text);
+  config_free(&a);
+  config_free(&b);
+}
+
 Test(config, print_round_trip) {
   const char *tok = write_file("token", "s3cret-token\n");
   const char *crt = write_file("cert.pem", "cert");
@@ -282,6 +319,8 @@ Test(config, file_errors_name_file_line_and_field) {
       {"heartbeat_interval_ms: 0\n", "heartbeat_interval_ms: 0 out of range"},
       {"max_message_bytes: 10\n", "rlorch.yaml:1: max_message_bytes: 10 out of range"},
       {"batch_chunk_bytes: 4095\n", "rlorch.yaml:1: batch_chunk_bytes: 4095 out of range [4096, "},
+      /* A smaller limit would leave no chunk size in range. */
+      {"max_message_bytes: 3000\n", "rlorch.yaml:1: max_message_bytes: 3000 out of range [4096, "},
       {"\nbatch_chunk_bytes: 8MiB\n",
        "rlorch.yaml:2: batch_chunk_bytes: 8388608 exceeds max_message_bytes (4194304), the "
        "largest gRPC message the server uses"},

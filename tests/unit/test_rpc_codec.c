@@ -55,6 +55,36 @@ Test(rpc_codec, garbage_does_not_decode) {
   grpc_shutdown_blocking();
 }
 
+/* A field number 0 spelled in two bytes: protobuf-c reads it, writes it back
+ * in one byte and cannot read that. Refused at any depth, as the top-level
+ * message, a sub-message, a repeated one or a oneof member; field 0 in one
+ * byte was refused already, and other unknown fields still decode. */
+Test(rpc_codec, field_number_zero_does_not_decode) {
+  static const uint8_t top[] = {0x80, 0x00, 0x05};
+  cr_assert_null(rpc_unpack(&rlorch__v1__get_run_request__descriptor, top, sizeof top));
+  static const uint8_t one_byte[] = {0x00, 0x05};
+  cr_assert_null(rpc_unpack(&rlorch__v1__get_run_request__descriptor, one_byte, sizeof one_byte));
+  /* RunSpec.sampling (field 12) holding it: what StartRun would have stored. */
+  static const uint8_t nested[] = {0x62, 0x03, 0x80, 0x00, 0x05};
+  cr_assert_null(rpc_unpack(&rlorch__v1__run_spec__descriptor, nested, sizeof nested));
+  /* ListRunsResponse.runs[0] (repeated), then RunSpec.prompts.synthetic (a oneof member). */
+  static const uint8_t repeated[] = {0x0a, 0x03, 0x80, 0x00, 0x05};
+  cr_assert_null(rpc_unpack(&rlorch__v1__list_runs_response__descriptor, repeated, sizeof repeated));
+  static const uint8_t oneof[] = {0x5a, 0x05, 0x12, 0x03, 0x80, 0x00, 0x05};
+  cr_assert_null(rpc_unpack(&rlorch__v1__run_spec__descriptor, oneof, sizeof oneof));
+  /* An unknown field 99 is kept, and what is packed again decodes again. */
+  static const uint8_t unknown[] = {0x0a, 0x01, 'r', 0x98, 0x06, 0x07};
+  ProtobufCMessage *m = rpc_unpack(&rlorch__v1__get_run_request__descriptor, unknown, sizeof unknown);
+  cr_assert_not_null(m);
+  cr_assert_eq(m->n_unknown_fields, 1);
+  uint8_t buf[16];
+  size_t n = protobuf_c_message_pack(m, buf);
+  ProtobufCMessage *again = rpc_unpack(&rlorch__v1__get_run_request__descriptor, buf, n);
+  cr_assert_not_null(again);
+  protobuf_c_message_free_unpacked(again, NULL);
+  protobuf_c_message_free_unpacked(m, NULL);
+}
+
 #define M(name, kind) \
   { name, kind, &rlorch__v1__get_run_request__descriptor, &rlorch__v1__run__descriptor, 0, noop_handler, NULL }
 

@@ -615,7 +615,11 @@ static int handshake(int fd, const bcast_plan *p, uint32_t rank, int cancel_fd, 
       recv_status(fd, MAGIC_REPLY, &status, msg, sizeof msg, cancel_fd, deadline))
     return bcast__fail(err, io_code(errno),
                        "plan '%s': handshake with root %s failed: %s", p->id, p->host_endpoint, strerror(errno));
-  if (status) return bcast__fail(err, status < 0 ? status : BCAST_EPEER, "root refused rank %u: %s", rank, msg);
+  /* The root's code when it is one of ours (a mismatch, a cancel): the peer's
+   * number is no code of this engine otherwise. */
+  if (status)
+    return bcast__fail(err, status <= BCAST_EINVAL && status >= BCAST_ECANCELED ? status : BCAST_EPEER,
+                       "root refused rank %u: %s", rank, msg);
   return BCAST_OK;
 }
 
