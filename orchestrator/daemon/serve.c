@@ -351,7 +351,14 @@ static void log_listening(orch *o, const bcast_caps *caps) {
 
 static int serve_loop(orch *o) {
   config *cfg = o->cfg;
-  char err[512];
+  char err[1536];
+  /* Before the database: a second daemon must not touch the first one's runs. */
+  int drc = datadir_open(cfg->data_dir, &o->dir, NULL, err, sizeof err);
+  if (drc != DATADIR_OK) {
+    log_error(drc == DATADIR_ELOCKED ? "data_dir_locked" : "data_dir_failed",
+              "data_dir=\"%s\" error=\"%s\"", cfg->data_dir, err);
+    return 1;
+  }
   if (store_open(cfg->data_dir, &o->db, err, sizeof err) != 0) {
     log_error("store_open_failed", "data_dir=\"%s\" error=\"%s\"", cfg->data_dir, err);
     return 1;
@@ -450,6 +457,7 @@ int serve_main(int argc, char **argv) {
   int rc = serve_loop(&o);
   if (o.m.reg) metrics_registry_free(o.m.reg);
   if (o.db) store_close(o.db);
+  datadir_close(o.dir); /* last: the database is closed, another daemon may have it */
   uv_loop_close(&loop);
   config_free(&cfg);
   return rc;
