@@ -9,11 +9,13 @@
 #include "orchestrator/daemon/runner.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "orchestrator/common/log.h"
 #include "orchestrator/common/pbjson.h"
@@ -291,18 +293,22 @@ static void rollouts_budget(runner *r) {
 static void log_batch(runner *r, uint64_t step, Rlorch__V1__Rollout *const *batch, size_t n) {
   const config *cfg = r->o->cfg;
   if (!cfg->rollout_log) return;
+  /* Private like the database (0700 directories, 0600 files): prompts and
+   * completions are the run's data. */
   char dir[1024], path[1100];
   snprintf(dir, sizeof dir, "%s/rollouts", cfg->data_dir);
-  mkdir(dir, 0755);
+  mkdir(dir, 0700);
   snprintf(dir, sizeof dir, "%s/rollouts/%s", cfg->data_dir, r->run->id);
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
     log_warn("rollout_log_failed", "dir=\"%s\" error=\"%s\"", dir, strerror(errno));
     return;
   }
   snprintf(path, sizeof path, "%s/step-%" PRIu64 ".jsonl", dir, step);
-  FILE *f = fopen(path, "w");
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!f) {
     log_warn("rollout_log_failed", "path=\"%s\" error=\"%s\"", path, strerror(errno));
+    if (fd >= 0) close(fd);
     return;
   }
   for (size_t i = 0; i < n; i++) {

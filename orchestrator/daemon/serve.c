@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "build_info.h"
 #include "orchestrator/daemon/serve.h"
@@ -349,16 +350,31 @@ static void log_listening(orch *o, const bcast_caps *caps) {
            caps->nccl_version, caps->note);
 }
 
+/* Files that would leak what they hold: said once at start-up, by name. */
+static void warn_file_modes(const config *cfg, const datadir_info *di) {
+  if (di->shared)
+    log_warn("data_dir_shared", "data_dir=\"%s\" mode=%04o msg=\"group or others may enter "
+             "it: the daemon's own files are 0600, but chmod 700 the directory\"",
+             cfg->data_dir, (unsigned)di->mode);
+  struct stat st;
+  if (cfg->token_file && stat(cfg->token_file, &st) == 0 && (st.st_mode & (S_IRGRP | S_IROTH)))
+    log_warn("token_file_readable", "path=\"%s\" mode=%04o msg=\"the bearer token can be read "
+             "by group or others: chmod 600 it\"",
+             cfg->token_file, (unsigned)(st.st_mode & 07777));
+}
+
 static int serve_loop(orch *o) {
   config *cfg = o->cfg;
   char err[1536];
   /* Before the database: a second daemon must not touch the first one's runs. */
-  int drc = datadir_open(cfg->data_dir, &o->dir, NULL, err, sizeof err);
+  datadir_info di;
+  int drc = datadir_open(cfg->data_dir, &o->dir, &di, err, sizeof err);
   if (drc != DATADIR_OK) {
     log_error(drc == DATADIR_ELOCKED ? "data_dir_locked" : "data_dir_failed",
               "data_dir=\"%s\" error=\"%s\"", cfg->data_dir, err);
     return 1;
   }
+  warn_file_modes(cfg, &di);
   if (store_open(cfg->data_dir, &o->db, err, sizeof err) != 0) {
     log_error("store_open_failed", "data_dir=\"%s\" error=\"%s\"", cfg->data_dir, err);
     return 1;

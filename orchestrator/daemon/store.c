@@ -3,12 +3,14 @@
  * Migrations are SQL scripts applied in order inside one transaction each; the
  * schema_version table records how many ran. */
 #include <errno.h>
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "orchestrator/daemon/store.h"
 
@@ -115,7 +117,7 @@ static int store__migrate(store *s) {
 
 static int store__mkdir(const char *dir, char *err, size_t errlen) {
   struct stat st;
-  if (mkdir(dir, 0750) != 0 && errno != EEXIST) {
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
     snprintf(err, errlen, "store: cannot create data_dir \"%s\": %s", dir, strerror(errno));
     return STORE_EIO;
   }
@@ -124,6 +126,32 @@ static int store__mkdir(const char *dir, char *err, size_t errlen) {
     return STORE_EIO;
   }
   return 0;
+}
+
+/* The database and its -wal and -shm are 0600: they hold every run's spec
+ * and records. SQLite would create the database 0644 (less the umask) and
+ * gives its -wal and -shm the database's own mode, so the database is made
+ * here first, and one an older rlorch made wider is narrowed, with the
+ * journal files it left. */
+static int store__private_files(store *s) {
+  int fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return store__fail(s, STORE_EIO, "store: %s: cannot open: %s", s->path, strerror(errno));
+  struct stat st;
+  int rc = 0;
+  if (fstat(fd, &st) != 0 || ((st.st_mode & 077) && fchmod(fd, 0600) != 0))
+    rc = store__fail(s, STORE_EIO, "store: %s: cannot make it private (0600): %s", s->path,
+                     strerror(errno));
+  close(fd);
+  static const char *const journals[] = {"-wal", "-shm"};
+  for (size_t i = 0; !rc && i < 2; i++) {
+    char p[1100];
+    snprintf(p, sizeof p, "%s%s", s->path, journals[i]);
+    if (stat(p, &st) == 0 && (st.st_mode & 077) && chmod(p, 0600) != 0)
+      rc = store__fail(s, STORE_EIO, "store: %s: cannot make it private (0600): %s", p,
+                       strerror(errno));
+  }
+  return rc;
 }
 
 int store_open(const char *data_dir, store **out, char *err, size_t errlen) {
@@ -143,6 +171,11 @@ int store_open(const char *data_dir, store **out, char *err, size_t errlen) {
     snprintf(err, errlen, "store: data_dir \"%s\" is too long", data_dir);
     free(s);
     return STORE_EINVAL;
+  }
+  if ((rc = store__private_files(s)) != 0) {
+    snprintf(err, errlen, "%s", s->msg);
+    free(s);
+    return rc;
   }
   if (sqlite3_open_v2(s->path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                       NULL) != SQLITE_OK) {

@@ -35,7 +35,8 @@ enum {
 /* Schema version this code writes (the number of migrations). */
 #define STORE_SCHEMA_VERSION 1
 
-/* Creates data_dir if needed and opens data_dir/rlorch.db. On failure *out is
+/* Creates data_dir (0700) if needed and opens data_dir/rlorch.db, which with
+ * its -wal and -shm is made 0600 (narrowed if wider). On failure *out is
  * NULL and err names the path and the cause. */
 int store_open(const char *data_dir, store **out, char *err, size_t errlen);
 void store_close(store *s);

@@ -169,7 +169,7 @@ serve_start() {
   SERVE_DATA_DIR="$TEST_TMP/data.$__LIB_SERVE_SEQ"
   SERVE_LOG="$TEST_TMP/serve.$__LIB_SERVE_SEQ.log"
   export GRPC_ADDR METRICS_ADDR SERVE_DATA_DIR SERVE_LOG
-  mkdir -p "$SERVE_DATA_DIR"
+  mkdir -p -m 700 "$SERVE_DATA_DIR"
   "$RLORCH_BIN" serve --listen "$GRPC_ADDR" --metrics-listen "$METRICS_ADDR" \
     --data-dir "$SERVE_DATA_DIR" "$@" >"$SERVE_LOG" 2>&1 &
   SERVE_PID=$!

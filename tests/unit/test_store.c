@@ -342,6 +342,35 @@ Test(store, unwritable_data_dir) {
   cr_assert(strstr(err, below) && strstr(err, "Permission denied"), "%s", err);
 }
 
+static mode_t mode_of(const char *path) {
+  struct stat st;
+  cr_assert_eq(stat(path, &st), 0, "%s", path);
+  return st.st_mode & 07777;
+}
+
+Test(store, database_and_journals_are_private) {
+  char sub[128], p[192];
+  snprintf(sub, sizeof sub, "%s/new", dir);
+  mode_t old = umask(0); /* what SQLite alone would make 0644 (0666 less the umask) */
+  store *s = open_ok(sub);
+  Rlorch__V1__Run *r = create(s, "x", 1); /* a write: the -wal and -shm exist now */
+  umask(old);
+  cr_assert_eq(mode_of(sub), 0700, "data_dir %o", mode_of(sub));
+  snprintf(p, sizeof p, "%s/rlorch.db", sub);
+  cr_assert_eq(mode_of(p), 0600, "rlorch.db %o", mode_of(p));
+  snprintf(p, sizeof p, "%s/rlorch.db-wal", sub);
+  cr_assert_eq(mode_of(p), 0600, "rlorch.db-wal %o", mode_of(p));
+  snprintf(p, sizeof p, "%s/rlorch.db-shm", sub);
+  cr_assert_eq(mode_of(p), 0600, "rlorch.db-shm %o", mode_of(p));
+  run_free(r);
+  store_close(s);
+  /* A database an older rlorch left 0644 is narrowed at the next open. */
+  snprintf(p, sizeof p, "%s/rlorch.db", sub);
+  cr_assert_eq(chmod(p, 0644), 0);
+  store_close(open_ok(sub));
+  cr_assert_eq(mode_of(p), 0600, "narrowed to %o", mode_of(p));
+}
+
 Test(store, run_counts_by_state) {
   store *s = open_ok(dir);
   uint64_t c[STORE_RUN_STATES];
