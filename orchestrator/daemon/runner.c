@@ -1134,11 +1134,19 @@ int runner_set_policy(runner *r, const char *run_id, Rlorch__V1__BroadcastMode p
 
 /* ---- life cycle -------------------------------------------------------------------------------- */
 
+/* The table removes a lost worker: the run's scheduler forgets it too, so
+ * that neither keeps what a stream of short-lived workers leaves behind. */
+static void on_worker_removed(workers_entry *w, void *ud) {
+  runner *r = ud;
+  if (r->sched && w->in_run) sched_worker_forget(r->sched, mono(), w->id);
+}
+
 int runner_new(orch *o, runner **out) {
   runner *r = calloc(1, sizeof *r);
   if (!r) return -1;
   r->o = o;
   r->workers = o->workers;
+  workers_on_remove(r->workers, on_worker_removed, r);
   uv_timer_init(o->loop, &r->timer);
   r->timer.data = r;
   r->timer_open = 1;

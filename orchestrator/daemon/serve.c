@@ -350,6 +350,8 @@ static void log_listening(orch *o, const bcast_caps *caps) {
            caps->nccl_version, caps->note);
 }
 
+_Static_assert(WORKERS_MAX == 4096, "config.c bounds max_workers by WORKERS_MAX");
+
 /* Files that would leak what they hold: said once at start-up, by name. */
 static void warn_file_modes(const config *cfg, const datadir_info *di) {
   if (di->shared)
@@ -395,7 +397,11 @@ static int serve_loop(orch *o) {
                                      .rollouts = o->m.worker_rollouts,
                                      .tokens = o->m.worker_tokens,
                                      .generate_seconds = o->m.worker_generate_seconds},
-                  o->watch, &o->workers) != 0 ||
+                  o->watch,
+                  &(workers_limits){.max_workers = cfg->max_workers,
+                                    .lost_retention_ms =
+                                        (int64_t)(cfg->lost_worker_retention_s * 1000.0)},
+                  &o->workers) != 0 ||
       runner_new(o, &o->runner) != 0) {
     log_error("runner_setup_failed", "error=\"out of memory\"");
     serve_teardown(o);

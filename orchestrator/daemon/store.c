@@ -32,6 +32,12 @@ static const char *const store__migrations[] = {
     "CREATE INDEX workers_run ON workers(run_id);"
     "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);"
     "INSERT INTO counters VALUES ('run', 0);",
+    /* 2: worker ids from a counter kept here, so that no id is ever handed out
+     * twice by this data_dir's daemons (an agent still holding an id from
+     * before a restart must not reach a new worker by it). It starts past
+     * the ids the workers table already names. */
+    "INSERT INTO counters (name, value) SELECT 'worker', "
+    "  coalesce(max(CAST(substr(id, 3) AS INTEGER)), 0) FROM workers WHERE id GLOB 'w-[0-9]*';",
 };
 #define STORE__NMIGRATIONS (sizeof store__migrations / sizeof store__migrations[0])
 _Static_assert(STORE__NMIGRATIONS == STORE_SCHEMA_VERSION, "STORE_SCHEMA_VERSION is stale");
@@ -252,14 +258,26 @@ static int store__put_run(store *s, const Rlorch__V1__Run *run, int64_t seq, int
   return 0;
 }
 
-/* Takes the next run number; inside the caller's transaction. */
-static int store__next_run_seq(store *s, int64_t *seq) {
+/* Takes the next value of counter `name` (one statement: atomic on its own,
+ * and inside the caller's transaction when there is one). */
+static int store__next(store *s, const char *name, int64_t *value) {
   sqlite3_stmt *st;
-  int rc = store__prepare(s, "UPDATE counters SET value = value + 1 WHERE name = 'run' RETURNING value", &st);
+  int rc = store__prepare(s, "UPDATE counters SET value = value + 1 WHERE name = ?1 RETURNING value", &st);
   if (rc) return rc;
-  if (sqlite3_step(st) == SQLITE_ROW) *seq = sqlite3_column_int64(st, 0);
-  else rc = store__db_fail(s, "next run id");
+  sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+  if (sqlite3_step(st) == SQLITE_ROW) *value = sqlite3_column_int64(st, 0);
+  else rc = store__db_fail(s, !strcmp(name, "run") ? "next run id" : "next worker id");
   sqlite3_finalize(st);
+  return rc;
+}
+
+static int store__next_run_seq(store *s, int64_t *seq) { return store__next(s, "run", seq); }
+
+int store_worker_next_id(store *s, uint64_t *id) {
+  if (!s || !id) return s ? store__fail(s, STORE_EINVAL, "store: worker_next_id: NULL argument") : STORE_EINVAL;
+  int64_t v = 0;
+  int rc = store__next(s, "worker", &v);
+  if (rc == 0) *id = (uint64_t)v;
   return rc;
 }
 
@@ -451,6 +469,16 @@ int store_worker_put(store *s, const Rlorch__V1__WorkerInfo *w) {
     return rc;
   }
   return store__done(s, st, "put worker");
+}
+
+int store_worker_delete(store *s, const char *id) {
+  if (!s) return STORE_EINVAL;
+  if (!id || !*id) return store__fail(s, STORE_EINVAL, "store: worker_delete: worker without id");
+  sqlite3_stmt *st;
+  int rc = store__prepare(s, "DELETE FROM workers WHERE id = ?1", &st);
+  if (rc) return rc;
+  sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+  return store__done(s, st, "delete worker");
 }
 
 int store_workers_list(store *s, const char *run_id,

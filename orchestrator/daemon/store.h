@@ -33,7 +33,7 @@ enum {
 #define STORE_NOT_FOUND STORE_ENOTFOUND
 
 /* Schema version this code writes (the number of migrations). */
-#define STORE_SCHEMA_VERSION 1
+#define STORE_SCHEMA_VERSION 2
 
 /* Creates data_dir (0700) if needed and opens data_dir/rlorch.db, which with
  * its -wal and -shm is made 0600 (narrowed if wider). On failure *out is
@@ -68,8 +68,13 @@ int store_step_put(store *s, const Rlorch__V1__StepRecord *rec);
 int store_steps_list(store *s, const char *run_id, int64_t after_step,
                      int (*cb)(const Rlorch__V1__StepRecord *rec, void *arg), void *arg);
 
+/* The next worker number of this data_dir (1, 2, ...): from a counter kept in
+ * the database, so a number is never handed out twice, across restarts too. */
+int store_worker_next_id(store *s, uint64_t *id);
 /* Inserts or replaces the worker with w->id (keeps its registration order). */
 int store_worker_put(store *s, const Rlorch__V1__WorkerInfo *w);
+/* Forgets the worker with this id (none stored is fine). */
+int store_worker_delete(store *s, const char *id);
 /* Calls cb for each worker (of run_id, or all when run_id is NULL or ""), in
  * registration order; stops like store_steps_list. */
 int store_workers_list(store *s, const char *run_id,

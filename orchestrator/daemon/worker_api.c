@@ -78,12 +78,13 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   resolve_data_address(call, q->data_address, addr, sizeof addr);
   workers_entry *w = NULL;
   int rc = workers_add(o->workers, q->role, q->name, addr, q->capabilities, q->manifest, &w);
-  if (rc == -1) {
-    rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "too many workers (%d)", WORKERS_MAX);
-    return;
-  }
   if (rc != 0) {
-    rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    /* A full table or no memory: try later; no id (the store failed): the
+     * daemon's trouble, not the worker's. */
+    log_warn("worker_refused", "name=%s role=%s error=\"%s\"", q->name,
+             workers_role_label(q->role), workers_last_error(o->workers));
+    rpc_call_fail(call, rc == -3 ? GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_RESOURCE_EXHAUSTED, "%s",
+                  workers_last_error(o->workers));
     return;
   }
   log_info("worker_registered", "worker=%s name=%s role=%s cuda_devices=%u nccl=\"%s\"",

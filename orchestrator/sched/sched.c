@@ -1069,6 +1069,21 @@ int sched_worker_lost(sched *s, int64_t now, uint32_t id, const char *reason) {
   return SCHED_OK;
 }
 
+int sched_worker_forget(sched *s, int64_t now, uint32_t id) {
+  if (sched__begin(s, now)) return SCHED_EINVAL;
+  size_t i = sched__lower(s, id);
+  if (i == s->nworkers || s->workers[i].id != id)
+    return sched__fail_arg(s, SCHED_ENOENT, "worker %" PRIu32 ": not registered", id);
+  if (sched__live(&s->workers[i]))
+    return sched__fail_arg(s, SCHED_ESTATE, "worker %s: not lost, cannot be forgotten",
+                           s->workers[i].name);
+  /* Nothing refers to it any more: its requests and cancels went when it was
+   * lost, and a plan pending since then was built without it. */
+  memmove(&s->workers[i], &s->workers[i + 1], (s->nworkers - i - 1) * sizeof *s->workers);
+  s->nworkers--;
+  return SCHED_OK;
+}
+
 /* ---- rollouts --------------------------------------------------------------------------------- */
 
 static int sched__pool_has(const sched *s, uint64_t id) {

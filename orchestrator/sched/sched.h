@@ -133,7 +133,8 @@ typedef enum {
   SCHED_WORKER_REGISTERED = 1, /* known, no command stream yet */
   SCHED_WORKER_READY = 2,      /* attached and idle */
   SCHED_WORKER_BUSY = 3,       /* attached, executing a command */
-  SCHED_WORKER_LOST = 4        /* heartbeats stopped or stream closed; terminal for the id */
+  SCHED_WORKER_LOST = 4        /* heartbeats stopped or stream closed; terminal for the id
+                                  (until sched_worker_forget drops it) */
 } sched_worker_state;
 
 const char *sched_mode_name(sched_mode m);            /* "auto", "direct", "staged", "host" */
@@ -371,6 +372,11 @@ int sched_worker_heartbeat(sched *s, int64_t now_ms, uint32_t id, uint64_t polic
  * Its groups in flight are re-sent to other workers (see "Re-sending"). */
 int sched_worker_lost(sched *s, int64_t now_ms, uint32_t id, const char *reason);
 
+/* Forgets lost worker `id` for good (its shell removed it after a grace
+ * period): it leaves the worker list, so that workers which come and go do
+ * not grow the scheduler. SCHED_ENOENT if unknown, SCHED_ESTATE if not lost. */
+int sched_worker_forget(sched *s, int64_t now_ms, uint32_t id);
+
 /* Results of request `request_id`: exactly its count, every rollout of its
  * group; versions not newer than the published one; ids unique. The group is
  * buffered whole and its other request in flight, if any, cancelled. A
@@ -435,7 +441,7 @@ void sched_get_run(const sched *s, sched_run_info *out);
 void sched_get_counters(const sched *s, sched_counters *out);
 /* 0 or SCHED_ENOENT. */
 int sched_get_worker(const sched *s, uint32_t id, sched_worker_info *out);
-size_t sched_worker_count(const sched *s); /* every id ever registered, lost included */
+size_t sched_worker_count(const sched *s); /* every id registered, lost included, not forgotten */
 /* The i-th worker in id order (0 <= i < sched_worker_count()); 0 or SCHED_ENOENT. */
 int sched_get_worker_at(const sched *s, size_t i, sched_worker_info *out);
 

@@ -371,6 +371,35 @@ Test(store, database_and_journals_are_private) {
   cr_assert_eq(mode_of(p), 0600, "narrowed to %o", mode_of(p));
 }
 
+Test(store, worker_ids_continue_past_those_an_older_schema_stored) {
+  store *s = open_ok(dir);
+  uint64_t id = 0;
+  cr_assert_eq(store_worker_next_id(s, &id), 0);
+  cr_assert_eq(id, 1);
+  store_close(s);
+  /* A database of schema 1: workers named by the in-memory counter of that time. */
+  char path[128];
+  snprintf(path, sizeof path, "%s/rlorch.db", dir);
+  sqlite3 *db = NULL;
+  cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+  cr_assert_eq(sqlite3_exec(db,
+                            "DELETE FROM schema_version WHERE version = 2;"
+                            "DELETE FROM counters WHERE name = 'worker';"
+                            "INSERT INTO workers VALUES ('w-41', '', x''), ('w-7', '', x''),"
+                            " ('other', '', x'');",
+                            NULL, NULL, NULL),
+               SQLITE_OK, "%s", sqlite3_errmsg(db));
+  sqlite3_close(db);
+  s = open_ok(dir);
+  cr_assert_eq(store_worker_next_id(s, &id), 0);
+  cr_assert_eq(id, 42, "past the stored w-41");
+  cr_assert_eq(store_worker_next_id(s, &id), 0);
+  cr_assert_eq(id, 43);
+  cr_assert_eq(store_worker_delete(s, "w-41"), 0);
+  cr_assert_eq(store_worker_delete(s, "w-41"), 0, "deleting nothing is fine");
+  store_close(s);
+}
+
 Test(store, run_counts_by_state) {
   store *s = open_ok(dir);
   uint64_t c[STORE_RUN_STATES];
