@@ -242,25 +242,6 @@ static void on_lag_timer(uv_timer_t *t) {
 
 /* ---- start-up and shutdown --------------------------------------------------- */
 
-/* Runs left RUNNING/PENDING/STOPPING by a crash cannot resume: their workers and
- * in-memory plans are gone. Mark them failed so operators see why. */
-static void fail_interrupted_runs(orch *o) {
-  Rlorch__V1__Run **runs = NULL;
-  size_t n = 0;
-  if (store_run_list(o->db, 0, 1000000, &runs, &n) != 0) return;
-  for (size_t i = 0; i < n; i++) {
-    if (control_api_run_is_final(runs[i]->state)) continue;
-    runs[i]->state = RLORCH__V1__RUN_STATE__RUN_STATE_FAILED;
-    runs[i]->updated_unix_ms = now_unix_ms();
-    char *old = runs[i]->message;
-    runs[i]->message = "interrupted by an orchestrator restart";
-    store_run_update(o->db, runs[i]);
-    runs[i]->message = old;
-    log_warn("run_interrupted", "run=%s", runs[i]->id);
-  }
-  store_runs_free(runs, n);
-}
-
 static void on_rpc_shutdown_done(void *ud) {
   orch *o = ud;
   log_info("grpc_stopped", NULL);
@@ -381,7 +362,6 @@ static int serve_loop(orch *o) {
     log_error("store_open_failed", "data_dir=\"%s\" error=\"%s\"", cfg->data_dir, err);
     return 1;
   }
-  fail_interrupted_runs(o);
   bcast_caps caps; /* probed once: CUDA start-up is not free */
   bcast_caps_probe(&caps);
   if (metrics_setup(o, &caps, err, sizeof err) != 0) {
@@ -407,6 +387,8 @@ static int serve_loop(orch *o) {
     serve_teardown(o);
     return 1;
   }
+  /* Before the Worker API listens: workers that come back join the resumed run. */
+  runner_resume(o->runner);
   if (start_rpc(o, err, sizeof err) != 0) {
     log_error("grpc_listen_failed", "addr=%s error=\"%s\"", cfg->listen, err);
     serve_teardown(o);

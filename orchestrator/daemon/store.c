@@ -4,6 +4,7 @@
  * schema_version table records how many ran. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -69,6 +70,7 @@ const char *store_strerror(int code) {
     case STORE_EINVAL: return "invalid argument";
     case STORE_ECORRUPT: return "corrupt record";
     case STORE_ETOONEW: return "database schema newer than this program";
+    case STORE_EEXIST: return "already recorded";
     default: return "unknown error";
   }
 }
@@ -395,13 +397,14 @@ int store_run_counts(store *s, uint64_t counts[STORE_RUN_STATES]) {
 
 /* ---- steps and workers ------------------------------------------------------- */
 
-int store_step_put(store *s, const Rlorch__V1__StepRecord *rec) {
-  if (!s) return STORE_EINVAL;
+/* Inserts the record; a second record of the same step is refused, never
+ * merged or replaced: a committed step is written exactly once. */
+static int store__insert_step(store *s, const Rlorch__V1__StepRecord *rec) {
   if (!rec || !rec->run_id || !*rec->run_id)
     return store__fail(s, STORE_EINVAL, "store: step_put: record without run_id");
   if (rec->step > INT64_MAX) return store__fail(s, STORE_EINVAL, "store: step_put: step out of range");
   sqlite3_stmt *st;
-  int rc = store__prepare(s, "INSERT OR REPLACE INTO steps (run_id, step, msg) VALUES (?1, ?2, ?3)", &st);
+  int rc = store__prepare(s, "INSERT INTO steps (run_id, step, msg) VALUES (?1, ?2, ?3)", &st);
   if (rc) return rc;
   sqlite3_bind_text(st, 1, rec->run_id, -1, SQLITE_TRANSIENT);
   sqlite3_bind_int64(st, 2, (int64_t)rec->step);
@@ -409,7 +412,54 @@ int store_step_put(store *s, const Rlorch__V1__StepRecord *rec) {
     sqlite3_finalize(st);
     return rc;
   }
-  return store__done(s, st, "put step");
+  int step = sqlite3_step(st);
+  if (step == SQLITE_DONE) rc = 0;
+  else if (sqlite3_extended_errcode(s->db) == SQLITE_CONSTRAINT_PRIMARYKEY)
+    rc = store__fail(s, STORE_EEXIST,
+                     "store: %s: run %s step %" PRIu64 " is recorded already (a step is written once)",
+                     s->path, rec->run_id, rec->step);
+  else rc = store__db_fail(s, "put step");
+  sqlite3_finalize(st);
+  return rc;
+}
+
+int store_step_put(store *s, const Rlorch__V1__StepRecord *rec) {
+  if (!s) return STORE_EINVAL;
+  return store__insert_step(s, rec);
+}
+
+int store_step_commit(store *s, const Rlorch__V1__StepRecord *rec, const Rlorch__V1__Run *run) {
+  if (!s) return STORE_EINVAL;
+  if (!run || !run->id || !*run->id)
+    return store__fail(s, STORE_EINVAL, "store: step_commit: run without id");
+  int rc = store__exec(s, "BEGIN IMMEDIATE", "commit step");
+  if (rc) return rc;
+  if ((rc = store__insert_step(s, rec)) || (rc = store__put_run(s, run, 0, 0)) ||
+      (rc = store__exec(s, "COMMIT", "commit step"))) {
+    char msg[sizeof s->msg];
+    memcpy(msg, s->msg, sizeof msg); /* the rollback must not overwrite why */
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    memcpy(s->msg, msg, sizeof msg);
+    return rc;
+  }
+  return 0;
+}
+
+int store_steps_count(store *s, const char *run_id, uint64_t *n, int64_t *last) {
+  if (!s) return STORE_EINVAL;
+  if (!run_id || !n || !last) return store__fail(s, STORE_EINVAL, "store: steps_count: NULL argument");
+  sqlite3_stmt *st;
+  int rc = store__prepare(s, "SELECT count(*), coalesce(max(step), -1) FROM steps WHERE run_id = ?1", &st);
+  if (rc) return rc;
+  sqlite3_bind_text(st, 1, run_id, -1, SQLITE_TRANSIENT);
+  if (sqlite3_step(st) == SQLITE_ROW) {
+    *n = (uint64_t)sqlite3_column_int64(st, 0);
+    *last = sqlite3_column_int64(st, 1);
+  } else {
+    rc = store__db_fail(s, "count steps");
+  }
+  sqlite3_finalize(st);
+  return rc;
 }
 
 /* One of the two callback types, so each is called through its own type. */

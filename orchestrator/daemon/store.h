@@ -29,6 +29,7 @@ enum {
   STORE_EINVAL = -4,     /* NULL or malformed argument (empty run id...) */
   STORE_ECORRUPT = -5,   /* a stored blob does not unpack */
   STORE_ETOONEW = -6,    /* database schema newer than this program */
+  STORE_EEXIST = -7,     /* a step recorded already: records are written once */
 };
 #define STORE_NOT_FOUND STORE_ENOTFOUND
 
@@ -60,8 +61,15 @@ void store_runs_free(Rlorch__V1__Run **runs, size_t n);
 #define STORE_RUN_STATES 7
 int store_run_counts(store *s, uint64_t counts[STORE_RUN_STATES]);
 
-/* Inserts or replaces the record of (rec->run_id, rec->step). */
+/* Inserts the record of (rec->run_id, rec->step); STORE_EEXIST, changing
+ * nothing, when that step is recorded already. */
 int store_step_put(store *s, const Rlorch__V1__StepRecord *rec);
+/* A step's commit: its record (as store_step_put) and the run's new state
+ * (as store_run_update) in one transaction, so that a crash leaves both or
+ * neither. STORE_EEXIST (nothing written) when the step is recorded already. */
+int store_step_commit(store *s, const Rlorch__V1__StepRecord *rec, const Rlorch__V1__Run *run);
+/* How many steps run_id has recorded and the highest (-1: none). */
+int store_steps_count(store *s, const char *run_id, uint64_t *n, int64_t *last);
 /* Calls cb for each record of run_id with step > after_step (-1 for all), in
  * step order. The record is freed after cb returns. A non-zero return from cb
  * stops the walk and is returned. */

@@ -28,6 +28,7 @@
 #define WORKERS_MAX 4096
 #define WORKERS_NAME_MAX 64 /* NUL included; equals the scheduler's SCHED_NAME_MAX */
 #define WORKERS_ADDRESS_MAX 256
+#define WORKERS_RUN_ID_MAX 64 /* NUL included; equals the scheduler's SCHED_RUN_ID_MAX */
 
 /* One worker. The table owns it; fields are read by the runner and the
  * Worker API, and changed only through the functions below unless noted. */
@@ -43,6 +44,8 @@ typedef struct workers_entry {
   rpc_call *attach;                        /* open command stream, or NULL */
   uint64_t cmd_seq;
   uint64_t policy_version;                 /* as last reported; the Worker API sets it */
+  char version_run[WORKERS_RUN_ID_MAX];    /* the run policy_version counts steps of ("":
+                                              none said); the Worker API sets it */
   int64_t last_seen_unix_ms;               /* shown to operators */
   int64_t last_seen_mono_ms;               /* what the heartbeat sweep compares */
   int64_t lost_mono_ms;                    /* when it was declared lost (state LOST) */

@@ -152,7 +152,8 @@ out="$(ctl --json get-run "$RUN2")"
 assert_eq RUN_STATE_STOPPED "$(json_get state "$out")" "the run active at SIGTERM was stopped"
 assert_contains "$(json_get message "$out")" "orchestrator shut" "and says the orchestrator shut down"
 
-# A crash (SIGKILL) leaves a pending run behind; the next start marks it failed.
+# A crash (SIGKILL) leaves a pending run behind; the next start resumes it
+# (tests/integration/test_resume.sh runs one through a crash).
 out="$(ctl --json start-run --name crashed)"
 RUN3="$(json_get id "$out")"
 assert_ne "$RUN2" "$RUN3" "a new run gets a new id after the restart"
@@ -160,15 +161,19 @@ assert_eq RUN_STATE_PENDING "$(ctl --json get-run "$RUN3" | json_get state)" "th
 serve_kill
 serve_start --data-dir "$FIRST_DATA" || finish
 out="$(ctl --json get-run "$RUN3")"
-assert_eq RUN_STATE_FAILED "$(json_get state "$out")" "a pending run left by a crash is FAILED after a restart"
-assert_eq "interrupted by an orchestrator restart" "$(json_get message "$out")" \
-  "and says it was interrupted by an orchestrator restart"
-assert_contains "$(cat "$SERVE_LOG")" "run=$RUN3" "the restart logs the interrupted run"
+assert_eq RUN_STATE_PENDING "$(json_get state "$out")" "a pending run left by a crash is resumed"
+assert_contains "$(json_get message "$out")" "resumed at step 0 after an orchestrator restart" \
+  "and says it was resumed"
+assert_eq 1 "$(json_get resumes "$out")" "its resumes are counted"
+assert_contains "$(cat "$SERVE_LOG")" "event=run_resumed run=$RUN3" "the restart logs the resumed run"
+ctl stop-run "$RUN3" --reason "not needed" >/dev/null
+wait_until 10 bash -c "\"$RLORCH_BIN\" ctl --target $GRPC_ADDR --json get-run $RUN3 | grep -q RUN_STATE_STOPPED"
+assert_eq 0 "$?" "the resumed run stops like any other"
 out="$(ctl --json list-runs)"
 assert_eq "$RUN3 $RUN2 $RUN1" "$(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(sys.stdin)["runs"]))' <<<"$out")" \
   "all three runs are listed after the restarts"
 out="$(ctl --json start-run --name after)"
-assert_eq RUN_STATE_PENDING "$(json_get state "$out")" "a new run can start after the interrupted one"
+assert_eq RUN_STATE_PENDING "$(json_get state "$out")" "a new run can start after the resumed one"
 assert_eq 200 "$(http_code GET /readyz)" "/readyz is 200 after the restart"
 serve_stop
 finish

@@ -36,13 +36,13 @@ serve_stop
 
 # ---- a flood of registrations ----------------------------------------------------------
 CAP=10
-# The flood's registrations all go at once and live (unheard from) for 8 s:
+# The flood's registrations go ten at a time and live (unheard from) for 8 s:
 # the table is full for a while, however slowly this machine starts them.
 RLORCH_MAX_WORKERS=$CAP RLORCH_LOST_WORKER_RETENTION_S=2 RLORCH_HEARTBEAT_INTERVAL_MS=100 \
   RLORCH_WORKER_TIMEOUT_MS=8000 serve_start || { finish; exit 1; }
 export -f register reg_json grpc_call
 export NODE_CLIENT GRPC_ADDR W
-seq 1 $((3 * CAP)) | xargs -P $((3 * CAP)) -I{} bash -c 'register flood-{} | tail -n 1' \
+seq 1 $((3 * CAP)) | xargs -P $CAP -I{} bash -c 'register flood-{} | tail -n 1' \
   >"$TEST_TMP/flood.txt"
 refused="$(grep -c RESOURCE_EXHAUSTED "$TEST_TMP/flood.txt")"
 assert_eq 1 "$((refused > 0))" "the flood filled the table ($refused of $((3 * CAP)) refused)"

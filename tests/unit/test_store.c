@@ -135,7 +135,7 @@ static int on_step(const Rlorch__V1__StepRecord *r, void *arg) {
   return c->stop_after && c->n >= c->stop_after ? 7 : 0;
 }
 
-Test(store, steps_ordered_upserted_and_per_run) {
+Test(store, steps_ordered_written_once_and_per_run) {
   store *s = open_ok(dir);
   const uint64_t order[] = {3, 0, 2, 1, 4};
   for (size_t i = 0; i < 5; i++) {
@@ -154,13 +154,14 @@ Test(store, steps_ordered_upserted_and_per_run) {
   again.run_id = "run-1";
   again.step = 2;
   again.total_seconds = 99;
-  cr_assert_eq(store_step_put(s, &again), 0, "upsert");
+  cr_assert_eq(store_step_put(s, &again), STORE_EEXIST, "a step is written once");
+  cr_assert(strstr(store_errmsg(s), "run-1 step 2 is recorded already"), "%s", store_errmsg(s));
 
   collect c = {0};
   cr_assert_eq(store_steps_list(s, "run-1", -1, on_step, &c), 0);
   cr_assert_eq(c.n, 5);
   for (size_t i = 0; i < 5; i++) cr_assert_eq(c.steps[i], i, "step order");
-  cr_assert_float_eq(c.secs[2], 99, 1e-12, "replaced record");
+  cr_assert_float_eq(c.secs[2], 2.5, 1e-12, "the first record is kept");
   cr_assert_float_eq(c.secs[3], 3.5, 1e-12);
 
   collect after = {0};
@@ -340,6 +341,44 @@ Test(store, unwritable_data_dir) {
   snprintf(below, sizeof below, "%s/x", ro);
   cr_assert_lt(store_open(below, &s, err, sizeof err), 0);
   cr_assert(strstr(err, below) && strstr(err, "Permission denied"), "%s", err);
+}
+
+/* A step's commit writes its record and the run together, or neither. */
+Test(store, step_commit_is_atomic_and_refuses_a_second_record) {
+  store *s = open_ok(dir);
+  Rlorch__V1__Run *r = create(s, "c", 1);
+  Rlorch__V1__StepRecord rec = RLORCH__V1__STEP_RECORD__INIT;
+  rec.run_id = r->id;
+  rec.step = 0;
+  rec.policy_version = 1;
+  r->steps_done = 1;
+  r->policy_version = 1;
+  cr_assert_eq(store_step_commit(s, &rec, r), 0, "%s", store_errmsg(s));
+  uint64_t n = 0;
+  int64_t last = 0;
+  cr_assert_eq(store_steps_count(s, r->id, &n, &last), 0);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(last, 0);
+  /* The same step again: refused, and the run is not moved either. */
+  r->steps_done = 2;
+  cr_assert_eq(store_step_commit(s, &rec, r), STORE_EEXIST);
+  cr_assert(strstr(store_errmsg(s), "step 0 is recorded already"), "%s", store_errmsg(s));
+  Rlorch__V1__Run *got = NULL;
+  cr_assert_eq(store_run_get(s, r->id, &got), 0);
+  cr_assert_eq(got->steps_done, 1, "the run's update was rolled back with the record");
+  run_free(got);
+  /* A run that does not exist: the record is not kept either. */
+  Rlorch__V1__Run ghost = RLORCH__V1__RUN__INIT;
+  ghost.id = "run-99";
+  Rlorch__V1__StepRecord other = RLORCH__V1__STEP_RECORD__INIT;
+  other.run_id = "run-99";
+  other.step = 0;
+  cr_assert_eq(store_step_commit(s, &other, &ghost), STORE_ENOTFOUND);
+  cr_assert_eq(store_steps_count(s, "run-99", &n, &last), 0);
+  cr_assert_eq(n, 0, "nothing of the failed commit stays");
+  cr_assert_eq(last, -1);
+  run_free(r);
+  store_close(s);
 }
 
 static mode_t mode_of(const char *path) {
