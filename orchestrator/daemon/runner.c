@@ -1330,18 +1330,23 @@ int runner_new(orch *o, runner **out) {
 
 void runner_shutdown(runner *r) {
   if (r->run) {
-    sched_stop(r->sched, mono(), "orchestrator shutting down");
-    drain(r);
-    if (r->run) {
-      /* Not quiet yet: the daemon is going away regardless. */
-      r->run->state = RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED;
-      set_run_message(r->run, "stopped: orchestrator shut down");
-      save_run(r);
-      publish_run(r);
-      release_run(r);
-    }
+    /* The run outlives this daemon: the next one on the data_dir resumes it
+     * (runner_resume), and its trainer keeps the weights meanwhile. So
+     * nothing of it is ended here, in the store or on the workers; its
+     * record only says why it pauses. */
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "the orchestrator shut down at step %" PRIu64 ": the run resumes when it starts again",
+             r->run->steps_done);
+    set_run_message(r->run, msg);
+    save_run(r);
+    publish_run(r);
+    char state[48];
+    pbjson_enum_short(&rlorch__v1__run_state__descriptor, r->run->state, state, sizeof state);
+    log_info("run_paused", "run=%s state=%s step=%" PRIu64, r->run->id, state, r->run->steps_done);
+    release_run(r);
   }
-  workers_shutdown(r->workers);
+  workers_disconnect(r->workers, "orchestrator shutting down: register again when it is back");
   if (r->timer_open) {
     uv_timer_stop(&r->timer);
     uv_close((uv_handle_t *)&r->timer, NULL);

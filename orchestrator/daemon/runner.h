@@ -22,8 +22,10 @@ typedef struct runner runner;
  * must outlive it. 0, or -1 out of memory. */
 int runner_new(orch *o, runner **out);
 void runner_free(runner *r); /* NULL is fine; call runner_shutdown first */
-/* Stops the active run, tells every worker to leave and ends their streams,
- * closes the timer. Safe to call twice. */
+/* The daemon goes away: the active run is left as it is in the store (its
+ * message says why; the next daemon resumes it), the workers' command streams
+ * end UNAVAILABLE without telling them to leave, the timer closes. Safe to
+ * call twice. */
 void runner_shutdown(runner *r);
 
 /* ---- the Control API's side ---- */

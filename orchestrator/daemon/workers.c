@@ -329,18 +329,8 @@ void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms) {
   }
 }
 
-void workers_shutdown(workers_table *t) {
-  for (size_t i = 0; i < t->n; i++) {
-    workers_entry *w = t->v[i];
-    if (!w->attach) continue;
-    Rlorch__V1__ShutdownCommand sc = RLORCH__V1__SHUTDOWN_COMMAND__INIT;
-    sc.reason = "orchestrator shutting down";
-    Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
-    cmd.kind_case = RLORCH__V1__COMMAND__KIND_SHUTDOWN;
-    cmd.shutdown = &sc;
-    workers_send(t, w, &cmd);
-    workers_end_stream(w, GRPC_STATUS_UNAVAILABLE, "server shutting down");
-  }
+void workers_disconnect(workers_table *t, const char *why) {
+  for (size_t i = 0; i < t->n; i++) workers_end_stream(t->v[i], GRPC_STATUS_UNAVAILABLE, why);
 }
 
 size_t workers_list(workers_table *t, const char *run_id, Rlorch__V1__WorkerInfo ***out) {

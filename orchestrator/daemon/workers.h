@@ -133,8 +133,10 @@ void workers_mark_lost(workers_table *t, workers_entry *w, const char *reason);
  * row in the store and their per-worker series go with them): one walk over
  * the table. */
 void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms);
-/* Every worker's stream gets a Shutdown command and ends UNAVAILABLE. */
-void workers_shutdown(workers_table *t);
+/* Every worker's command stream ends UNAVAILABLE with `why`; nothing tells the
+ * workers to leave: they stay up, with what they hold, and register again
+ * with the next daemon (which resumes the run). */
+void workers_disconnect(workers_table *t, const char *why);
 
 /* Workers as the Control API shows them, all or those of run_id; free with
  * workers_list_free. */

@@ -135,7 +135,9 @@ assert_eq '{"message":{"status":"NOT_SERVING"}}' "$(sed -n 2p "$HW")" "Health/Wa
 assert_status_details UNAVAILABLE "server shutting down" "$hw" "Health/Watch ends UNAVAILABLE"
 for f in "$W1" "$W2"; do
   w="$(cat "$f")"
-  assert_contains "$w" '"state":"RUN_STATE_STOPPED"' "WatchRun ($(basename "$f")) saw the run stopped by the shutdown"
+  assert_contains "$w" 'the orchestrator shut down at step 0: the run resumes when it starts again' \
+    "WatchRun ($(basename "$f")) was told the run pauses with the daemon"
+  assert_not_contains "$w" '"state":"RUN_STATE_STOPPED"' "WatchRun ($(basename "$f")): the run was not stopped"
   assert_status_details UNAVAILABLE "server shutting down" "$w" "WatchRun ($(basename "$f")) ends UNAVAILABLE on SIGTERM"
 done
 assert_contains "$(cat "$W3")" "UNAVAILABLE" "ctl watch-run reports UNAVAILABLE on SIGTERM"
@@ -148,9 +150,15 @@ out="$(ctl --json get-run "$RUN1")"
 assert_eq RUN_STATE_STOPPED "$(json_get state "$out")" "the stopped run is still there after a restart"
 assert_eq "stop requested: before restart" "$(json_get message "$out")" "its stop reason survived"
 assert_eq kept "$(json_get spec.name "$out")" "its spec survived"
+# SIGTERM does not end the active run: the next daemon resumes it.
 out="$(ctl --json get-run "$RUN2")"
-assert_eq RUN_STATE_STOPPED "$(json_get state "$out")" "the run active at SIGTERM was stopped"
-assert_contains "$(json_get message "$out")" "orchestrator shut" "and says the orchestrator shut down"
+assert_eq RUN_STATE_PENDING "$(json_get state "$out")" "the run active at SIGTERM is resumed"
+assert_eq 1 "$(json_get resumes "$out")" "as its first resume"
+assert_contains "$(json_get message "$out")" "resumed at step 0 after an orchestrator restart" \
+  "and says so"
+out="$(ctl --json stop-run "$RUN2" --reason "after the restart")"
+wait_until 10 bash -c "\"$RLORCH_BIN\" ctl --target $GRPC_ADDR --json get-run $RUN2 | grep -q RUN_STATE_STOPPED"
+assert_eq 0 "$?" "the resumed run stops when asked"
 
 # A crash (SIGKILL) leaves a pending run behind; the next start resumes it
 # (tests/integration/test_resume.sh runs one through a crash).

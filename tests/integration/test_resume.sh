@@ -9,8 +9,10 @@
 # a commit, while the trainer waits for rollouts: it holds the committed
 # version, and the run first catches every inference worker up. The second
 # comes during a step's broadcast: the trainer holds the next version, and
-# that step's plan goes out again. A restart while no run is active leaves
-# the runs and step records as they were.
+# that step's plan goes out again. Then a graceful restart (SIGTERM): the
+# agents are not told to leave, the run is not stopped, and it resumes the
+# same way. A restart while no run is active leaves the runs and step records
+# as they were.
 source "$(dirname "$0")/lib.sh"
 need_cmd sqlite3 python3
 
@@ -75,12 +77,27 @@ for crash in 1 2; do
   RESUME_STEP[crash]=$before
 done
 
+# ---- a graceful restart (an upgrade, systemctl restart) --------------------------------
+wait_log 120 "event=step run=$RUN step=16 "
+assert_eq 0 "$?" "the run got to step 16"
+serve_stop
+agents_alive=0
+for p in $(jobs -p); do kill -0 "$p" 2>/dev/null && agents_alive=$((agents_alive + 1)); done
+assert_eq 3 "$agents_alive" "SIGTERM of the daemon sends no agent away"
+assert_not_contains "$(cat "$TEST_TMP"/trainer.log "$TEST_TMP"/inference.*.log)" "event=shutdown" \
+  "no agent was told to shut down"
+assert_eq 2 "$(db "SELECT state FROM runs WHERE id='$RUN'")" \
+  "the run is left RUNNING (2) in the store"
+assert_contains "$(cat "$SERVE_LOG")" "event=run_paused run=$RUN" "the daemon logs the pause"
+serve_restart || { finish; exit 1; }
+assert_eq 3 "$(ctl --json get-run "$RUN" | json_get resumes)" "the run resumes after a graceful restart"
+
 timeout 240 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" watch-run "$RUN" >/dev/null
 out="$(ctl --json get-run "$RUN")"
 assert_eq RUN_STATE_SUCCEEDED "$(json_get state "$out")" "the run succeeds: $(json_get message "$out")"
 assert_eq "$STEPS" "$(json_get steps_done "$out")" "all $STEPS steps done"
 assert_eq 1 "$(kill -0 $TRAINER_PID 2>/dev/null && echo 1)" \
-  "the trainer process lived through both crashes (its weights are the run's)"
+  "the trainer process lived through the restarts (its weights are the run's)"
 
 # Every step exactly once, versions continuous, every broadcast verified: the
 # stored records, as WatchRun replays them for the finished run.
