@@ -68,6 +68,13 @@ static const opt_field config__fields[] = {
     {.name = "worker_timeout_ms", .type = OPT_U32, .off = CONFIG__OFF(worker_timeout_ms, uint32_t),
      .min = 10, .max = 3600000, .metavar = "MS",
      .help = "a worker without heartbeat for this long is lost"},
+    {.name = "max_workers", .type = OPT_U32, .off = CONFIG__OFF(max_workers, uint32_t), .min = 1,
+     .max = 4096, .metavar = "N",
+     .help = "live workers at most; registrations beyond get RESOURCE_EXHAUSTED (lost ones do "
+             "not count)"},
+    {.name = "lost_worker_retention_s", .type = OPT_DOUBLE,
+     .off = CONFIG__OFF(lost_worker_retention_s, double), .min = 0, .max = 86400,
+     .metavar = "SECONDS", .help = "a lost worker is listed this long, then removed"},
     {.name = "http_timeout_ms", .type = OPT_U32, .off = CONFIG__OFF(http_timeout_ms, uint32_t),
      .min = 10, .max = 3600000, .metavar = "MS",
      .help = "deadline of one HTTP request; slower clients are closed"},
@@ -130,6 +137,8 @@ void config_defaults(config *c) {
   c->shutdown_grace_s = 5.0;
   c->heartbeat_interval_ms = 1000;
   c->worker_timeout_ms = 5000;
+  c->max_workers = 4096;
+  c->lost_worker_retention_s = 60.0;
   c->http_timeout_ms = 5000;
   c->http_max_connections = 256;
   c->default_policy = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO;

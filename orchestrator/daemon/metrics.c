@@ -239,6 +239,28 @@ nomem:
   return -ENOMEM;
 }
 
+int metrics_series_remove(struct metrics_family *f, const char *const *label_values) {
+  if (!f || (f->nlabels && !label_values)) return -EINVAL;
+  for (size_t i = 0; i < f->nlabels; i++)
+    if (!label_values[i]) return -EINVAL;
+  uint64_t h = metrics__hash(label_values, f->nlabels);
+  for (size_t i = 0; i < f->nseries; i++) {
+    metrics__series *s = &f->series[i];
+    if (s->hash != h) continue;
+    size_t j = 0;
+    while (j < f->nlabels && !strcmp(s->values[j], label_values[j])) j++;
+    if (j < f->nlabels) continue;
+    for (j = 0; j < f->nlabels; j++) free(s->values[j]);
+    free(s->values);
+    free(s->counts);
+    /* Creation order is the rendering order: keep it. */
+    memmove(s, s + 1, (f->nseries - i - 1) * sizeof *s);
+    f->nseries--;
+    return 0;
+  }
+  return -ENOENT;
+}
+
 int metrics_counter_add(metrics_counter *c, const char *const *label_values, double v) {
   metrics__series *s;
   if (!c || c->kind != METRICS__COUNTER || isnan(v) || v < 0) return -EINVAL;

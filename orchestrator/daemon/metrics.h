@@ -53,6 +53,9 @@ int metrics_counter_set(metrics_counter *c, const char *const *label_values, dou
 int metrics_gauge_set(metrics_gauge *g, const char *const *label_values, double v);
 int metrics_gauge_add(metrics_gauge *g, const char *const *label_values, double v);
 int metrics_histogram_observe(metrics_histogram *h, const char *const *label_values, double v);
+/* Drops the series of these label values from a family of any kind (what a
+ * worker that is gone no longer needs): 0, or -ENOENT when there is none. */
+int metrics_series_remove(struct metrics_family *f, const char *const *label_values);
 
 /* Renders every family: # HELP, # TYPE, then the series. *buf is malloc'd and
  * NUL-terminated (*len excludes the NUL); the caller frees it. 0 or -ENOMEM. */

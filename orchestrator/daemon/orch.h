@@ -5,8 +5,8 @@
  * this struct, read by the modules that are handed an orch.
  *
  *   serve        start-up, signals, shutdown, daemon metrics: wires everything
- *     -> control_api, worker_api, runner, workers, watch, now, config, store,
- *        metrics, http
+ *     -> control_api, worker_api, runner, workers, watch, now, config, datadir,
+ *        store, metrics, http
  *   control_api  the Control API handlers (runs, workers, WatchRun streams)
  *     -> runner, workers, watch, store, now
  *   worker_api   the Worker API handlers: decode, answer, call the runner/table,
@@ -23,7 +23,8 @@
  *   sched_pb     scheduler <-> protobuf and broadcast-engine conversions
  *     -> sched, schemas, bcast (types only)
  *   now          the wall and monotonic clocks
- *   store, metrics, http, config: leaf modules with their own headers. */
+ *   datadir, store, metrics, http, config: leaf modules with their own
+ *                headers (datadir: the data_dir's lock; -> now). */
 #ifndef RLORCH_ORCH_H
 #define RLORCH_ORCH_H
 
@@ -32,6 +33,7 @@
 #include <uv.h>
 
 #include "orchestrator/daemon/config.h"
+#include "orchestrator/daemon/datadir.h"
 #include "orchestrator/daemon/http.h"
 #include "orchestrator/daemon/metrics.h"
 #include "orchestrator/daemon/store.h"
@@ -81,6 +83,7 @@ typedef struct orch_metrics {
 typedef struct orch {
   uv_loop_t *loop;
   config *cfg;
+  datadir *dir;  /* holds the data_dir's lock; released after db is closed */
   store *db;
   orch_metrics m;
   rpc_server *rpc;

@@ -335,4 +335,15 @@ void prompt_source_close(prompt_source *ps) {
 
 uint64_t prompt_source_epoch(const prompt_source *ps) { return ps->epoch; }
 
+uint64_t prompt_source_drawn(const prompt_source *ps) { return ps->drawn; }
+
+int prompt_source_skip(prompt_source *ps, uint64_t n, char *err, size_t errlen) {
+  for (uint64_t i = 0; i < n; i++) {
+    prompt p;
+    if (prompt_source_next(ps, &p, err, errlen) != 0) return -1;
+    prompt_free(&p);
+  }
+  return 0;
+}
+
 const char *prompt_source_describe(const prompt_source *ps) { return ps->desc; }

@@ -55,6 +55,12 @@ void prompt_source_close(prompt_source *ps); /* NULL is fine */
 
 /* Times the source went back to its top (0 for synthetic). */
 uint64_t prompt_source_epoch(const prompt_source *ps);
+/* Prompts drawn so far (skipped ones included). */
+uint64_t prompt_source_drawn(const prompt_source *ps);
+/* Draws and drops the next n prompts, as a resumed run does with those its
+ * committed steps had drawn (reading a file's lines: time in n). 0, or -1
+ * with err filled as by prompt_source_next. */
+int prompt_source_skip(prompt_source *ps, uint64_t n, char *err, size_t errlen);
 /* For logs: "jsonl:PATH (N lines read)" or "synthetic (16 tokens, vocab 32000,
  * seed S)". Valid until the next call on ps. */
 const char *prompt_source_describe(const prompt_source *ps);

@@ -9,11 +9,13 @@
 #include "orchestrator/daemon/runner.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "orchestrator/common/log.h"
 #include "orchestrator/common/pbjson.h"
@@ -31,6 +33,7 @@
 #define SWEEP_MS 1000 /* the worker table's heartbeat sweep */
 
 _Static_assert(WORKERS_NAME_MAX == SCHED_NAME_MAX, "worker names must fit the scheduler's");
+_Static_assert(WORKERS_RUN_ID_MAX == SCHED_RUN_ID_MAX, "run ids must fit the scheduler's");
 
 /* The batch of the step being trained, held for FetchBatch from its TRAIN
  * command until the trainer reports the step done, the step is trained again,
@@ -291,18 +294,22 @@ static void rollouts_budget(runner *r) {
 static void log_batch(runner *r, uint64_t step, Rlorch__V1__Rollout *const *batch, size_t n) {
   const config *cfg = r->o->cfg;
   if (!cfg->rollout_log) return;
+  /* Private like the database (0700 directories, 0600 files): prompts and
+   * completions are the run's data. */
   char dir[1024], path[1100];
   snprintf(dir, sizeof dir, "%s/rollouts", cfg->data_dir);
-  mkdir(dir, 0755);
+  mkdir(dir, 0700);
   snprintf(dir, sizeof dir, "%s/rollouts/%s", cfg->data_dir, r->run->id);
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
     log_warn("rollout_log_failed", "dir=\"%s\" error=\"%s\"", dir, strerror(errno));
     return;
   }
   snprintf(path, sizeof path, "%s/step-%" PRIu64 ".jsonl", dir, step);
-  FILE *f = fopen(path, "w");
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!f) {
     log_warn("rollout_log_failed", "path=\"%s\" error=\"%s\"", path, strerror(errno));
+    if (fd >= 0) close(fd);
     return;
   }
   for (size_t i = 0; i < n; i++) {
@@ -493,6 +500,9 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, char *er
 static void act_build_plan(runner *r, const sched_action *a) {
   char err[768] = "";
   uint64_t hash = 0;
+  if (a->catchup)
+    log_info("catchup_planned", "run=%s plan=%s policy_version=%" PRIu64 " receivers=%zu", r->run->id,
+             a->plan_id, a->policy_version, a->nparticipants ? a->nparticipants - 1 : 0);
   if (build_plan(r, a, &hash, err, sizeof err) != 0) {
     log_error("plan_failed", "run=%s plan=%s error=\"%s\"", r->run->id, a->plan_id, err);
     sched_plan_built(r->sched, mono(), a->plan_id, 0, err);
@@ -562,10 +572,10 @@ static void act_abort(runner *r, const sched_action *a) {
   }
 }
 
-static void record_metrics(runner *r, const sched_step_record *rec) {
+/* A broadcast's figures: a step's or a catch-up's. */
+static void broadcast_metrics(runner *r, const sched_step_record *rec) {
   orch_metrics *m = &r->o->m;
   const char *mode[] = {sched_mode_name(rec->mode)};
-  metrics_histogram_observe(m->step_duration, NULL, rec->step_seconds);
   metrics_histogram_observe(m->broadcast_duration, mode, rec->total_seconds);
   const char *h2d[] = {"h2d"}, *cast[] = {"cast"}, *exposed[] = {"exposed"};
   metrics_histogram_observe(m->staging_seconds, h2d, rec->h2d_seconds);
@@ -575,9 +585,15 @@ static void record_metrics(runner *r, const sched_step_record *rec) {
   metrics_counter_add(m->broadcast_bytes, pcie, (double)rec->pcie_bytes);
   metrics_counter_add(m->broadcast_bytes, wire, (double)rec->wire_bytes);
   metrics_gauge_set(m->broadcast_throughput, NULL, rec->gbps * 1e9);
+  metrics_gauge_set(m->last_broadcast_time, NULL, (double)now_unix_ms() / 1000.0);
+}
+
+static void record_metrics(runner *r, const sched_step_record *rec) {
+  orch_metrics *m = &r->o->m;
+  metrics_histogram_observe(m->step_duration, NULL, rec->step_seconds);
+  broadcast_metrics(r, rec);
   metrics_gauge_set(m->policy_version, NULL, (double)rec->policy_version);
   metrics_gauge_set(m->run_steps_done, NULL, (double)(rec->step + 1));
-  metrics_gauge_set(m->last_broadcast_time, NULL, (double)now_unix_ms() / 1000.0);
   const char *used[] = {"used"}, *stale[] = {"dropped_stale"};
   metrics_counter_add(m->rollouts, used, rec->rollouts_used);
   metrics_counter_add(m->rollouts, stale, rec->rollouts_dropped);
@@ -595,12 +611,28 @@ static void act_commit(runner *r, const sched_action *a) {
   Rlorch__V1__StepRecord pb = RLORCH__V1__STEP_RECORD__INIT;
   sched_pb_step_record_to_pb(rec, &pb);
   pb.finished_unix_ms = now_unix_ms(); /* the scheduler's clock is not wall time */
-  if (store_step_put(r->o->db, &pb) != 0)
-    log_error("store_failed", "run=%s step=%" PRIu64 " error=\"%s\"", r->run->id, rec->step,
-              store_errmsg(r->o->db));
+  /* The record and the run's new position in one transaction: a crash keeps
+   * both or neither, so a resume starts exactly after the last recorded step. */
+  uint64_t steps_done = r->run->steps_done, version = r->run->policy_version;
+  uint64_t drawn = r->run->prompts_drawn;
   r->run->steps_done = rec->step + 1;
   r->run->policy_version = rec->policy_version;
-  save_run(r);
+  r->run->prompts_drawn = prompt_source_drawn(r->prompts);
+  r->run->updated_unix_ms = now_unix_ms();
+  if (store_step_commit(r->o->db, &pb, r->run) != 0) {
+    /* Not stored, not committed: a run whose steps cannot be kept must not
+     * go on as if they were (nor write one twice). */
+    char msg[1400];
+    snprintf(msg, sizeof msg, "step %" PRIu64 " could not be recorded: %s", rec->step,
+             store_errmsg(r->o->db));
+    log_error("store_failed", "run=%s step=%" PRIu64 " error=\"%s\"", r->run->id, rec->step,
+              store_errmsg(r->o->db));
+    r->run->steps_done = steps_done;
+    r->run->policy_version = version;
+    r->run->prompts_drawn = drawn;
+    sched_fail(r->sched, mono(), msg);
+    return;
+  }
   record_metrics(r, rec);
   log_info("step", "run=%s step=%" PRIu64 " mode=%s transport=%s used=%u dropped=%u "
            "train_s=%.4f bcast_s=%.4f h2d_s=%.4f cast_s=%.4f wire_s=%.4f exposed_s=%.4f "
@@ -614,6 +646,21 @@ static void act_commit(runner *r, const sched_action *a) {
   ev.step = &pb;
   ev.unix_ms = pb.finished_unix_ms;
   watch_publish(r->o->watch, r->run->id, &ev);
+}
+
+/* A catch-up finished: its receivers hold the published weights again. No
+ * step moved; the broadcast counts in the broadcast metrics. */
+static void act_caught_up(runner *r, const sched_action *a) {
+  const sched_step_record *rec = a->record;
+  if (rec) broadcast_metrics(r, rec);
+  log_info("caught_up", "run=%s plan=%s policy_version=%" PRIu64 " receivers=%zu verified=%d "
+           "bcast_s=%.4f", r->run->id, a->plan_id, a->policy_version,
+           a->nparticipants ? a->nparticipants - 1 : 0, rec ? rec->weights_verified : 0,
+           rec ? rec->total_seconds : 0.0);
+  if (rec && !rec->weights_verified)
+    log_warn("catchup_unverified", "run=%s plan=%s msg=\"a receiver's checksum differs from the "
+             "trainer's, or was not reported\"", r->run->id, a->plan_id);
+  publish_broadcast(r, a, RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_DONE, "caught up");
 }
 
 static void act_run_state(runner *r, const sched_action *a) {
@@ -630,7 +677,8 @@ static void act_worker_state(runner *r, const sched_action *a) {
   if (!w) return;
   if (a->worker_state == SCHED_WORKER_LOST) {
     workers_mark_lost(r->workers, w, a->text);
-    /* The step is redone with a fresh batch once a trainer attaches. */
+    /* The step is redone with a fresh batch, or planned if the trainer that
+     * attaches trained it (sched.h, "Resume"). */
     if (r->batch.held && r->batch.trainer == a->worker) {
       release_batch(r, "the trainer was lost");
       rollouts_sweep(r);
@@ -720,6 +768,7 @@ static void drain(runner *r) {
         break;
       case SCHED_ACT_WORKER_STATE: act_worker_state(r, a); break;
       case SCHED_ACT_CANCEL: act_cancel(r, a); break;
+      case SCHED_ACT_CAUGHT_UP: act_caught_up(r, a); break;
       }
     }
     sched_action_batch_free(&b);
@@ -812,6 +861,12 @@ static void adopt_trainer_settings(runner *r, const workers_entry *w) {
   if (changed) save_run(r);
 }
 
+/* The version of the active run that w says it holds; one of another run
+ * (or none said) is 0 of this one: the weights it held when the run began. */
+static uint64_t claimed_version(const runner *r, const workers_entry *w) {
+  return w->version_run[0] && !strcmp(w->version_run, r->run->id) ? w->policy_version : 0;
+}
+
 static void join_run(runner *r, workers_entry *w) {
   if (!r->sched || w->in_run || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) return;
   char why[320];
@@ -834,7 +889,8 @@ static void join_run(runner *r, workers_entry *w) {
   sched_pb_offload(w->manifest, &off);
   int64_t now = mono();
   int rc = sched_worker_registered(r->sched, now, w->id, role, w->name, &caps,
-                                   role == SCHED_ROLE_TRAINER ? &off : NULL);
+                                   role == SCHED_ROLE_TRAINER ? &off : NULL,
+                                   claimed_version(r, w));
   if (rc != 0) {
     log_warn("worker_not_joined", "worker=%s run=%s error=\"%s\"", w->api_id, r->run->id,
              sched_last_error(r->sched));
@@ -872,9 +928,12 @@ void runner_worker_stream_closed(runner *r, workers_entry *w) {
 
 static int in_run(const runner *r, const workers_entry *w) { return r->sched && w->in_run; }
 
-int runner_heartbeat(runner *r, workers_entry *w, uint64_t policy_version) {
+int runner_heartbeat(runner *r, workers_entry *w, uint64_t policy_version, const char *run_id) {
   r->err_set = 0;
-  return in_run(r, w) ? sched_worker_heartbeat(r->sched, mono(), w->id, policy_version) : 0;
+  if (!in_run(r, w)) return 0;
+  /* Another run's version says nothing of this run's: as good as none. */
+  if (run_id && run_id[0] && strcmp(run_id, r->run->id) != 0) policy_version = 0;
+  return sched_worker_heartbeat(r->sched, mono(), w->id, policy_version);
 }
 
 /* Engines may leave a rollout's prompt out (the orchestrator sent it); the
@@ -978,6 +1037,7 @@ int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_se
     r->has_nccl_id = 1;
   }
   if (!in_run(r, w)) return 0;
+  snprintf(w->version_run, sizeof w->version_run, "%s", r->run->id);
   sched_offload off;
   sched_pb_offload(w->manifest, &off);
   int rc = sched_step_done(r->sched, mono(), w->id, step, train_seconds, &off);
@@ -1090,8 +1150,12 @@ static int refuse_run(runner *r, Rlorch__V1__Run *run, const char *err) {
   return -1;
 }
 
-int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
-  if (r->run) return snprintf(err, errlen, "run '%s' is active", r->run->id), -1;
+/* Makes `run` the active one (owned from here): its scheduler, prompt
+ * source, rollout store and group table. A resumed run passes the steps it
+ * committed, which resume this is and the prompts its steps had drawn; a new
+ * one zeros. 0; or -1 with err, the run stored FAILED and freed. */
+static int begin_run(runner *r, Rlorch__V1__Run *run, uint64_t steps_done, uint32_t resumes,
+                     uint64_t skip_prompts, char *err, size_t errlen) {
   const config *cfg = r->o->cfg;
   sched_settings st;
   sched_settings_default(&st);
@@ -1101,6 +1165,8 @@ int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
   st.max_async_level = run->spec->max_async_level;
   st.group_size = run->spec->group_size ? run->spec->group_size : 1;
   st.request_timeout_ms = run->spec->request_timeout_ms;
+  st.steps_done = steps_done;
+  st.resumes = resumes;
   /* 0 only in a spec that bypassed the Control API's defaults: keep the scheduler's. */
   if (run->spec->max_requests_per_worker) st.max_outstanding = run->spec->max_requests_per_worker;
   if (sched_pb_mode_from_pb(run->policy, &st.policy) != 0) {
@@ -1112,7 +1178,10 @@ int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
   r->broadcast_timeout_ms = st.broadcast_timeout_ms;
   if (sched_new(&st, &r->sched, err, errlen) != 0) return refuse_run(r, run, err);
   if (prompt_source_open(run->spec->prompts, cfg->max_prompt_tokens, &r->prompts, err,
-                         errlen) != 0) {
+                         errlen) != 0 ||
+      prompt_source_skip(r->prompts, skip_prompts, err, errlen) != 0) {
+    prompt_source_close(r->prompts);
+    r->prompts = NULL;
     sched_free(r->sched);
     r->sched = NULL;
     return refuse_run(r, run, err);
@@ -1127,19 +1196,128 @@ int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
     snprintf(err, errlen, "out of memory");
     return refuse_run(r, run, err);
   }
-  log_info("run_prompts", "run=%s source=\"%s\" group_size=%u", run->id,
-           prompt_source_describe(r->prompts), st.group_size);
+  log_info("run_prompts", "run=%s source=\"%s\" group_size=%u skipped=%" PRIu64, run->id,
+           prompt_source_describe(r->prompts), st.group_size, skip_prompts);
   r->run = run;
-  metrics_gauge_set(r->o->m.run_steps_done, NULL, 0);
+  run->state = RLORCH__V1__RUN_STATE__RUN_STATE_PENDING; /* the scheduler's first state */
+  metrics_gauge_set(r->o->m.run_steps_done, NULL, (double)steps_done);
+  metrics_gauge_set(r->o->m.policy_version, NULL, (double)steps_done);
   metrics_gauge_set(r->o->m.last_step_time, NULL, 0); /* per run: alerts judge this one */
   metrics_gauge_set(r->o->m.last_broadcast_time, NULL, 0);
   metrics_gauge_set(r->o->m.run_steps_target, NULL, (double)run->spec->steps);
   workers_set_run(r->workers, run->id);
+  return 0;
+}
+
+int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen) {
+  if (r->run) return snprintf(err, errlen, "run '%s' is active", r->run->id), -1;
+  if (begin_run(r, run, 0, 0, 0, err, errlen) != 0) return -1;
   set_run_message(run, "waiting for 1 trainer and at least 1 inference worker");
   save_run(r);
   for (size_t i = 0; i < workers_count(r->workers); i++) join_run(r, workers_at(r->workers, i));
   drain(r);
   return 0;
+}
+
+/* Ends a run left active by the previous daemon in a final state, saying why. */
+static void end_left_run(runner *r, Rlorch__V1__Run *run, Rlorch__V1__RunState state,
+                         const char *msg) {
+  run->state = state;
+  set_run_message(run, msg);
+  run->updated_unix_ms = now_unix_ms();
+  if (store_run_update(r->o->db, run) != 0)
+    log_error("store_failed", "run=%s error=\"%s\"", run->id, store_errmsg(r->o->db));
+  log_warn("run_not_resumed", "run=%s state=%s message=\"%s\"", run->id,
+           state == RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED ? "succeeded"
+           : state == RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED ? "stopped" : "failed", msg);
+}
+
+/* Resumes one run the previous daemon left active (see runner.h). */
+static void resume_run(runner *r, Rlorch__V1__Run *run) {
+  char msg[700], err[600];
+  if (run->state == RLORCH__V1__RUN_STATE__RUN_STATE_STOPPING) {
+    /* The stop was asked for; what it waited on is gone with that daemon. */
+    snprintf(msg, sizeof msg, "%s; the orchestrator restarted while it stopped",
+             run->message && run->message[0] ? run->message : "stop requested");
+    end_left_run(r, run, RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED, msg);
+    protobuf_c_message_free_unpacked(&run->base, NULL);
+    return;
+  }
+  /* The step records are the commits: the run carries on after the last. */
+  uint64_t recorded = 0;
+  int64_t last = -1;
+  if (store_steps_count(r->o->db, run->id, &recorded, &last) != 0) {
+    snprintf(msg, sizeof msg, "cannot resume: %s", store_errmsg(r->o->db));
+    end_left_run(r, run, RLORCH__V1__RUN_STATE__RUN_STATE_FAILED, msg);
+    protobuf_c_message_free_unpacked(&run->base, NULL);
+    return;
+  }
+  uint64_t steps_done = (uint64_t)(last + 1);
+  if (recorded != steps_done) {
+    snprintf(msg, sizeof msg,
+             "cannot resume: %" PRIu64 " step records up to step %" PRId64 ", some are missing",
+             recorded, last);
+    end_left_run(r, run, RLORCH__V1__RUN_STATE__RUN_STATE_FAILED, msg);
+    protobuf_c_message_free_unpacked(&run->base, NULL);
+    return;
+  }
+  if (steps_done != run->steps_done)
+    log_warn("run_steps_mismatch", "run=%s steps_done=%" PRIu64 " recorded=%" PRIu64
+             " msg=\"the step records win: a step is committed once recorded\"", run->id,
+             run->steps_done, steps_done);
+  run->steps_done = steps_done;
+  run->policy_version = steps_done;
+  if (run->spec->steps && steps_done >= run->spec->steps) {
+    snprintf(msg, sizeof msg, "%" PRIu64 " steps done", steps_done);
+    end_left_run(r, run, RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED, msg);
+    protobuf_c_message_free_unpacked(&run->base, NULL);
+    return;
+  }
+  run->resumes++;
+  if (begin_run(r, run, steps_done, run->resumes, run->prompts_drawn, err, sizeof err) != 0) {
+    log_error("run_not_resumed", "run=%s error=\"%s\"", run->id, err);
+    return;
+  }
+  snprintf(msg, sizeof msg,
+           "resumed at step %" PRIu64 " after an orchestrator restart: waiting for its trainer "
+           "(holding policy version %" PRIu64 ") and an inference worker",
+           steps_done, steps_done);
+  set_run_message(run, msg);
+  save_run(r);
+  publish_run(r);
+  log_info("run_resumed", "run=%s step=%" PRIu64 " policy_version=%" PRIu64 " resumes=%u "
+           "prompts_skipped=%" PRIu64, run->id, steps_done, steps_done, run->resumes,
+           run->prompts_drawn);
+}
+
+void runner_resume(runner *r) {
+  Rlorch__V1__Run **runs = NULL;
+  size_t n = 0;
+  if (store_run_list(r->o->db, 0, UINT32_MAX, &runs, &n) != 0) {
+    log_error("store_failed", "error=\"%s\" msg=\"cannot list the runs to resume\"",
+              store_errmsg(r->o->db));
+    return;
+  }
+  /* Newest first. One run is active at a time, so one is left at most; any
+   * older one is from an older rlorch that failed to end it. */
+  for (size_t i = 0; i < n; i++) {
+    Rlorch__V1__Run *run = runs[i];
+    if (run->state == RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED ||
+        run->state == RLORCH__V1__RUN_STATE__RUN_STATE_SUCCEEDED ||
+        run->state == RLORCH__V1__RUN_STATE__RUN_STATE_FAILED)
+      continue;
+    if (r->run) {
+      end_left_run(r, run, RLORCH__V1__RUN_STATE__RUN_STATE_FAILED,
+                   "interrupted by an orchestrator restart (a newer run was resumed)");
+      continue;
+    }
+    runs[i] = NULL; /* the runner owns it now */
+    resume_run(r, run);
+  }
+  size_t kept = 0; /* the one given away is not freed here */
+  for (size_t i = 0; i < n; i++)
+    if (runs[i]) runs[kept++] = runs[i];
+  store_runs_free(runs, kept);
 }
 
 const Rlorch__V1__Run *runner_active(const runner *r) { return r->run; }
@@ -1170,11 +1348,19 @@ int runner_set_policy(runner *r, const char *run_id, Rlorch__V1__BroadcastMode p
 
 /* ---- life cycle -------------------------------------------------------------------------------- */
 
+/* The table removes a lost worker: the run's scheduler forgets it too, so
+ * that neither keeps what a stream of short-lived workers leaves behind. */
+static void on_worker_removed(workers_entry *w, void *ud) {
+  runner *r = ud;
+  if (r->sched && w->in_run) sched_worker_forget(r->sched, mono(), w->id);
+}
+
 int runner_new(orch *o, runner **out) {
   runner *r = calloc(1, sizeof *r);
   if (!r) return -1;
   r->o = o;
   r->workers = o->workers;
+  workers_on_remove(r->workers, on_worker_removed, r);
   uv_timer_init(o->loop, &r->timer);
   r->timer.data = r;
   r->timer_open = 1;
@@ -1186,18 +1372,23 @@ int runner_new(orch *o, runner **out) {
 
 void runner_shutdown(runner *r) {
   if (r->run) {
-    sched_stop(r->sched, mono(), "orchestrator shutting down");
-    drain(r);
-    if (r->run) {
-      /* Not quiet yet: the daemon is going away regardless. */
-      r->run->state = RLORCH__V1__RUN_STATE__RUN_STATE_STOPPED;
-      set_run_message(r->run, "stopped: orchestrator shut down");
-      save_run(r);
-      publish_run(r);
-      release_run(r);
-    }
+    /* The run outlives this daemon: the next one on the data_dir resumes it
+     * (runner_resume), and its trainer keeps the weights meanwhile. So
+     * nothing of it is ended here, in the store or on the workers; its
+     * record only says why it pauses. */
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "the orchestrator shut down at step %" PRIu64 ": the run resumes when it starts again",
+             r->run->steps_done);
+    set_run_message(r->run, msg);
+    save_run(r);
+    publish_run(r);
+    char state[48];
+    pbjson_enum_short(&rlorch__v1__run_state__descriptor, r->run->state, state, sizeof state);
+    log_info("run_paused", "run=%s state=%s step=%" PRIu64, r->run->id, state, r->run->steps_done);
+    release_run(r);
   }
-  workers_shutdown(r->workers);
+  workers_disconnect(r->workers, "orchestrator shutting down: register again when it is back");
   if (r->timer_open) {
     uv_timer_stop(&r->timer);
     uv_close((uv_handle_t *)&r->timer, NULL);

@@ -22,14 +22,23 @@ typedef struct runner runner;
  * must outlive it. 0, or -1 out of memory. */
 int runner_new(orch *o, runner **out);
 void runner_free(runner *r); /* NULL is fine; call runner_shutdown first */
-/* Stops the active run, tells every worker to leave and ends their streams,
- * closes the timer. Safe to call twice. */
+/* The daemon goes away: the active run is left as it is in the store (its
+ * message says why; the next daemon resumes it), the workers' command streams
+ * end UNAVAILABLE without telling them to leave, the timer closes. Safe to
+ * call twice. */
 void runner_shutdown(runner *r);
 
 /* ---- the Control API's side ---- */
 /* Becomes the active run (takes ownership of run). A refusal returns -1 with
  * a message; a run the scheduler refuses is stored FAILED and freed. */
 int runner_start(runner *r, Rlorch__V1__Run *run, char *err, size_t errlen);
+/* At start-up, before any worker registers: the run the previous daemon left
+ * active (a crash or a restart) becomes the active run again, carrying on
+ * after its last step record (see sched.h "Resume": the trainer must hold the
+ * committed version, or the next). One that was stopping is STOPPED; one
+ * whose last step was its last is SUCCEEDED; one that cannot be resumed is
+ * FAILED saying why. Runs already final are not touched. */
+void runner_resume(runner *r);
 /* Whether trainer w can serve a run of `spec`: the preset and offload state the
  * spec names (empty / UNSPECIFIED: any) must be what w's manifest holds, since
  * the trainer's weights come from its own settings. 0, or -1 with a message
@@ -54,7 +63,8 @@ void runner_worker_stream_closed(runner *r, workers_entry *w);
  * runner_last_error) and run no actions: the caller answers the report, then
  * calls runner_drain, so that the answer goes out before the commands it
  * causes. */
-int runner_heartbeat(runner *r, workers_entry *w, uint64_t policy_version);
+/* `run_id`: the run policy_version counts steps of ("": the active one's). */
+int runner_heartbeat(runner *r, workers_entry *w, uint64_t policy_version, const char *run_id);
 /* A worker's rollouts (checked by rollout_check): kept whole for the batch,
  * handed to the scheduler. SCHED_ENOMEM when they cannot be kept. */
 int runner_rollouts_done(runner *r, workers_entry *w, const Rlorch__V1__RolloutResult *res);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "build_info.h"
 #include "orchestrator/daemon/serve.h"
@@ -241,25 +242,6 @@ static void on_lag_timer(uv_timer_t *t) {
 
 /* ---- start-up and shutdown --------------------------------------------------- */
 
-/* Runs left RUNNING/PENDING/STOPPING by a crash cannot resume: their workers and
- * in-memory plans are gone. Mark them failed so operators see why. */
-static void fail_interrupted_runs(orch *o) {
-  Rlorch__V1__Run **runs = NULL;
-  size_t n = 0;
-  if (store_run_list(o->db, 0, 1000000, &runs, &n) != 0) return;
-  for (size_t i = 0; i < n; i++) {
-    if (control_api_run_is_final(runs[i]->state)) continue;
-    runs[i]->state = RLORCH__V1__RUN_STATE__RUN_STATE_FAILED;
-    runs[i]->updated_unix_ms = now_unix_ms();
-    char *old = runs[i]->message;
-    runs[i]->message = "interrupted by an orchestrator restart";
-    store_run_update(o->db, runs[i]);
-    runs[i]->message = old;
-    log_warn("run_interrupted", "run=%s", runs[i]->id);
-  }
-  store_runs_free(runs, n);
-}
-
 static void on_rpc_shutdown_done(void *ud) {
   orch *o = ud;
   log_info("grpc_stopped", NULL);
@@ -349,14 +331,37 @@ static void log_listening(orch *o, const bcast_caps *caps) {
            caps->nccl_version, caps->note);
 }
 
+_Static_assert(WORKERS_MAX == 4096, "config.c bounds max_workers by WORKERS_MAX");
+
+/* Files that would leak what they hold: said once at start-up, by name. */
+static void warn_file_modes(const config *cfg, const datadir_info *di) {
+  if (di->shared)
+    log_warn("data_dir_shared", "data_dir=\"%s\" mode=%04o msg=\"group or others may enter "
+             "it: the daemon's own files are 0600, but chmod 700 the directory\"",
+             cfg->data_dir, (unsigned)di->mode);
+  struct stat st;
+  if (cfg->token_file && stat(cfg->token_file, &st) == 0 && (st.st_mode & (S_IRGRP | S_IROTH)))
+    log_warn("token_file_readable", "path=\"%s\" mode=%04o msg=\"the bearer token can be read "
+             "by group or others: chmod 600 it\"",
+             cfg->token_file, (unsigned)(st.st_mode & 07777));
+}
+
 static int serve_loop(orch *o) {
   config *cfg = o->cfg;
-  char err[512];
+  char err[1536];
+  /* Before the database: a second daemon must not touch the first one's runs. */
+  datadir_info di;
+  int drc = datadir_open(cfg->data_dir, &o->dir, &di, err, sizeof err);
+  if (drc != DATADIR_OK) {
+    log_error(drc == DATADIR_ELOCKED ? "data_dir_locked" : "data_dir_failed",
+              "data_dir=\"%s\" error=\"%s\"", cfg->data_dir, err);
+    return 1;
+  }
+  warn_file_modes(cfg, &di);
   if (store_open(cfg->data_dir, &o->db, err, sizeof err) != 0) {
     log_error("store_open_failed", "data_dir=\"%s\" error=\"%s\"", cfg->data_dir, err);
     return 1;
   }
-  fail_interrupted_runs(o);
   bcast_caps caps; /* probed once: CUDA start-up is not free */
   bcast_caps_probe(&caps);
   if (metrics_setup(o, &caps, err, sizeof err) != 0) {
@@ -372,12 +377,18 @@ static int serve_loop(orch *o) {
                                      .rollouts = o->m.worker_rollouts,
                                      .tokens = o->m.worker_tokens,
                                      .generate_seconds = o->m.worker_generate_seconds},
-                  o->watch, &o->workers) != 0 ||
+                  o->watch,
+                  &(workers_limits){.max_workers = cfg->max_workers,
+                                    .lost_retention_ms =
+                                        (int64_t)(cfg->lost_worker_retention_s * 1000.0)},
+                  &o->workers) != 0 ||
       runner_new(o, &o->runner) != 0) {
     log_error("runner_setup_failed", "error=\"out of memory\"");
     serve_teardown(o);
     return 1;
   }
+  /* Before the Worker API listens: workers that come back join the resumed run. */
+  runner_resume(o->runner);
   if (start_rpc(o, err, sizeof err) != 0) {
     log_error("grpc_listen_failed", "addr=%s error=\"%s\"", cfg->listen, err);
     serve_teardown(o);
@@ -450,6 +461,7 @@ int serve_main(int argc, char **argv) {
   int rc = serve_loop(&o);
   if (o.m.reg) metrics_registry_free(o.m.reg);
   if (o.db) store_close(o.db);
+  datadir_close(o.dir); /* last: the database is closed, another daemon may have it */
   uv_loop_close(&loop);
   config_free(&cfg);
   return rc;

@@ -3,12 +3,15 @@
  * Migrations are SQL scripts applied in order inside one transaction each; the
  * schema_version table records how many ran. */
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "orchestrator/daemon/store.h"
 
@@ -30,6 +33,12 @@ static const char *const store__migrations[] = {
     "CREATE INDEX workers_run ON workers(run_id);"
     "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);"
     "INSERT INTO counters VALUES ('run', 0);",
+    /* 2: worker ids from a counter kept here, so that no id is ever handed out
+     * twice by this data_dir's daemons (an agent still holding an id from
+     * before a restart must not reach a new worker by it). It starts past
+     * the ids the workers table already names. */
+    "INSERT INTO counters (name, value) SELECT 'worker', "
+    "  coalesce(max(CAST(substr(id, 3) AS INTEGER)), 0) FROM workers WHERE id GLOB 'w-[0-9]*';",
 };
 #define STORE__NMIGRATIONS (sizeof store__migrations / sizeof store__migrations[0])
 _Static_assert(STORE__NMIGRATIONS == STORE_SCHEMA_VERSION, "STORE_SCHEMA_VERSION is stale");
@@ -61,6 +70,7 @@ const char *store_strerror(int code) {
     case STORE_EINVAL: return "invalid argument";
     case STORE_ECORRUPT: return "corrupt record";
     case STORE_ETOONEW: return "database schema newer than this program";
+    case STORE_EEXIST: return "already recorded";
     default: return "unknown error";
   }
 }
@@ -115,7 +125,7 @@ static int store__migrate(store *s) {
 
 static int store__mkdir(const char *dir, char *err, size_t errlen) {
   struct stat st;
-  if (mkdir(dir, 0750) != 0 && errno != EEXIST) {
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
     snprintf(err, errlen, "store: cannot create data_dir \"%s\": %s", dir, strerror(errno));
     return STORE_EIO;
   }
@@ -124,6 +134,32 @@ static int store__mkdir(const char *dir, char *err, size_t errlen) {
     return STORE_EIO;
   }
   return 0;
+}
+
+/* The database and its -wal and -shm are 0600: they hold every run's spec
+ * and records. SQLite would create the database 0644 (less the umask) and
+ * gives its -wal and -shm the database's own mode, so the database is made
+ * here first, and one an older rlorch made wider is narrowed, with the
+ * journal files it left. */
+static int store__private_files(store *s) {
+  int fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return store__fail(s, STORE_EIO, "store: %s: cannot open: %s", s->path, strerror(errno));
+  struct stat st;
+  int rc = 0;
+  if (fstat(fd, &st) != 0 || ((st.st_mode & 077) && fchmod(fd, 0600) != 0))
+    rc = store__fail(s, STORE_EIO, "store: %s: cannot make it private (0600): %s", s->path,
+                     strerror(errno));
+  close(fd);
+  static const char *const journals[] = {"-wal", "-shm"};
+  for (size_t i = 0; !rc && i < 2; i++) {
+    char p[1100];
+    snprintf(p, sizeof p, "%s%s", s->path, journals[i]);
+    if (stat(p, &st) == 0 && (st.st_mode & 077) && chmod(p, 0600) != 0)
+      rc = store__fail(s, STORE_EIO, "store: %s: cannot make it private (0600): %s", p,
+                       strerror(errno));
+  }
+  return rc;
 }
 
 int store_open(const char *data_dir, store **out, char *err, size_t errlen) {
@@ -143,6 +179,11 @@ int store_open(const char *data_dir, store **out, char *err, size_t errlen) {
     snprintf(err, errlen, "store: data_dir \"%s\" is too long", data_dir);
     free(s);
     return STORE_EINVAL;
+  }
+  if ((rc = store__private_files(s)) != 0) {
+    snprintf(err, errlen, "%s", s->msg);
+    free(s);
+    return rc;
   }
   if (sqlite3_open_v2(s->path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                       NULL) != SQLITE_OK) {
@@ -219,14 +260,26 @@ static int store__put_run(store *s, const Rlorch__V1__Run *run, int64_t seq, int
   return 0;
 }
 
-/* Takes the next run number; inside the caller's transaction. */
-static int store__next_run_seq(store *s, int64_t *seq) {
+/* Takes the next value of counter `name` (one statement: atomic on its own,
+ * and inside the caller's transaction when there is one). */
+static int store__next(store *s, const char *name, int64_t *value) {
   sqlite3_stmt *st;
-  int rc = store__prepare(s, "UPDATE counters SET value = value + 1 WHERE name = 'run' RETURNING value", &st);
+  int rc = store__prepare(s, "UPDATE counters SET value = value + 1 WHERE name = ?1 RETURNING value", &st);
   if (rc) return rc;
-  if (sqlite3_step(st) == SQLITE_ROW) *seq = sqlite3_column_int64(st, 0);
-  else rc = store__db_fail(s, "next run id");
+  sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+  if (sqlite3_step(st) == SQLITE_ROW) *value = sqlite3_column_int64(st, 0);
+  else rc = store__db_fail(s, !strcmp(name, "run") ? "next run id" : "next worker id");
   sqlite3_finalize(st);
+  return rc;
+}
+
+static int store__next_run_seq(store *s, int64_t *seq) { return store__next(s, "run", seq); }
+
+int store_worker_next_id(store *s, uint64_t *id) {
+  if (!s || !id) return s ? store__fail(s, STORE_EINVAL, "store: worker_next_id: NULL argument") : STORE_EINVAL;
+  int64_t v = 0;
+  int rc = store__next(s, "worker", &v);
+  if (rc == 0) *id = (uint64_t)v;
   return rc;
 }
 
@@ -344,13 +397,14 @@ int store_run_counts(store *s, uint64_t counts[STORE_RUN_STATES]) {
 
 /* ---- steps and workers ------------------------------------------------------- */
 
-int store_step_put(store *s, const Rlorch__V1__StepRecord *rec) {
-  if (!s) return STORE_EINVAL;
+/* Inserts the record; a second record of the same step is refused, never
+ * merged or replaced: a committed step is written exactly once. */
+static int store__insert_step(store *s, const Rlorch__V1__StepRecord *rec) {
   if (!rec || !rec->run_id || !*rec->run_id)
     return store__fail(s, STORE_EINVAL, "store: step_put: record without run_id");
   if (rec->step > INT64_MAX) return store__fail(s, STORE_EINVAL, "store: step_put: step out of range");
   sqlite3_stmt *st;
-  int rc = store__prepare(s, "INSERT OR REPLACE INTO steps (run_id, step, msg) VALUES (?1, ?2, ?3)", &st);
+  int rc = store__prepare(s, "INSERT INTO steps (run_id, step, msg) VALUES (?1, ?2, ?3)", &st);
   if (rc) return rc;
   sqlite3_bind_text(st, 1, rec->run_id, -1, SQLITE_TRANSIENT);
   sqlite3_bind_int64(st, 2, (int64_t)rec->step);
@@ -358,7 +412,54 @@ int store_step_put(store *s, const Rlorch__V1__StepRecord *rec) {
     sqlite3_finalize(st);
     return rc;
   }
-  return store__done(s, st, "put step");
+  int step = sqlite3_step(st);
+  if (step == SQLITE_DONE) rc = 0;
+  else if (sqlite3_extended_errcode(s->db) == SQLITE_CONSTRAINT_PRIMARYKEY)
+    rc = store__fail(s, STORE_EEXIST,
+                     "store: %s: run %s step %" PRIu64 " is recorded already (a step is written once)",
+                     s->path, rec->run_id, rec->step);
+  else rc = store__db_fail(s, "put step");
+  sqlite3_finalize(st);
+  return rc;
+}
+
+int store_step_put(store *s, const Rlorch__V1__StepRecord *rec) {
+  if (!s) return STORE_EINVAL;
+  return store__insert_step(s, rec);
+}
+
+int store_step_commit(store *s, const Rlorch__V1__StepRecord *rec, const Rlorch__V1__Run *run) {
+  if (!s) return STORE_EINVAL;
+  if (!run || !run->id || !*run->id)
+    return store__fail(s, STORE_EINVAL, "store: step_commit: run without id");
+  int rc = store__exec(s, "BEGIN IMMEDIATE", "commit step");
+  if (rc) return rc;
+  if ((rc = store__insert_step(s, rec)) || (rc = store__put_run(s, run, 0, 0)) ||
+      (rc = store__exec(s, "COMMIT", "commit step"))) {
+    char msg[sizeof s->msg];
+    memcpy(msg, s->msg, sizeof msg); /* the rollback must not overwrite why */
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    memcpy(s->msg, msg, sizeof msg);
+    return rc;
+  }
+  return 0;
+}
+
+int store_steps_count(store *s, const char *run_id, uint64_t *n, int64_t *last) {
+  if (!s) return STORE_EINVAL;
+  if (!run_id || !n || !last) return store__fail(s, STORE_EINVAL, "store: steps_count: NULL argument");
+  sqlite3_stmt *st;
+  int rc = store__prepare(s, "SELECT count(*), coalesce(max(step), -1) FROM steps WHERE run_id = ?1", &st);
+  if (rc) return rc;
+  sqlite3_bind_text(st, 1, run_id, -1, SQLITE_TRANSIENT);
+  if (sqlite3_step(st) == SQLITE_ROW) {
+    *n = (uint64_t)sqlite3_column_int64(st, 0);
+    *last = sqlite3_column_int64(st, 1);
+  } else {
+    rc = store__db_fail(s, "count steps");
+  }
+  sqlite3_finalize(st);
+  return rc;
 }
 
 /* One of the two callback types, so each is called through its own type. */
@@ -418,6 +519,16 @@ int store_worker_put(store *s, const Rlorch__V1__WorkerInfo *w) {
     return rc;
   }
   return store__done(s, st, "put worker");
+}
+
+int store_worker_delete(store *s, const char *id) {
+  if (!s) return STORE_EINVAL;
+  if (!id || !*id) return store__fail(s, STORE_EINVAL, "store: worker_delete: worker without id");
+  sqlite3_stmt *st;
+  int rc = store__prepare(s, "DELETE FROM workers WHERE id = ?1", &st);
+  if (rc) return rc;
+  sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+  return store__done(s, st, "delete worker");
 }
 
 int store_workers_list(store *s, const char *run_id,

@@ -60,6 +60,11 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "data_address: too long");
     return;
   }
+  if (strlen(q->run_id) >= WORKERS_RUN_ID_MAX) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "run_id: longer than %d bytes",
+                  WORKERS_RUN_ID_MAX - 1);
+    return;
+  }
   if (q->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER) {
     if (!q->manifest || q->manifest->n_tensors == 0) {
       rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "manifest: a trainer must send one");
@@ -78,17 +83,23 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   resolve_data_address(call, q->data_address, addr, sizeof addr);
   workers_entry *w = NULL;
   int rc = workers_add(o->workers, q->role, q->name, addr, q->capabilities, q->manifest, &w);
-  if (rc == -1) {
-    rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "too many workers (%d)", WORKERS_MAX);
-    return;
-  }
   if (rc != 0) {
-    rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    /* A full table or no memory: try later; no id (the store failed): the
+     * daemon's trouble, not the worker's. */
+    log_warn("worker_refused", "name=%s role=%s error=\"%s\"", q->name,
+             workers_role_label(q->role), workers_last_error(o->workers));
+    rpc_call_fail(call, rc == -3 ? GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_RESOURCE_EXHAUSTED, "%s",
+                  workers_last_error(o->workers));
     return;
   }
-  log_info("worker_registered", "worker=%s name=%s role=%s cuda_devices=%u nccl=\"%s\"",
+  /* What it kept across a restart or a gap: the run compares it with its own. */
+  w->policy_version = q->policy_version;
+  snprintf(w->version_run, sizeof w->version_run, "%s", q->run_id);
+  log_info("worker_registered", "worker=%s name=%s role=%s cuda_devices=%u nccl=\"%s\" "
+           "policy_version=%" PRIu64 " version_run=%s",
            w->api_id, w->name, workers_role_label(w->role), w->caps ? w->caps->cuda_devices : 0,
-           w->caps ? w->caps->nccl_version : "");
+           w->caps ? w->caps->nccl_version : "", w->policy_version,
+           w->version_run[0] ? w->version_run : "none");
   Rlorch__V1__RegisterResponse resp = RLORCH__V1__REGISTER_RESPONSE__INIT;
   resp.worker_id = w->api_id;
   resp.heartbeat_interval_ms = o->cfg->heartbeat_interval_ms;
@@ -155,9 +166,16 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   int rc = 0;
   switch (q->kind_case) {
   case RLORCH__V1__REPORT_REQUEST__KIND_HEARTBEAT:
+    if (strlen(q->heartbeat->run_id) >= sizeof w->version_run) {
+      rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "heartbeat.run_id: longer than %zu bytes",
+                    sizeof w->version_run - 1);
+      return;
+    }
     w->policy_version = q->heartbeat->policy_version;
+    if (q->heartbeat->run_id[0])
+      snprintf(w->version_run, sizeof w->version_run, "%s", q->heartbeat->run_id);
     if (q->heartbeat->stats) workers_set_stats(w, q->heartbeat->stats);
-    rc = runner_heartbeat(r, w, q->heartbeat->policy_version);
+    rc = runner_heartbeat(r, w, q->heartbeat->policy_version, q->heartbeat->run_id);
     break;
   case RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS: {
     const Rlorch__V1__RolloutResult *res = q->rollouts;

@@ -1,7 +1,8 @@
-/* The worker table: a flat array in registration order (ids only grow, so it
- * is also in id order). A few thousand workers at most: lookups scan. */
+/* The worker table: an array in registration order (ids only grow, so it is
+ * also in id order). A few thousand workers at most: lookups scan. */
 #include "orchestrator/daemon/workers.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,20 +14,31 @@ struct workers_table {
   store *db;
   workers_metrics m;
   watch_hub *watch;
-  workers_entry *v[WORKERS_MAX];
-  size_t n;
-  uint32_t next_id;
+  workers_limits lim;
+  workers_removed_fn on_remove;
+  void *on_remove_ud;
+  workers_entry **v; /* live and lost, registration order */
+  size_t n, cap;
   char run_id[64]; /* the active run, or "" */
+  char err[256];   /* why the last workers_add failed */
 };
 
-int workers_new(store *db, const workers_metrics *m, watch_hub *watch, workers_table **out) {
+int workers_new(store *db, const workers_metrics *m, watch_hub *watch, const workers_limits *lim,
+                workers_table **out) {
   workers_table *t = calloc(1, sizeof *t);
   if (!t) return -1;
   t->db = db;
   if (m) t->m = *m;
   t->watch = watch;
+  t->lim = lim ? *lim : (workers_limits){.max_workers = WORKERS_MAX, .lost_retention_ms = 60000};
+  if (t->lim.max_workers == 0 || t->lim.max_workers > WORKERS_MAX) t->lim.max_workers = WORKERS_MAX;
   *out = t;
   return 0;
+}
+
+void workers_on_remove(workers_table *t, workers_removed_fn fn, void *ud) {
+  t->on_remove = fn;
+  t->on_remove_ud = ud;
 }
 
 static void workers__entry_free(workers_entry *w) {
@@ -39,10 +51,57 @@ static void workers__entry_free(workers_entry *w) {
 void workers_free(workers_table *t) {
   if (!t) return;
   for (size_t i = 0; i < t->n; i++) workers__entry_free(t->v[i]);
+  free(t->v);
   free(t);
 }
 
 size_t workers_count(const workers_table *t) { return t->n; }
+
+size_t workers_live(const workers_table *t) {
+  size_t live = 0;
+  for (size_t i = 0; i < t->n; i++)
+    if (t->v[i]->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) live++;
+  return live;
+}
+
+const char *workers_last_error(const workers_table *t) { return t->err; }
+
+/* Whether an entry other than `w` goes by w's name (and role, if asked):
+ * per-worker series are labelled by name, which a worker that registered
+ * again keeps. */
+static int workers__name_taken(const workers_table *t, const workers_entry *w, int same_role) {
+  for (size_t i = 0; i < t->n; i++) {
+    const workers_entry *o = t->v[i];
+    if (o != w && !strcmp(o->name, w->name) && (!same_role || o->role == w->role)) return 1;
+  }
+  return 0;
+}
+
+/* Removes t->v[i], a lost worker: the runner forgets it first, then its row
+ * in the store and the series only it fed go. */
+static void workers__remove(workers_table *t, size_t i, int64_t now_mono_ms, const char *why) {
+  workers_entry *w = t->v[i];
+  if (t->on_remove) t->on_remove(w, t->on_remove_ud);
+  if (store_worker_delete(t->db, w->api_id) != 0)
+    log_warn("store_failed", "worker=%s error=\"%s\"", w->api_id, store_errmsg(t->db));
+  memmove(&t->v[i], &t->v[i + 1], (t->n - i - 1) * sizeof *t->v);
+  t->n--;
+  if (!workers__name_taken(t, w, 1)) {
+    const char *lv[] = {w->name, workers_role_label(w->role)};
+    metrics_series_remove(t->m.heartbeat_age, lv);
+  }
+  if (!workers__name_taken(t, w, 0)) {
+    const char *wl[] = {w->name};
+    metrics_series_remove(t->m.requests_active, wl);
+    metrics_series_remove(t->m.rollouts, wl);
+    metrics_series_remove(t->m.tokens, wl);
+    metrics_series_remove(t->m.generate_seconds, wl);
+  }
+  log_info("worker_removed", "worker=%s name=%s lost_s=%.1f reason=\"%s\"", w->api_id, w->name,
+           (double)(now_mono_ms - w->lost_mono_ms) / 1000.0, why);
+  workers__entry_free(w);
+  workers_gauge(t);
+}
 
 workers_entry *workers_at(workers_table *t, size_t i) { return i < t->n ? t->v[i] : NULL; }
 
@@ -78,10 +137,42 @@ static ProtobufCMessage *workers__pb_copy(const ProtobufCMessage *m) {
 int workers_add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
                 const char *data_address, const Rlorch__V1__Capabilities *caps,
                 const Rlorch__V1__WeightManifest *manifest, workers_entry **out) {
-  if (t->n >= WORKERS_MAX) return -1;
+  *out = NULL;
+  t->err[0] = '\0';
+  if (workers_live(t) >= t->lim.max_workers) {
+    snprintf(t->err, sizeof t->err, "too many workers: %u are registered and alive (max_workers)",
+             t->lim.max_workers);
+    return -1;
+  }
+  /* Lost workers are kept for operators to see, but never at the price of a
+   * live one: beyond twice the cap the longest-lost one makes room. */
+  if (t->n >= 2 * (size_t)t->lim.max_workers) {
+    size_t oldest = t->n;
+    for (size_t i = 0; i < t->n; i++)
+      if (t->v[i]->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST &&
+          (oldest == t->n || t->v[i]->lost_mono_ms < t->v[oldest]->lost_mono_ms))
+        oldest = i;
+    if (oldest < t->n) workers__remove(t, oldest, now_mono_ms(), "its room was needed");
+  }
+  if (t->n == t->cap) {
+    size_t cap = t->cap ? t->cap * 2 : 64;
+    workers_entry **v = realloc(t->v, cap * sizeof *v);
+    if (!v) return snprintf(t->err, sizeof t->err, "out of memory"), -2;
+    t->v = v;
+    t->cap = cap;
+  }
+  uint64_t id = 0;
+  if (store_worker_next_id(t->db, &id) != 0) {
+    snprintf(t->err, sizeof t->err, "cannot take a worker id: %s", store_errmsg(t->db));
+    return -3;
+  }
+  if (id == 0 || id > UINT32_MAX) {
+    snprintf(t->err, sizeof t->err, "worker ids of this data_dir are used up (%" PRIu64 ")", id);
+    return -3;
+  }
   workers_entry *w = calloc(1, sizeof *w);
-  if (!w) return -2;
-  w->id = ++t->next_id;
+  if (!w) return snprintf(t->err, sizeof t->err, "out of memory"), -2;
+  w->id = (uint32_t)id;
   snprintf(w->api_id, sizeof w->api_id, "w-%u", w->id);
   w->role = role;
   w->state = RLORCH__V1__WORKER_STATE__WORKER_STATE_REGISTERED;
@@ -216,6 +307,7 @@ void workers_publish(workers_table *t, workers_entry *w) {
 
 void workers_mark_lost(workers_table *t, workers_entry *w, const char *reason) {
   w->state = RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST;
+  w->lost_mono_ms = now_mono_ms();
   log_warn("worker_lost", "worker=%s name=%s reason=\"%s\"", w->api_id, w->name, reason);
   workers_end_stream(w, GRPC_STATUS_UNAVAILABLE, "worker declared lost");
   workers_publish(t, w);
@@ -228,8 +320,14 @@ void workers_set_stats(workers_entry *w, const Rlorch__V1__WorkerStats *s) {
 }
 
 void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms) {
-  for (size_t i = 0; i < t->n; i++) {
+  for (size_t i = 0; i < t->n;) {
     workers_entry *w = t->v[i];
+    if (w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST &&
+        now_mono_ms - w->lost_mono_ms >= t->lim.lost_retention_ms) {
+      workers__remove(t, i, now_mono_ms, "lost_worker_retention_s passed");
+      continue; /* the next one moved into slot i */
+    }
+    i++;
     int64_t age = now_mono_ms - w->last_seen_mono_ms;
     const char *lv[] = {w->name, workers_role_label(w->role)};
     metrics_gauge_set(t->m.heartbeat_age, lv, age > 0 ? (double)age / 1000.0 : 0.0);
@@ -246,18 +344,8 @@ void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms) {
   }
 }
 
-void workers_shutdown(workers_table *t) {
-  for (size_t i = 0; i < t->n; i++) {
-    workers_entry *w = t->v[i];
-    if (!w->attach) continue;
-    Rlorch__V1__ShutdownCommand sc = RLORCH__V1__SHUTDOWN_COMMAND__INIT;
-    sc.reason = "orchestrator shutting down";
-    Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
-    cmd.kind_case = RLORCH__V1__COMMAND__KIND_SHUTDOWN;
-    cmd.shutdown = &sc;
-    workers_send(t, w, &cmd);
-    workers_end_stream(w, GRPC_STATUS_UNAVAILABLE, "server shutting down");
-  }
+void workers_disconnect(workers_table *t, const char *why) {
+  for (size_t i = 0; i < t->n; i++) workers_end_stream(t->v[i], GRPC_STATUS_UNAVAILABLE, why);
 }
 
 size_t workers_list(workers_table *t, const char *run_id, Rlorch__V1__WorkerInfo ***out) {

@@ -1,9 +1,15 @@
-/* The worker table: every worker that registered with the daemon (lost ones
- * included: ids are never reused), their command streams, the heartbeat sweep
+/* The worker table: every live worker registered with the daemon, and the
+ * lost ones for a while (lost_worker_retention_s: long enough to be seen in
+ * ListWorkers and the metrics), their command streams, the heartbeat sweep
  * of workers outside a run, and how workers are shown (ListWorkers, the
  * rlorch_workers gauge, the store, WatchRun worker events). Workers register
  * with the daemon, not with a run; the runner tells the table which run is
- * active and which workers joined it. Loop thread only. */
+ * active and which workers joined it. Loop thread only.
+ *
+ * Ids ("w-N", N from a counter in the store) are never handed out twice by
+ * the daemons of one data_dir, so an agent that still holds an id from
+ * before a restart, or from before it was lost, reaches no other worker by
+ * it: it is told it is unknown and registers again. */
 #ifndef RLORCH_DAEMON_WORKERS_H
 #define RLORCH_DAEMON_WORKERS_H
 
@@ -17,9 +23,12 @@
 #include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc.h"
 
+/* Live workers at most (max_workers may lower it). Lost ones do not count:
+ * a registration flood that is lost and removed locks nobody out. */
 #define WORKERS_MAX 4096
 #define WORKERS_NAME_MAX 64 /* NUL included; equals the scheduler's SCHED_NAME_MAX */
 #define WORKERS_ADDRESS_MAX 256
+#define WORKERS_RUN_ID_MAX 64 /* NUL included; equals the scheduler's SCHED_RUN_ID_MAX */
 
 /* One worker. The table owns it; fields are read by the runner and the
  * Worker API, and changed only through the functions below unless noted. */
@@ -35,8 +44,11 @@ typedef struct workers_entry {
   rpc_call *attach;                        /* open command stream, or NULL */
   uint64_t cmd_seq;
   uint64_t policy_version;                 /* as last reported; the Worker API sets it */
+  char version_run[WORKERS_RUN_ID_MAX];    /* the run policy_version counts steps of ("":
+                                              none said); the Worker API sets it */
   int64_t last_seen_unix_ms;               /* shown to operators */
   int64_t last_seen_mono_ms;               /* what the heartbeat sweep compares */
+  int64_t lost_mono_ms;                    /* when it was declared lost (state LOST) */
   int in_run;                              /* known to the active run's scheduler; the runner sets it */
   Rlorch__V1__WorkerStats stats;           /* the worker's own figures, last heartbeat */
   int has_stats;
@@ -57,25 +69,44 @@ typedef struct workers_metrics {
   metrics_counter *generate_seconds; /* worker: seconds it spent generating */
 } workers_metrics;
 
+/* How many workers the table holds, and for how long lost ones. */
+typedef struct workers_limits {
+  uint32_t max_workers;      /* live workers at most, 1..WORKERS_MAX */
+  int64_t lost_retention_ms; /* a lost worker is removed this long after it was lost */
+} workers_limits;
+
 typedef struct workers_table workers_table;
 
 /* `db`, the metrics in `m` (copied) and `watch` must outlive the table. The
- * per-worker series are refreshed at every sweep. */
-int workers_new(store *db, const workers_metrics *m, watch_hub *watch, workers_table **out);
+ * per-worker series are refreshed at every sweep. `lim` NULL: WORKERS_MAX
+ * and 60 s. */
+int workers_new(store *db, const workers_metrics *m, watch_hub *watch, const workers_limits *lim,
+                workers_table **out);
 void workers_free(workers_table *t); /* NULL is fine; streams must be ended already */
 
-size_t workers_count(const workers_table *t);
+/* Called with a lost worker just before the table removes it (retention
+ * passed, or its room was needed); the entry is freed after it returns. */
+typedef void (*workers_removed_fn)(workers_entry *w, void *ud);
+void workers_on_remove(workers_table *t, workers_removed_fn fn, void *ud);
+
+size_t workers_count(const workers_table *t); /* live and lost */
+size_t workers_live(const workers_table *t);  /* not lost: what max_workers bounds */
 workers_entry *workers_at(workers_table *t, size_t i); /* 0 <= i < workers_count() */
 workers_entry *workers_by_id(workers_table *t, uint32_t id);
 workers_entry *workers_by_api_id(workers_table *t, const char *api_id);
 workers_entry *workers_by_stream(workers_table *t, const rpc_call *attach);
 
-/* Adds a REGISTERED worker, copying caps and manifest (either may be NULL);
- * an empty name becomes the API id. 0; -1 when the table is full
- * (WORKERS_MAX); -2 out of memory. */
+/* Adds a REGISTERED worker with the next id from the store, copying caps and
+ * manifest (either may be NULL); an empty name becomes the API id. Room for
+ * it is made by removing the longest-lost worker if the table holds twice
+ * max_workers. 0; -1 when max_workers live workers are registered; -2 out of
+ * memory; -3 no id (the store failed, its message in store_errmsg, or the
+ * data_dir's ids ran out). */
 int workers_add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
                 const char *data_address, const Rlorch__V1__Capabilities *caps,
                 const Rlorch__V1__WeightManifest *manifest, workers_entry **out);
+/* Why the last workers_add failed, for the caller's answer. */
+const char *workers_last_error(const workers_table *t);
 /* Replaces the manifest with a copy of `m`; 0, or -1 (out of memory, old kept). */
 int workers_set_manifest(workers_entry *w, const Rlorch__V1__WeightManifest *m);
 /* Keeps a copy of the colocated export acked for plan_id (len 0: drops it); 0 or
@@ -105,11 +136,15 @@ void workers_gauge(workers_table *t);
 /* LOST, logged with `reason`, stream ended, published. */
 void workers_mark_lost(workers_table *t, workers_entry *w, const char *reason);
 /* Heartbeat loss of workers outside the run (the run's scheduler judges its
- * own), and the age gauge of every worker (a lost one's keeps growing, which
- * is the signal): one walk over the table. */
+ * own), the age gauge of every worker (a lost one's keeps growing, which is
+ * the signal), and the removal of workers lost for lost_retention_ms (their
+ * row in the store and their per-worker series go with them): one walk over
+ * the table. */
 void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms);
-/* Every worker's stream gets a Shutdown command and ends UNAVAILABLE. */
-void workers_shutdown(workers_table *t);
+/* Every worker's command stream ends UNAVAILABLE with `why`; nothing tells the
+ * workers to leave: they stay up, with what they hold, and register again
+ * with the next daemon (which resumes the run). */
+void workers_disconnect(workers_table *t, const char *why);
 
 /* Workers as the Control API shows them, all or those of run_id; free with
  * workers_list_free. */

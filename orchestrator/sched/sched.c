@@ -60,7 +60,11 @@ typedef struct sched__cancelled {
 /* The step in progress and its plan. */
 typedef struct sched__step {
   sched__phase phase;
-  uint32_t attempt;            /* plans built for this step */
+  int catchup;                 /* the plan pending is a catch-up: no step is trained */
+  uint32_t attempt;            /* plans built for this step, over all its batches: a step
+                                  redone after its trainer was lost, or adopted again,
+                                  must not name a plan as an earlier one (an agent may
+                                  have been told to abort that name) */
   int64_t start_ms;            /* TRAIN sent */
   double train_seconds;
   uint64_t *batch;             /* rollouts_per_step ids */
@@ -121,13 +125,21 @@ struct sched {
   uint32_t window_len;         /* steps one rollout may serve at most: async bound + 1 */
 
   sched__step st;
+  uint64_t id_base;            /* first request and group id of this scheduler (resume K:
+                                  K * 2^40 + 1): lower ones were sent before a restart */
+  int resume_pending;          /* resumed, and no plan has committed since: no inference
+                                  worker is trusted to hold the published version */
+  uint64_t catchup_step;       /* the step catchup_seq counts catch-ups at */
+  uint32_t catchup_seq;        /* catch-ups started at that step: their plan ids */
   int dispatch_held;           /* sched_hold_dispatch */
   int64_t last_now;            /* latest event time: the clock must not go back */
   sched_participant *pscratch; /* sched_choose_mode input */
   size_t pscratch_cap;
 
   sched_action *acts;          /* pending actions */
-  size_t *act_off;             /* arena offset per action */
+  size_t *act_off;             /* arena offset per action (a32 or a64) */
+  size_t *act_rec;             /* index in recs per action (COMMIT, CAUGHT_UP) */
+  size_t act_rec_cap;
   size_t off_cap;
   size_t nacts, acts_cap;
   uint32_t *a32;               /* participant lists of actions */
@@ -216,11 +228,13 @@ static sched_worker_info *sched__trainer(sched *s) {
 
 static sched_action *sched__act(sched *s, sched_action_kind kind) {
   if (sched__grow(&s->acts, &s->acts_cap, s->nacts + 1, sizeof *s->acts)) return NULL;
+  if (sched__grow(&s->act_rec, &s->act_rec_cap, s->nacts + 1, sizeof *s->act_rec)) return NULL;
   if (sched__grow(&s->act_off, &s->off_cap, s->nacts + 1, sizeof *s->act_off)) return NULL;
   sched_action *a = &s->acts[s->nacts];
   memset(a, 0, sizeof *a);
   a->kind = kind;
   s->act_off[s->nacts] = 0;
+  s->act_rec[s->nacts] = 0;
   s->nacts++;
   return a;
 }
@@ -276,18 +290,21 @@ static void sched__set_run_state(sched *s, sched_run_state st, const char *fmt, 
 /* ---- plan abort and run failure ------------------------------------------------------- */
 
 /* Aborts the pending plan, if any; the trained weights stay with the trainer,
- * so the step goes back to TRAINED and may be planned again. */
+ * so the step goes back to TRAINED and may be planned again. An aborted
+ * catch-up goes back to idle: the pump decides again whom to catch up. */
 static void sched__abort_plan(sched *s, const char *reason) {
   if (!sched__plan_pending(s)) return;
   sched_action *a = sched__act(s, SCHED_ACT_ABORT);
   if (a) {
     a->step = s->steps_done;
+    a->catchup = s->st.catchup;
     snprintf(a->plan_id, sizeof a->plan_id, "%s", s->st.plan_id);
     snprintf(a->text, sizeof a->text, "%s", reason);
     sched__act_parts(s, a);
   }
   s->c.aborts++;
-  s->st.phase = SCHED__TRAINED;
+  s->st.phase = s->st.catchup ? SCHED__IDLE : SCHED__TRAINED;
+  s->st.catchup = 0;
   s->st.deadline_ms = SCHED_NEVER;
 }
 
@@ -489,7 +506,7 @@ static void sched__start_step(sched *s, int64_t now) {
     }
   }
   s->st.phase = SCHED__TRAINING;
-  s->st.attempt = 0;
+  s->st.catchup = 0;
   s->st.start_ms = now;
   sched__set_worker_state(s, t, SCHED_WORKER_BUSY, "training");
 }
@@ -517,7 +534,8 @@ typedef struct sched__window {
 
 static sched__window sched__dispatch_window(const sched *s) {
   sched__window w = {0, 0, 0};
-  w.first = s->steps_done + (s->st.phase == SCHED__IDLE ? 0 : 1);
+  /* A catch-up trains nothing: the next step to batch is still steps_done. */
+  w.first = s->steps_done + (s->st.phase == SCHED__IDLE || s->st.catchup ? 0 : 1);
   w.last = w.first + s->window_len - 1;
   if (s->cfg.steps) {
     if (w.first >= s->cfg.steps) return w;
@@ -572,8 +590,11 @@ static uint32_t sched__cap(const sched *s, const sched_worker_info *w) {
   return m && m < k ? m : k;
 }
 
+/* Only a synced worker is given rollouts to make: one that may hold another
+ * version waits for its catch-up. */
 static int sched__has_slot(const sched *s, const sched_worker_info *w) {
-  return w->role == SCHED_ROLE_INFERENCE && sched__attached(w) && w->outstanding < sched__cap(s, w);
+  return w->role == SCHED_ROLE_INFERENCE && sched__attached(w) && w->synced &&
+         w->outstanding < sched__cap(s, w);
 }
 
 /* Whether max_buffered leaves room for one more group. */
@@ -724,32 +745,43 @@ static int sched__plan_reserve(sched *s, size_t n) {
   return 0;
 }
 
-static void sched__start_plan(sched *s, int64_t now) {
-  sched_worker_info *t = sched__trainer(s);
+/* Run id, "/step-", 20 digits, "-resumeK": room left in SCHED_PLAN_ID_MAX for
+ * the longest suffix ("-catchup-" and 10 digits). */
+#define SCHED__PLAN_BASE_MAX (SCHED_RUN_ID_MAX + 6 + 20 + 7 + 10)
+_Static_assert(SCHED__PLAN_BASE_MAX - 1 + 9 + 10 < SCHED_PLAN_ID_MAX, "plan ids may be cut");
+
+/* "RUN/step-N" for the step in progress, with "-resumeK" when it is the one a
+ * resume started in: plans of that step were sent before the restart under
+ * the plain name, and an agent may still hold one of them. */
+static void sched__plan_base(const sched *s, char *out, size_t len) {
+  if (s->cfg.resumes && s->steps_done == s->cfg.steps_done)
+    snprintf(out, len, "%s/step-%" PRIu64 "-resume%" PRIu32, s->cfg.run_id, s->steps_done,
+             s->cfg.resumes);
+  else
+    snprintf(out, len, "%s/step-%" PRIu64, s->cfg.run_id, s->steps_done);
+}
+
+/* Trainer first, then every attached inference worker (only those not synced
+ * for a catch-up), in id order. 0, or -1 out of memory (the run failed). */
+static int sched__plan_parts(sched *s, const sched_worker_info *t, int catchup) {
   sched__step *st = &s->st;
   if (sched__plan_reserve(s, s->nworkers + 1)) {
     sched__fail_run(s, "out of memory while planning the broadcast");
-    return;
+    return -1;
   }
   st->nparts = 0;
   st->parts[st->nparts++] = t->id;
   for (size_t i = 0; i < s->nworkers; i++) {
     const sched_worker_info *w = &s->workers[i];
-    if (w->role == SCHED_ROLE_INFERENCE && sched__attached(w)) st->parts[st->nparts++] = w->id;
+    if (w->role == SCHED_ROLE_INFERENCE && sched__attached(w) && !(catchup && w->synced))
+      st->parts[st->nparts++] = w->id;
   }
-  for (size_t i = 0; i < st->nparts; i++) {
-    const sched_worker_info *w = sched__worker(s, st->parts[i]);
-    s->pscratch[i] = (sched_participant){.name = w->name, .caps = w->caps};
-  }
-  st->attempt++;
-  if (st->attempt == 1)
-    snprintf(st->plan_id, sizeof st->plan_id, "%s/step-%" PRIu64, s->cfg.run_id, s->steps_done);
-  else
-    snprintf(st->plan_id, sizeof st->plan_id, "%s/step-%" PRIu64 "-r%" PRIu32, s->cfg.run_id,
-             s->steps_done, st->attempt);
-  int rc = sched_choose_mode(s->policy, s->pscratch, st->nparts, &t->offload, &st->mode,
-                             st->reason, sizeof st->reason);
-  st->phase = SCHED__PLANNING; /* so that a refusal below is an abort of this plan */
+  return 0;
+}
+
+/* A fresh plan of st->nparts participants: nothing acked or done yet. */
+static void sched__plan_reset(sched__step *st) {
+  st->phase = SCHED__PLANNING; /* so that a refusal after this is an abort of the plan */
   st->nacked = st->ndone = 0;
   memset(st->acked, 0, st->nparts);
   memset(st->done, 0, st->nparts);
@@ -759,6 +791,25 @@ static void sched__start_plan(sched *s, int64_t now) {
   st->hash = 0;
   st->failing = 0;
   st->fail_msg[0] = '\0';
+}
+
+static void sched__start_plan(sched *s, int64_t now) {
+  sched_worker_info *t = sched__trainer(s);
+  sched__step *st = &s->st;
+  if (sched__plan_parts(s, t, 0)) return;
+  for (size_t i = 0; i < st->nparts; i++) {
+    const sched_worker_info *w = sched__worker(s, st->parts[i]);
+    s->pscratch[i] = (sched_participant){.name = w->name, .caps = w->caps};
+  }
+  st->attempt++;
+  char base[SCHED__PLAN_BASE_MAX];
+  sched__plan_base(s, base, sizeof base);
+  if (st->attempt == 1) snprintf(st->plan_id, sizeof st->plan_id, "%s", base);
+  else snprintf(st->plan_id, sizeof st->plan_id, "%s-r%" PRIu32, base, st->attempt);
+  int rc = sched_choose_mode(s->policy, s->pscratch, st->nparts, &t->offload, &st->mode,
+                             st->reason, sizeof st->reason);
+  st->catchup = 0;
+  sched__plan_reset(st);
   if (rc != SCHED_OK) {
     char msg[SCHED_TEXT_MAX];
     snprintf(msg, sizeof msg, "broadcast of step %" PRIu64 " refused: %.200s", s->steps_done,
@@ -776,6 +827,69 @@ static void sched__start_plan(sched *s, int64_t now) {
     sched__act_parts(s, a);
   }
   st->deadline_ms = now + s->cfg.plan_ack_timeout_ms;
+}
+
+/* Whether an attached inference worker waits for its catch-up. */
+static int sched__wants_catchup(const sched *s) {
+  for (size_t i = 0; i < s->nworkers; i++) {
+    const sched_worker_info *w = &s->workers[i];
+    if (w->role == SCHED_ROLE_INFERENCE && sched__attached(w) && !w->synced) return 1;
+  }
+  return 0;
+}
+
+/* No step can start and some attached workers may not hold the published
+ * version: the trainer sends them the weights it holds, which are that
+ * version (it trained nothing since the last commit). Host transport: a
+ * collective needs a communicator, and the trainer makes one only with a
+ * train step. */
+static void sched__start_catchup(sched *s, int64_t now) {
+  sched_worker_info *t = sched__trainer(s);
+  sched__step *st = &s->st;
+  if (!t || !sched__attached(t) || sched__plan_parts(s, t, 1)) return;
+  if (s->catchup_step != s->steps_done) {
+    s->catchup_step = s->steps_done;
+    s->catchup_seq = 0;
+  }
+  s->catchup_seq++;
+  char base[SCHED__PLAN_BASE_MAX];
+  sched__plan_base(s, base, sizeof base);
+  if (s->catchup_seq == 1) snprintf(st->plan_id, sizeof st->plan_id, "%s-catchup", base);
+  else snprintf(st->plan_id, sizeof st->plan_id, "%s-catchup-%" PRIu32, base, s->catchup_seq);
+  st->mode = SCHED_MODE_HOST;
+  snprintf(st->reason, sizeof st->reason,
+           "catch-up of %zu worker%s to policy version %" PRIu64 ": host transport (only a "
+           "train step makes an NCCL communicator)",
+           st->nparts - 1, st->nparts == 2 ? "" : "s", s->steps_done);
+  st->catchup = 1;
+  sched__plan_reset(st);
+  sched_action *a = sched__act(s, SCHED_ACT_BUILD_PLAN);
+  if (a) {
+    a->step = s->steps_done;
+    a->mode = st->mode;
+    a->policy_version = s->steps_done;
+    a->catchup = 1;
+    snprintf(a->plan_id, sizeof a->plan_id, "%s", st->plan_id);
+    snprintf(a->text, sizeof a->text, "%s", st->reason);
+    sched__act_parts(s, a);
+  }
+  st->deadline_ms = now + s->cfg.plan_ack_timeout_ms;
+}
+
+/* The trainer holds version steps_done + 1: it trained step steps_done on a
+ * batch this scheduler did not hand it (one from before a restart, or from
+ * before it was lost). The step is as good as trained: plan it. The batch it
+ * used had rollouts_per_step rollouts, as every batch has. */
+static void sched__adopt_step(sched *s, sched_worker_info *t, int64_t now, double train_seconds) {
+  sched__step *st = &s->st;
+  st->phase = SCHED__TRAINED;
+  st->catchup = 0;
+  st->start_ms = now;
+  st->train_seconds = train_seconds;
+  st->nbatch = s->cfg.rollouts_per_step;
+  st->batch_tokens = 0;
+  st->deadline_ms = SCHED_NEVER;
+  t->policy_version = s->steps_done + 1;
 }
 
 /* ---- the pump -------------------------------------------------------------------------------- */
@@ -806,6 +920,9 @@ static void sched__pump(sched *s, int64_t now) {
   if (s->state != SCHED_RUN_RUNNING) return;
   if (s->st.phase == SCHED__IDLE) sched__start_step(s, now);
   if (s->st.phase == SCHED__TRAINED) sched__start_plan(s, now);
+  /* A step that can start goes first: its plan catches everyone up too. */
+  if (s->state == SCHED_RUN_RUNNING && s->st.phase == SCHED__IDLE && sched__wants_catchup(s))
+    sched__start_catchup(s, now);
   if (s->state == SCHED_RUN_RUNNING) sched__dispatch(s, now);
 }
 
@@ -829,8 +946,15 @@ int sched_new(const sched_settings *settings, sched **out, char *err, size_t err
   s->state = SCHED_RUN_PENDING;
   snprintf(s->message, sizeof s->message, "waiting for workers");
   s->policy = settings->policy;
-  s->next_request_id = 1;
-  s->next_group_id = 1;
+  s->steps_done = settings->steps_done;
+  s->c.steps = s->c.policy_version = s->steps_done;
+  s->resume_pending = settings->resumes > 0;
+  if (s->resume_pending)
+    snprintf(s->message, sizeof s->message, "resumed at step %" PRIu64 ": waiting for workers",
+             s->steps_done);
+  s->id_base = ((uint64_t)settings->resumes << 40) + 1;
+  s->next_request_id = s->id_base;
+  s->next_group_id = s->id_base;
   s->st.deadline_ms = SCHED_NEVER;
   s->last_now = INT64_MIN;
   s->pool_cap = s->max_buffered;
@@ -872,6 +996,7 @@ void sched_free(sched *s) {
   free(s->pscratch);
   free(s->acts);
   free(s->act_off);
+  free(s->act_rec);
   free(s->a32);
   free(s->a64);
   free(s->recs);
@@ -888,9 +1013,10 @@ size_t sched_take_actions(sched *s, sched_action_batch *out) {
     sched_action *a = &s->acts[i];
     if (a->kind == SCHED_ACT_TRAIN) a->rollout_ids = a->nrollouts ? s->a64 + s->act_off[i] : NULL;
     if (a->kind == SCHED_ACT_BUILD_PLAN || a->kind == SCHED_ACT_TRIGGER ||
-        a->kind == SCHED_ACT_ABORT)
+        a->kind == SCHED_ACT_ABORT || a->kind == SCHED_ACT_CAUGHT_UP)
       a->participants = a->nparticipants ? s->a32 + s->act_off[i] : NULL;
-    if (a->kind == SCHED_ACT_COMMIT) a->record = &s->recs[s->act_off[i]];
+    if (a->kind == SCHED_ACT_COMMIT || a->kind == SCHED_ACT_CAUGHT_UP)
+      a->record = &s->recs[s->act_rec[i]];
   }
   /* Hand the arenas over whole: nothing is copied, and the scheduler grows
    * fresh ones for the next events. */
@@ -963,14 +1089,44 @@ static int sched__get_live(sched *s, uint32_t id, sched_worker_info **out) {
 /* Newest version a worker may hold: the published one, or the next while its
  * broadcast is under way (a receiver that is done holds it before the commit). */
 static uint64_t sched__max_version(const sched *s) {
-  return s->steps_done + (s->st.phase >= SCHED__TRAINED ? 1 : 0);
+  return s->steps_done + (s->st.phase >= SCHED__TRAINED && !s->st.catchup ? 1 : 0);
 }
 
 /* ---- worker events ---------------------------------------------------------------------------- */
 
+/* A trainer that joins holds the run's weights only if it holds the
+ * committed version, or the next (a step trained, not committed); anything
+ * else fails the run, saying which versions. Returns whether it may go on. */
+static int sched__trainer_fits(sched *s, sched_worker_info *t, int64_t now, uint64_t v) {
+  uint64_t n = s->steps_done;
+  if (v == n) {
+    t->policy_version = n;
+    return 1;
+  }
+  if (v == n + 1 && s->st.phase == SCHED__IDLE) {
+    sched__adopt_step(s, t, now, 0);
+    return 1;
+  }
+  char msg[2 * SCHED_TEXT_MAX]; /* what does not fit the run's message is cut there */
+  if (v < n)
+    snprintf(msg, sizeof msg,
+             "trainer %s holds policy version %" PRIu64 ", older than the committed %" PRIu64
+             ": it lost the run's weights and optimizer state (restarted without a "
+             "checkpoint?); restore version %" PRIu64 " or start a new run",
+             t->name, v, n, n);
+  else
+    snprintf(msg, sizeof msg,
+             "trainer %s holds policy version %" PRIu64 ", newer than the committed %" PRIu64
+             " and the step after it: it does not hold this run's weights",
+             t->name, v, n);
+  t->policy_version = v;
+  sched__fail_run(s, msg);
+  return 0;
+}
+
 int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
                             const char *name, const sched_caps *caps,
-                            const sched_offload *offload) {
+                            const sched_offload *offload, uint64_t policy_version) {
   if (sched__begin(s, now)) return SCHED_EINVAL;
   if (role != SCHED_ROLE_TRAINER && role != SCHED_ROLE_INFERENCE)
     return sched__fail_arg(s, SCHED_EINVAL, "worker %" PRIu32 ": role %d is not trainer or inference",
@@ -999,9 +1155,12 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
   else snprintf(w->name, sizeof w->name, "worker-%" PRIu32, id);
   if (caps) w->caps = *caps;
   if (offload && role == SCHED_ROLE_TRAINER) w->offload = *offload;
-  w->policy_version = role == SCHED_ROLE_TRAINER ? s->steps_done : 0;
+  w->policy_version = policy_version;
+  /* After a resume nobody is trusted until a plan verified it. */
+  w->synced = role == SCHED_ROLE_INFERENCE && !s->resume_pending && policy_version == s->steps_done;
   w->last_seen_ms = now;
   sched__emit_worker(s, w, "registered");
+  if (role == SCHED_ROLE_TRAINER && !sched__terminal(s)) sched__trainer_fits(s, w, now, policy_version);
   sched__pump(s, now);
   return SCHED_OK;
 }
@@ -1024,18 +1183,23 @@ int sched_worker_heartbeat(sched *s, int64_t now, uint32_t id, uint64_t policy_v
   sched_worker_info *w = NULL;
   int rc = sched__get_live(s, id, &w);
   if (rc) return rc;
-  if (w->role == SCHED_ROLE_INFERENCE) {
-    if (policy_version > sched__max_version(s))
-      return sched__fail_arg(s, SCHED_EINVAL,
-                             "worker %s: heartbeat policy_version %" PRIu64
-                             " is newer than the published %" PRIu64,
-                             w->name, policy_version, s->steps_done);
-    /* Within a run a worker's weights only move forward; a heartbeat read
-     * before its broadcast landed may arrive after the commit, and taking its
-     * older version would shut the worker out of dispatch until the next. */
-    if (policy_version > w->policy_version) w->policy_version = policy_version;
-  }
+  /* Alive, whatever the version says: refusing the proof of life would have
+   * the worker lost and registering again in a loop. */
   w->last_seen_ms = now;
+  if (w->role != SCHED_ROLE_INFERENCE) return SCHED_OK;
+  if (!w->synced) { /* any version: its catch-up will set it */
+    w->policy_version = policy_version;
+    return SCHED_OK;
+  }
+  if (policy_version > sched__max_version(s))
+    return sched__fail_arg(s, SCHED_EINVAL,
+                           "worker %s: heartbeat policy_version %" PRIu64
+                           " is newer than the published %" PRIu64,
+                           w->name, policy_version, s->steps_done);
+  /* Within a run a worker's weights only move forward; a heartbeat read
+   * before its broadcast landed may arrive after the commit, and taking its
+   * older version would shut the worker out of dispatch until the next. */
+  if (policy_version > w->policy_version) w->policy_version = policy_version;
   return SCHED_OK;
 }
 
@@ -1046,6 +1210,7 @@ static void sched__lose(sched *s, sched_worker_info *w, const char *reason) {
   int trainer = w->role == SCHED_ROLE_TRAINER;
   sched__requeue_worker(s, id);
   sched__set_worker_state(s, w, SCHED_WORKER_LOST, why);
+  w->synced = 0;
   int in_plan = 0;
   for (size_t i = 0; sched__plan_pending(s) && i < s->st.nparts; i++)
     if (s->st.parts[i] == id) in_plan = 1;
@@ -1056,7 +1221,10 @@ static void sched__lose(sched *s, sched_worker_info *w, const char *reason) {
     sched__abort_plan(s, msg);
   }
   /* Without its trainer the step's weights are gone: redo it with a fresh batch. */
-  if (trainer && !sched__terminal(s)) s->st.phase = SCHED__IDLE;
+  if (trainer && !sched__terminal(s)) {
+    s->st.phase = SCHED__IDLE;
+    s->st.catchup = 0;
+  }
 }
 
 int sched_worker_lost(sched *s, int64_t now, uint32_t id, const char *reason) {
@@ -1066,6 +1234,21 @@ int sched_worker_lost(sched *s, int64_t now, uint32_t id, const char *reason) {
   if (rc) return rc;
   sched__lose(s, w, reason);
   sched__pump(s, now);
+  return SCHED_OK;
+}
+
+int sched_worker_forget(sched *s, int64_t now, uint32_t id) {
+  if (sched__begin(s, now)) return SCHED_EINVAL;
+  size_t i = sched__lower(s, id);
+  if (i == s->nworkers || s->workers[i].id != id)
+    return sched__fail_arg(s, SCHED_ENOENT, "worker %" PRIu32 ": not registered", id);
+  if (sched__live(&s->workers[i]))
+    return sched__fail_arg(s, SCHED_ESTATE, "worker %s: not lost, cannot be forgotten",
+                           s->workers[i].name);
+  /* Nothing refers to it any more: its requests and cancels went when it was
+   * lost, and a plan pending since then was built without it. */
+  memmove(&s->workers[i], &s->workers[i + 1], (s->nworkers - i - 1) * sizeof *s->workers);
+  s->nworkers--;
   return SCHED_OK;
 }
 
@@ -1136,6 +1319,11 @@ static int sched__answered(sched *s, int64_t now, uint32_t worker, uint64_t requ
   int rc = sched__get_live(s, worker, w);
   if (rc) return rc;
   (*w)->last_seen_ms = now;
+  if (request_id < s->id_base)
+    return sched__fail_arg(s, SCHED_ESTALE,
+                           "worker %s: request %" PRIu64 " was sent before the orchestrator "
+                           "restarted: result ignored",
+                           (*w)->name, request_id);
   *qi = sched__req_index(s, request_id);
   if (*qi == s->nreqs) return sched__not_in_flight(s, *w, request_id);
   if (s->reqs[*qi].worker != worker)
@@ -1206,6 +1394,28 @@ int sched_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
   int rc = sched__is_trainer(s, worker, &t);
   if (rc) return rc;
   t->last_seen_ms = now;
+  if (!(train_seconds >= 0))
+    return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: train_seconds %g: must be >= 0",
+                           t->name, train_seconds);
+  /* Trained on a batch from before a restart or a loss: it holds the next
+   * version now, which no catch-up may send in place of it. */
+  int unasked = s->st.phase == SCHED__IDLE ||
+                (s->st.catchup && s->st.phase != SCHED__BROADCASTING);
+  if (step == s->steps_done && unasked && !sched__terminal(s)) {
+    if (s->st.catchup) {
+      char msg[SCHED_TEXT_MAX];
+      snprintf(msg, sizeof msg, "trainer %s trained step %" PRIu64 " meanwhile: its plan goes first",
+               t->name, step);
+      sched__abort_plan(s, msg);
+    }
+    if (offload) t->offload = *offload;
+    sched__adopt_step(s, t, now, train_seconds);
+    sched__pump(s, now);
+    return SCHED_OK;
+  }
+  if (step == s->steps_done && s->st.phase >= SCHED__TRAINED && !s->st.catchup)
+    return sched__fail_arg(s, SCHED_ESTALE, "trainer %s: step %" PRIu64 " is trained already",
+                           t->name, step);
   if (s->st.phase != SCHED__TRAINING || step < s->steps_done)
     return sched__fail_arg(s, step < s->steps_done ? SCHED_ESTALE : SCHED_ESTATE,
                            "trainer %s: step %" PRIu64 " done, but no such step is training",
@@ -1213,9 +1423,6 @@ int sched_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
   if (step != s->steps_done)
     return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: step %" PRIu64 " done, training step %" PRIu64,
                            t->name, step, s->steps_done);
-  if (!(train_seconds >= 0))
-    return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: train_seconds %g: must be >= 0",
-                           t->name, train_seconds);
   if (offload) t->offload = *offload;
   t->policy_version = step + 1;
   s->st.train_seconds = train_seconds;
@@ -1297,6 +1504,7 @@ int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id
   sched_action *a = sched__act(s, SCHED_ACT_TRIGGER);
   if (a) {
     a->step = s->steps_done;
+    a->catchup = s->st.catchup;
     a->plan_hash = s->st.hash;
     snprintf(a->plan_id, sizeof a->plan_id, "%s", s->st.plan_id);
     sched__act_parts(s, a);
@@ -1306,10 +1514,10 @@ int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id
   return SCHED_OK;
 }
 
-static void sched__commit(sched *s, int64_t now) {
+/* The figures of the plan that just finished, as a step record of step
+ * steps_done publishing `version`. */
+static void sched__record(sched *s, int64_t now, uint64_t version, sched_step_record *r) {
   sched__step *st = &s->st;
-  sched_step_record rec;
-  sched_step_record *r = &rec;
   const sched_bcast_report *b = &st->sender;
   memset(r, 0, sizeof *r);
   snprintf(r->run_id, sizeof r->run_id, "%s", s->cfg.run_id);
@@ -1332,31 +1540,74 @@ static void sched__commit(sched *s, int64_t now) {
   r->rollouts_dropped = (uint32_t)s->dropped_since_commit;
   r->step_seconds = (double)(now - st->start_ms) / 1000.0;
   r->staging_share = r->step_seconds > 0 ? r->exposed_staging_seconds / r->step_seconds : 0;
-  r->policy_version = s->steps_done + 1;
+  r->policy_version = version;
   r->buckets = b->buckets;
   r->finished_unix_ms = 0; /* wall time is the caller's */
   r->receivers = (uint32_t)(st->nparts - 1);
   r->weights_verified = b->weights_checksum != 0 && st->checksums_ok;
   for (size_t i = 1; i < st->nparts; i++)
     if (st->rx_checksums[i] != b->weights_checksum) r->weights_verified = 0;
+}
+
+/* Keeps `rec` for action `a` (COMMIT, CAUGHT_UP); 0, or -1 out of memory. */
+static int sched__act_record(sched *s, sched_action *a, const sched_step_record *rec) {
+  if (sched__grow(&s->recs, &s->recs_cap, s->nrecs + 1, sizeof *s->recs)) return -1;
+  s->act_rec[a - s->acts] = s->nrecs;
+  s->recs[s->nrecs++] = *rec;
+  return 0;
+}
+
+/* Every participant of the plan that finished holds the published version:
+ * the inference workers among them are synced. */
+static void sched__participants_hold(sched *s) {
+  for (size_t i = 0; i < s->st.nparts; i++) {
+    sched_worker_info *w = sched__worker(s, s->st.parts[i]);
+    if (!w) continue;
+    w->policy_version = s->steps_done;
+    if (w->role == SCHED_ROLE_INFERENCE && sched__live(w)) w->synced = 1;
+  }
+  s->resume_pending = 0;
+}
+
+/* A catch-up finished: its receivers hold the published version, no step moved. */
+static void sched__catchup_done(sched *s, int64_t now) {
+  sched__step *st = &s->st;
+  sched_step_record rec;
+  sched__record(s, now, s->steps_done, &rec);
+  sched__participants_hold(s);
+  s->c.catchups++;
+  sched_action *a = sched__act(s, SCHED_ACT_CAUGHT_UP);
+  if (a) {
+    a->step = s->steps_done;
+    a->policy_version = s->steps_done;
+    a->catchup = 1;
+    a->mode = st->mode;
+    snprintf(a->plan_id, sizeof a->plan_id, "%s", st->plan_id);
+    sched__act_parts(s, a);
+    if (sched__act_record(s, a, &rec)) s->nacts--; /* CAUGHT_UP promises its record */
+  }
+  st->phase = SCHED__IDLE;
+  st->catchup = 0;
+  st->deadline_ms = SCHED_NEVER;
+}
+
+static void sched__commit(sched *s, int64_t now) {
+  sched__step *st = &s->st;
+  sched_step_record rec;
+  sched__record(s, now, s->steps_done + 1, &rec);
 
   s->steps_done++;
+  st->attempt = 0; /* the next step's plans are named afresh */
   s->c.steps = s->steps_done;
   s->c.policy_version = s->steps_done;
   s->c.rollouts_used += st->nbatch;
   s->c.broadcasts[st->mode]++;
   s->dropped_since_commit = 0;
-  for (size_t i = 0; i < st->nparts; i++) {
-    sched_worker_info *w = sched__worker(s, st->parts[i]);
-    if (w) w->policy_version = s->steps_done;
-  }
+  sched__participants_hold(s);
   sched_action *a = sched__act(s, SCHED_ACT_COMMIT);
-  if (a && sched__grow(&s->recs, &s->recs_cap, s->nrecs + 1, sizeof *s->recs) == 0) {
-    a->step = r->step;
-    s->act_off[a - s->acts] = s->nrecs;
-    s->recs[s->nrecs++] = rec;
-  } else if (a) {
-    s->nacts--; /* a COMMIT without its record would be useless to the caller */
+  if (a) {
+    a->step = rec.step;
+    if (sched__act_record(s, a, &rec)) s->nacts--; /* a COMMIT without its record would be useless */
   }
   st->phase = SCHED__IDLE;
   st->deadline_ms = SCHED_NEVER;
@@ -1399,7 +1650,8 @@ int sched_broadcast_done(sched *s, int64_t now, uint32_t worker, const char *pla
     if (!report || !report->weights_checksum) s->st.checksums_ok = 0;
   }
   if (++s->st.ndone < s->st.nparts) return SCHED_OK;
-  sched__commit(s, now);
+  if (s->st.catchup) sched__catchup_done(s, now);
+  else sched__commit(s, now);
   sched__pump(s, now);
   return SCHED_OK;
 }

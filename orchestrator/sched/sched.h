@@ -77,9 +77,39 @@
  * committed; nothing is retried silently). A worker LOST while a plan is
  * pending: the plan is aborted; an inference worker's loss re-plans the same
  * step without it (PENDING if none is left, until one attaches); the
- * trainer's loss sends the run back to PENDING and the step is redone with a
- * fresh batch once a trainer attaches. Groups in flight on a lost worker are
+ * trainer's loss sends the run back to PENDING until a trainer attaches that
+ * holds the committed version (the step is redone with a fresh batch) or the
+ * next (the step it trained is planned; see "Resume"). Groups in flight on a lost worker are
  * re-sent (above); its results already received stay usable.
+ *
+ * Versions and catch-up. The published version is the number of steps
+ * committed. An inference worker is dispatched rollouts only once it is known
+ * to hold the published version ("synced"): when it registers saying it holds
+ * it, or when a plan that included it committed. One that registers holding
+ * another (it joined late, came back after a gap, or the run was resumed) is
+ * sent a catch-up plan before anything else: when no step can start, the
+ * trainer broadcasts the weights it holds, version v unchanged, to the
+ * attached workers that are not synced ("RUN/step-v-catchup", then
+ * "-catchup-2", ...; on the host transport, which needs no NCCL communicator:
+ * only a train step makes one). A catch-up commits no step: it emits
+ * CAUGHT_UP. It fails and is aborted like any plan, and a lost participant
+ * sends the scheduler back to idle, from where it catches up whoever is
+ * left. A step's own plan catches up every attached worker it includes.
+ *
+ * Resume. A run the orchestrator reloads after a restart carries its
+ * committed steps (settings.steps_done) and the number of that resume
+ * (settings.resumes). Its trainer keeps the weights and optimizer state in
+ * its own process, so it says at registration which version it holds: the
+ * committed one, and the run carries on at step steps_done after a catch-up
+ * of every inference worker (none of them is trusted until a plan after the
+ * resume verified it); or one more, because it trained step steps_done and
+ * the broadcast never committed, and that step's plan goes out first; any
+ * other fails the run, naming both versions (a trainer that restarted
+ * without a checkpoint holds 0). The same holds for a trainer that joins any
+ * run later. Plan ids of the step in progress at the resume carry
+ * "-resumeK", and request and group ids of resume K start at K * 2^40 + 1,
+ * so nothing sent before the restart is taken for something sent after: a
+ * result for an older request is SCHED_ESTALE.
  *
  * Errors are negative SCHED_E* codes; sched_last_error() tells which field or
  * worker was at fault. A rejected event changes nothing unless its doc says so
@@ -135,7 +165,8 @@ typedef enum {
   SCHED_WORKER_REGISTERED = 1, /* known, no command stream yet */
   SCHED_WORKER_READY = 2,      /* attached and idle */
   SCHED_WORKER_BUSY = 3,       /* attached, executing a command */
-  SCHED_WORKER_LOST = 4        /* heartbeats stopped or stream closed; terminal for the id */
+  SCHED_WORKER_LOST = 4        /* heartbeats stopped or stream closed; terminal for the id
+                                  (until sched_worker_forget drops it) */
 } sched_worker_state;
 
 const char *sched_mode_name(sched_mode m);            /* "auto", "direct", "staged", "host", "colocated" */
@@ -147,7 +178,7 @@ const char *sched_role_name(sched_role r);
 /* ---- sizes ----------------------------------------------------------------- */
 #define SCHED_RUN_ID_MAX 64   /* run id, NUL included */
 #define SCHED_NAME_MAX 64     /* worker name, NUL included */
-#define SCHED_PLAN_ID_MAX 96  /* "RUN/step-N" or "RUN/step-N-rK", NUL included */
+#define SCHED_PLAN_ID_MAX 128 /* "RUN/step-N[-resumeK][-rA | -catchup[-C]]", NUL included */
 #define SCHED_TEXT_MAX 256    /* reasons and messages, NUL included */
 #define SCHED_GPU_UUID_MAX 48 /* "GPU-" and 36 characters, NUL included, with room */
 #define SCHED_HOST_ID_MAX 64  /* a boot id (36) or a host name, NUL included */
@@ -169,6 +200,10 @@ typedef struct sched_settings {
   int64_t plan_ack_timeout_ms;    /* build request/plan built -> every ack, > 0 */
   int64_t broadcast_timeout_ms;   /* trigger -> every broadcast done, > 0 */
   int64_t heartbeat_timeout_ms;   /* silence after which a worker is lost, > 0 */
+  uint64_t steps_done;            /* a resumed run: the steps it committed before; it
+                                     carries on at this step (below `steps` if set) */
+  uint32_t resumes;               /* a resumed run: which resume this is (1, 2, ...);
+                                     0: a new run, whose steps_done is 0 */
 } sched_settings;
 
 /* Defaults: run "run", steps 0, 8 rollouts per step, groups of 1, async 1,
@@ -204,6 +239,8 @@ typedef struct sched_worker_info {
   sched_offload offload;   /* trainer: latest manifest summary */
   uint32_t outstanding;    /* inference: rollout requests in flight (cancelled ones not) */
   uint64_t policy_version; /* inference: version it holds; trainer: last produced */
+  int synced;              /* inference: known to hold the published version, so it
+                              may be dispatched (see "Versions and catch-up") */
   int64_t last_seen_ms;    /* last heartbeat or report */
 } sched_worker_info;
 
@@ -265,25 +302,31 @@ typedef enum {
   SCHED_ACT_COMMIT,          /* store and publish `record` */
   SCHED_ACT_RUN_STATE,       /* the run entered `run_state`; `text` says why */
   SCHED_ACT_WORKER_STATE,    /* `worker` entered `worker_state`; `text` says why */
-  SCHED_ACT_CANCEL           /* send AbortCommand{request_id, text} to `worker`: its group
+  SCHED_ACT_CANCEL,          /* send AbortCommand{request_id, text} to `worker`: its group
                                 `group_id` was answered by another request */
+  SCHED_ACT_CAUGHT_UP        /* catch-up plan `plan_id` finished: `participants` (rank
+                                order, trainer first) hold `policy_version`; `record`
+                                has its figures (nothing to store as a step) */
 } sched_action_kind;
 
 typedef struct sched_action {
   sched_action_kind kind;
   uint32_t worker;            /* DISPATCH, TRAIN, WORKER_STATE, CANCEL */
-  uint64_t step;              /* TRAIN, BUILD_PLAN, TRIGGER, ABORT, COMMIT */
+  uint64_t step;              /* TRAIN, BUILD_PLAN, TRIGGER, ABORT, COMMIT, CAUGHT_UP */
   uint64_t request_id;        /* DISPATCH, CANCEL */
   uint64_t group_id;          /* DISPATCH, CANCEL: the group; a re-sent group keeps its id */
   uint32_t count;             /* DISPATCH: rollouts asked for, always group_size */
   uint64_t policy_version;    /* DISPATCH: version the scheduler believes the worker
-                                 holds; BUILD_PLAN: version the plan publishes */
+                                 holds; BUILD_PLAN: version the plan publishes (a
+                                 catch-up's: the published one); CAUGHT_UP: the same */
+  int catchup;                /* BUILD_PLAN, TRIGGER, ABORT, CAUGHT_UP: the plan is a
+                                 catch-up, not a step's broadcast */
   const uint64_t *rollout_ids; /* TRAIN: the batch, whole groups oldest first, each
                                   group's rollouts in report order */
   size_t nrollouts;
   uint32_t ngroups;           /* TRAIN: groups in the batch (nrollouts / group_size) */
   uint64_t batch_tokens;      /* TRAIN: sum of the batch's tokens */
-  const uint32_t *participants; /* BUILD_PLAN, TRIGGER, ABORT: worker ids by rank */
+  const uint32_t *participants; /* BUILD_PLAN, TRIGGER, ABORT, CAUGHT_UP: worker ids by rank */
   size_t nparticipants;
   sched_mode mode;            /* BUILD_PLAN */
   uint64_t plan_hash;         /* TRIGGER */
@@ -292,7 +335,7 @@ typedef struct sched_action {
                                  RUN_STATE, WORKER_STATE: why */
   sched_run_state run_state;  /* RUN_STATE */
   sched_worker_state worker_state; /* WORKER_STATE */
-  const sched_step_record *record; /* COMMIT */
+  const sched_step_record *record; /* COMMIT; CAUGHT_UP (its figures only) */
 } sched_action;
 
 /* Actions moved out of the scheduler: `actions[0..n)` in the order they were
@@ -316,6 +359,7 @@ typedef struct sched_counters {
   uint64_t steps;               /* committed */
   uint64_t broadcasts[SCHED_MODE_COUNT]; /* committed, by mode (index: sched_mode) */
   uint64_t aborts;              /* plans aborted, any reason */
+  uint64_t catchups;            /* catch-up plans finished */
   uint64_t requests_dispatched; /* every DISPATCH, re-sends included */
   uint64_t groups_requeued;     /* put in the re-send queue: worker lost, report refused */
   uint64_t groups_resent;       /* second requests for slow groups */
@@ -362,20 +406,32 @@ int64_t sched_next_deadline(const sched *s);
 /* ---- events ------------------------------------------------------------------------ */
 /* A worker introduced itself. `name` appears in messages ("inference-2"); empty or
  * NULL gives "worker-<id>". The trainer passes its manifest summary (NULL: empty).
+ * `policy_version`: the version of this run it says it holds (the shell passes 0
+ * for a worker that holds another run's, or none). An inference worker holding
+ * the published one is synced at once, another waits for a catch-up; a trainer
+ * must hold the published one or the next (see "Resume"), or the run fails.
  * A lost id may register again; a live one is SCHED_EEXIST, as is a second live
  * trainer. */
 int sched_worker_registered(sched *s, int64_t now_ms, uint32_t id, sched_role role,
                             const char *name, const sched_caps *caps,
-                            const sched_offload *offload);
+                            const sched_offload *offload, uint64_t policy_version);
 /* Its command stream opened: REGISTERED -> READY. */
 int sched_worker_attached(sched *s, int64_t now_ms, uint32_t id);
 /* Proof of life; `policy_version` is the version an inference worker holds
  * (ignored for the trainer; an older one than already known changes nothing:
- * it was read before a broadcast landed). */
+ * it was read before a broadcast landed). A synced worker's version newer than
+ * any broadcast gave it is SCHED_EINVAL, but still counts as proof of life; a
+ * worker not synced may hold anything (another run's, a version from before a
+ * restart) and is only recorded. */
 int sched_worker_heartbeat(sched *s, int64_t now_ms, uint32_t id, uint64_t policy_version);
 /* Stream closed or otherwise gone; `reason` may be NULL. SCHED_ESTALE if already lost.
  * Its groups in flight are re-sent to other workers (see "Re-sending"). */
 int sched_worker_lost(sched *s, int64_t now_ms, uint32_t id, const char *reason);
+
+/* Forgets lost worker `id` for good (its shell removed it after a grace
+ * period): it leaves the worker list, so that workers which come and go do
+ * not grow the scheduler. SCHED_ENOENT if unknown, SCHED_ESTATE if not lost. */
+int sched_worker_forget(sched *s, int64_t now_ms, uint32_t id);
 
 /* Results of request `request_id`: exactly its count, every rollout of its
  * group; versions not newer than the published one; ids unique. The group is
@@ -398,7 +454,12 @@ int sched_rollouts_done(sched *s, int64_t now_ms, uint32_t worker, uint64_t requ
 int sched_rollouts_refused(sched *s, int64_t now_ms, uint32_t worker, uint64_t request_id);
 
 /* The trainer finished step `step`; `offload` summarises the manifest it will
- * broadcast (NULL: keep the one from registration). */
+ * broadcast (NULL: keep the one from registration). Step steps_done reported
+ * while no step trains (the trainer trained it on a batch from before a
+ * restart, or before it was lost and registered again) means it holds the
+ * next version: that step is planned as if trained now (a catch-up not yet
+ * triggered is aborted for it). A repeat of a step already trained is
+ * SCHED_ESTALE. */
 int sched_step_done(sched *s, int64_t now_ms, uint32_t worker, uint64_t step,
                     double train_seconds, const sched_offload *offload);
 
@@ -450,7 +511,7 @@ void sched_get_run(const sched *s, sched_run_info *out);
 void sched_get_counters(const sched *s, sched_counters *out);
 /* 0 or SCHED_ENOENT. */
 int sched_get_worker(const sched *s, uint32_t id, sched_worker_info *out);
-size_t sched_worker_count(const sched *s); /* every id ever registered, lost included */
+size_t sched_worker_count(const sched *s); /* every id registered, lost included, not forgotten */
 /* The i-th worker in id order (0 <= i < sched_worker_count()); 0 or SCHED_ENOENT. */
 int sched_get_worker_at(const sched *s, size_t i, sched_worker_info *out);
 

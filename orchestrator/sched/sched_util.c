@@ -121,6 +121,17 @@ int sched_settings_validate(const sched_settings *s, char *err, size_t errlen) {
     return sched__bad(err, errlen, "heartbeat_timeout_ms: must be > 0");
   if (s->request_timeout_ms < 0)
     return sched__bad(err, errlen, "request_timeout_ms: must be >= 0 (0: never re-send)");
+  if (s->resumes == 0 && s->steps_done != 0)
+    return sched__bad(err, errlen, "steps_done: only a resumed run (resumes >= 1) starts past step 0");
+  /* Request and group ids of resume K start at K * 2^40 + 1: K stays far below 2^24. */
+  if (s->resumes >= (1u << 23))
+    return sched__bad(err, errlen, "resumes: too many (request ids would run out)");
+  if (s->steps && s->steps_done >= s->steps) {
+    if (err && errlen)
+      snprintf(err, errlen, "steps_done: %" PRIu64 " of the run's %" PRIu64 " steps: none left to take",
+               s->steps_done, s->steps);
+    return SCHED_EINVAL;
+  }
   /* rollouts_per_step is a multiple of group_size, so a whole group fits too. */
   if (s->max_buffered && s->max_buffered < s->rollouts_per_step)
     return sched__bad(err, errlen, "max_buffered: smaller than rollouts_per_step, no batch could form");

@@ -169,26 +169,48 @@ serve_start() {
   SERVE_DATA_DIR="$TEST_TMP/data.$__LIB_SERVE_SEQ"
   SERVE_LOG="$TEST_TMP/serve.$__LIB_SERVE_SEQ.log"
   export GRPC_ADDR METRICS_ADDR SERVE_DATA_DIR SERVE_LOG
-  mkdir -p "$SERVE_DATA_DIR"
+  mkdir -p -m 700 "$SERVE_DATA_DIR"
   "$RLORCH_BIN" serve --listen "$GRPC_ADDR" --metrics-listen "$METRICS_ADDR" \
     --data-dir "$SERVE_DATA_DIR" "$@" >"$SERVE_LOG" 2>&1 &
   SERVE_PID=$!
   export SERVE_PID
   track_pid "$SERVE_PID"
-  deadline=$((SECONDS + SERVE_START_TIMEOUT_S))
+  __lib_wait_serving serve_start
+}
+
+# __lib_wait_serving WHO: waits until the daemon SERVE_PID is SERVING on
+# GRPC_ADDR; records a failure naming WHO when it exits or times out.
+__lib_wait_serving() {
+  local deadline=$((SECONDS + SERVE_START_TIMEOUT_S))
   while ((SECONDS < deadline)); do
     if ! kill -0 "$SERVE_PID" 2>/dev/null; then
       wait "$SERVE_PID"
-      fail "serve_start: rlorch serve exited with status $? before serving"
+      fail "$1: rlorch serve exited with status $? before serving"
       serve_log_tail 30
       return 1
     fi
     __lib_serving && return 0
     sleep 0.2
   done
-  fail "serve_start: rlorch serve not SERVING on $GRPC_ADDR within ${SERVE_START_TIMEOUT_S}s"
+  fail "$1: rlorch serve not SERVING on $GRPC_ADDR within ${SERVE_START_TIMEOUT_S}s"
   serve_log_tail 30
   return 1
+}
+
+# serve_restart [ARGS...]: starts rlorch serve again, after serve_kill or
+# serve_stop, on the addresses and the data directory of the last serve_start
+# (so agents started against it find it again), with a log of its own in
+# SERVE_LOG; waits until it is SERVING, as serve_start does.
+serve_restart() {
+  __LIB_SERVE_SEQ=$((__LIB_SERVE_SEQ + 1))
+  SERVE_LOG="$TEST_TMP/serve.$__LIB_SERVE_SEQ.log"
+  export SERVE_LOG
+  "$RLORCH_BIN" serve --listen "$GRPC_ADDR" --metrics-listen "$METRICS_ADDR" \
+    --data-dir "$SERVE_DATA_DIR" "$@" >"$SERVE_LOG" 2>&1 &
+  SERVE_PID=$!
+  export SERVE_PID
+  track_pid "$SERVE_PID"
+  __lib_wait_serving serve_restart
 }
 
 # serve_stop: SIGTERM to the daemon, waits for it, asserts that it exited 0.

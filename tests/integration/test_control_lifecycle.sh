@@ -135,7 +135,9 @@ assert_eq '{"message":{"status":"NOT_SERVING"}}' "$(sed -n 2p "$HW")" "Health/Wa
 assert_status_details UNAVAILABLE "server shutting down" "$hw" "Health/Watch ends UNAVAILABLE"
 for f in "$W1" "$W2"; do
   w="$(cat "$f")"
-  assert_contains "$w" '"state":"RUN_STATE_STOPPED"' "WatchRun ($(basename "$f")) saw the run stopped by the shutdown"
+  assert_contains "$w" 'the orchestrator shut down at step 0: the run resumes when it starts again' \
+    "WatchRun ($(basename "$f")) was told the run pauses with the daemon"
+  assert_not_contains "$w" '"state":"RUN_STATE_STOPPED"' "WatchRun ($(basename "$f")): the run was not stopped"
   assert_status_details UNAVAILABLE "server shutting down" "$w" "WatchRun ($(basename "$f")) ends UNAVAILABLE on SIGTERM"
 done
 assert_contains "$(cat "$W3")" "UNAVAILABLE" "ctl watch-run reports UNAVAILABLE on SIGTERM"
@@ -148,11 +150,18 @@ out="$(ctl --json get-run "$RUN1")"
 assert_eq RUN_STATE_STOPPED "$(json_get state "$out")" "the stopped run is still there after a restart"
 assert_eq "stop requested: before restart" "$(json_get message "$out")" "its stop reason survived"
 assert_eq kept "$(json_get spec.name "$out")" "its spec survived"
+# SIGTERM does not end the active run: the next daemon resumes it.
 out="$(ctl --json get-run "$RUN2")"
-assert_eq RUN_STATE_STOPPED "$(json_get state "$out")" "the run active at SIGTERM was stopped"
-assert_contains "$(json_get message "$out")" "orchestrator shut" "and says the orchestrator shut down"
+assert_eq RUN_STATE_PENDING "$(json_get state "$out")" "the run active at SIGTERM is resumed"
+assert_eq 1 "$(json_get resumes "$out")" "as its first resume"
+assert_contains "$(json_get message "$out")" "resumed at step 0 after an orchestrator restart" \
+  "and says so"
+out="$(ctl --json stop-run "$RUN2" --reason "after the restart")"
+wait_until 10 bash -c "\"$RLORCH_BIN\" ctl --target $GRPC_ADDR --json get-run $RUN2 | grep -q RUN_STATE_STOPPED"
+assert_eq 0 "$?" "the resumed run stops when asked"
 
-# A crash (SIGKILL) leaves a pending run behind; the next start marks it failed.
+# A crash (SIGKILL) leaves a pending run behind; the next start resumes it
+# (tests/integration/test_resume.sh runs one through a crash).
 out="$(ctl --json start-run --name crashed)"
 RUN3="$(json_get id "$out")"
 assert_ne "$RUN2" "$RUN3" "a new run gets a new id after the restart"
@@ -160,15 +169,19 @@ assert_eq RUN_STATE_PENDING "$(ctl --json get-run "$RUN3" | json_get state)" "th
 serve_kill
 serve_start --data-dir "$FIRST_DATA" || finish
 out="$(ctl --json get-run "$RUN3")"
-assert_eq RUN_STATE_FAILED "$(json_get state "$out")" "a pending run left by a crash is FAILED after a restart"
-assert_eq "interrupted by an orchestrator restart" "$(json_get message "$out")" \
-  "and says it was interrupted by an orchestrator restart"
-assert_contains "$(cat "$SERVE_LOG")" "run=$RUN3" "the restart logs the interrupted run"
+assert_eq RUN_STATE_PENDING "$(json_get state "$out")" "a pending run left by a crash is resumed"
+assert_contains "$(json_get message "$out")" "resumed at step 0 after an orchestrator restart" \
+  "and says it was resumed"
+assert_eq 1 "$(json_get resumes "$out")" "its resumes are counted"
+assert_contains "$(cat "$SERVE_LOG")" "event=run_resumed run=$RUN3" "the restart logs the resumed run"
+ctl stop-run "$RUN3" --reason "not needed" >/dev/null
+wait_until 10 bash -c "\"$RLORCH_BIN\" ctl --target $GRPC_ADDR --json get-run $RUN3 | grep -q RUN_STATE_STOPPED"
+assert_eq 0 "$?" "the resumed run stops like any other"
 out="$(ctl --json list-runs)"
 assert_eq "$RUN3 $RUN2 $RUN1" "$(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(sys.stdin)["runs"]))' <<<"$out")" \
   "all three runs are listed after the restarts"
 out="$(ctl --json start-run --name after)"
-assert_eq RUN_STATE_PENDING "$(json_get state "$out")" "a new run can start after the interrupted one"
+assert_eq RUN_STATE_PENDING "$(json_get state "$out")" "a new run can start after the resumed one"
 assert_eq 200 "$(http_code GET /readyz)" "/readyz is 200 after the restart"
 serve_stop
 finish

@@ -52,6 +52,8 @@ void fx_drain(fx *h) {
     case SCHED_ACT_BUILD_PLAN:
       h->nplan++;
       snprintf(h->plan_id, sizeof h->plan_id, "%s", a[i].plan_id);
+      h->plan_catchup = a[i].catchup;
+      h->plan_version = a[i].policy_version;
       h->plan_mode = a[i].mode;
       h->nparts = a[i].nparticipants;
       memcpy(h->parts, a[i].participants, a[i].nparticipants * sizeof(uint32_t));
@@ -68,6 +70,15 @@ void fx_drain(fx *h) {
     case SCHED_ACT_RUN_STATE:
       h->run_state = a[i].run_state;
       snprintf(h->run_msg, sizeof h->run_msg, "%s", a[i].text);
+      break;
+    case SCHED_ACT_CAUGHT_UP:
+      h->ncaughtup++;
+      snprintf(h->caughtup_plan, sizeof h->caughtup_plan, "%s", a[i].plan_id);
+      h->caughtup_version = a[i].policy_version;
+      h->ncaughtup_parts = a[i].nparticipants < 16 ? a[i].nparticipants : 16;
+      memcpy(h->caughtup_parts, a[i].participants, h->ncaughtup_parts * sizeof(uint32_t));
+      cr_assert_not_null(a[i].record, "CAUGHT_UP carries its figures");
+      h->caughtup_verified = a[i].record->weights_verified;
       break;
     case SCHED_ACT_WORKER_STATE:
       if (a[i].worker_state == SCHED_WORKER_LOST && a[i].worker < 64) h->lost[a[i].worker] = 1;
@@ -98,11 +109,18 @@ void fx_start(fx *h, const sched_settings *c) {
   h->now = 1000;
 }
 
-void fx_add(fx *h, uint32_t id, sched_role role, const char *name, const sched_caps *c) {
-  cr_assert_eq(sched_worker_registered(h->s, h->now, id, role, name, c, &FX_ALL_GPU), SCHED_OK,
-               "%s", sched_last_error(h->s));
+void fx_add_v(fx *h, uint32_t id, sched_role role, const char *name, const sched_caps *c,
+              uint64_t version) {
+  cr_assert_eq(sched_worker_registered(h->s, h->now, id, role, name, c, &FX_ALL_GPU, version),
+               SCHED_OK, "%s", sched_last_error(h->s));
   cr_assert_eq(sched_worker_attached(h->s, h->now, id), SCHED_OK);
   fx_drain(h);
+}
+
+void fx_add(fx *h, uint32_t id, sched_role role, const char *name, const sched_caps *c) {
+  sched_counters k;
+  sched_get_counters(h->s, &k);
+  fx_add_v(h, id, role, name, c, k.policy_version);
 }
 
 size_t fx_req(const fx *h, uint64_t id) {

@@ -40,6 +40,8 @@ typedef struct fx {
   uint32_t train_ngroups;
   char plan_id[SCHED_PLAN_ID_MAX];
   sched_mode plan_mode;
+  int plan_catchup;      /* the last BUILD_PLAN is a catch-up */
+  uint64_t plan_version; /* and the version it publishes */
   uint32_t parts[16];
   size_t nparts;
   char abort_reason[SCHED_TEXT_MAX];
@@ -47,6 +49,12 @@ typedef struct fx {
   uint32_t abort_parts[16]; /* who the last ABORT went to */
   size_t nabort_parts;
   sched_step_record records[16];
+  int ncaughtup;         /* CAUGHT_UP actions */
+  char caughtup_plan[SCHED_PLAN_ID_MAX];
+  uint64_t caughtup_version;
+  uint32_t caughtup_parts[16];
+  size_t ncaughtup_parts;
+  int caughtup_verified;
   sched_run_state run_state;
   char run_msg[SCHED_TEXT_MAX];
   int lost[64];
@@ -62,8 +70,11 @@ sched_settings fx_settings(uint32_t per_step, uint32_t async, uint32_t k, uint32
 void fx_start(fx *h, const sched_settings *c);
 /* Takes the pending actions and records them in `h`. */
 void fx_drain(fx *h);
-/* Registers and attaches worker `id`. */
+/* Registers and attaches worker `id`, holding the published version. */
 void fx_add(fx *h, uint32_t id, sched_role role, const char *name, const sched_caps *c);
+/* The same, holding `version` of the run. */
+void fx_add_v(fx *h, uint32_t id, sched_role role, const char *name, const sched_caps *c,
+              uint64_t version);
 /* Answers the oldest request in flight of `worker` (0: any) in full: its
  * count of rollouts of its group, ids rid, rid + 1, ..., of `version`. */
 void fx_answer(fx *h, uint32_t worker, uint64_t rid, uint64_t version);

@@ -34,6 +34,9 @@ typedef struct fake {
   int attached;
   int registered;
   uint32_t max_concurrent; /* from Register */
+  char reg_run[8][64];     /* each Register's run_id and policy_version */
+  uint64_t reg_version[8];
+  int forget;              /* the next report is answered known = false */
   Rlorch__V1__Command *out[64]; /* commands to send */
   int nout;
   uint64_t seq;
@@ -63,6 +66,10 @@ static void *copy_msg(const ProtobufCMessage *m, const ProtobufCMessageDescripto
 static void h_register(rpc_call *c, const ProtobufCMessage *req, void *ud) {
   const Rlorch__V1__RegisterRequest *r = (const void *)req;
   pthread_mutex_lock(&K.mu);
+  if (K.registered < 8) {
+    snprintf(K.reg_run[K.registered], sizeof K.reg_run[0], "%s", r->run_id);
+    K.reg_version[K.registered] = r->policy_version;
+  }
   K.registered++;
   K.max_concurrent = r->capabilities ? r->capabilities->max_concurrent_requests : 0;
   pthread_cond_broadcast(&K.cv);
@@ -99,7 +106,10 @@ static void h_report(rpc_call *c, const ProtobufCMessage *req, void *ud) {
   pthread_cond_broadcast(&K.cv);
   pthread_mutex_unlock(&K.mu);
   Rlorch__V1__ReportResponse resp = RLORCH__V1__REPORT_RESPONSE__INIT;
-  resp.known = 1;
+  pthread_mutex_lock(&K.mu);
+  resp.known = !K.forget; /* as an orchestrator that restarted answers */
+  K.forget = 0;
+  pthread_mutex_unlock(&K.mu);
   rpc_call_reply(c, &resp.base);
 }
 
@@ -370,6 +380,49 @@ Test(agent_inference, registers_its_pool_and_answers_a_group) {
 static int stats_active(void *arg) {
   const Rlorch__V1__WorkerStats *s = last_stats();
   return s && s->requests_active == *(uint32_t *)arg;
+}
+
+/* The last heartbeat's run; K.mu held. */
+static const char *last_hb_run(void) {
+  for (int i = K.nreports - 1; i >= 0; i--)
+    if (K.reports[i]->kind_case == RLORCH__V1__REPORT_REQUEST__KIND_HEARTBEAT)
+      return K.reports[i]->heartbeat->run_id;
+  return NULL;
+}
+
+static int hb_of_run(void *arg) {
+  const char *r = last_hb_run();
+  return r && !strcmp(r, (const char *)arg);
+}
+
+static int registered_twice(void *arg) { return K.registered >= 2; }
+
+/* What the worker holds goes with it: heartbeats say the run their version
+ * counts, and a registration after the orchestrator forgot the worker (it
+ * restarted) says the run and the version held, for it to compare. */
+Test(agent_inference, heartbeats_and_registrations_say_what_it_holds) {
+  fake_start();
+  agent_start();
+  pthread_mutex_lock(&K.mu);
+  cr_assert_str_eq(K.reg_run[0], "", "a fresh agent holds no run's version");
+  cr_assert_eq(K.reg_version[0], 0);
+  pthread_mutex_unlock(&K.mu);
+  Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;
+  rq.request_id = 1;
+  rq.count = 1;
+  send_rollout(&rq); /* a command of run-1 */
+  wait_result(1);
+  cr_assert(wait_until(hb_of_run, "run-1"), "heartbeats name the run of the last command");
+  pthread_mutex_lock(&K.mu);
+  K.forget = 1;
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(wait_until(registered_twice, NULL), "a worker forgotten registers again");
+  pthread_mutex_lock(&K.mu);
+  cr_assert_str_eq(K.reg_run[1], "run-1", "and says the run it holds a version of");
+  cr_assert_eq(K.reg_version[1], 0);
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(wait_until(is_attached, NULL), "and attaches again");
+  fake_stop();
 }
 
 Test(agent_inference, aborted_requests_send_nothing) {

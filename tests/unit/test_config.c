@@ -90,6 +90,8 @@ Test(config, defaults) {
   cr_assert_float_eq(c.shutdown_grace_s, 5.0, 1e-12);
   cr_assert_eq(c.heartbeat_interval_ms, 1000);
   cr_assert_eq(c.worker_timeout_ms, 5000);
+  cr_assert_eq(c.max_workers, 4096);
+  cr_assert_float_eq(c.lost_worker_retention_s, 60.0, 1e-12);
   cr_assert_eq(c.http_timeout_ms, 5000);
   cr_assert_eq(c.http_max_connections, 256);
   cr_assert_eq(c.default_policy, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO);

@@ -200,6 +200,37 @@ Test(metrics, wrong_kind_and_series_cap) {
   metrics_registry_free(r);
 }
 
+Test(metrics, removed_series_leave_the_page_and_free_their_slot) {
+  metrics_registry *r = metrics_registry_new();
+  metrics_gauge *g = metrics_gauge_new(r, "rlorch_g", "h", (const char *[]){"id", NULL}, NULL, 0);
+  metrics_histogram *h = metrics_histogram_new(r, "rlorch_h", "h", (const char *[]){"id", NULL},
+                                               (const double[]){1, 2}, 2, NULL, 0);
+  cr_assert(g && h);
+  cr_assert_eq(metrics_gauge_set(g, (const char *[]){"a"}, 1), 0);
+  cr_assert_eq(metrics_gauge_set(g, (const char *[]){"b"}, 2), 0);
+  cr_assert_eq(metrics_gauge_set(g, (const char *[]){"c"}, 3), 0);
+  cr_assert_eq(metrics_histogram_observe(h, (const char *[]){"a"}, 1.5), 0);
+  cr_assert_eq(metrics_series_remove(g, (const char *[]){"b"}), 0);
+  cr_assert_eq(metrics_series_remove(h, (const char *[]){"a"}), 0);
+  cr_assert_eq(metrics_series_remove(g, (const char *[]){"b"}), -ENOENT, "only once");
+  cr_assert_eq(metrics_series_remove(g, (const char *[]){NULL}), -EINVAL);
+  char *t = render(r);
+  cr_assert_null(strstr(t, "rlorch_g{id=\"b\"}"), "%s", t);
+  cr_assert_null(strstr(t, "rlorch_h_bucket{id=\"a\""), "%s", t);
+  cr_assert(strstr(t, "rlorch_g{id=\"a\"} 1\nrlorch_g{id=\"c\"} 3\n"), "the others in order:\n%s", t);
+  free(t);
+  /* A full family has room again once a series goes. */
+  char id[32];
+  for (int i = 0; i < METRICS_MAX_SERIES - 2; i++) {
+    snprintf(id, sizeof id, "%d", i);
+    cr_assert_eq(metrics_gauge_set(g, (const char *[]){id}, i), 0);
+  }
+  cr_assert_eq(metrics_gauge_set(g, (const char *[]){"full"}, 1), -ENOSPC);
+  cr_assert_eq(metrics_series_remove(g, (const char *[]){"a"}), 0);
+  cr_assert_eq(metrics_gauge_set(g, (const char *[]){"full"}, 1), 0);
+  metrics_registry_free(r);
+}
+
 Test(metrics, promtool_accepts_every_kind) {
   if (system("command -v promtool >/dev/null 2>&1") != 0) {
     cr_skip_test("promtool not installed (Debian package prometheus): check skipped");

@@ -235,6 +235,42 @@ Test(prompt_source, jsonl_prompts_with_metadata_wrap_around) {
   prompt_source_close(ps);
 }
 
+/* A resumed run skips what its committed steps drew: it goes on where the
+ * source was, epochs included, rather than starting it over. */
+Test(prompt_source, skipping_goes_on_where_a_run_was) {
+  const char *path = write_file("{\"prompt_token_ids\": [1]}\n{\"prompt_token_ids\": [2]}\n"
+                                "{\"prompt_token_ids\": [3]}\n");
+  Rlorch__V1__PromptSource spec = jsonl_spec(path);
+  prompt_source *ps = open_ok(&spec, 0);
+  char err[1024] = "";
+  cr_assert_eq(prompt_source_skip(ps, 4, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(prompt_source_drawn(ps), 4);
+  cr_assert_eq(prompt_source_epoch(ps), 1);
+  prompt p;
+  next_ok(ps, &p);
+  cr_assert_eq(p.index, 4);
+  expect_tokens(&p, (const uint32_t[]){2}, 1);
+  prompt_free(&p);
+  prompt_source_close(ps);
+  /* Synthetic: prompt i is prompt i, skipped to or drawn. */
+  Rlorch__V1__PromptSource syn = RLORCH__V1__PROMPT_SOURCE__INIT;
+  prompt_source *a = open_ok(&syn, 0), *b = open_ok(&syn, 0);
+  prompt pa, pb;
+  for (int i = 0; i < 5; i++) {
+    next_ok(a, &pa);
+    prompt_free(&pa);
+  }
+  cr_assert_eq(prompt_source_skip(b, 5, err, sizeof err), 0, "%s", err);
+  next_ok(a, &pa);
+  next_ok(b, &pb);
+  cr_assert_eq(pa.index, pb.index);
+  expect_tokens(&pb, pa.token_ids, pa.ntokens);
+  prompt_free(&pa);
+  prompt_free(&pb);
+  prompt_source_close(a);
+  prompt_source_close(b);
+}
+
 Test(prompt_source, a_line_longer_than_64_kib) {
   enum { N = 20000 }; /* "31999, " a token: about 140 KB on one line */
   size_t cap = 64 + N * 8;

@@ -86,7 +86,7 @@ Test(sched_actions, take_moves_them_out) {
   sched_settings c = fx_settings(1, 0, 1, 4);
   fx_start(&h, &c);
   cr_assert_eq(sched_worker_registered(h.s, h.now, 2, SCHED_ROLE_INFERENCE, "inference-2",
-                                       &FX_GPU, NULL),
+                                       &FX_GPU, NULL, 0),
                SCHED_OK);
   sched_action_batch b;
   cr_assert_eq(sched_take_actions(h.s, &b), 1);

@@ -17,12 +17,12 @@ Test(sched_input, rejected_reports_name_the_field) {
   fx_add(&h, FX_TRAINER, SCHED_ROLE_TRAINER, "trainer", &FX_GPU);
   fx_add(&h, 2, SCHED_ROLE_INFERENCE, "inference-2", &FX_GPU);
   fx_add(&h, 3, SCHED_ROLE_INFERENCE, "inference-3", &FX_GPU);
-  cr_assert_eq(sched_worker_registered(h.s, h.now, 2, SCHED_ROLE_INFERENCE, "x", &FX_GPU, NULL),
+  cr_assert_eq(sched_worker_registered(h.s, h.now, 2, SCHED_ROLE_INFERENCE, "x", &FX_GPU, NULL, 0),
                SCHED_EEXIST);
-  cr_assert_eq(sched_worker_registered(h.s, h.now, 7, SCHED_ROLE_TRAINER, "t2", &FX_GPU, NULL),
+  cr_assert_eq(sched_worker_registered(h.s, h.now, 7, SCHED_ROLE_TRAINER, "t2", &FX_GPU, NULL, 0),
                SCHED_EEXIST);
   cr_assert(strstr(sched_last_error(h.s), "trainer"));
-  cr_assert_eq(sched_worker_registered(h.s, h.now, 8, (sched_role)9, "x", &FX_GPU, NULL),
+  cr_assert_eq(sched_worker_registered(h.s, h.now, 8, (sched_role)9, "x", &FX_GPU, NULL, 0),
                SCHED_EINVAL);
   cr_assert_eq(sched_worker_attached(h.s, h.now, 2), SCHED_ESTATE);
   cr_assert_eq(sched_worker_attached(h.s, h.now, 42), SCHED_ENOENT);
@@ -40,7 +40,7 @@ Test(sched_input, rejected_reports_name_the_field) {
   cr_assert_eq(sched_rollouts_done(h.s, h.now, 3, 2, two, 2), SCHED_EINVAL, "too many");
   cr_assert(strstr(sched_last_error(h.s), "asked for 1"), "%s", sched_last_error(h.s));
   cr_assert_eq(sched_step_done(h.s, h.now, 2, 0, 1, NULL), SCHED_EINVAL);
-  cr_assert_eq(sched_step_done(h.s, h.now, FX_TRAINER, 0, 1, NULL), SCHED_ESTATE, "not training");
+  cr_assert_eq(sched_step_done(h.s, h.now, FX_TRAINER, 5, 1, NULL), SCHED_ESTATE, "not training");
   cr_assert_eq(sched_plan_built(h.s, h.now, "r1/step-0", 1, NULL), SCHED_ESTALE);
   cr_assert_eq(sched_plan_built(h.s, h.now, NULL, 1, NULL), SCHED_EINVAL);
   cr_assert_eq(sched_set_policy(h.s, h.now, (sched_mode)0), SCHED_EINVAL);

@@ -40,7 +40,7 @@ static void triggered(fx *h) {
       {VICTIM, SCHED_ROLE_INFERENCE, "inference-1"}};
   for (size_t i = 0; i < 3; i++) {
     cr_assert_eq(sched_worker_registered(h->s, h->now, w[i].id, w[i].role, w[i].name, &HOST,
-                                         &PAGEABLE), SCHED_OK, "%s", sched_last_error(h->s));
+                                         &PAGEABLE, 0), SCHED_OK, "%s", sched_last_error(h->s));
     cr_assert_eq(sched_worker_attached(h->s, h->now, w[i].id), SCHED_OK);
   }
   fx_drain(h);

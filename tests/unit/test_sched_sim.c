@@ -347,7 +347,7 @@ static void run(const world *wd, sched_counters *out, uint64_t *late_cancelled) 
     sched_caps caps = {.cuda_devices = 1, .nccl = 1, .max_concurrent_requests = narrow ? 1 : 0};
     m->cap[id] = narrow ? 1 : K;
     m->dies_at[id] = INT64_MAX;
-    cr_assert_eq(sched_worker_registered(m->s, m->now, id, role, name, &caps, NULL), SCHED_OK);
+    cr_assert_eq(sched_worker_registered(m->s, m->now, id, role, name, &caps, NULL, 0), SCHED_OK);
     cr_assert_eq(sched_worker_attached(m->s, m->now, id), SCHED_OK);
     react(m);
     push(m, (ev){.t = m->now + (int64_t)rnd(m, 1, 1000), .type = EV_HEARTBEAT, .worker = id});

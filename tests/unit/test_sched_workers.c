@@ -182,3 +182,27 @@ Test(sched_lost, heartbeat_timeout_loses_the_worker) {
   cr_assert_eq(sched_rollouts_done(h.s, h.now + 500, 2, 1, NULL, 0), SCHED_ESTALE);
   sched_free(h.s);
 }
+
+/* The shell removes lost workers after a while; the scheduler forgets them
+ * then, and only lost ones. */
+Test(sched_lost, forgotten_workers_leave_the_list) {
+  fx h;
+  fx_to_plan(&h);
+  cr_assert_eq(sched_worker_count(h.s), 3);
+  cr_assert_eq(sched_worker_forget(h.s, h.now, 3), SCHED_ESTATE, "a live worker is kept");
+  cr_assert_eq(sched_worker_forget(h.s, h.now, 77), SCHED_ENOENT);
+  cr_assert_eq(sched_worker_lost(h.s, h.now, 3, "stream closed"), SCHED_OK);
+  fx_drain(&h);
+  cr_assert_eq(sched_worker_forget(h.s, h.now, 3), SCHED_OK, "%s", sched_last_error(h.s));
+  cr_assert_eq(sched_worker_count(h.s), 2);
+  sched_worker_info w;
+  cr_assert_eq(sched_get_worker(h.s, 3, &w), SCHED_ENOENT);
+  cr_assert_eq(sched_get_worker(h.s, 2, &w), SCHED_OK);
+  /* The run goes on with the rest: the step is planned again without it. */
+  cr_assert_str_eq(h.plan_id, "r1/step-0-r2");
+  cr_assert_eq(h.nparts, 2);
+  fx_build_and_ack(&h);
+  fx_bcast_done(&h);
+  cr_assert_eq(h.ncommit, 1);
+  sched_free(h.s);
+}

@@ -135,7 +135,7 @@ static int on_step(const Rlorch__V1__StepRecord *r, void *arg) {
   return c->stop_after && c->n >= c->stop_after ? 7 : 0;
 }
 
-Test(store, steps_ordered_upserted_and_per_run) {
+Test(store, steps_ordered_written_once_and_per_run) {
   store *s = open_ok(dir);
   const uint64_t order[] = {3, 0, 2, 1, 4};
   for (size_t i = 0; i < 5; i++) {
@@ -154,13 +154,14 @@ Test(store, steps_ordered_upserted_and_per_run) {
   again.run_id = "run-1";
   again.step = 2;
   again.total_seconds = 99;
-  cr_assert_eq(store_step_put(s, &again), 0, "upsert");
+  cr_assert_eq(store_step_put(s, &again), STORE_EEXIST, "a step is written once");
+  cr_assert(strstr(store_errmsg(s), "run-1 step 2 is recorded already"), "%s", store_errmsg(s));
 
   collect c = {0};
   cr_assert_eq(store_steps_list(s, "run-1", -1, on_step, &c), 0);
   cr_assert_eq(c.n, 5);
   for (size_t i = 0; i < 5; i++) cr_assert_eq(c.steps[i], i, "step order");
-  cr_assert_float_eq(c.secs[2], 99, 1e-12, "replaced record");
+  cr_assert_float_eq(c.secs[2], 2.5, 1e-12, "the first record is kept");
   cr_assert_float_eq(c.secs[3], 3.5, 1e-12);
 
   collect after = {0};
@@ -340,6 +341,102 @@ Test(store, unwritable_data_dir) {
   snprintf(below, sizeof below, "%s/x", ro);
   cr_assert_lt(store_open(below, &s, err, sizeof err), 0);
   cr_assert(strstr(err, below) && strstr(err, "Permission denied"), "%s", err);
+}
+
+/* A step's commit writes its record and the run together, or neither. */
+Test(store, step_commit_is_atomic_and_refuses_a_second_record) {
+  store *s = open_ok(dir);
+  Rlorch__V1__Run *r = create(s, "c", 1);
+  Rlorch__V1__StepRecord rec = RLORCH__V1__STEP_RECORD__INIT;
+  rec.run_id = r->id;
+  rec.step = 0;
+  rec.policy_version = 1;
+  r->steps_done = 1;
+  r->policy_version = 1;
+  cr_assert_eq(store_step_commit(s, &rec, r), 0, "%s", store_errmsg(s));
+  uint64_t n = 0;
+  int64_t last = 0;
+  cr_assert_eq(store_steps_count(s, r->id, &n, &last), 0);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(last, 0);
+  /* The same step again: refused, and the run is not moved either. */
+  r->steps_done = 2;
+  cr_assert_eq(store_step_commit(s, &rec, r), STORE_EEXIST);
+  cr_assert(strstr(store_errmsg(s), "step 0 is recorded already"), "%s", store_errmsg(s));
+  Rlorch__V1__Run *got = NULL;
+  cr_assert_eq(store_run_get(s, r->id, &got), 0);
+  cr_assert_eq(got->steps_done, 1, "the run's update was rolled back with the record");
+  run_free(got);
+  /* A run that does not exist: the record is not kept either. */
+  Rlorch__V1__Run ghost = RLORCH__V1__RUN__INIT;
+  ghost.id = "run-99";
+  Rlorch__V1__StepRecord other = RLORCH__V1__STEP_RECORD__INIT;
+  other.run_id = "run-99";
+  other.step = 0;
+  cr_assert_eq(store_step_commit(s, &other, &ghost), STORE_ENOTFOUND);
+  cr_assert_eq(store_steps_count(s, "run-99", &n, &last), 0);
+  cr_assert_eq(n, 0, "nothing of the failed commit stays");
+  cr_assert_eq(last, -1);
+  run_free(r);
+  store_close(s);
+}
+
+static mode_t mode_of(const char *path) {
+  struct stat st;
+  cr_assert_eq(stat(path, &st), 0, "%s", path);
+  return st.st_mode & 07777;
+}
+
+Test(store, database_and_journals_are_private) {
+  char sub[128], p[192];
+  snprintf(sub, sizeof sub, "%s/new", dir);
+  mode_t old = umask(0); /* what SQLite alone would make 0644 (0666 less the umask) */
+  store *s = open_ok(sub);
+  Rlorch__V1__Run *r = create(s, "x", 1); /* a write: the -wal and -shm exist now */
+  umask(old);
+  cr_assert_eq(mode_of(sub), 0700, "data_dir %o", mode_of(sub));
+  snprintf(p, sizeof p, "%s/rlorch.db", sub);
+  cr_assert_eq(mode_of(p), 0600, "rlorch.db %o", mode_of(p));
+  snprintf(p, sizeof p, "%s/rlorch.db-wal", sub);
+  cr_assert_eq(mode_of(p), 0600, "rlorch.db-wal %o", mode_of(p));
+  snprintf(p, sizeof p, "%s/rlorch.db-shm", sub);
+  cr_assert_eq(mode_of(p), 0600, "rlorch.db-shm %o", mode_of(p));
+  run_free(r);
+  store_close(s);
+  /* A database an older rlorch left 0644 is narrowed at the next open. */
+  snprintf(p, sizeof p, "%s/rlorch.db", sub);
+  cr_assert_eq(chmod(p, 0644), 0);
+  store_close(open_ok(sub));
+  cr_assert_eq(mode_of(p), 0600, "narrowed to %o", mode_of(p));
+}
+
+Test(store, worker_ids_continue_past_those_an_older_schema_stored) {
+  store *s = open_ok(dir);
+  uint64_t id = 0;
+  cr_assert_eq(store_worker_next_id(s, &id), 0);
+  cr_assert_eq(id, 1);
+  store_close(s);
+  /* A database of schema 1: workers named by the in-memory counter of that time. */
+  char path[128];
+  snprintf(path, sizeof path, "%s/rlorch.db", dir);
+  sqlite3 *db = NULL;
+  cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+  cr_assert_eq(sqlite3_exec(db,
+                            "DELETE FROM schema_version WHERE version = 2;"
+                            "DELETE FROM counters WHERE name = 'worker';"
+                            "INSERT INTO workers VALUES ('w-41', '', x''), ('w-7', '', x''),"
+                            " ('other', '', x'');",
+                            NULL, NULL, NULL),
+               SQLITE_OK, "%s", sqlite3_errmsg(db));
+  sqlite3_close(db);
+  s = open_ok(dir);
+  cr_assert_eq(store_worker_next_id(s, &id), 0);
+  cr_assert_eq(id, 42, "past the stored w-41");
+  cr_assert_eq(store_worker_next_id(s, &id), 0);
+  cr_assert_eq(id, 43);
+  cr_assert_eq(store_worker_delete(s, "w-41"), 0);
+  cr_assert_eq(store_worker_delete(s, "w-41"), 0, "deleting nothing is fine");
+  store_close(s);
 }
 
 Test(store, run_counts_by_state) {

@@ -1,6 +1,7 @@
-/* The daemon's worker table without streams: ids and lookups, the table
- * limit, which workers a run lists, the heartbeat sweep outside a run, and
- * what publishing stores and counts. */
+/* The daemon's worker table without streams: ids and lookups, ids that never
+ * repeat across restarts, the cap on live workers, the removal of lost ones,
+ * which workers a run lists, the heartbeat sweep outside a run, and what
+ * publishing stores and counts. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,9 +16,28 @@
 static char dir[64];
 static store *db;
 static metrics_registry *reg;
-static metrics_gauge *gauge;
+static metrics_gauge *gauge, *age;
 static watch_hub *hub;
 static workers_table *tab;
+#define MAXW 8        /* max_workers of the table under test */
+#define RETAIN_MS 60000
+static int removed;   /* on_remove calls */
+static char removed_id[24];
+
+static void on_removed(workers_entry *w, void *ud) {
+  (void)ud;
+  removed++;
+  snprintf(removed_id, sizeof removed_id, "%s", w->api_id);
+}
+
+static workers_table *new_table(void) {
+  workers_metrics wm = {.states = gauge, .heartbeat_age = age};
+  workers_limits lim = {.max_workers = MAXW, .lost_retention_ms = RETAIN_MS};
+  workers_table *t = NULL;
+  cr_assert_eq(workers_new(db, &wm, hub, &lim, &t), 0);
+  workers_on_remove(t, on_removed, NULL);
+  return t;
+}
 
 static void setup(void) {
   snprintf(dir, sizeof dir, "%s/rlorch_workers_XXXXXX", P_tmpdir);
@@ -29,9 +49,13 @@ static void setup(void) {
   gauge = metrics_gauge_new(reg, "rlorch_workers", "Workers by role and state.", labels, err,
                             sizeof err);
   cr_assert_not_null(gauge, "%s", err);
+  static const char *const age_labels[] = {"worker", "role", NULL};
+  age = metrics_gauge_new(reg, "rlorch_worker_heartbeat_age_seconds", "Age.", age_labels, err,
+                          sizeof err);
+  cr_assert_not_null(age, "%s", err);
   cr_assert_eq(watch_hub_new(&hub), 0);
-    workers_metrics wm = {.states = gauge};
-  cr_assert_eq(workers_new(db, &wm, hub, &tab), 0);
+  removed = 0;
+  tab = new_table();
 }
 
 static void teardown(void) {
@@ -87,13 +111,93 @@ Test(workers, ids_names_and_lookups) {
   cr_assert_eq(t->cmd_seq, 0);
 }
 
-Test(workers, table_is_bounded) {
-  for (int k = 0; k < WORKERS_MAX; k++) add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "x");
+Test(workers, the_cap_counts_live_workers_only) {
+  workers_entry *v[MAXW];
+  for (int k = 0; k < MAXW; k++) v[k] = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "x");
   workers_entry *w = NULL;
   cr_assert_eq(workers_add(tab, RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "y", "", NULL,
                            NULL, &w),
                -1);
   cr_assert_null(w);
+  cr_assert(strstr(workers_last_error(tab), "too many workers") &&
+                strstr(workers_last_error(tab), "8") && strstr(workers_last_error(tab), "max_workers"),
+            "%s", workers_last_error(tab));
+  /* Lost ones do not count: a worker that registers again finds room. */
+  workers_mark_lost(tab, v[3], "gone");
+  cr_assert_eq(workers_live(tab), MAXW - 1);
+  w = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "y");
+  cr_assert_str_eq(w->api_id, "w-9");
+  cr_assert_eq(workers_count(tab), MAXW + 1, "the lost one is still listed");
+}
+
+/* A flood of registrations that never attach: each is lost, then removed,
+ * and real workers still get in; the table never holds more than twice the
+ * cap meanwhile. */
+Test(workers, a_flood_that_is_lost_locks_nobody_out) {
+  for (int round = 0; round < 6; round++) {
+    for (int k = 0; k < MAXW; k++) {
+      workers_entry *w = NULL;
+      cr_assert_eq(workers_add(tab, RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "flood", "",
+                               NULL, NULL, &w),
+                   0, "round %d: %s", round, workers_last_error(tab));
+      w->last_seen_mono_ms = now_mono_ms() - 10000;
+    }
+    workers_sweep(tab, now_mono_ms(), 5000); /* all silent: lost, not yet removed */
+    cr_assert_eq(workers_live(tab), 0);
+    cr_assert_leq(workers_count(tab), 2 * MAXW, "round %d: %zu entries", round,
+                  workers_count(tab));
+  }
+  workers_entry *real = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER, "real");
+  cr_assert_not_null(real);
+  cr_assert_gt(removed, 0, "the longest-lost ones made room");
+  /* After the retention every lost one is gone, its row in the store too. */
+  workers_sweep(tab, now_mono_ms() + RETAIN_MS, 5000 + RETAIN_MS);
+  cr_assert_eq(workers_count(tab), 1);
+  cr_assert_eq(workers_at(tab, 0), real);
+}
+
+Test(workers, lost_workers_are_removed_after_the_retention) {
+  workers_entry *gone = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "gone");
+  workers_entry *again = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "again");
+  workers_entry *stay = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "stay");
+  workers_publish(tab, gone);
+  workers_mark_lost(tab, gone, "test");
+  workers_mark_lost(tab, again, "test");
+  workers_entry *back = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "again");
+  int64_t lost_at = gone->lost_mono_ms;
+  workers_sweep(tab, lost_at + RETAIN_MS - 1, 5000 + RETAIN_MS);
+  cr_assert_eq(workers_count(tab), 4, "kept within the retention");
+  cr_assert(gauge_has("rlorch_worker_heartbeat_age_seconds{worker=\"gone\",role=\"inference\"}"));
+  int stored = 0;
+  cr_assert_eq(store_workers_list(db, NULL, count_stored, &stored), 0);
+  cr_assert_eq(stored, 2, "gone and again are stored, as lost");
+  workers_sweep(tab, lost_at + RETAIN_MS + 100, 5000 + RETAIN_MS + 100);
+  cr_assert_eq(workers_count(tab), 2);
+  cr_assert_eq(workers_at(tab, 0), stay);
+  cr_assert_eq(workers_at(tab, 1), back);
+  cr_assert_null(workers_by_api_id(tab, "w-1"), "its id reaches nothing any more");
+  cr_assert_eq(removed, 2);
+  stored = 0;
+  cr_assert_eq(store_workers_list(db, NULL, count_stored, &stored), 0);
+  cr_assert_eq(stored, 0, "their rows went with them");
+  cr_assert_not(gauge_has("worker=\"gone\""), "its series went with it");
+  cr_assert(gauge_has("rlorch_worker_heartbeat_age_seconds{worker=\"again\",role=\"inference\"}"),
+            "a name that registered again keeps its series");
+  cr_assert(gauge_has("rlorch_workers{role=\"inference\",state=\"lost\"} 0"));
+}
+
+Test(workers, ids_never_repeat_across_restarts) {
+  add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER, "a");
+  add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "b");
+  workers_free(tab);
+  store_close(db);
+  char err[512] = "";
+  cr_assert_eq(store_open(dir, &db, err, sizeof err), 0, "%s", err);
+  tab = new_table(); /* a daemon started again on the same data_dir */
+  workers_entry *w = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "c");
+  cr_assert_str_eq(w->api_id, "w-3", "not w-1 again");
+  cr_assert_eq(w->id, 3);
+  cr_assert_null(workers_by_api_id(tab, "w-1"), "an old id names no new worker");
 }
 
 Test(workers, list_by_run_and_leaving_it) {

@@ -50,11 +50,15 @@ struct agent {
   uint32_t rank;
   uint32_t hb_ms;
   uint64_t gen;        /* bumped by every successful registration */
+  uint64_t attach_gen; /* the registration the attach thread's stream is under */
+  char run_id[64];     /* run of the last command executed: policy_version counts its steps */
+  int reg_hold;        /* agent_hold_registration */
   agent__conn conn;
   agent__item *head, *tail;
   size_t queued;
 
-  pthread_mutex_t reg_mu; /* one registration at a time */
+  pthread_mutex_t reg_mu; /* one registration at a time; guards reg_run */
+  char reg_run[64];       /* the run id the RegisterRequest points to */
   atomic_int stop;
   atomic_uint_fast64_t policy_version;
   int signo;   /* the signal that stopped the agent, 0 if none */
@@ -76,6 +80,34 @@ double agent_now(void) {
 int agent_stopping(const agent *a) { return atomic_load(&a->stop); }
 uint64_t agent_policy_version(const agent *a) { return atomic_load(&a->policy_version); }
 void agent_set_policy_version(agent *a, uint64_t v) { atomic_store(&a->policy_version, v); }
+
+void agent_hold_registration(agent *a, int hold) {
+  pthread_mutex_lock(&a->mu);
+  a->reg_hold = hold;
+  pthread_cond_broadcast(&a->cond);
+  pthread_mutex_unlock(&a->mu);
+}
+
+/* The run and the version of it held, read together (mu held by the caller). */
+static uint64_t agent__holds(agent *a, char *run, size_t len) {
+  snprintf(run, len, "%s", a->run_id);
+  return atomic_load(&a->policy_version);
+}
+
+/* A command of another run: versions count that run's steps from 0. */
+static void agent__note_run(agent *a, const Rlorch__V1__Command *cmd) {
+  if (!cmd->run_id || !cmd->run_id[0]) return;
+  char prev[64];
+  pthread_mutex_lock(&a->mu);
+  int changed = strcmp(cmd->run_id, a->run_id) != 0;
+  snprintf(prev, sizeof prev, "%s", a->run_id);
+  if (changed) {
+    snprintf(a->run_id, sizeof a->run_id, "%s", cmd->run_id);
+    if (prev[0]) atomic_store(&a->policy_version, 0);
+  }
+  pthread_mutex_unlock(&a->mu);
+  if (changed && prev[0]) agent_log_info("new_run", "run=%s previous=%s version=0", cmd->run_id, prev);
+}
 
 uint32_t agent_rank(const agent *a) {
   agent *m = (agent *)a;
@@ -162,6 +194,10 @@ static uint64_t agent__snapshot(agent *a, char *id, size_t idlen) {
 
 static int agent__register_once(agent *a, rpc_status *st) {
   ProtobufCMessage *resp = NULL;
+  pthread_mutex_lock(&a->mu);
+  a->reg->policy_version = agent__holds(a, a->reg_run, sizeof a->reg_run);
+  pthread_mutex_unlock(&a->mu);
+  a->reg->run_id = a->reg_run;
   grpc_status_code code =
       rpc_client_call(a->rpc, AGENT__M_REGISTER, &a->reg->base,
                       &rlorch__v1__register_response__descriptor, AGENT__CALL_TIMEOUT_S, &resp, st);
@@ -175,26 +211,30 @@ static int agent__register_once(agent *a, rpc_status *st) {
   a->gen++;
   pthread_cond_broadcast(&a->cond);
   pthread_mutex_unlock(&a->mu);
-  agent_log_info("registered", "worker_id=%s rank=%u heartbeat_ms=%u name=%s", r->worker_id, r->rank,
-           r->heartbeat_interval_ms, a->name);
+  agent_log_info("registered", "worker_id=%s rank=%u heartbeat_ms=%u name=%s policy_version=%llu run=%s",
+           r->worker_id, r->rank, r->heartbeat_interval_ms, a->name,
+           (unsigned long long)a->reg->policy_version, a->reg_run[0] ? a->reg_run : "none");
   protobuf_c_message_free_unpacked(resp, NULL);
   return 0;
 }
 
 /* Registers unless someone already did since generation `seen`. Retries with
- * backoff until it succeeds or the agent stops; returns 0 or -1 (stopping).
- * Fatal refusals (bad arguments, authentication) stop the agent. */
+ * backoff until it succeeds or the agent stops; returns 1 (registered here),
+ * 0 (another thread had) or -1 (stopping). Fatal refusals (bad arguments,
+ * authentication) stop the agent. */
 static int agent__register(agent *a, uint64_t seen) {
   pthread_mutex_lock(&a->reg_mu);
   pthread_mutex_lock(&a->mu);
+  while (a->reg_hold && !atomic_load(&a->stop)) agent__timedwait(a, 1.0);
   int done = a->gen != seen;
   pthread_mutex_unlock(&a->mu);
   double backoff = AGENT__BACKOFF_MIN_S;
+  int registered = 0;
   while (!done && !atomic_load(&a->stop)) {
     rpc_status st;
     if (agent__register_once(a, &st) == 0) {
       agent__set_conn(a, AGENT__CONN_UP, &st);
-      done = 1;
+      done = registered = 1;
       break;
     }
     if (st.code == GRPC_STATUS_INVALID_ARGUMENT || st.code == GRPC_STATUS_UNAUTHENTICATED ||
@@ -212,7 +252,7 @@ static int agent__register(agent *a, uint64_t seen) {
     backoff = agent__backoff_next(backoff);
   }
   pthread_mutex_unlock(&a->reg_mu);
-  return done ? 0 : -1;
+  return done ? registered : -1;
 }
 
 /* The orchestrator forgot the worker: register again, then make the attach
@@ -220,8 +260,15 @@ static int agent__register(agent *a, uint64_t seen) {
 static void agent__reregister(agent *a, uint64_t seen, const char *why) {
   agent_log_warn("worker_unknown", "reason=\"%s\" action=register", why);
   /* Interrupt, not cancel: cancelling would also end every stream opened
-   * later, so the attach thread could never open one under the new id. */
-  if (agent__register(a, seen) == 0 && !atomic_load(&a->stop)) rpc_client_interrupt_streams(a->rpc);
+   * later, so the attach thread could never open one under the new id. And
+   * only a stream of an older registration: one the attach thread already
+   * opened under the new id must stay, or the orchestrator would see it
+   * close and declare the worker lost again. */
+  if (agent__register(a, seen) < 0 || atomic_load(&a->stop)) return;
+  pthread_mutex_lock(&a->mu);
+  int stale = a->attach_gen != a->gen;
+  pthread_mutex_unlock(&a->mu);
+  if (stale) rpc_client_interrupt_streams(a->rpc);
 }
 
 /* ---- attach thread ------------------------------------------------------- */
@@ -262,6 +309,9 @@ static void *agent__attach_main(void *arg) {
   while (!atomic_load(&a->stop)) {
     char id[128];
     uint64_t gen = agent__snapshot(a, id, sizeof id);
+    pthread_mutex_lock(&a->mu);
+    a->attach_gen = gen;
+    pthread_mutex_unlock(&a->mu);
     Rlorch__V1__AttachRequest req = RLORCH__V1__ATTACH_REQUEST__INIT;
     req.worker_id = id;
     agent__attach_ctx ctx = {a, 0};
@@ -320,7 +370,11 @@ static void *agent__heartbeat_main(void *arg) {
     agent_sleep(a, wait);
     if (atomic_load(&a->stop)) break;
     Rlorch__V1__Heartbeat hb = RLORCH__V1__HEARTBEAT__INIT;
-    hb.policy_version = agent_policy_version(a);
+    char run[64];
+    pthread_mutex_lock(&a->mu);
+    hb.policy_version = agent__holds(a, run, sizeof run);
+    pthread_mutex_unlock(&a->mu);
+    hb.run_id = run;
     Rlorch__V1__WorkerStats stats = RLORCH__V1__WORKER_STATS__INIT;
     if (a->stats_fn) {
       a->stats_fn(&stats, a->stats_ud);
@@ -533,7 +587,7 @@ static void agent__join(agent *a) {
 int agent_run(agent *a) {
   a->sig_started = pthread_create(&a->sig_tid, NULL, agent__signal_main, a) == 0;
   int status = 0;
-  if (agent__register(a, 0) != 0) goto out;
+  if (agent__register(a, 0) < 0) goto out;
   a->attach_started = pthread_create(&a->attach_tid, NULL, agent__attach_main, a) == 0;
   a->hb_started = pthread_create(&a->hb_tid, NULL, agent__heartbeat_main, a) == 0;
   if (!a->attach_started || !a->hb_started) {
@@ -546,6 +600,7 @@ int agent_run(agent *a) {
     if (!cmd) break;
     agent_log_debug("command", "seq=%llu kind=%d rank=%u", (unsigned long long)cmd->seq,
               (int)cmd->kind_case, cmd->rank);
+    agent__note_run(a, cmd);
     int rc = a->fn(a, cmd, a->ud);
     protobuf_c_message_free_unpacked(&cmd->base, NULL);
     if (rc < 0) {

@@ -72,8 +72,17 @@ grpc_status_code agent_fetch_batch(agent *a, uint64_t step, uint32_t rank, uint3
                                    void *ud, rpc_status *st);
 
 int agent_stopping(const agent *a);
+/* The policy version this worker holds of the run of the last command it
+ * executed: Register and every heartbeat say both, so that an orchestrator
+ * that restarted, or had declared the worker lost, knows what it kept. A
+ * command of another run starts the count again at 0 (the weights it holds
+ * are that run's starting point). */
 uint64_t agent_policy_version(const agent *a);
 void agent_set_policy_version(agent *a, uint64_t v);
+/* While held, the agent does not register (again): a trainer holds it while
+ * its optimizer step changes the version it holds, so that what it says at
+ * registration is what it holds. */
+void agent_hold_registration(agent *a, int hold);
 uint32_t agent_rank(const agent *a); /* rank from the last registration */
 /* The high bits of this worker's rollout ids: its rank, or, for an inference
  * worker registered with rank 0 (the trainer's), a 24-bit tag derived from

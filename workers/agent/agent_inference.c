@@ -57,7 +57,6 @@ typedef struct agent__inference {
   agent_xfer xfer;
   Rlorch__V1__Capabilities caps_pb;
   Rlorch__V1__RegisterRequest reg;
-  char run_id[64]; /* run of the last command: versions count per run */
   /* The generator pool. */
   pthread_mutex_t mu;   /* guards the queue, the active list, quit and the jobs' aborted flags */
   pthread_cond_t cond;  /* queue grew, or quit */
@@ -391,15 +390,7 @@ static void inference__abort(agent__inference *in, const Rlorch__V1__Command *cm
 
 static int inference__command(agent *a, const Rlorch__V1__Command *cmd, void *ud) {
   agent__inference *in = ud;
-  /* Policy versions number the steps of one run: a new run starts again at 0
-   * (the weights held until its first broadcast). */
-  if (cmd->run_id && cmd->run_id[0] && strcmp(cmd->run_id, in->run_id) != 0) {
-    if (in->run_id[0]) {
-      agent_log_info("new_run", "run=%s previous=%s version=0", cmd->run_id, in->run_id);
-      agent_set_policy_version(a, 0);
-    }
-    snprintf(in->run_id, sizeof in->run_id, "%s", cmd->run_id);
-  }
+  /* A new run's count of versions starts at 0: the agent core has seen to it. */
   switch (cmd->kind_case) {
   case RLORCH__V1__COMMAND__KIND_ROLLOUT: return inference__rollout(in, cmd->rollout);
   case RLORCH__V1__COMMAND__KIND_PLAN: agent_xfer_on_plan(&in->xfer, a, cmd); return 0;

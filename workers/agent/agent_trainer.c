@@ -226,6 +226,10 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
  * waiting for, so a large batch is not cut short and a stuck one is. */
 #define TRAINER__FETCH_BASE_S 30.0
 #define TRAINER__FETCH_MIN_BYTES_PER_S 10e6
+/* An orchestrator that cannot be reached is waited for this long (it may be
+ * restarting: then it answers that it does not know this worker, and the
+ * step is skipped), before the fetch counts as failed. */
+#define TRAINER__FETCH_UNREACHABLE_S 120.0
 
 /* What one fetch received, checked against the train step as it arrives. */
 typedef struct trainer__batch {
@@ -270,7 +274,7 @@ static int trainer__on_chunk(const Rlorch__V1__BatchChunk *c, void *ud) {
  * attaches). Every failure is logged with the status and its message. */
 static int trainer__fetch(agent *a, const Rlorch__V1__TrainStep *ts, trainer__batch *b) {
   double timeout = TRAINER__FETCH_BASE_S + (double)ts->batch_bytes / TRAINER__FETCH_MIN_BYTES_PER_S;
-  double backoff = 0.2;
+  double backoff = 0.2, unreachable_since = -1;
   for (int attempt = 1;; attempt++) {
     *b = (trainer__batch){.ts = ts};
     rpc_status st = {0};
@@ -293,9 +297,13 @@ static int trainer__fetch(agent *a, const Rlorch__V1__TrainStep *ts, trainer__ba
       snprintf(st.message, sizeof st.message, "%s", b->err);
     }
     int refused = code == GRPC_STATUS_FAILED_PRECONDITION || code == GRPC_STATUS_NOT_FOUND ||
-                  code == GRPC_STATUS_ABORTED || code == GRPC_STATUS_INVALID_ARGUMENT;
+                code == GRPC_STATUS_ABORTED || code == GRPC_STATUS_INVALID_ARGUMENT;
+    int unreachable = code == GRPC_STATUS_UNAVAILABLE;
+    if (!unreachable) unreachable_since = -1;
+    else if (unreachable_since < 0) unreachable_since = t0;
     int fatal = code == GRPC_STATUS_UNAUTHENTICATED || code == GRPC_STATUS_PERMISSION_DENIED ||
-                (!refused && attempt >= TRAINER__FETCH_ATTEMPTS);
+                (unreachable ? agent_now() - unreachable_since > TRAINER__FETCH_UNREACHABLE_S
+                             : !refused && attempt >= TRAINER__FETCH_ATTEMPTS);
     agent_log_error("batch_fetch_failed", "step=%llu attempt=%d of %d code=%s msg=\"%s\" action=%s",
                     (unsigned long long)ts->step, attempt, TRAINER__FETCH_ATTEMPTS,
                     rpc_status_name(code), st.message,
@@ -303,7 +311,7 @@ static int trainer__fetch(agent *a, const Rlorch__V1__TrainStep *ts, trainer__ba
     if (refused) return 1;
     if (fatal) return -1;
     agent_sleep(a, backoff);
-    backoff *= 2;
+    backoff = backoff * 2 > 5.0 ? 5.0 : backoff * 2;
   }
 }
 
@@ -315,15 +323,21 @@ static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainS
   trainer__batch b;
   int fetched = trainer__fetch(a, ts, &b);
   if (fetched != 0) return fetched < 0 ? -1 : 0;
+  /* From here the version held changes: a registration (after an orchestrator
+   * restart) waits until it says the new one, or the orchestrator would plan
+   * a catch-up of weights this step is about to replace. */
+  agent_hold_registration(a, 1);
   double t0 = agent_now();
   if (agent_adamw_coef_for_step(&tr->hp, tr->steps + 1, ts->seed, &c)) {
     agent_log_error("fatal", "reason=\"AdamW hyperparameters out of range\"");
+    agent_hold_registration(a, 0);
     return -1;
   }
   tr->steps++;
   if (tr->opt_gpu) {
     if (agent_adamw_gpu(&c, tr->spans, tr->n, err, sizeof err)) {
       agent_log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
+      agent_hold_registration(a, 0);
       return -1;
     }
   } else if (agent_adamw_cpu(&c, tr->spans, tr->n, tr->o.threads) != 0) {
@@ -334,6 +348,7 @@ static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainS
   if (agent_weights_checksum(tr->send, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err,
                              sizeof err)) {
     agent_log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
+    agent_hold_registration(a, 0);
     return -1;
   }
   double checksum_s = agent_now() - c0;
@@ -355,6 +370,7 @@ static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainS
     }
   }
   agent_set_policy_version(a, ts->step + 1);
+  agent_hold_registration(a, 0);
   agent_log_info("step_done", "step=%llu train_s=%.4f checksum_s=%.4f optimizer=%s checksum=%016llx",
            (unsigned long long)ts->step, train_s, checksum_s, tr->opt_gpu ? "gpu" : "cpu",
            (unsigned long long)tr->checksum);
