@@ -114,8 +114,19 @@ typedef enum { BCAST_CHECKSUM_NONE = 1, BCAST_CHECKSUM_XXH3_64 = 2 } bcast_check
  * storage dtype (it decides the wire bits), wire dtype and shape, and every
  * bucket and slice.  It deliberately leaves out what is local or advisory:
  * residency (where the sender keeps its storage changes how, not what, it
- * sends), data pointers and devices, deadline_unix_ms, host_endpoint and
- * mode_reason.  After changing a covered field, recompute `hash`.
+ * sends), data pointers and devices, deadline_unix_ms, host_endpoint,
+ * mode_reason, min_gbps and the data-channel secret.  The secret stays out on
+ * purpose: the hash travels in acks and triggers and is logged, and XXH3 is
+ * not one-way, so nothing derived from a secret may be published.  A
+ * participant that holds another secret learns it at the handshake (the root
+ * does not accept it), not from the hash.  After changing a covered field,
+ * recompute `hash`.
+ *
+ * The secret: BCAST_SECRET_BYTES random bytes (getrandom) drawn by
+ * bcast_plan_build for every plan, unless the options bring their own.  The
+ * host transport's handshake is a challenge-response over it (bcast_host.c),
+ * so only holders of the plan can connect to the root or feed a receiver:
+ * give the plan to its participants only, over an authenticated channel.
  *
  * Layout: buckets group one layer and one wire dtype; tensors keep manifest
  * order within a group, groups run by layer then wire dtype.  Every slice
@@ -144,7 +155,16 @@ typedef struct bcast_plan {
   char host_endpoint[256];   /* host mode: where the root listens */
   bcast_checksum checksum;
   char mode_reason[256];
+  /* Fields below are not covered by the hash (see above). */
+  uint8_t secret[32];        /* data-channel secret, BCAST_SECRET_BYTES */
+  int has_secret;            /* 0: a plan from elsewhere that carried none */
+  double min_gbps;           /* slowest healthy throughput, 1e9 bytes/s summed over
+                                receivers (the cost model's rate over its safety
+                                factor); a transfer slower than that is cut off.
+                                0: none, engine timeout_s per bucket */
 } bcast_plan;
+
+#define BCAST_SECRET_BYTES 32
 
 typedef struct bcast_plan_opts {
   const char *id;
@@ -156,10 +176,14 @@ typedef struct bcast_plan_opts {
   int64_t deadline_unix_ms;
   const char *host_endpoint;
   bcast_checksum checksum;  /* 0: XXH3_64 */
+  const uint8_t *secret;    /* BCAST_SECRET_BYTES, or NULL: fresh from getrandom */
+  double min_gbps;          /* see bcast_plan.min_gbps; 0: none */
 } bcast_plan_opts;
 
 /* Buckets per layer and per wire dtype, slices concatenated at fixed offsets,
- * split so no bucket exceeds the budget; validates the manifest first. */
+ * split so no bucket exceeds the budget; validates the manifest first.  Draws
+ * the plan's secret unless opts->secret is given (BCAST_EIO if the kernel
+ * gives no randomness). */
 int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opts *opts,
                      bcast_plan **out, bcast_err *err);
 int bcast_plan_validate(const bcast_plan *p, bcast_err *err);
@@ -211,6 +235,9 @@ typedef struct bcast_stats {
   double gbps;               /* wire_bytes / total_s / 1e9 */
   uint32_t nbuckets;
   bcast_bucket_timing *buckets; /* nbuckets entries, owned; bcast_stats_free() */
+  uint32_t refused_connections; /* host root: connections closed unauthenticated
+                                   (wrong proof, silent past the handshake bound,
+                                   evicted, malformed); they cost the plan nothing */
 } bcast_stats;
 
 void bcast_stats_free(bcast_stats *s);
