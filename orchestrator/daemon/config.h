@@ -67,6 +67,14 @@ typedef struct config {
   double temperature;             /* of a run without sampling parameters, default 1.0 */
   uint32_t request_timeout_ms;    /* re-send a slower request elsewhere; 0 (default): never */
   uint64_t staging_budget_bytes;  /* default 256 MiB */
+  /* The cost model that bounds every plan (bcast_cost_estimate): the rate
+   * each mode is expected to give at least, in GB/s, a safety factor and a
+   * slack; worker_timeout_ms is its loss detection time. */
+  double broadcast_gbps_host;     /* default 0.5 */
+  double broadcast_gbps_staged;   /* default 5 */
+  double broadcast_gbps_direct;   /* default 10 */
+  double broadcast_safety;        /* default 4 */
+  uint32_t broadcast_slack_ms;    /* default 2000 */
   bool print_config;              /* --print-config: print and exit 0 */
   bool help;                      /* --help: config_usage(stdout) and exit 0 */
 } config;

@@ -198,6 +198,53 @@ void bcast_plan_set_nccl_id(bcast_plan *p, const uint8_t id[128]);
 /* Deep copy (tensors, buckets, slices); NULL when out of memory. */
 bcast_plan *bcast_plan_dup(const bcast_plan *p);
 
+/* ---- cost model: how long a plan may take (bcast_cost.c) ------------------
+ * Every wait on a plan is bounded by what its bytes cost at the slowest rate
+ * its mode is expected to give, times a safety factor, plus slack:
+ *
+ *   rate        = gbps[mode], or the rate measured for the mode when lower
+ *   wire_s      = wire_bytes * fanout / (rate * 1e9)
+ *                 fanout: the receivers in host mode (the root's link carries
+ *                 one copy per receiver), 1 in the NCCL modes (pipelined)
+ *   broadcast_s = safety * wire_s + slack_s + detect_s
+ *   ack_s       = safety * wire_bytes / (prepare_gbps * 1e9) + slack_s + detect_s
+ *   min_gbps    = rate / safety  (the engine cuts off a slower transfer)
+ *
+ * detect_s is how long the orchestrator takes to declare a silent
+ * participant lost (its worker timeout): no deadline passes before a hung
+ * participant is lost, so its step is re-planned without it instead of the
+ * run failing on a timeout.  A measured rate only ever lowers the rate used
+ * (lengthens deadlines): a fast step must not make the next one's jitter
+ * fatal. */
+typedef struct bcast_cost_model {
+  double gbps[5];      /* expected floor per mode (index: bcast_mode), GB/s (1e9 B/s) */
+  double prepare_gbps; /* receivers preparing a plan (receive buffers), GB/s */
+  double safety;       /* >= 1 */
+  double slack_s;      /* fixed costs: commands, connections, first touches */
+  double detect_s;     /* time to declare a silent participant lost */
+} bcast_cost_model;
+
+typedef struct bcast_cost {
+  double rate_gbps;    /* the rate used */
+  int measured;        /* 1: the measured rate was lower than the model's */
+  double wire_s;       /* expected time on the wire at that rate */
+  double ack_s, broadcast_s;
+  double min_gbps;
+} bcast_cost;
+
+/* host 0.5 GB/s (the root's TCP egress: a quarter of 10 GbE, a third of what
+ * loopback gives), staged 5 GB/s (a tenth of the measured pinned PCIe floor),
+ * direct 10 GB/s (one 100 Gb/s link between nodes; NVLink gives far more),
+ * prepare 2 GB/s (receive buffers touched for the first time, one core),
+ * safety 4, slack 2 s, detect 5 s (the daemon's default worker timeout). */
+void bcast_cost_model_default(bcast_cost_model *m);
+/* The bounds of one plan: `receivers` excludes the root; measured_gbps is the
+ * rate a previous broadcast in this mode achieved in the same sense as
+ * gbps[mode] (summed over receivers in host mode), 0 for none.
+ * BCAST_EINVAL names the bad field of the model or argument. */
+int bcast_cost_estimate(const bcast_cost_model *m, bcast_mode mode, uint64_t wire_bytes,
+                        uint32_t receivers, double measured_gbps, bcast_cost *out, bcast_err *err);
+
 /* ---- capabilities --------------------------------------------------------- */
 typedef struct bcast_caps {
   int cuda_built, nccl_built;   /* compiled in */
