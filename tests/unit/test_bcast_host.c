@@ -378,6 +378,41 @@ Test(bcast_host, a_stopped_receiver_is_cut_off_at_the_plans_floor) {
   fixture_free(&f);
 }
 
+/* A receiver stopped after the last bytes reached its socket buffers never
+ * confirms them: the root gives up at the floor's bound for what was in
+ * flight, not at the engine's 20 s, and says what it waited for. */
+Test(bcast_host, a_receiver_that_never_confirms_is_cut_off_at_the_plans_floor) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  add(&f, "w", 1, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 64, 64);
+  bcast_engine *root = engine(0, "127.0.0.1:0", 20);
+  bcast_plan *p = make_plan(&f, 2, bcast_engine_data_address(root), 64 << 10);
+  p->min_gbps = 1.0;
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = bp_dial(bcast_engine_data_address(root));
+    uint8_t rx_nonce[BP_NONCE], buf[24 + 8192];
+    if (fd < 0 || bp_handshake(fd, p, 1, rx_nonce) != 0) _exit(3);
+    if (bp_read(fd, buf, 24 + p->buckets[0].bytes)) _exit(4); /* all of it, then silence */
+    sleep(30);
+    _exit(0);
+  }
+  bcast_err err = {0};
+  double t0 = bcast__now();
+  cr_assert_eq(bcast_engine_execute(root, p, f.src, f.n, NULL, &err), BCAST_ETIMEDOUT, "%s", err.msg);
+  double dt = bcast__now() - t0;
+  cr_assert(strstr(err.msg, "receiver rank 1 did not confirm the last bucket: observed no confirmation in"),
+            "%s", err.msg);
+  cr_assert(strstr(err.msg, "expected within"), "%s", err.msg);
+  cr_assert_lt(dt, 6.0, "took %.2f s", dt);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  bcast_plan_free(p);
+  bcast_engine_free(root);
+  fixture_free(&f);
+}
+
 Test(bcast_host, corrupted_bucket_is_refused_by_the_receiver) {
   fixture f;
   memset(&f, 0, sizeof f);

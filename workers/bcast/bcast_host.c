@@ -690,14 +690,30 @@ static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64
   }
 }
 
+/* Every receiver confirms the last bucket.  What it still has to take when
+ * the root has written everything is what the socket buffers hold (both
+ * ends) plus the last bucket it verifies: that, at the plan's floor, plus
+ * slack bounds the wait, so a receiver stopped with the data in its buffers
+ * is cut off like one that stalled mid-bucket. */
 static int collect_acks(const bcast_plan *p, peer *peers, size_t np, const bcast__host_io *io, bcast_err *err) {
+  double t0 = bcast__now(), dl = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
+  if (p->min_gbps > 0) {
+    double fanout = np > 1 ? (double)np : 1.0;
+    double inflight = (double)max_bucket(p) + 2.0 * SOCK_BUF;
+    dl = bcast__deadline(BUCKET_SLACK_S + inflight * fanout / (p->min_gbps * 1e9), p->deadline_unix_ms);
+  }
   for (size_t i = 0; i < np; i++) {
     int status = 0;
     char msg[512];
-    double dl = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
-    if (recv_status(peers[i].fd, MAGIC_ACK, &status, msg, sizeof msg, io->cancel_fd, dl))
-      return bcast__fail(err, io_code(errno),
-                         "receiver rank %u did not confirm the last bucket: %s", peers[i].rank, strerror(errno));
+    if (recv_status(peers[i].fd, MAGIC_ACK, &status, msg, sizeof msg, io->cancel_fd, dl)) {
+      int e = errno;
+      if (e == ETIMEDOUT && p->min_gbps > 0)
+        return bcast__fail(err, BCAST_ETIMEDOUT, "receiver rank %u did not confirm the last bucket: observed no "
+                           "confirmation in %.2f s, expected within %.2f s at %.3g GB/s per receiver for host mode",
+                           peers[i].rank, bcast__now() - t0, dl - t0, per_receiver_floor(p));
+      return bcast__fail(err, io_code(e), "receiver rank %u did not confirm the last bucket: %s", peers[i].rank,
+                         strerror(e));
+    }
     if (status) return bcast__fail(err, BCAST_EPEER, "receiver rank %u failed: %s", peers[i].rank, msg);
   }
   return BCAST_OK;
