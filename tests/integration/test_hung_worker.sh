@@ -101,16 +101,20 @@ for line in open(log):
         replanned += 1
 gaps = [b - a for a, b in zip(commits, commits[1:])]
 longest = max(gaps) if gaps else -1
-print(f"{lost - stopped if lost else -1:.2f} {longest:.2f} {replanned} {len(commits)}")
+median = sorted(gaps)[len(gaps) // 2] if gaps else -1
+print(f"{lost - stopped if lost else -1:.2f} {longest:.2f} {median:.2f} {replanned} {len(commits)}")
 PY
 )"
-read -r detect_s gap_s replans ncommits <<<"$report"
-echo "# hung worker: detected in ${detect_s} s (worker timeout $((WORKER_TIMEOUT_MS / 1000)) s), longest gap between commits ${gap_s} s, ${replans} re-plan(s), ${ncommits} commits"
+read -r detect_s gap_s step_s replans ncommits <<<"$report"
+echo "# hung worker: detected in ${detect_s} s (worker timeout $((WORKER_TIMEOUT_MS / 1000)) s), longest gap between commits ${gap_s} s (a step takes ${step_s} s), ${replans} re-plan(s), ${ncommits} commits"
 ok() { python3 -c "import sys; sys.exit(0 if $1 else 1)"; }
 ok "0 < $detect_s <= $WORKER_TIMEOUT_MS / 1000 + 2"
 assert_eq 0 "$?" "the stopped worker is declared lost within the worker timeout (${detect_s} s)"
-ok "0 < $gap_s <= $detect_s + 4"
-assert_eq 0 "$?" "no gap between commits much longer than the detection (${gap_s} s vs ${detect_s} s)"
+# Beyond the detection: the step in progress when the worker stopped and the
+# re-planned one, each about a step's time (a loaded machine stretches both),
+# and a few seconds.
+ok "0 < $gap_s <= $detect_s + 2 * $step_s + 3"
+assert_eq 0 "$?" "no gap between commits much longer than the detection (${gap_s} s vs ${detect_s} s, steps of ${step_s} s)"
 ok "$replans >= 1"
 assert_eq 0 "$?" "the step was re-planned without the stopped worker"
 assert_eq "$STEPS" "$ncommits" "every step committed once"
