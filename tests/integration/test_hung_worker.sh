@@ -11,7 +11,7 @@ source "$(dirname "$0")/lib.sh"
 need_cmd python3 sqlite3 || { finish; exit 1; }
 
 STOP_S=15
-STEPS=${HUNG_STEPS:-40}
+STEPS=${HUNG_STEPS:-30}
 # Longer than the trainer takes to cut the stopped receiver off (its floor: about
 # 3 s here), so the trainer's error comes first and must be held until the loss.
 WORKER_TIMEOUT_MS=8000
@@ -111,9 +111,9 @@ ok() { python3 -c "import sys; sys.exit(0 if $1 else 1)"; }
 ok "0 < $detect_s <= $WORKER_TIMEOUT_MS / 1000 + 2"
 assert_eq 0 "$?" "the stopped worker is declared lost within the worker timeout (${detect_s} s)"
 # Beyond the detection: the step in progress when the worker stopped and the
-# re-planned one, each about a step's time (a loaded machine stretches both),
-# and a few seconds.
-ok "0 < $gap_s <= $detect_s + 2 * $step_s + 3"
+# re-planned one, each about a step's time (a loaded machine stretches both,
+# and the re-plan's more), and a few seconds.
+ok "0 < $gap_s <= $detect_s + 3 * $step_s + 3"
 assert_eq 0 "$?" "no gap between commits much longer than the detection (${gap_s} s vs ${detect_s} s, steps of ${step_s} s)"
 ok "$replans >= 1"
 assert_eq 0 "$?" "the step was re-planned without the stopped worker"
