@@ -34,6 +34,10 @@ static const opt_field config__fields[] = {
      .off = CONFIG__OFF(tls_cert_file, char *), .metavar = "FILE", .help = "PEM certificate chain"},
     {.name = "tls_key_file", .flag = "--tls-key", .type = OPT_PATH,
      .off = CONFIG__OFF(tls_key_file, char *), .metavar = "FILE", .help = "PEM private key"},
+    {.name = "tls_client_ca_file", .flag = "--tls-client-ca", .type = OPT_PATH,
+     .off = CONFIG__OFF(tls_client_ca_file, char *), .metavar = "FILE",
+     .help = "PEM roots: every client must present a certificate they signed (mutual TLS)",
+     .dflt = "none: no client certificate asked"},
     {.name = "log_level", .flag = "--log-level", .type = OPT_ENUM, .off = CONFIG__OFF(log_level, int),
      .names = opt_log_level_names, .metavar = "LEVEL", .help = "log threshold"},
     {.name = "log_format", .flag = "--log-format", .type = OPT_ENUM,
@@ -221,6 +225,11 @@ static int config__validate(config *c, opt_state *st) {
   }
   if (c->tls_cert_file && (config__check_readable(st, "tls_cert_file", c->tls_cert_file) ||
                            config__check_readable(st, "tls_key_file", c->tls_key_file)))
+    return -1;
+  if (c->tls_client_ca_file && !c->tls_cert_file)
+    return opt_fail(st, opt_origin(st, "tls_client_ca_file"),
+                    "client certificates need TLS: set tls_cert_file and tls_key_file too");
+  if (c->tls_client_ca_file && config__check_readable(st, "tls_client_ca_file", c->tls_client_ca_file))
     return -1;
   if (c->token_file) {
     /* The clients' reader, so a file that works for ctl and the agents works here. */

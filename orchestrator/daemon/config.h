@@ -37,6 +37,8 @@ typedef struct config {
   char *token_file;       /* bearer token file, or NULL for no auth */
   char *tls_cert_file;    /* PEM certificate chain, or NULL (both or neither) */
   char *tls_key_file;     /* PEM private key, or NULL */
+  char *tls_client_ca_file; /* PEM roots: clients must present a certificate they
+                               signed (mutual TLS); needs tls_cert_file; or NULL */
   char *token;            /* contents of token_file without surrounding
                              white space (rpc_token_read), or NULL; never printed */
   log_level log_level;    /* default LOG_INFO */

@@ -331,6 +331,8 @@ Test(config, file_errors_name_file_line_and_field) {
       {"worker_timeout_ms: 500\n", "rlorch.yaml:1: worker_timeout_ms: 500 must exceed heartbeat_interval_ms"},
       {"tls_cert_file: c.pem\n", "rlorch.yaml:1: tls_cert_file: set without tls_key_file"},
       {"\ntls_key_file: k.pem\n", "rlorch.yaml:2: tls_key_file: set without tls_cert_file"},
+      {"tls_client_ca_file: ca.pem\n",
+       "rlorch.yaml:1: tls_client_ca_file: client certificates need TLS: set tls_cert_file and tls_key_file too"},
       {"tls_cert_file: /nonexistent/c.pem\ntls_key_file: /nonexistent/k.pem\n",
        "rlorch.yaml:1: tls_cert_file: cannot read \"/nonexistent/c.pem\""},
       {"token_file: /nonexistent/token\n",
