@@ -15,7 +15,7 @@ WERROR      ?= OFF
 DEB_PKGS := build-essential cmake ninja-build pkg-config git ca-certificates \
             libuv1-dev libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
             libcriterion-dev libyaml-dev libhttp-parser-dev libsqlite3-dev \
-            libxxhash-dev libjansson-dev sqlite3 prometheus curl python3 clang-14 clang-tidy-14
+            libxxhash-dev libssl-dev libjansson-dev sqlite3 prometheus curl python3 clang-14 clang-tidy-14
 
 .PHONY: all deps build run test test-unit test-asan test-clang test-fuzz test-gpu bench clean node-deps
 

@@ -34,14 +34,28 @@ int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t
     snprintf(err, errlen, "client target is empty");
     return -1;
   }
-  char *roots = NULL;
+  int has_cert = o->tls_cert_file && *o->tls_cert_file, has_key = o->tls_key_file && *o->tls_key_file;
+  if (has_cert != has_key) {
+    snprintf(err, errlen, "a TLS client certificate needs its key and the reverse (%s given alone)",
+             has_cert ? o->tls_cert_file : o->tls_key_file);
+    return -1;
+  }
+  char *roots = NULL, *cert = NULL, *key = NULL;
   if (o->tls_ca_file && *o->tls_ca_file) {
     roots = rpc__read_pem(o->tls_ca_file, err, errlen);
     if (!roots) return -1;
   }
+  if (has_cert && (!(cert = rpc__read_pem(o->tls_cert_file, err, errlen)) ||
+                   !(key = rpc__read_pem(o->tls_key_file, err, errlen)))) {
+    free(roots);
+    free(cert);
+    return -1;
+  }
   rpc_client *c = calloc(1, sizeof *c);
   if (!c) {
     free(roots);
+    free(cert);
+    free(key);
     snprintf(err, errlen, "out of memory");
     return -1;
   }
@@ -54,11 +68,17 @@ int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t
   args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
   args[0].value.integer = (int)max;
   grpc_channel_args ca = {1, args};
+  grpc_ssl_pem_key_cert_pair pair = {key, cert};
   grpc_channel_credentials *cr =
-      roots ? grpc_ssl_credentials_create(roots, NULL, NULL, NULL) : grpc_insecure_credentials_create();
+      roots || cert ? grpc_ssl_credentials_create(roots, cert ? &pair : NULL, NULL, NULL)
+                    : grpc_insecure_credentials_create();
   free(roots);
+  if (key) memset(key, 0, strlen(key)); /* a private key does not linger in freed memory */
+  free(key);
+  free(cert);
   if (!cr) {
-    snprintf(err, errlen, "bad TLS roots in %s", o->tls_ca_file);
+    snprintf(err, errlen, "bad TLS roots in %s or client certificate %s", o->tls_ca_file ? o->tls_ca_file : "-",
+             o->tls_cert_file ? o->tls_cert_file : "-");
     rpc_client_free(c);
     return -1;
   }

@@ -55,6 +55,8 @@ typedef struct rpc_server_opts {
   /* Called on the loop thread when any call ends (metrics). */
   void (*on_call_done)(const char *method, grpc_status_code code, double seconds, void *ud);
   void *hook_ud;
+  const char *tls_client_ca_file; /* PEM roots: with TLS on, every client must present a
+                                     certificate they signed (mutual TLS); NULL: none asked */
 } rpc_server_opts;
 
 /* Binds, registers the methods (copied) plus grpc.health.v1.Health, and starts
@@ -109,6 +111,11 @@ typedef struct rpc_client_opts {
   const char *token;         /* sent as "authorization: Bearer <token>" */
   const char *tls_ca_file;   /* PEM roots; enables TLS */
   size_t max_message_bytes;  /* 0: 64 MiB */
+  const char *tls_cert_file; /* PEM client certificate chain, presented when the server
+                                asks (mutual TLS); with tls_key_file, enables TLS too
+                                (the server then verified by gRPC's default roots
+                                unless tls_ca_file is set) */
+  const char *tls_key_file;  /* its PEM private key */
 } rpc_client_opts;
 
 int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t errlen);

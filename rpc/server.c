@@ -739,7 +739,13 @@ static grpc_server_credentials *rpc__server_creds(const rpc_server_opts *o, char
                                                   size_t errlen) {
   int has_cert = o->tls_cert_file && *o->tls_cert_file;
   int has_key = o->tls_key_file && *o->tls_key_file;
-  if (!has_cert && !has_key) return grpc_insecure_server_credentials_create();
+  if (!has_cert && !has_key) {
+    if (o->tls_client_ca_file && *o->tls_client_ca_file) {
+      snprintf(err, errlen, "client certificates (tls_client_ca_file) need TLS: tls_cert_file and tls_key_file");
+      return NULL;
+    }
+    return grpc_insecure_server_credentials_create();
+  }
   if (!has_cert || !has_key) {
     snprintf(err, errlen, "TLS needs both tls_cert_file and tls_key_file");
     return NULL;
@@ -751,12 +757,27 @@ static grpc_server_credentials *rpc__server_creds(const rpc_server_opts *o, char
     free(cert);
     return NULL;
   }
+  char *client_ca = NULL;
+  if (o->tls_client_ca_file && *o->tls_client_ca_file &&
+      !(client_ca = rpc__read_file(o->tls_client_ca_file, err, errlen))) {
+    free(cert);
+    free(key);
+    return NULL;
+  }
   grpc_ssl_pem_key_cert_pair pair = {key, cert};
-  grpc_server_credentials *cr = grpc_ssl_server_credentials_create(NULL, &pair, 1, 0, NULL);
+  /* With client roots, a client without a certificate they signed does not
+   * get past the handshake: mutual TLS. */
+  grpc_server_credentials *cr = grpc_ssl_server_credentials_create_ex(
+      client_ca, &pair, 1,
+      client_ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+      NULL);
   free(cert);
+  memset(key, 0, strlen(key));
   free(key);
-  if (!cr) snprintf(err, errlen, "bad TLS certificate %s or key %s", o->tls_cert_file,
-                    o->tls_key_file);
+  free(client_ca);
+  if (!cr) snprintf(err, errlen, "bad TLS certificate %s, key %s or client roots %s", o->tls_cert_file,
+                    o->tls_key_file, o->tls_client_ca_file ? o->tls_client_ca_file : "-");
   return cr;
 }
 

@@ -2,6 +2,7 @@
  * one table per role over agent_flags. */
 #include "orchestrator/cli/agent_flags.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,14 @@ static const opt_name agent__dists[] = {
    .flags = OPT_REQUIRED},                                                                         \
   {.name = "token_file", .flag = "--token-file", .type = OPT_PATH,                                 \
    .off = AF(opts.token_file, char *), .metavar = "FILE", .help = "file holding the bearer token"}, \
+  {.name = "tls_ca_file", .flag = "--tls-ca", .type = OPT_PATH, .off = AF(opts.tls_ca_file, char *), \
+   .metavar = "FILE", .help = "PEM roots to verify the orchestrator by; turns TLS on"},            \
+  {.name = "tls_client_cert_file", .flag = "--tls-client-cert", .type = OPT_PATH,                 \
+   .off = AF(opts.tls_client_cert_file, char *), .metavar = "FILE",                              \
+   .help = "PEM client certificate for an orchestrator that asks for one (with --tls-client-key)"}, \
+  {.name = "tls_client_key_file", .flag = "--tls-client-key", .type = OPT_PATH,                   \
+   .off = AF(opts.tls_client_key_file, char *), .metavar = "FILE",                               \
+   .help = "PEM private key of --tls-client-cert"},                                              \
   {.name = "name", .flag = "--name", .type = OPT_STR, .off = AF(opts.name, char *),                \
    .metavar = "NAME", .help = "worker name, at most 200 bytes", .dflt = "host name and pid"},      \
   {.name = "device", .flag = "--device", .type = OPT_I32, .off = AF(opts.device, int),             \
@@ -154,6 +163,23 @@ static int agent__check(agent_flags *o, opt_state *st) {
     if (rpc_token_read(a->token_file, o->token, sizeof o->token, terr, sizeof terr))
       return opt_fail(st, opt_origin(st, "token_file"), "%s", terr);
     a->token = o->token;
+  }
+  /* Unreadable TLS files are usage errors naming where they were set, not a
+   * connection that fails later. */
+  const char *const tls[][2] = {{"tls_ca_file", a->tls_ca_file},
+                                {"tls_client_cert_file", a->tls_client_cert_file},
+                                {"tls_client_key_file", a->tls_client_key_file}};
+  for (size_t i = 0; i < sizeof tls / sizeof tls[0]; i++) {
+    if (!tls[i][1]) continue;
+    FILE *f = fopen(tls[i][1], "rb");
+    if (!f)
+      return opt_fail(st, opt_origin(st, tls[i][0]), "cannot read \"%s\": %s", tls[i][1], strerror(errno));
+    fclose(f);
+  }
+  if (!a->tls_client_cert_file != !a->tls_client_key_file) {
+    const char *set = a->tls_client_cert_file ? "tls_client_cert_file" : "tls_client_key_file";
+    return opt_fail(st, opt_origin(st, set), "set without %s (give both or neither)",
+                    a->tls_client_cert_file ? "--tls-client-key" : "--tls-client-cert");
   }
   a->device_set = opt_is_set(st, "device");
   a->seed_set = opt_is_set(st, "seed");

@@ -25,6 +25,7 @@ typedef struct ctl_opts {
   char *tls_ca_file;
   bool json;
   double timeout_s;
+  char *tls_client_cert_file, *tls_client_key_file; /* for a server that asks (mutual TLS) */
 } ctl_opts;
 
 /* Every command's flags and arguments; each command's table uses its part. */
@@ -100,6 +101,11 @@ static const opt_field ctl__global_fields[] = {
      .metavar = "FILE", .help = "file holding the bearer token"},
     {.name = "tls_ca_file", .flag = "--tls-ca", .type = OPT_PATH, .off = CO(tls_ca_file, char *),
      .metavar = "FILE", .help = "PEM roots to verify the server by; turns TLS on"},
+    {.name = "tls_client_cert_file", .flag = "--tls-client-cert", .type = OPT_PATH,
+     .off = CO(tls_client_cert_file, char *), .metavar = "FILE",
+     .help = "PEM client certificate for a server that asks for one (with --tls-client-key)"},
+    {.name = "tls_client_key_file", .flag = "--tls-client-key", .type = OPT_PATH,
+     .off = CO(tls_client_key_file, char *), .metavar = "FILE", .help = "PEM private key of --tls-client-cert"},
     {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = CO(json, bool),
      .help = "one JSON object per line instead of tables"},
     {.name = "timeout_s", .flag = "--timeout", .type = OPT_DOUBLE, .off = CO(timeout_s, double),
@@ -525,8 +531,10 @@ int cmd_ctl(int argc, char **argv) {
   }
   rpc_client_opts co = {.target = o.orchestrator,
                         .token = o.token_file ? tokbuf : NULL,
-                        .tls_ca_file = o.tls_ca_file};
-  char err[256];
+                        .tls_ca_file = o.tls_ca_file,
+                        .tls_cert_file = o.tls_client_cert_file,
+                        .tls_key_file = o.tls_client_key_file};
+  char err[512];
   if (rpc_client_new(&co, &c.client, err, sizeof err) != 0) {
     fprintf(stderr, "rlorch ctl: %s\n", err);
     rc = 1;

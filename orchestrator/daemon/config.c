@@ -8,6 +8,7 @@
 
 #include "orchestrator/daemon/config.h"
 #include "rpc/rpc.h"
+#include "workers/bcast/bcast.h"
 
 static const opt_name config__policies[] = {
     {"auto", RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO},
@@ -34,6 +35,10 @@ static const opt_field config__fields[] = {
      .off = CONFIG__OFF(tls_cert_file, char *), .metavar = "FILE", .help = "PEM certificate chain"},
     {.name = "tls_key_file", .flag = "--tls-key", .type = OPT_PATH,
      .off = CONFIG__OFF(tls_key_file, char *), .metavar = "FILE", .help = "PEM private key"},
+    {.name = "tls_client_ca_file", .flag = "--tls-client-ca", .type = OPT_PATH,
+     .off = CONFIG__OFF(tls_client_ca_file, char *), .metavar = "FILE",
+     .help = "PEM roots: every client must present a certificate they signed (mutual TLS)",
+     .dflt = "none: no client certificate asked"},
     {.name = "log_level", .flag = "--log-level", .type = OPT_ENUM, .off = CONFIG__OFF(log_level, int),
      .names = opt_log_level_names, .metavar = "LEVEL", .help = "log threshold"},
     {.name = "log_format", .flag = "--log-format", .type = OPT_ENUM,
@@ -108,6 +113,23 @@ static const opt_field config__fields[] = {
     {.name = "staging_budget_bytes", .type = OPT_BYTES,
      .off = CONFIG__OFF(staging_budget_bytes, uint64_t), .min = 1048576.0, .max = 1099511627776.0,
      .metavar = "BYTES", .help = "staging memory budget per bucket"},
+    {.name = "broadcast_gbps_host", .type = OPT_DOUBLE,
+     .off = CONFIG__OFF(broadcast_gbps_host, double), .min = 0, .max = 1e6, .flags = OPT_GT_MIN,
+     .metavar = "GBPS",
+     .help = "slowest rate (GB/s, summed over receivers) the host transport is expected to give; "
+             "bounds each plan with broadcast_safety and broadcast_slack_ms"},
+    {.name = "broadcast_gbps_staged", .type = OPT_DOUBLE,
+     .off = CONFIG__OFF(broadcast_gbps_staged, double), .min = 0, .max = 1e6, .flags = OPT_GT_MIN,
+     .metavar = "GBPS", .help = "slowest rate (GB/s) staged mode is expected to give"},
+    {.name = "broadcast_gbps_direct", .type = OPT_DOUBLE,
+     .off = CONFIG__OFF(broadcast_gbps_direct, double), .min = 0, .max = 1e6, .flags = OPT_GT_MIN,
+     .metavar = "GBPS", .help = "slowest rate (GB/s) direct mode is expected to give"},
+    {.name = "broadcast_safety", .type = OPT_DOUBLE, .off = CONFIG__OFF(broadcast_safety, double),
+     .min = 1, .max = 1000, .metavar = "X",
+     .help = "a plan may take this many times what its bytes cost at the expected rate"},
+    {.name = "broadcast_slack_ms", .type = OPT_U32, .off = CONFIG__OFF(broadcast_slack_ms, uint32_t),
+     .min = 0, .max = 86400000, .metavar = "MS",
+     .help = "fixed time added to every plan's bounds, on top of worker_timeout_ms"},
     {.name = "print_config", .flag = "--print-config", .type = OPT_SWITCH,
      .off = CONFIG__OFF(print_config, bool), .flags = OPT_NO_ENV | OPT_NO_FILE,
      .help = "print the effective configuration as YAML and exit"},
@@ -150,6 +172,13 @@ void config_defaults(config *c) {
   c->max_tokens = 1024;
   c->temperature = 1.0;
   c->staging_budget_bytes = 256u << 20;
+  bcast_cost_model m; /* one set of defaults, the engine's */
+  bcast_cost_model_default(&m);
+  c->broadcast_gbps_host = m.gbps[BCAST_MODE_HOST];
+  c->broadcast_gbps_staged = m.gbps[BCAST_MODE_STAGED];
+  c->broadcast_gbps_direct = m.gbps[BCAST_MODE_DIRECT];
+  c->broadcast_safety = m.safety;
+  c->broadcast_slack_ms = (uint32_t)(m.slack_s * 1000.0);
 }
 
 void config_free(config *c) {
@@ -208,6 +237,11 @@ static int config__validate(config *c, opt_state *st) {
   }
   if (c->tls_cert_file && (config__check_readable(st, "tls_cert_file", c->tls_cert_file) ||
                            config__check_readable(st, "tls_key_file", c->tls_key_file)))
+    return -1;
+  if (c->tls_client_ca_file && !c->tls_cert_file)
+    return opt_fail(st, opt_origin(st, "tls_client_ca_file"),
+                    "client certificates need TLS: set tls_cert_file and tls_key_file too");
+  if (c->tls_client_ca_file && config__check_readable(st, "tls_client_ca_file", c->tls_client_ca_file))
     return -1;
   if (c->token_file) {
     /* The clients' reader, so a file that works for ctl and the agents works here. */

@@ -37,6 +37,8 @@ typedef struct config {
   char *token_file;       /* bearer token file, or NULL for no auth */
   char *tls_cert_file;    /* PEM certificate chain, or NULL (both or neither) */
   char *tls_key_file;     /* PEM private key, or NULL */
+  char *tls_client_ca_file; /* PEM roots: clients must present a certificate they
+                               signed (mutual TLS); needs tls_cert_file; or NULL */
   char *token;            /* contents of token_file without surrounding
                              white space (rpc_token_read), or NULL; never printed */
   log_level log_level;    /* default LOG_INFO */
@@ -71,6 +73,14 @@ typedef struct config {
   double temperature;             /* of a run without sampling parameters, default 1.0 */
   uint32_t request_timeout_ms;    /* re-send a slower request elsewhere; 0 (default): never */
   uint64_t staging_budget_bytes;  /* default 256 MiB */
+  /* The cost model that bounds every plan (bcast_cost_estimate): the rate
+   * each mode is expected to give at least, in GB/s, a safety factor and a
+   * slack; worker_timeout_ms is its loss detection time. */
+  double broadcast_gbps_host;     /* default 0.5 */
+  double broadcast_gbps_staged;   /* default 5 */
+  double broadcast_gbps_direct;   /* default 10 */
+  double broadcast_safety;        /* default 4 */
+  uint32_t broadcast_slack_ms;    /* default 2000 */
   bool print_config;              /* --print-config: print and exit 0 */
   bool help;                      /* --help: config_usage(stdout) and exit 0 */
 } config;

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,7 +71,9 @@ struct runner {
   uint32_t nccl_members[WORKERS_MAX];
   size_t n_nccl_members;
   int draining; /* inside drain(): re-entrant calls only queue */
-  int64_t plan_ack_timeout_ms, broadcast_timeout_ms; /* the active run's scheduler settings */
+  double measured_gbps[SCHED_MODE_COUNT]; /* the active run's last committed broadcast per
+                                             mode, in the cost model's sense (summed over
+                                             receivers in host mode); 0: none yet */
   held_batch batch; /* the batch of the step the trainer executes */
   prompt_source *prompts; /* the active run's */
   group_table *groups;    /* its open groups: prompt and first dispatch */
@@ -433,9 +436,43 @@ static void act_train(runner *r, const sched_action *a) {
   rollouts_sweep(r);
 }
 
+/* A plan's bounds, from the cost model (bcast_cost_estimate). */
+typedef struct plan_bounds {
+  int64_t ack_ms, broadcast_ms;
+  double min_gbps;
+  char expected[120]; /* what they were made of, for a timeout's message */
+} plan_bounds;
+
+static int plan_bounds_of(runner *r, bcast_mode mode, uint64_t wire_bytes, uint32_t receivers,
+                          plan_bounds *out, char *err, size_t errlen) {
+  const config *cfg = r->o->cfg;
+  bcast_cost_model m;
+  bcast_cost_model_default(&m);
+  m.gbps[BCAST_MODE_HOST] = cfg->broadcast_gbps_host;
+  m.gbps[BCAST_MODE_STAGED] = cfg->broadcast_gbps_staged;
+  m.gbps[BCAST_MODE_DIRECT] = cfg->broadcast_gbps_direct;
+  m.safety = cfg->broadcast_safety;
+  m.slack_s = cfg->broadcast_slack_ms / 1000.0;
+  m.detect_s = cfg->worker_timeout_ms / 1000.0; /* a hung participant is lost before any bound */
+  bcast_cost c;
+  bcast_err be = {0};
+  double measured = (int)mode < SCHED_MODE_COUNT ? r->measured_gbps[mode] : 0;
+  if (bcast_cost_estimate(&m, mode, wire_bytes, receivers, measured, &c, &be) != 0)
+    return snprintf(err, errlen, "cost model: %s", be.msg), -1;
+  out->ack_ms = (int64_t)ceil(c.ack_s * 1000.0);
+  out->broadcast_ms = (int64_t)ceil(c.broadcast_s * 1000.0);
+  out->min_gbps = c.min_gbps;
+  snprintf(out->expected, sizeof out->expected,
+           "%.1f MB to %u receiver%s at %.3g GB/s for %s mode (%s), x%g + %.1f s",
+           (double)wire_bytes / 1e6, receivers, receivers == 1 ? "" : "s", c.rate_gbps,
+           bcast_mode_name(mode), c.measured ? "measured" : "configured", m.safety,
+           m.slack_s + m.detect_s);
+  return 0;
+}
+
 /* Builds the plan from the trainer's manifest and sends it to every participant. */
-static int build_plan(runner *r, const sched_action *a, uint64_t *hash, char *err,
-                      size_t errlen) {
+static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bounds *bounds,
+                      char *err, size_t errlen) {
   workers_entry *t = workers_by_id(r->workers, a->participants[0]);
   if (!t || !t->manifest) return snprintf(err, errlen, "no trainer manifest"), -1;
   bcast_mode mode;
@@ -460,16 +497,21 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, char *er
                         .world_size = (uint32_t)a->nparticipants,
                         .root_rank = 0,
                         .policy_version = a->policy_version,
-                        /* Participants give up when the scheduler would; they
-                         * compare with their own clocks, so this one is wall time. */
-                        .deadline_unix_ms = now_unix_ms() + r->plan_ack_timeout_ms +
-                                            r->broadcast_timeout_ms,
                         .host_endpoint = t->data_address,
                         .checksum = BCAST_CHECKSUM_XXH3_64};
   bcast_plan *plan = NULL;
   int rc = bcast_plan_build(tensors, nt, &po, &plan, &be);
   free(tensors);
   if (rc != 0) return snprintf(err, errlen, "plan: %s", be.msg), -1;
+  if (plan_bounds_of(r, mode, bcast_plan_wire_bytes(plan), (uint32_t)a->nparticipants - 1, bounds,
+                     err, errlen) != 0) {
+    bcast_plan_free(plan);
+    return -1;
+  }
+  /* Participants give up when the scheduler would; they compare with their
+   * own clocks, so this one is wall time. Neither field is hashed. */
+  plan->deadline_unix_ms = now_unix_ms() + bounds->ack_ms + bounds->broadcast_ms;
+  plan->min_gbps = bounds->min_gbps;
   snprintf(plan->mode_reason, sizeof plan->mode_reason, "%s", a->text);
   if (nccl) {
     memcpy(plan->nccl_id, r->nccl_id, sizeof plan->nccl_id);
@@ -483,8 +525,10 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, char *er
   }
   *hash = plan->hash;
   log_info("plan_built", "run=%s plan=%s mode=%s buckets=%zu wire_bytes=%" PRIu64
-           " participants=%zu reason=\"%s\"", r->run->id, a->plan_id, bcast_mode_name(mode),
-           plan->nbuckets, bcast_plan_wire_bytes(plan), a->nparticipants, a->text);
+           " participants=%zu ack_ms=%" PRId64 " broadcast_ms=%" PRId64 " min_gbps=%.3g"
+           " bounds=\"%s\" reason=\"%s\"", r->run->id, a->plan_id, bcast_mode_name(mode),
+           plan->nbuckets, bcast_plan_wire_bytes(plan), a->nparticipants, bounds->ack_ms,
+           bounds->broadcast_ms, bounds->min_gbps, bounds->expected, a->text);
   for (size_t i = 0; i < a->nparticipants; i++) {
     Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
     cmd.kind_case = RLORCH__V1__COMMAND__KIND_PLAN;
@@ -503,11 +547,15 @@ static void act_build_plan(runner *r, const sched_action *a) {
   if (a->catchup)
     log_info("catchup_planned", "run=%s plan=%s policy_version=%" PRIu64 " receivers=%zu", r->run->id,
              a->plan_id, a->policy_version, a->nparticipants ? a->nparticipants - 1 : 0);
-  if (build_plan(r, a, &hash, err, sizeof err) != 0) {
+  plan_bounds b = {0};
+  if (build_plan(r, a, &hash, &b, err, sizeof err) != 0) {
     log_error("plan_failed", "run=%s plan=%s error=\"%s\"", r->run->id, a->plan_id, err);
     sched_plan_built(r->sched, mono(), a->plan_id, 0, err);
     return;
   }
+  if (sched_plan_limits(r->sched, mono(), a->plan_id, b.ack_ms, b.broadcast_ms, b.expected) != 0)
+    log_error("plan_limits_refused", "run=%s plan=%s error=\"%s\"", r->run->id, a->plan_id,
+              sched_last_error(r->sched));
   publish_broadcast(r, a, RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_PLANNED, a->text);
   sched_plan_built(r->sched, mono(), a->plan_id, hash, NULL);
 }
@@ -552,8 +600,10 @@ static void act_trigger(runner *r, const sched_action *a) {
 }
 
 static void act_abort(runner *r, const sched_action *a) {
-  log_warn("broadcast_aborted", "run=%s plan=%s reason=\"%s\"", r->run->id, a->plan_id, a->text);
-  const char *lv[] = {"aborted"};
+  const char *kind = sched_abort_reason_name(a->abort_reason);
+  log_warn("broadcast_aborted", "run=%s plan=%s kind=%s reason=\"%s\"", r->run->id, a->plan_id,
+           kind, a->text);
+  const char *lv[] = {kind};
   metrics_counter_inc(r->o->m.broadcast_aborts, lv);
   publish_broadcast(r, a, RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_ABORTED, a->text);
   /* A broken communicator must not be reused. */
@@ -634,6 +684,12 @@ static void act_commit(runner *r, const sched_action *a) {
     return;
   }
   record_metrics(r, rec);
+  /* What this mode achieved bounds the next plans in it (only ever longer
+   * than the configured rate allows: see bcast_cost_estimate). Host mode's
+   * rate is per receiver; the model's is the root's, summed. */
+  if ((int)rec->mode < SCHED_MODE_COUNT && rec->gbps > 0)
+    r->measured_gbps[rec->mode] =
+        rec->gbps * (rec->mode == SCHED_MODE_HOST && rec->receivers > 1 ? rec->receivers : 1);
   log_info("step", "run=%s step=%" PRIu64 " mode=%s transport=%s used=%u dropped=%u "
            "train_s=%.4f bcast_s=%.4f h2d_s=%.4f cast_s=%.4f wire_s=%.4f exposed_s=%.4f "
            "gbps=%.3f verified=%d",
@@ -1174,8 +1230,9 @@ static int begin_run(runner *r, Rlorch__V1__Run *run, uint64_t steps_done, uint3
     return refuse_run(r, run, err);
   }
   st.heartbeat_timeout_ms = cfg->worker_timeout_ms;
-  r->plan_ack_timeout_ms = st.plan_ack_timeout_ms;
-  r->broadcast_timeout_ms = st.broadcast_timeout_ms;
+  /* st.plan_ack_timeout_ms and broadcast_timeout_ms stay the scheduler's
+   * defaults: every plan gets its own from the cost model (build_plan). */
+  memset(r->measured_gbps, 0, sizeof r->measured_gbps);
   if (sched_new(&st, &r->sched, err, errlen) != 0) return refuse_run(r, run, err);
   if (prompt_source_open(run->spec->prompts, cfg->max_prompt_tokens, &r->prompts, err,
                          errlen) != 0 ||

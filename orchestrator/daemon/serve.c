@@ -309,6 +309,7 @@ static int start_rpc(orch *o, char *err, size_t errlen) {
                         .token = cfg->token,
                         .tls_cert_file = cfg->tls_cert_file,
                         .tls_key_file = cfg->tls_key_file,
+                        .tls_client_ca_file = cfg->tls_client_ca_file,
                         .shutdown_grace_s = cfg->shutdown_grace_s,
                         .on_call_done = on_call_done,
                         .hook_ud = o};

@@ -83,13 +83,20 @@ typedef struct sched__step {
   int checksums_ok;            /* every receiver so far matched or not yet judged */
   uint64_t *rx_checksums;      /* per rank, 0: none */
   int failing;                 /* a participant reported a broadcast error */
+  int64_t failing_since;       /* when the first one came */
   char fail_msg[SCHED_TEXT_MAX];
+  /* This plan's bounds: the shell's cost model (sched_plan_limits), else the run's. */
+  int64_t ack_timeout_ms, broadcast_timeout_ms;
+  char expected[SCHED_TEXT_MAX / 2];
 } sched__step;
 
 /* A participant's broadcast error is often only the echo of another one's
- * death (its connection reset), reported before the dead worker's stream is
- * seen closing. The run fails only if no participant is lost within this
- * window; a loss re-plans the step without it, as for any lost worker. */
+ * death or hang (its connection reset, its socket stalled), reported before
+ * the dead worker's stream is seen closing or the hung one's heartbeats are
+ * missed. The run fails only once every participant has been heard from
+ * since the error, and this long at least; a participant that stays silent
+ * is lost within heartbeat_timeout_ms, which re-plans the step without it,
+ * as for any lost worker. */
 #define SCHED__PEER_GRACE_MS 3000
 
 struct sched {
@@ -149,6 +156,9 @@ struct sched {
   sched_step_record *recs;     /* records of COMMIT actions */
   size_t nrecs, recs_cap;
 };
+
+static void sched__plan_timeout(sched *s);
+static int sched__failing_due(sched *s, int64_t now);
 
 /* ---- small helpers ---------------------------------------------------------------- */
 
@@ -290,9 +300,9 @@ static void sched__set_run_state(sched *s, sched_run_state st, const char *fmt, 
 /* ---- plan abort and run failure ------------------------------------------------------- */
 
 /* Aborts the pending plan, if any; the trained weights stay with the trainer,
- * so the step goes back to TRAINED and may be planned again. An aborted
+  * so the step goes back to TRAINED and may be planned again. An aborted
  * catch-up goes back to idle: the pump decides again whom to catch up. */
-static void sched__abort_plan(sched *s, const char *reason) {
+static void sched__abort_plan(sched *s, sched_abort_reason why, const char *reason) {
   if (!sched__plan_pending(s)) return;
   sched_action *a = sched__act(s, SCHED_ACT_ABORT);
   if (a) {
@@ -300,16 +310,18 @@ static void sched__abort_plan(sched *s, const char *reason) {
     a->catchup = s->st.catchup;
     snprintf(a->plan_id, sizeof a->plan_id, "%s", s->st.plan_id);
     snprintf(a->text, sizeof a->text, "%s", reason);
+    a->abort_reason = why;
     sched__act_parts(s, a);
   }
   s->c.aborts++;
+  if (why > 0 && why < SCHED_ABORT_COUNT) s->c.aborts_by_reason[why]++;
   s->st.phase = s->st.catchup ? SCHED__IDLE : SCHED__TRAINED;
   s->st.catchup = 0;
   s->st.deadline_ms = SCHED_NEVER;
 }
 
-static void sched__fail_run(sched *s, const char *msg) {
-  sched__abort_plan(s, msg);
+static void sched__fail_run(sched *s, sched_abort_reason why, const char *msg) {
+  sched__abort_plan(s, why, msg);
   sched__set_run_state(s, SCHED_RUN_FAILED, "%s", msg);
 }
 
@@ -766,7 +778,7 @@ static void sched__plan_base(const sched *s, char *out, size_t len) {
 static int sched__plan_parts(sched *s, const sched_worker_info *t, int catchup) {
   sched__step *st = &s->st;
   if (sched__plan_reserve(s, s->nworkers + 1)) {
-    sched__fail_run(s, "out of memory while planning the broadcast");
+    sched__fail_run(s, SCHED_ABORT_ERROR, "out of memory while planning the broadcast");
     return -1;
   }
   st->nparts = 0;
@@ -780,7 +792,8 @@ static int sched__plan_parts(sched *s, const sched_worker_info *t, int catchup) 
 }
 
 /* A fresh plan of st->nparts participants: nothing acked or done yet. */
-static void sched__plan_reset(sched__step *st) {
+static void sched__plan_reset(sched *s) {
+  sched__step *st = &s->st;
   st->phase = SCHED__PLANNING; /* so that a refusal after this is an abort of the plan */
   st->nacked = st->ndone = 0;
   memset(st->acked, 0, st->nparts);
@@ -791,6 +804,9 @@ static void sched__plan_reset(sched__step *st) {
   st->hash = 0;
   st->failing = 0;
   st->fail_msg[0] = '\0';
+  st->ack_timeout_ms = s->cfg.plan_ack_timeout_ms;
+  st->broadcast_timeout_ms = s->cfg.broadcast_timeout_ms;
+  st->expected[0] = '\0';
 }
 
 static void sched__start_plan(sched *s, int64_t now) {
@@ -809,12 +825,12 @@ static void sched__start_plan(sched *s, int64_t now) {
   int rc = sched_choose_mode(s->policy, s->pscratch, st->nparts, &t->offload, &st->mode,
                              st->reason, sizeof st->reason);
   st->catchup = 0;
-  sched__plan_reset(st);
+  sched__plan_reset(s);
   if (rc != SCHED_OK) {
     char msg[SCHED_TEXT_MAX];
     snprintf(msg, sizeof msg, "broadcast of step %" PRIu64 " refused: %.200s", s->steps_done,
              st->reason);
-    sched__fail_run(s, msg);
+    sched__fail_run(s, SCHED_ABORT_REFUSED, msg);
     return;
   }
   sched_action *a = sched__act(s, SCHED_ACT_BUILD_PLAN);
@@ -862,7 +878,7 @@ static void sched__start_catchup(sched *s, int64_t now) {
            "train step makes an NCCL communicator)",
            st->nparts - 1, st->nparts == 2 ? "" : "s", s->steps_done);
   st->catchup = 1;
-  sched__plan_reset(st);
+  sched__plan_reset(s);
   sched_action *a = sched__act(s, SCHED_ACT_BUILD_PLAN);
   if (a) {
     a->step = s->steps_done;
@@ -1048,6 +1064,10 @@ void sched_action_batch_free(sched_action_batch *b) {
 int64_t sched_next_deadline(const sched *s) {
   if (sched__terminal(s)) return SCHED_NEVER;
   int64_t d = sched__plan_pending(s) ? s->st.deadline_ms : SCHED_NEVER;
+  /* A held error may stand at the end of its grace (later only at a report). */
+  if (sched__plan_pending(s) && s->st.failing && s->st.failing_since + SCHED__PEER_GRACE_MS > s->last_now &&
+      s->st.failing_since + SCHED__PEER_GRACE_MS < d)
+    d = s->st.failing_since + SCHED__PEER_GRACE_MS;
   for (size_t i = 0; i < s->nworkers; i++) {
     const sched_worker_info *w = &s->workers[i];
     if (!sched__live(w)) continue;
@@ -1186,20 +1206,26 @@ int sched_worker_heartbeat(sched *s, int64_t now, uint32_t id, uint64_t policy_v
   /* Alive, whatever the version says: refusing the proof of life would have
    * the worker lost and registering again in a loop. */
   w->last_seen_ms = now;
-  if (w->role != SCHED_ROLE_INFERENCE) return SCHED_OK;
-  if (!w->synced) { /* any version: its catch-up will set it */
-    w->policy_version = policy_version;
-    return SCHED_OK;
+  if (w->role == SCHED_ROLE_INFERENCE) {
+    if (!w->synced) { /* any version: its catch-up will set it */
+      w->policy_version = policy_version;
+    } else if (policy_version > sched__max_version(s)) {
+      return sched__fail_arg(s, SCHED_EINVAL,
+                             "worker %s: heartbeat policy_version %" PRIu64
+                             " is newer than the published %" PRIu64,
+                             w->name, policy_version, s->steps_done);
+    } else if (policy_version > w->policy_version) {
+      /* Within a run a worker's weights only move forward; a heartbeat read
+       * before its broadcast landed may arrive after the commit, and taking
+       * its older version would shut the worker out of dispatch until the next. */
+      w->policy_version = policy_version;
+    }
   }
-  if (policy_version > sched__max_version(s))
-    return sched__fail_arg(s, SCHED_EINVAL,
-                           "worker %s: heartbeat policy_version %" PRIu64
-                           " is newer than the published %" PRIu64,
-                           w->name, policy_version, s->steps_done);
-  /* Within a run a worker's weights only move forward; a heartbeat read
-   * before its broadcast landed may arrive after the commit, and taking its
-   * older version would shut the worker out of dispatch until the next. */
-  if (policy_version > w->policy_version) w->policy_version = policy_version;
+  /* The last participant heard from since a broadcast error: the error stands. */
+  if (!sched__terminal(s) && sched__failing_due(s, now)) {
+    sched__plan_timeout(s);
+    sched__pump(s, now);
+  }
   return SCHED_OK;
 }
 
@@ -1218,7 +1244,7 @@ static void sched__lose(sched *s, sched_worker_info *w, const char *reason) {
     char msg[SCHED_TEXT_MAX];
     snprintf(msg, sizeof msg, "%s %s lost: %.150s", trainer ? "trainer" : "inference worker",
              w->name, why);
-    sched__abort_plan(s, msg);
+    sched__abort_plan(s, SCHED_ABORT_PARTICIPANT_LOST, msg);
   }
   /* Without its trainer the step's weights are gone: redo it with a fresh batch. */
   if (trainer && !sched__terminal(s)) {
@@ -1467,12 +1493,29 @@ int sched_plan_built(sched *s, int64_t now, const char *plan_id, uint64_t hash,
   if (error && error[0]) {
     char msg[SCHED_TEXT_MAX];
     snprintf(msg, sizeof msg, "plan %s could not be built: %s", plan_id, error);
-    sched__fail_run(s, msg);
+    sched__fail_run(s, SCHED_ABORT_ERROR, msg);
     return SCHED_OK;
   }
   s->st.hash = hash;
   s->st.phase = SCHED__ACKING;
-  s->st.deadline_ms = now + s->cfg.plan_ack_timeout_ms;
+  s->st.deadline_ms = now + s->st.ack_timeout_ms;
+  return SCHED_OK;
+}
+
+int sched_plan_limits(sched *s, int64_t now, const char *plan_id, int64_t ack_timeout_ms,
+                      int64_t broadcast_timeout_ms, const char *expected) {
+  if (sched__begin(s, now)) return SCHED_EINVAL;
+  if (!plan_id) return sched__fail_arg(s, SCHED_EINVAL, "plan_id: NULL");
+  if (ack_timeout_ms <= 0 || broadcast_timeout_ms <= 0)
+    return sched__fail_arg(s, SCHED_EINVAL, "plan %s: timeouts %" PRId64 " ms and %" PRId64
+                           " ms must be > 0", plan_id, ack_timeout_ms, broadcast_timeout_ms);
+  if (!sched__plan_pending(s) || strcmp(plan_id, s->st.plan_id) != 0)
+    return sched__fail_arg(s, SCHED_ESTALE, "plan %s: not the pending plan", plan_id);
+  if (s->st.phase != SCHED__PLANNING)
+    return sched__fail_arg(s, SCHED_ESTATE, "plan %s: already built", plan_id);
+  s->st.ack_timeout_ms = ack_timeout_ms;
+  s->st.broadcast_timeout_ms = broadcast_timeout_ms;
+  snprintf(s->st.expected, sizeof s->st.expected, "%s", expected ? expected : "");
   return SCHED_OK;
 }
 
@@ -1489,13 +1532,13 @@ int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id
   char msg[SCHED_TEXT_MAX];
   if (error && error[0]) {
     snprintf(msg, sizeof msg, "%s refused plan %s: %s", w->name, plan_id, error);
-    sched__fail_run(s, msg);
+    sched__fail_run(s, SCHED_ABORT_REFUSED, msg);
     return SCHED_OK;
   }
   if (hash != s->st.hash) {
     snprintf(msg, sizeof msg, "%s acked plan %s with hash %016" PRIx64 ", expected %016" PRIx64,
              w->name, plan_id, hash, s->st.hash);
-    sched__fail_run(s, msg);
+    sched__fail_run(s, SCHED_ABORT_REFUSED, msg);
     return SCHED_OK;
   }
   if (s->st.acked[rank]) return SCHED_OK; /* a repeated ack changes nothing */
@@ -1510,7 +1553,7 @@ int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id
     sched__act_parts(s, a);
   }
   s->st.phase = SCHED__BROADCASTING;
-  s->st.deadline_ms = now + s->cfg.broadcast_timeout_ms;
+  s->st.deadline_ms = now + s->st.broadcast_timeout_ms;
   return SCHED_OK;
 }
 
@@ -1628,14 +1671,22 @@ int sched_broadcast_done(sched *s, int64_t now, uint32_t worker, const char *pla
   if (error && error[0]) {
     if (!s->st.failing) {
       s->st.failing = 1;
+      s->st.failing_since = now;
       snprintf(s->st.fail_msg, sizeof s->st.fail_msg, "broadcast of plan %s failed on %s: %s",
                plan_id, w->name, error);
-      if (now + SCHED__PEER_GRACE_MS < s->st.deadline_ms)
-        s->st.deadline_ms = now + SCHED__PEER_GRACE_MS;
+      /* By then every participant has been heard from or is lost (see
+       * SCHED__PEER_GRACE_MS), whatever the broadcast's own bound. */
+      int64_t hold = s->cfg.heartbeat_timeout_ms > SCHED__PEER_GRACE_MS ? s->cfg.heartbeat_timeout_ms
+                                                                          : SCHED__PEER_GRACE_MS;
+      s->st.deadline_ms = now + hold;
     }
+    if (sched__failing_due(s, now)) sched__plan_timeout(s);
     return SCHED_OK;
   }
-  if (s->st.failing) return SCHED_OK; /* this plan will not commit */
+  if (s->st.failing) { /* this plan will not commit */
+    if (sched__failing_due(s, now)) sched__plan_timeout(s);
+    return SCHED_OK;
+  }
   if (rank == 0 && !report)
     return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: broadcast done without figures",
                            w->name);
@@ -1713,7 +1764,7 @@ int sched_fail(sched *s, int64_t now, const char *reason) {
   if (sched__terminal(s))
     return sched__fail_arg(s, SCHED_ESTATE, "run %s: already %s", s->cfg.run_id,
                            sched_run_state_name(s->state));
-  sched__fail_run(s, reason && reason[0] ? reason : "failed by the orchestrator");
+  sched__fail_run(s, SCHED_ABORT_ERROR, reason && reason[0] ? reason : "failed by the orchestrator");
   return SCHED_OK;
 }
 
@@ -1727,7 +1778,7 @@ int sched_stop(sched *s, int64_t now, const char *reason) {
   /* A broadcast in flight is let finish (bounded by its deadline) and its step
    * committed: aborting it would interrupt every participant mid-transfer and
    * throw away a trained step. A plan not yet triggered is simply dropped. */
-  if (s->st.phase != SCHED__BROADCASTING) sched__abort_plan(s, msg);
+  if (s->st.phase != SCHED__BROADCASTING) sched__abort_plan(s, SCHED_ABORT_STOP, msg);
   sched__set_run_state(s, SCHED_RUN_STOPPING, "%s", msg);
   sched__pump(s, now);
   return SCHED_OK;
@@ -1749,29 +1800,49 @@ static const char *sched__laggard(sched *s, size_t *count) {
 }
 
 static void sched__plan_timeout(sched *s) {
-  char msg[SCHED_TEXT_MAX];
+  char msg[2 * SCHED_TEXT_MAX]; /* cut to SCHED_TEXT_MAX where it is kept */
   size_t late = 0;
+  sched__phase ph = s->st.phase;
   if (s->st.failing) {
-    sched__fail_run(s, s->st.fail_msg);
+    sched__fail_run(s, SCHED_ABORT_ERROR, s->st.fail_msg);
     return;
   }
-  if (s->st.phase == SCHED__PLANNING) {
-    snprintf(msg, sizeof msg, "plan %s was not built within %" PRId64 " ms", s->st.plan_id,
-             s->cfg.plan_ack_timeout_ms);
+  int acking = ph != SCHED__BROADCASTING;
+  int64_t limit = acking ? s->st.ack_timeout_ms : s->st.broadcast_timeout_ms;
+  const char *exp = s->st.expected[0] ? s->st.expected : NULL;
+  if (ph == SCHED__PLANNING) {
+    snprintf(msg, sizeof msg, "plan %s was not built within %" PRId64 " ms", s->st.plan_id, limit);
   } else {
     const char *who = sched__laggard(s, &late);
-    int acking = s->st.phase == SCHED__ACKING;
-    snprintf(msg, sizeof msg, "plan %s: %s timed out after %" PRId64 " ms waiting for %s%s",
-             s->st.plan_id, acking ? "ack" : "broadcast",
-             acking ? s->cfg.plan_ack_timeout_ms : s->cfg.broadcast_timeout_ms, who,
-             late > 1 ? " and others" : "");
+    /* Observed: nothing from the laggard within the bound; expected: what the
+     * bound was made of. */
+    snprintf(msg, sizeof msg, "plan %s: %s timed out: observed no %s from %s%s in %.1f s, expected "
+             "within %.1f s%s%.120s%s",
+             s->st.plan_id, acking ? "ack" : "broadcast", acking ? "ack" : "broadcast report", who,
+             late > 1 ? " and others" : "", (double)limit / 1000.0, (double)limit / 1000.0,
+             exp ? " (" : "", exp ? exp : "", exp ? ")" : "");
   }
+  sched_abort_reason why = acking ? SCHED_ABORT_ACK_TIMEOUT : SCHED_ABORT_BROADCAST_TIMEOUT;
   if (s->state == SCHED_RUN_STOPPING) {
     /* The run was stopping anyway: give the step up, the run still ends STOPPED. */
-    sched__abort_plan(s, msg);
+    sched__abort_plan(s, why, msg);
     return;
   }
-  sched__fail_run(s, msg);
+  sched__fail_run(s, why, msg);
+}
+
+/* A broadcast error stands once every participant has been heard from since
+ * it came (none of them is dead or hung, so the error is no echo of one),
+ * and SCHED__PEER_GRACE_MS has passed. */
+static int sched__failing_due(sched *s, int64_t now) {
+  if (!sched__plan_pending(s) || !s->st.failing) return 0;
+  if (now >= s->st.deadline_ms) return 1;
+  if (now < s->st.failing_since + SCHED__PEER_GRACE_MS) return 0;
+  for (size_t i = 0; i < s->st.nparts; i++) {
+    const sched_worker_info *w = sched__worker(s, s->st.parts[i]);
+    if (w && sched__live(w) && w->last_seen_ms <= s->st.failing_since) return 0;
+  }
+  return 1;
 }
 
 int sched_tick(sched *s, int64_t now) {
@@ -1785,7 +1856,8 @@ int sched_tick(sched *s, int64_t now) {
     snprintf(why, sizeof why, "no heartbeat for %" PRId64 " ms", now - w->last_seen_ms);
     sched__lose(s, w, why);
   }
-  if (!sched__terminal(s) && sched__plan_pending(s) && now >= s->st.deadline_ms)
+  if (!sched__terminal(s) && sched__plan_pending(s) &&
+      (now >= s->st.deadline_ms || sched__failing_due(s, now)))
     sched__plan_timeout(s);
   /* Marked here, acted on by every dispatch until the group has its second
    * request: a slow request may find no other worker free at once. */

@@ -80,7 +80,11 @@
  * trainer's loss sends the run back to PENDING until a trainer attaches that
  * holds the committed version (the step is redone with a fresh batch) or the
  * next (the step it trained is planned; see "Resume"). Groups in flight on a lost worker are
- * re-sent (above); its results already received stay usable.
+ * re-sent (above); its results already received stay usable. A broadcast
+ * error is held before it fails the run, since it is often the echo of a
+ * peer's death or hang: until every participant has been heard from since the
+ * error, and SCHED__PEER_GRACE_MS (3 s) at least, or until a silent one is
+ * lost (at most heartbeat_timeout_ms: a re-plan instead).
  *
  * Versions and catch-up. The published version is the number of steps
  * committed. An inference worker is dispatched rollouts only once it is known
@@ -161,6 +165,19 @@ typedef enum {
 
 typedef enum { SCHED_ROLE_TRAINER = 1, SCHED_ROLE_INFERENCE = 2 } sched_role;
 
+/* Why a plan was aborted (SCHED_ACT_ABORT), for the metrics. */
+typedef enum {
+  SCHED_ABORT_ERROR = 1,        /* a participant's broadcast error; a plan that could
+                                   not be built; the shell failed the run */
+  SCHED_ABORT_ACK_TIMEOUT,      /* not built or not acked by everyone in time */
+  SCHED_ABORT_BROADCAST_TIMEOUT,
+  SCHED_ABORT_PARTICIPANT_LOST, /* a participant's heartbeats or stream stopped */
+  SCHED_ABORT_REFUSED,          /* a participant refused the plan or acked another
+                                   hash; the mode cannot run on the participants */
+  SCHED_ABORT_STOP              /* the run is stopping */
+} sched_abort_reason;
+#define SCHED_ABORT_COUNT 7 /* array size, indexed by reason */
+
 typedef enum {
   SCHED_WORKER_REGISTERED = 1, /* known, no command stream yet */
   SCHED_WORKER_READY = 2,      /* attached and idle */
@@ -174,6 +191,8 @@ int sched_mode_parse(const char *s, sched_mode *out);  /* 0 or SCHED_EINVAL */
 const char *sched_run_state_name(sched_run_state s);   /* "pending", "running", ... */
 const char *sched_worker_state_name(sched_worker_state s);
 const char *sched_role_name(sched_role r);
+const char *sched_abort_reason_name(sched_abort_reason r); /* "error", "ack_timeout",
+                                  "broadcast_timeout", "participant_lost", "refused", "stop" */
 
 /* ---- sizes ----------------------------------------------------------------- */
 #define SCHED_RUN_ID_MAX 64   /* run id, NUL included */
@@ -336,6 +355,7 @@ typedef struct sched_action {
   sched_run_state run_state;  /* RUN_STATE */
   sched_worker_state worker_state; /* WORKER_STATE */
   const sched_step_record *record; /* COMMIT; CAUGHT_UP (its figures only) */
+  sched_abort_reason abort_reason; /* ABORT */
 } sched_action;
 
 /* Actions moved out of the scheduler: `actions[0..n)` in the order they were
@@ -370,6 +390,7 @@ typedef struct sched_counters {
   uint32_t rollouts_requested;  /* asked for, not yet received (both requests of a
                                    re-sent group count) */
   uint32_t requests_in_flight;  /* dispatched, not yet answered, refused, cancelled or lost */
+  uint64_t aborts_by_reason[SCHED_ABORT_COUNT]; /* `aborts`, by sched_abort_reason */
 } sched_counters;
 
 typedef struct sched_run_info {
@@ -467,6 +488,17 @@ int sched_step_done(sched *s, int64_t now_ms, uint32_t worker, uint64_t step,
  * (build failed) aborts the plan and fails the run. */
 int sched_plan_built(sched *s, int64_t now_ms, const char *plan_id, uint64_t hash,
                      const char *error);
+
+/* The bounds of the plan being built, from the shell's cost model (its bytes
+ * at the rate of its mode): the ack and broadcast timeouts of this plan
+ * instead of the run's plan_ack_timeout_ms and broadcast_timeout_ms, and in
+ * words what they expect (at most SCHED_TEXT_MAX / 2 bytes are kept), which a
+ * timeout's message quotes against what was observed. Call it before
+ * sched_plan_built. They should exceed heartbeat_timeout_ms: a hung
+ * participant is then lost, and its step re-planned, before the plan times
+ * out. SCHED_EINVAL for a bound <= 0, SCHED_ESTALE for another plan. */
+int sched_plan_limits(sched *s, int64_t now_ms, const char *plan_id, int64_t ack_timeout_ms,
+                      int64_t broadcast_timeout_ms, const char *expected);
 
 /* A participant acknowledged `plan_id` with `hash`; `error` non-empty: refused. */
 int sched_plan_acked(sched *s, int64_t now_ms, uint32_t worker, const char *plan_id,

@@ -65,6 +65,18 @@ const char *sched_worker_state_name(sched_worker_state s) {
   }
 }
 
+const char *sched_abort_reason_name(sched_abort_reason r) {
+  switch (r) {
+  case SCHED_ABORT_ERROR: return "error";
+  case SCHED_ABORT_ACK_TIMEOUT: return "ack_timeout";
+  case SCHED_ABORT_BROADCAST_TIMEOUT: return "broadcast_timeout";
+  case SCHED_ABORT_PARTICIPANT_LOST: return "participant_lost";
+  case SCHED_ABORT_REFUSED: return "refused";
+  case SCHED_ABORT_STOP: return "stop";
+  }
+  return "unknown";
+}
+
 const char *sched_role_name(sched_role r) {
   switch (r) {
   case SCHED_ROLE_TRAINER: return "trainer";

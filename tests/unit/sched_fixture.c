@@ -62,6 +62,7 @@ void fx_drain(fx *h) {
     case SCHED_ACT_ABORT:
       h->nabort++;
       snprintf(h->abort_reason, sizeof h->abort_reason, "%s", a[i].text);
+      h->abort_kind = a[i].abort_reason;
       snprintf(h->abort_plan, sizeof h->abort_plan, "%s", a[i].plan_id);
       h->nabort_parts = a[i].nparticipants < 16 ? a[i].nparticipants : 16;
       memcpy(h->abort_parts, a[i].participants, h->nabort_parts * sizeof(uint32_t));

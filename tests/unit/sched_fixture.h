@@ -45,6 +45,7 @@ typedef struct fx {
   uint32_t parts[16];
   size_t nparts;
   char abort_reason[SCHED_TEXT_MAX];
+  sched_abort_reason abort_kind; /* of the last ABORT */
   char abort_plan[SCHED_PLAN_ID_MAX];
   uint32_t abort_parts[16]; /* who the last ABORT went to */
   size_t nabort_parts;

@@ -6,12 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "workers/bcast/bcast.h"
 #include "workers/bcast/bcast_internal.h"
+#include "tests/unit/bcast_peer.h"
 
 /* ---- a manifest with every dtype pair, several layers, one oversized tensor --- */
 
@@ -208,13 +210,18 @@ static void run_end_to_end(uint32_t receivers) {
 Test(bcast_host, one_receiver_bit_exact) { run_end_to_end(1); }
 Test(bcast_host, three_receivers_bit_exact) { run_end_to_end(3); }
 
-Test(bcast_host, receiver_with_another_plan_is_refused) {
+/* A receiver that holds another plan (here another policy version, so
+ * another hash) cannot prove it holds this one: the root closes its
+ * connection without a word and keeps waiting for the real receiver, whose
+ * broadcast then succeeds. The stray one learns that the root did not accept
+ * it. */
+Test(bcast_host, receiver_with_another_plan_is_closed_and_costs_the_plan_nothing) {
   fixture f;
   fixture_init(&f);
   bcast_engine *root = engine(0, "127.0.0.1:0", 10);
   bcast_plan *p = make_plan(&f, 2, bcast_engine_data_address(root), 64 << 10);
-  pid_t pid = fork();
-  if (pid == 0) {
+  pid_t pids[2];
+  if ((pids[0] = fork()) == 0) {
     uint32_t rank = 1;
     bcast_plan *q = bcast_plan_dup(p);
     q->policy_version = 99; /* the receiver believes another version */
@@ -224,15 +231,21 @@ Test(bcast_host, receiver_with_another_plan_is_refused) {
     memcpy(dst, f.src, sizeof dst);
     bcast_err err = {0};
     int rc = bcast_engine_execute(e, q, dst, f.n, NULL, &err);
-    if (rc != BCAST_EMISMATCH || !strstr(err.msg, "root refused rank 1")) CHILD_FAIL("got %d: %s", rc, err.msg);
+    if (rc != BCAST_EMISMATCH || !strstr(err.msg, "without accepting rank 1")) CHILD_FAIL("got %d: %s", rc, err.msg);
     _exit(0);
   }
+  if ((pids[1] = fork()) == 0) { /* the real one comes once the stray was refused */
+    usleep(500 * 1000);
+    receiver_child(&f, p, 1);
+  }
   bcast_err err = {0};
+  bcast_stats st;
   double t0 = bcast__now();
-  cr_assert_eq(bcast_engine_execute(root, p, f.src, f.n, NULL, &err), BCAST_EMISMATCH, "%s", err.msg);
-  cr_assert(strstr(err.msg, "receiver rank 1 holds plan 'test/step-1'"), "%s", err.msg);
+  cr_assert_eq(bcast_engine_execute(root, p, f.src, f.n, &st, &err), BCAST_OK, "%s", err.msg);
   cr_assert_lt(bcast__now() - t0, 5.0);
-  wait_children(&pid, 1);
+  cr_assert_eq(st.refused_connections, 1);
+  bcast_stats_free(&st);
+  wait_children(pids, 2);
   bcast_plan_free(p);
   bcast_engine_free(root);
   fixture_free(&f);
@@ -290,36 +303,6 @@ Test(bcast_host, receiver_without_root_times_out) {
 
 /* ---- raw peers speaking the documented protocol --------------------------------- */
 
-static void put32(uint8_t *b, uint32_t v) {
-  for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *b, uint64_t v) {
-  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static int tcp_connect(const char *addr) {
-  char host[64];
-  snprintf(host, sizeof host, "%s", addr);
-  char *colon = strrchr(host, ':');
-  *colon = 0;
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-  inet_pton(AF_INET, host, &sa.sin_addr);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) return -1;
-  return fd;
-}
-
-static int read_full(int fd, void *buf, size_t n) {
-  uint8_t *p = buf;
-  while (n) {
-    ssize_t r = read(fd, p, n);
-    if (r <= 0) return -1;
-    p += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
 Test(bcast_host, receiver_killed_mid_transfer_fails_the_sender_fast) {
   /* 48 MiB of raw u16 on the wire, far more than the socket buffers hold. */
   fixture f;
@@ -330,18 +313,11 @@ Test(bcast_host, receiver_killed_mid_transfer_fails_the_sender_fast) {
   pid_t pids[2];
   if ((pids[0] = fork()) == 0) receiver_child(&f, p, 1) /* a healthy receiver */;
   if ((pids[1] = fork()) == 0) {
-    int fd = tcp_connect(bcast_engine_data_address(root));
-    uint8_t h[24 + 128], buf[1 << 16];
-    size_t idlen = strlen(p->id);
-    put32(h, 0x48424c52u);
-    put32(h + 4, 1);
-    put32(h + 8, 2);
-    put32(h + 12, (uint32_t)idlen);
-    put64(h + 16, p->hash);
-    memcpy(h + 24, p->id, idlen);
-    if (fd < 0 || write(fd, h, 24 + idlen) != (ssize_t)(24 + idlen)) _exit(3);
-    for (int i = 0; i < 40; i++) /* reply, then about 2.5 MiB: a few buckets */
-      if (read_full(fd, buf, sizeof buf)) _exit(4);
+    int fd = bp_dial(bcast_engine_data_address(root));
+    uint8_t rx_nonce[BP_NONCE], buf[1 << 16];
+    if (fd < 0 || bp_handshake(fd, p, 2, rx_nonce) != 0) _exit(3);
+    for (int i = 0; i < 40; i++) /* about 2.5 MiB: a few buckets */
+      if (bp_read(fd, buf, sizeof buf)) _exit(4);
     raise(SIGKILL);
   }
   bcast_err err = {0};
@@ -356,6 +332,82 @@ Test(bcast_host, receiver_killed_mid_transfer_fails_the_sender_fast) {
   cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   waitpid(pids[0], &status, 0); /* the healthy one sees the root go away: exits 1 */
   cr_assert(WIFEXITED(status));
+  bcast_plan_free(p);
+  bcast_engine_free(root);
+  fixture_free(&f);
+}
+
+/* A receiver that stops reading (SIGSTOP: its socket stays open, its buffer
+ * fills) is cut off once its bucket is past the plan's throughput floor, long
+ * before the engine's own 20 s timeout, and the error says what it took
+ * against what the plan expects. */
+Test(bcast_host, a_stopped_receiver_is_cut_off_at_the_plans_floor) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  add(&f, "ids", 3, BCAST_DTYPE_U16, BCAST_DTYPE_U16, 6144, 4096); /* 48 MiB */
+  bcast_engine *root = engine(0, "127.0.0.1:0", 20);
+  bcast_plan *p = make_plan(&f, 3, bcast_engine_data_address(root), 1 << 20);
+  p->min_gbps = 0.1; /* 1 MiB buckets to 2 receivers: 21 ms each at the floor, + 2 s slack */
+  pid_t pids[2];
+  if ((pids[0] = fork()) == 0) receiver_child(&f, p, 1);
+  if ((pids[1] = fork()) == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a stopped orphan would outlive a failed test */
+    int fd = bp_dial(bcast_engine_data_address(root));
+    uint8_t rx_nonce[BP_NONCE], buf[1 << 16];
+    if (fd < 0 || bp_handshake(fd, p, 2, rx_nonce) != 0) _exit(3);
+    for (int i = 0; i < 40; i++)
+      if (bp_read(fd, buf, sizeof buf)) _exit(4);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  bcast_err err = {0};
+  double t0 = bcast__now();
+  cr_assert_eq(bcast_engine_execute(root, p, f.src, f.n, NULL, &err), BCAST_ETIMEDOUT, "%s", err.msg);
+  double dt = bcast__now() - t0;
+  cr_assert(strstr(err.msg, "receiver rank 2 stalled at bucket"), "%s", err.msg);
+  cr_assert(strstr(err.msg, "observed") && strstr(err.msg, "expected at least 0.05 GB/s per receiver for host mode"),
+            "%s", err.msg);
+  cr_assert_lt(dt, 6.0, "took %.2f s: the floor allows about 2 s past the stall", dt);
+  kill(pids[1], SIGKILL);
+  int status;
+  waitpid(pids[1], &status, 0);
+  waitpid(pids[0], &status, 0); /* the healthy one sees the root go away */
+  cr_assert(WIFEXITED(status));
+  bcast_plan_free(p);
+  bcast_engine_free(root);
+  fixture_free(&f);
+}
+
+/* A receiver stopped after the last bytes reached its socket buffers never
+ * confirms them: the root gives up at the floor's bound for what was in
+ * flight, not at the engine's 20 s, and says what it waited for. */
+Test(bcast_host, a_receiver_that_never_confirms_is_cut_off_at_the_plans_floor) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  add(&f, "w", 1, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 64, 64);
+  bcast_engine *root = engine(0, "127.0.0.1:0", 20);
+  bcast_plan *p = make_plan(&f, 2, bcast_engine_data_address(root), 64 << 10);
+  p->min_gbps = 1.0;
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = bp_dial(bcast_engine_data_address(root));
+    uint8_t rx_nonce[BP_NONCE], buf[24 + 8192];
+    if (fd < 0 || bp_handshake(fd, p, 1, rx_nonce) != 0) _exit(3);
+    if (bp_read(fd, buf, 24 + p->buckets[0].bytes)) _exit(4); /* all of it, then silence */
+    sleep(30);
+    _exit(0);
+  }
+  bcast_err err = {0};
+  double t0 = bcast__now();
+  cr_assert_eq(bcast_engine_execute(root, p, f.src, f.n, NULL, &err), BCAST_ETIMEDOUT, "%s", err.msg);
+  double dt = bcast__now() - t0;
+  cr_assert(strstr(err.msg, "receiver rank 1 did not confirm the last bucket: observed no confirmation in"),
+            "%s", err.msg);
+  cr_assert(strstr(err.msg, "expected within"), "%s", err.msg);
+  cr_assert_lt(dt, 6.0, "took %.2f s", dt);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
   bcast_plan_free(p);
   bcast_engine_free(root);
   fixture_free(&f);
@@ -381,31 +433,29 @@ Test(bcast_host, corrupted_bucket_is_refused_by_the_receiver) {
     if (rc != BCAST_ECHECKSUM || !strstr(err.msg, "bucket 0 (layer 7)")) CHILD_FAIL("got %d: %s", rc, err.msg);
     _exit(0);
   }
-  int fl = 0;
   int fd = -1;
   for (int i = 0; i < 500 && fd < 0; i++) {
     fd = accept(lfd, NULL, NULL);
     if (fd < 0) usleep(10000);
   }
   cr_assert_geq(fd, 0);
-  (void)fl;
-  uint8_t hello[24 + 128], msg[12];
-  cr_assert_eq(read_full(fd, hello, 24 + strlen(p->id)), 0);
-  put32(msg, 0x52424c52u);
-  put32(msg + 4, 0);
-  put32(msg + 8, 0);
-  cr_assert_eq(write(fd, msg, 12), 12);
+  /* It holds the plan's secret, so the receiver takes what it sends. */
+  uint8_t nonce[BP_NONCE] = {1, 2, 3}, hello[256];
+  size_t hlen = 0;
+  cr_assert_eq(bp_root_challenge(fd, nonce), 0);
+  cr_assert_eq(bp_root_read_hello(fd, hello, sizeof hello, &hlen), 0);
+  cr_assert_eq(bp_root_accept(fd, p, p->secret, nonce, hello), 0);
   uint8_t hdr[24];
   uint64_t bytes = p->buckets[0].bytes;
   uint8_t *payload = calloc(1, bytes);
-  put32(hdr, 0x4b424c52u);
-  put32(hdr + 4, 0);
-  put64(hdr + 8, bytes);
-  put64(hdr + 16, bcast_checksum64(payload, bytes) ^ 1);
+  bp_put32(hdr, 0x4b424c52u);
+  bp_put32(hdr + 4, 0);
+  bp_put64(hdr + 8, bytes);
+  bp_put64(hdr + 16, bcast_checksum64(payload, bytes) ^ 1);
   cr_assert_eq(write(fd, hdr, 24), 24);
   cr_assert_eq(write(fd, payload, bytes), (ssize_t)bytes);
   uint8_t ack[12];
-  cr_assert_eq(read_full(fd, ack, 12), 0);
+  cr_assert_eq(bp_read(fd, ack, 12), 0);
   int32_t status = (int32_t)(ack[4] | ack[5] << 8 | ack[6] << 16 | (uint32_t)ack[7] << 24);
   cr_assert_eq(status, BCAST_ECHECKSUM);
   wait_children(&pid, 1);

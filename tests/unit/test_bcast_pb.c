@@ -37,6 +37,7 @@ static bcast_plan *sample(void) {
   for (int i = 0; i < 128; i++) id[i] = (uint8_t)(i * 7);
   bcast_plan_set_nccl_id(p, id);
   snprintf(p->mode_reason, sizeof p->mode_reason, "params offloaded");
+  p->min_gbps = 1.25;
   return p;
 }
 
@@ -73,6 +74,9 @@ static void assert_same(const bcast_plan *a, const bcast_plan *b) {
   cr_assert_str_eq(a->host_endpoint, b->host_endpoint);
   cr_assert_eq(a->checksum, b->checksum);
   cr_assert_str_eq(a->mode_reason, b->mode_reason);
+  cr_assert_eq(a->has_secret, b->has_secret);
+  cr_assert_eq(memcmp(a->secret, b->secret, sizeof a->secret), 0);
+  cr_assert_float_eq(a->min_gbps, b->min_gbps, 1e-12);
 }
 
 Test(bcast_pb, plan_round_trip_through_bytes) {
@@ -124,6 +128,27 @@ Test(bcast_pb, tampered_plans_are_refused) {
   cr_assert_eq(bcast_plan_from_pb(m, &q, &err), BCAST_EINVAL);
   cr_assert(strstr(err.msg, "NCCL id of 5 bytes"), "%s", err.msg);
   m->nccl_unique_id.len = 128;
+
+  /* The data secret travels whole or not at all; it is not hashed. */
+  cr_assert_eq(m->data_secret.len, BCAST_SECRET_BYTES);
+  cr_assert_eq(memcmp(m->data_secret.data, p->secret, BCAST_SECRET_BYTES), 0);
+  m->data_secret.len = 31;
+  cr_assert_eq(bcast_plan_from_pb(m, &q, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "data secret of 31 bytes"), "%s", err.msg);
+  m->data_secret.data[0] ^= 1;
+  m->data_secret.len = BCAST_SECRET_BYTES;
+  cr_assert_eq(bcast_plan_from_pb(m, &q, &err), BCAST_OK, "%s", err.msg);
+  cr_assert(q->has_secret && q->secret[0] == (p->secret[0] ^ 1));
+  bcast_plan_free(q);
+  m->data_secret.len = 0; /* a plan without one decodes, and says so */
+  cr_assert_eq(bcast_plan_from_pb(m, &q, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(q->has_secret, 0);
+  bcast_plan_free(q);
+  m->data_secret.len = BCAST_SECRET_BYTES;
+  m->min_gbps = -1;
+  cr_assert_eq(bcast_plan_from_pb(m, &q, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "min_gbps"), "%s", err.msg);
+  m->min_gbps = 1.25;
 
   m->mode = RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO;
   cr_assert_eq(bcast_plan_from_pb(m, &q, &err), BCAST_EINVAL);

@@ -285,3 +285,43 @@ Test(agent_opts, bf16_shadow) {
   EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--bf16-shadow", "--orchestrator", "a:1", "--bf16-shadow",
                "on");
 }
+
+/* TLS to the orchestrator, from flags or the environment (as the token and
+ * the address): the CA, and a client certificate with its key. */
+Test(agent_opts, tls_from_flags_and_environment) {
+  char ca[64], crt[64], key[64];
+  char *paths[] = {ca, crt, key};
+  for (int i = 0; i < 3; i++) {
+    snprintf(paths[i], 64, "%s/rlorch_agent_tls_XXXXXX", P_tmpdir);
+    int fd = mkstemp(paths[i]);
+    cr_assert_geq(fd, 0);
+    close(fd);
+  }
+  char vca[96], vcrt[96], vkey[96];
+  snprintf(vca, sizeof vca, "RLORCH_TLS_CA_FILE=%s", ca);
+  snprintf(vcrt, sizeof vcrt, "RLORCH_TLS_CLIENT_CERT_FILE=%s", crt);
+  snprintf(vkey, sizeof vkey, "RLORCH_TLS_CLIENT_KEY_FILE=%s", key);
+  char *envp[] = {"RLORCH_ORCHESTRATOR=orch:7070", vca, vcrt, vkey, NULL};
+  agent_flags o;
+  char err[512];
+  for (int role = 0; role < 2; role++) {
+    agent_role r = role ? AGENT_ROLE_INFERENCE : AGENT_ROLE_TRAINER;
+    cr_assert_eq(PARSE_ENV(r, envp, &o, err, "--name", "w"), 0, "%s", err);
+    cr_assert_str_eq(o.opts.tls_ca_file, ca);
+    cr_assert_str_eq(o.opts.tls_client_cert_file, crt);
+    cr_assert_str_eq(o.opts.tls_client_key_file, key);
+    agent_flags_free(&o);
+  }
+  cr_assert_eq(PARSE(AGENT_ROLE_INFERENCE, &o, err, "--orchestrator", "a:1", "--tls-ca", ca), 0, "%s", err);
+  cr_assert_str_eq(o.opts.tls_ca_file, ca);
+  cr_assert_null(o.opts.tls_client_cert_file);
+  agent_flags_free(&o);
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--tls-client-cert: set without --tls-client-key", "--orchestrator", "a:1",
+               "--tls-client-cert", crt);
+  char *half[] = {"RLORCH_ORCHESTRATOR=a:1", vkey, NULL};
+  expect_error_env(AGENT_ROLE_TRAINER, half, ARGC("--name", "t"), ARGV("--name", "t"),
+                   "RLORCH_TLS_CLIENT_KEY_FILE: set without --tls-client-cert");
+  EXPECT_ERROR(AGENT_ROLE_TRAINER, "--tls-ca: cannot read \"/nonexistent/ca.pem\"", "--orchestrator", "a:1",
+               "--tls-ca", "/nonexistent/ca.pem");
+  for (int i = 0; i < 3; i++) unlink(paths[i]);
+}

@@ -99,8 +99,32 @@ Test(config, defaults) {
   cr_assert_eq(c.rollouts_per_step, 8);
   cr_assert_eq(c.max_requests_per_worker, 8);
   cr_assert_eq(c.staging_budget_bytes, 256u << 20);
+  cr_assert_float_eq(c.broadcast_gbps_host, 0.5, 1e-12);
+  cr_assert_float_eq(c.broadcast_gbps_staged, 5.0, 1e-12);
+  cr_assert_float_eq(c.broadcast_gbps_direct, 10.0, 1e-12);
+  cr_assert_float_eq(c.broadcast_safety, 4.0, 1e-12);
+  cr_assert_eq(c.broadcast_slack_ms, 2000);
   cr_assert(!c.print_config && !c.help);
   config_free(&c);
+}
+
+/* The cost model's settings come from every source, and a rate must be a
+ * positive number, a safety factor at least 1. */
+Test(config, broadcast_cost_model_settings) {
+  const char *path = write_file("rlorch.yaml", "broadcast_gbps_host: 1.5\nbroadcast_safety: 2\n");
+  char *envp[] = {"RLORCH_BROADCAST_GBPS_DIRECT=40", "RLORCH_BROADCAST_SLACK_MS=500", NULL};
+  config c;
+  char err[512] = "";
+  cr_assert_eq(LOAD(&c, err, envp, "--config", (char *)path), 0, "%s", err);
+  cr_assert_float_eq(c.broadcast_gbps_host, 1.5, 1e-12);
+  cr_assert_float_eq(c.broadcast_safety, 2.0, 1e-12);
+  cr_assert_float_eq(c.broadcast_gbps_direct, 40.0, 1e-12);
+  cr_assert_eq(c.broadcast_slack_ms, 500);
+  config_free(&c);
+  expect_file_error("broadcast_gbps_host: 0\n", "rlorch.yaml:1: broadcast_gbps_host: 0 out of range");
+  expect_file_error("broadcast_gbps_staged: -1\n", "broadcast_gbps_staged: -1 out of range");
+  expect_file_error("broadcast_safety: 0.5\n", "broadcast_safety: 0.5 out of range");
+  expect_env_error("RLORCH_BROADCAST_GBPS_DIRECT=fast", "RLORCH_BROADCAST_GBPS_DIRECT: not a number");
 }
 
 Test(config, precedence_file_env_flags) {
@@ -348,6 +372,8 @@ Test(config, file_errors_name_file_line_and_field) {
       {"worker_timeout_ms: 500\n", "rlorch.yaml:1: worker_timeout_ms: 500 must exceed heartbeat_interval_ms"},
       {"tls_cert_file: c.pem\n", "rlorch.yaml:1: tls_cert_file: set without tls_key_file"},
       {"\ntls_key_file: k.pem\n", "rlorch.yaml:2: tls_key_file: set without tls_cert_file"},
+      {"tls_client_ca_file: ca.pem\n",
+       "rlorch.yaml:1: tls_client_ca_file: client certificates need TLS: set tls_cert_file and tls_key_file too"},
       {"tls_cert_file: /nonexistent/c.pem\ntls_key_file: /nonexistent/k.pem\n",
        "rlorch.yaml:1: tls_cert_file: cannot read \"/nonexistent/c.pem\""},
       {"token_file: /nonexistent/token\n",

@@ -147,7 +147,11 @@ Test(sched_loss, error_without_a_loss_fails_after_the_grace) {
                                     NULL),
                SCHED_OK);
   fx_drain(&h);
-  h.now += 2999;
+  /* Every participant is heard from after the error: none of them is dead. */
+  int64_t t0 = h.now;
+  for (uint32_t w = TRAINER; w <= VICTIM; w++)
+    cr_assert_eq(sched_worker_heartbeat(h.s, t0 + 1000, w, 0), SCHED_OK);
+  h.now = t0 + 2999;
   sched_tick(h.s, h.now);
   fx_drain(&h);
   cr_assert_neq(h.run_state, SCHED_RUN_FAILED);
@@ -155,8 +159,67 @@ Test(sched_loss, error_without_a_loss_fails_after_the_grace) {
   sched_tick(h.s, h.now);
   fx_drain(&h);
   cr_assert_eq(h.run_state, SCHED_RUN_FAILED);
+  cr_assert_eq(h.abort_kind, SCHED_ABORT_ERROR);
   cr_assert(strstr(h.run_msg, "run-3/step-0") && strstr(h.run_msg, "inference-0") &&
                 strstr(h.run_msg, "checksum mismatch"),
             "%s", h.run_msg);
+  sched_free(h.s);
+}
+
+/* A participant that stopped (SIGSTOP: no heartbeat, no stream close): the
+ * trainer's error about it comes long before its loss would be seen, but the
+ * error is held while it stays silent, past the 3 s grace, until it is lost;
+ * then the step is re-planned without it and the run goes on. */
+Test(sched_loss, a_silent_participant_holds_the_error_until_it_is_lost) {
+  fx h;
+  triggered(&h);
+  int64_t stopped = h.now; /* the victim's last sign of life */
+  h.now += 500; /* the root hit its floor deadline for the bucket the victim stalled */
+  cr_assert_eq(sched_broadcast_done(h.s, h.now, TRAINER, "run-3/step-0",
+                                    "receiver rank 2 stalled at bucket 0 (layer 0): observed 0 GB/s",
+                                    NULL),
+               SCHED_OK);
+  fx_drain(&h);
+  for (int64_t t = h.now + 1000; t < stopped + 5000; t += 1000) {
+    cr_assert_eq(sched_worker_heartbeat(h.s, t, TRAINER, 0), SCHED_OK);
+    cr_assert_eq(sched_worker_heartbeat(h.s, t, SURVIVOR, 0), SCHED_OK);
+    cr_assert_eq(sched_tick(h.s, t), SCHED_OK);
+    fx_drain(&h);
+    cr_assert_neq(h.run_state, SCHED_RUN_FAILED, "at +%lld ms: %s", (long long)(t - stopped), h.run_msg);
+    cr_assert_eq(h.nabort, 0);
+  }
+  cr_assert_leq(sched_next_deadline(h.s), stopped + 5000, "the victim's loss is due");
+  h.now = stopped + 5000;
+  cr_assert_eq(sched_tick(h.s, h.now), SCHED_OK);
+  fx_drain(&h);
+  cr_assert_eq(h.nabort, 1);
+  cr_assert_eq(h.abort_kind, SCHED_ABORT_PARTICIPANT_LOST);
+  cr_assert(strstr(h.abort_reason, "inference-1 lost"), "%s", h.abort_reason);
+  cr_assert_neq(h.run_state, SCHED_RUN_FAILED, "%s", h.run_msg);
+  commit_replan(&h);
+  sched_counters k;
+  sched_get_counters(h.s, &k);
+  cr_assert_eq(k.aborts_by_reason[SCHED_ABORT_PARTICIPANT_LOST], 1);
+  sched_free(h.s);
+}
+
+/* The error stands as soon as the last participant is heard from past the
+ * grace (it is alive: the error is no echo of a death), at that report. */
+Test(sched_loss, the_error_stands_when_the_last_participant_is_heard_from) {
+  fx h;
+  triggered(&h);
+  cr_assert_eq(sched_broadcast_done(h.s, h.now, SURVIVOR, "run-3/step-0", "checksum mismatch", NULL),
+               SCHED_OK);
+  fx_drain(&h);
+  int64_t t0 = h.now;
+  cr_assert_eq(sched_worker_heartbeat(h.s, t0 + 1000, TRAINER, 0), SCHED_OK);
+  cr_assert_eq(sched_worker_heartbeat(h.s, t0 + 1000, SURVIVOR, 0), SCHED_OK);
+  cr_assert_eq(sched_tick(h.s, t0 + 3000), SCHED_OK);
+  fx_drain(&h);
+  cr_assert_neq(h.run_state, SCHED_RUN_FAILED, "inference-1 has not been heard from");
+  cr_assert_eq(sched_worker_heartbeat(h.s, t0 + 3500, VICTIM, 0), SCHED_OK);
+  fx_drain(&h);
+  cr_assert_eq(h.run_state, SCHED_RUN_FAILED);
+  cr_assert(strstr(h.run_msg, "checksum mismatch"), "%s", h.run_msg);
   sched_free(h.s);
 }

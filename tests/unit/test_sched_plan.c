@@ -75,11 +75,13 @@ Test(sched_plan, ack_timeout_aborts_naming_the_laggard) {
   sched_tick(h.s, d);
   fx_drain(&h);
   cr_assert_eq(h.nabort, 1);
+  cr_assert_eq(h.abort_kind, SCHED_ABORT_ACK_TIMEOUT);
   cr_assert_eq(h.run_state, SCHED_RUN_FAILED);
   cr_assert(strstr(h.run_msg, "inference-3"), "%s", h.run_msg);
   sched_counters k;
   sched_get_counters(h.s, &k);
   cr_assert_eq(k.aborts, 1);
+  cr_assert_eq(k.aborts_by_reason[SCHED_ABORT_ACK_TIMEOUT], 1);
   cr_assert_eq(k.steps, 0);
   sched_free(h.s);
 }
@@ -92,15 +94,19 @@ Test(sched_plan, broadcast_timeout_and_error_fail_the_run) {
   cr_assert_eq(sched_next_deadline(h.s), h.now + 5000);
   sched_broadcast_done(h.s, h.now, 3, h.plan_id, "NCCL error 5: unhandled system error", NULL);
   fx_drain(&h);
-  /* A short grace first: the error may be the echo of a peer about to be lost. */
+  /* A short grace first: the error may be the echo of a peer about to be
+   * lost. Every participant is heard from meanwhile: none is. */
   cr_assert_neq(h.run_state, SCHED_RUN_FAILED);
   cr_assert_eq(sched_next_deadline(h.s), h.now + 3000);
+  for (size_t i = 0; i < h.nparts; i++)
+    cr_assert_eq(sched_worker_heartbeat(h.s, h.now + 1000, h.parts[i], 0), SCHED_OK);
   sched_tick(h.s, h.now + 2999);
   fx_drain(&h);
   cr_assert_neq(h.run_state, SCHED_RUN_FAILED);
   sched_tick(h.s, h.now + 3000);
   fx_drain(&h);
   cr_assert_eq(h.run_state, SCHED_RUN_FAILED);
+  cr_assert_eq(h.abort_kind, SCHED_ABORT_ERROR);
   cr_assert(strstr(h.run_msg, "inference-3"), "%s", h.run_msg);
   cr_assert(strstr(h.run_msg, "NCCL error 5"), "%s", h.run_msg);
   cr_assert_eq(h.ncommit, 0);
@@ -111,7 +117,41 @@ Test(sched_plan, broadcast_timeout_and_error_fail_the_run) {
   sched_tick(h.s, h.now + 5000);
   fx_drain(&h);
   cr_assert_eq(h.run_state, SCHED_RUN_FAILED);
+  cr_assert_eq(h.abort_kind, SCHED_ABORT_BROADCAST_TIMEOUT);
   cr_assert(strstr(h.run_msg, "broadcast timed out"), "%s", h.run_msg);
+  sched_free(h.s);
+}
+
+/* The shell's cost model bounds each plan: its ack and broadcast deadlines,
+ * and a timeout names what it observed against what the bound expected. */
+Test(sched_plan, plan_limits_bound_the_plan_and_are_quoted_at_a_timeout) {
+  fx h;
+  fx_to_plan(&h);
+  cr_assert_eq(sched_plan_limits(h.s, h.now, "other/step-0", 1, 1, NULL), SCHED_ESTALE);
+  cr_assert_eq(sched_plan_limits(h.s, h.now, h.plan_id, 0, 1000, NULL), SCHED_EINVAL);
+  cr_assert(strstr(sched_last_error(h.s), "must be > 0"), "%s", sched_last_error(h.s));
+  cr_assert_eq(sched_plan_limits(h.s, h.now, h.plan_id, 7400, 10200,
+                                 "400.0 MB to 2 receivers at >= 0.5 GB/s for host mode"),
+               SCHED_OK);
+  cr_assert_eq(sched_plan_built(h.s, h.now, h.plan_id, 7, NULL), SCHED_OK);
+  cr_assert_eq(sched_plan_limits(h.s, h.now, h.plan_id, 1, 1, NULL), SCHED_ESTATE, "built already");
+  cr_assert_eq(sched_next_deadline(h.s), h.now + 7400, "not the run's 1000 ms");
+  for (size_t i = 0; i < h.nparts; i++)
+    cr_assert_eq(sched_plan_acked(h.s, h.now, h.parts[i], h.plan_id, 7, NULL), SCHED_OK);
+  fx_drain(&h);
+  cr_assert_eq(h.ntrigger, 1);
+  cr_assert_eq(sched_next_deadline(h.s), h.now + 10200, "not the run's 5000 ms");
+  sched_tick(h.s, h.now + 10199);
+  fx_drain(&h);
+  cr_assert_neq(h.run_state, SCHED_RUN_FAILED);
+  sched_tick(h.s, h.now + 10200);
+  fx_drain(&h);
+  cr_assert_eq(h.run_state, SCHED_RUN_FAILED);
+  cr_assert_eq(h.abort_kind, SCHED_ABORT_BROADCAST_TIMEOUT);
+  cr_assert(strstr(h.run_msg, "observed no broadcast report from trainer") &&
+                strstr(h.run_msg, "in 10.2 s, expected within 10.2 s (400.0 MB to 2 receivers at >= 0.5 GB/s "
+                                  "for host mode)"),
+            "%s", h.run_msg);
   sched_free(h.s);
 }
 

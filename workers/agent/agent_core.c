@@ -536,7 +536,9 @@ int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_comma
   /* The orchestrator bounds what it sends (batch chunks, commands) by its own
    * max_message_bytes, up to 2 GiB: take whatever it is configured to. */
   rpc_client_opts co = {.target = o->orchestrator, .token = a->token[0] ? a->token : NULL,
-                        .max_message_bytes = 0x7fffffff};
+                        .max_message_bytes = 0x7fffffff, .tls_ca_file = o->tls_ca_file,
+                        .tls_cert_file = o->tls_client_cert_file,
+                        .tls_key_file = o->tls_client_key_file};
   if (rpc_client_new(&co, &a->rpc, err, errlen) != 0) {
     agent_free(a);
     return -1;

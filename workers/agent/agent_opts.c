@@ -31,6 +31,12 @@ int agent_opts_check(const agent_opts *o, char *err, size_t errlen) {
     snprintf(err, errlen, "--orchestrator is required");
     return -1;
   }
+  if (!o->tls_client_cert_file != !o->tls_client_key_file) {
+    snprintf(err, errlen, "%s is set without %s (give both or neither)",
+             o->tls_client_cert_file ? "--tls-client-cert" : "--tls-client-key",
+             o->tls_client_cert_file ? "--tls-client-key" : "--tls-client-cert");
+    return -1;
+  }
   if (o->role == AGENT_ROLE_INFERENCE && agent_rollout_cfg_check(&o->rollout, err, errlen))
     return -1;
   if (o->role == AGENT_ROLE_INFERENCE && (o->concurrency < 1 || o->concurrency > 1024)) {

@@ -49,6 +49,12 @@ typedef struct agent_opts {
    * an embedding program attaches its own reward code. */
   agent_reward_fn reward;
   void *reward_ud;
+  /* TLS to the orchestrator: PEM roots to verify it by (turns TLS on), and a
+   * client certificate and its key for an orchestrator that asks for one
+   * (both or neither; they turn TLS on too). NULL: plaintext. */
+  const char *tls_ca_file;
+  const char *tls_client_cert_file;
+  const char *tls_client_key_file;
 } agent_opts;
 
 /* Fills every field with its default for role. */

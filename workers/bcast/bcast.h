@@ -119,8 +119,19 @@ typedef enum { BCAST_CHECKSUM_NONE = 1, BCAST_CHECKSUM_XXH3_64 = 2 } bcast_check
  * storage dtype (it decides the wire bits), wire dtype and shape, and every
  * bucket and slice.  It deliberately leaves out what is local or advisory:
  * residency (where the sender keeps its storage changes how, not what, it
- * sends), data pointers and devices, deadline_unix_ms, host_endpoint and
- * mode_reason.  After changing a covered field, recompute `hash`.
+ * sends), data pointers and devices, deadline_unix_ms, host_endpoint,
+ * mode_reason, min_gbps and the data-channel secret.  The secret stays out on
+ * purpose: the hash travels in acks and triggers and is logged, and XXH3 is
+ * not one-way, so nothing derived from a secret may be published.  A
+ * participant that holds another secret learns it at the handshake (the root
+ * does not accept it), not from the hash.  After changing a covered field,
+ * recompute `hash`.
+ *
+ * The secret: BCAST_SECRET_BYTES random bytes (getrandom) drawn by
+ * bcast_plan_build for every plan, unless the options bring their own.  The
+ * host transport's handshake is a challenge-response over it (bcast_host.c),
+ * so only holders of the plan can connect to the root or feed a receiver:
+ * give the plan to its participants only, over an authenticated channel.
  *
  * Layout: buckets group one layer and one wire dtype; tensors keep manifest
  * order within a group, groups run by layer then wire dtype.  Every slice
@@ -149,7 +160,16 @@ typedef struct bcast_plan {
   char host_endpoint[256];   /* host mode: where the root listens */
   bcast_checksum checksum;
   char mode_reason[256];
+  /* Fields below are not covered by the hash (see above). */
+  uint8_t secret[32];        /* data-channel secret, BCAST_SECRET_BYTES */
+  int has_secret;            /* 0: a plan from elsewhere that carried none */
+  double min_gbps;           /* slowest healthy throughput, 1e9 bytes/s summed over
+                                receivers (the cost model's rate over its safety
+                                factor); a transfer slower than that is cut off.
+                                0: none, engine timeout_s per bucket */
 } bcast_plan;
+
+#define BCAST_SECRET_BYTES 32
 
 typedef struct bcast_plan_opts {
   const char *id;
@@ -161,10 +181,14 @@ typedef struct bcast_plan_opts {
   int64_t deadline_unix_ms;
   const char *host_endpoint;
   bcast_checksum checksum;  /* 0: XXH3_64 */
+  const uint8_t *secret;    /* BCAST_SECRET_BYTES, or NULL: fresh from getrandom */
+  double min_gbps;          /* see bcast_plan.min_gbps; 0: none */
 } bcast_plan_opts;
 
 /* Buckets per layer and per wire dtype, slices concatenated at fixed offsets,
- * split so no bucket exceeds the budget; validates the manifest first. */
+ * split so no bucket exceeds the budget; validates the manifest first.  Draws
+ * the plan's secret unless opts->secret is given (BCAST_EIO if the kernel
+ * gives no randomness). */
 int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opts *opts,
                      bcast_plan **out, bcast_err *err);
 int bcast_plan_validate(const bcast_plan *p, bcast_err *err);
@@ -178,6 +202,53 @@ int bcast_plan_check_local(const bcast_plan *p, const bcast_tensor *local, size_
 void bcast_plan_set_nccl_id(bcast_plan *p, const uint8_t id[128]);
 /* Deep copy (tensors, buckets, slices); NULL when out of memory. */
 bcast_plan *bcast_plan_dup(const bcast_plan *p);
+
+/* ---- cost model: how long a plan may take (bcast_cost.c) ------------------
+ * Every wait on a plan is bounded by what its bytes cost at the slowest rate
+ * its mode is expected to give, times a safety factor, plus slack:
+ *
+ *   rate        = gbps[mode], or the rate measured for the mode when lower
+ *   wire_s      = wire_bytes * fanout / (rate * 1e9)
+ *                 fanout: the receivers in host mode (the root's link carries
+ *                 one copy per receiver), 1 in the NCCL modes (pipelined)
+ *   broadcast_s = safety * wire_s + slack_s + detect_s
+ *   ack_s       = safety * wire_bytes / (prepare_gbps * 1e9) + slack_s + detect_s
+ *   min_gbps    = rate / safety  (the engine cuts off a slower transfer)
+ *
+ * detect_s is how long the orchestrator takes to declare a silent
+ * participant lost (its worker timeout): no deadline passes before a hung
+ * participant is lost, so its step is re-planned without it instead of the
+ * run failing on a timeout.  A measured rate only ever lowers the rate used
+ * (lengthens deadlines): a fast step must not make the next one's jitter
+ * fatal. */
+typedef struct bcast_cost_model {
+  double gbps[5];      /* expected floor per mode (index: bcast_mode), GB/s (1e9 B/s) */
+  double prepare_gbps; /* receivers preparing a plan (receive buffers), GB/s */
+  double safety;       /* >= 1 */
+  double slack_s;      /* fixed costs: commands, connections, first touches */
+  double detect_s;     /* time to declare a silent participant lost */
+} bcast_cost_model;
+
+typedef struct bcast_cost {
+  double rate_gbps;    /* the rate used */
+  int measured;        /* 1: the measured rate was lower than the model's */
+  double wire_s;       /* expected time on the wire at that rate */
+  double ack_s, broadcast_s;
+  double min_gbps;
+} bcast_cost;
+
+/* host 0.5 GB/s (the root's TCP egress: a quarter of 10 GbE, a third of what
+ * loopback gives), staged 5 GB/s (a tenth of the measured pinned PCIe floor),
+ * direct 10 GB/s (one 100 Gb/s link between nodes; NVLink gives far more),
+ * prepare 2 GB/s (receive buffers touched for the first time, one core),
+ * safety 4, slack 2 s, detect 5 s (the daemon's default worker timeout). */
+void bcast_cost_model_default(bcast_cost_model *m);
+/* The bounds of one plan: `receivers` excludes the root; measured_gbps is the
+ * rate a previous broadcast in this mode achieved in the same sense as
+ * gbps[mode] (summed over receivers in host mode), 0 for none.
+ * BCAST_EINVAL names the bad field of the model or argument. */
+int bcast_cost_estimate(const bcast_cost_model *m, bcast_mode mode, uint64_t wire_bytes,
+                        uint32_t receivers, double measured_gbps, bcast_cost *out, bcast_err *err);
 
 /* ---- capabilities --------------------------------------------------------- */
 typedef struct bcast_caps {
@@ -221,6 +292,9 @@ typedef struct bcast_stats {
   double gbps;               /* wire_bytes / total_s / 1e9 */
   uint32_t nbuckets;
   bcast_bucket_timing *buckets; /* nbuckets entries, owned; bcast_stats_free() */
+  uint32_t refused_connections; /* host root: connections closed unauthenticated
+                                   (wrong proof, silent past the handshake bound,
+                                   evicted, malformed); they cost the plan nothing */
 } bcast_stats;
 
 void bcast_stats_free(bcast_stats *s);

@@ -1,12 +1,34 @@
 /* Host transport: the plan over TCP between processes, casts on the CPU.
  *
  * Protocol (all integers little endian), one TCP connection per receiver and plan:
- *   receiver -> root  HELLO  "RLBH" u32 version, u32 rank, u32 idlen, u64 hash, id
- *   root -> receiver  REPLY  "RLBR" i32 status, u32 msglen, msg      (0: accepted)
+ *   root -> receiver  CHALLENGE "RLBC" u32 version, nonce[32]            (at accept)
+ *   receiver -> root  HELLO  "RLBH" u32 version, u32 rank, u32 idlen, u64 hash,
+ *                     rx_nonce[32], id[idlen], mac[32]
+ *                     mac = HMAC-SHA256(secret, "rlorch.bcast.hello/2" || nonce ||
+ *                           rx_nonce || rank || hash || idlen || id)
+ *   root -> receiver  REPLY  "RLBR" i32 status, u32 len, then len bytes: on 0 the
+ *                     root's proof HMAC-SHA256(secret, "rlorch.bcast.reply/2" ||
+ *                     rx_nonce || nonce || rank || hash || idlen || id), else a message
  *   root -> receiver  per bucket: HEADER "RLBK" u32 index, u64 bytes, u64 checksum,
  *                     then `bytes` payload bytes (slices at plan offsets, zero padding)
  *   receiver -> root  ACK    "RLBA" i32 status, u32 msglen, msg      (after the last
  *                     bucket, or at the first error)
+ * `secret` is the plan's (bcast_plan.secret): only its participants hold it.
+ * The root's nonce is fresh for every connection, so a recorded hello is
+ * worth nothing on another one; the receiver's nonce makes the root prove
+ * itself too, so a receiver takes weights only from a holder of the plan.
+ *
+ * What a stranger gets: the challenge (random bytes), then the connection
+ * closed, without a word.  A hello that does not verify (another plan, a
+ * wrong proof, garbage), a connection silent for HANDSHAKE_S, or one evicted
+ * because PENDING_MAX handshakes are open already are all closed that way and
+ * counted (bcast_stats.refused_connections); the root keeps waiting for its
+ * receivers, so they cost the plan nothing.  Handshakes run concurrently in
+ * one poll loop, so silent connections delay nobody.  Replies that say why
+ * go only to connections that proved they hold the secret.  The channel is
+ * authenticated, not encrypted: an on-path attacker can still read the
+ * weights and, with TCP hijacking, alter them past the XXH3 checksums.
+ *
  * The root's listening socket lives as long as its engine; receivers connect
  * anew for every plan, so a receiver that failed one step starts clean next.
  *
@@ -14,9 +36,11 @@
  * (two buffers) and writes to all receivers at once with non-blocking sockets
  * and poll.  Every wait is bounded by the deadline and ends early when the
  * engine's cancel fd turns readable (the orchestrator aborted the plan: a peer
- * that will never connect must not hold the others until the deadline);
- * writes use MSG_NOSIGNAL so a dead receiver is an error code
- * (EPIPE/ECONNRESET), never a signal. */
+ * that will never connect, or that stopped reading, must not hold the others
+ * until the deadline); a bucket must be through at the plan's throughput floor
+ * (min_gbps) plus BUCKET_SLACK_S, else the slow receiver is named with the
+ * rate observed against the one expected.  Writes use MSG_NOSIGNAL so a dead
+ * receiver is an error code (EPIPE/ECONNRESET), never a signal. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -35,13 +59,24 @@
 
 #include "workers/bcast/bcast_internal.h"
 
-#define MAGIC_HELLO 0x48424c52u /* "RLBH" */
-#define MAGIC_REPLY 0x52424c52u /* "RLBR" */
-#define MAGIC_BUCKET 0x4b424c52u /* "RLBK" */
-#define MAGIC_ACK 0x41424c52u   /* "RLBA" */
-#define PROTO_VERSION 1u
+#define MAGIC_CHALLENGE 0x43424c52u /* "RLBC" */
+#define MAGIC_HELLO 0x48424c52u     /* "RLBH" */
+#define MAGIC_REPLY 0x52424c52u     /* "RLBR" */
+#define MAGIC_BUCKET 0x4b424c52u    /* "RLBK" */
+#define MAGIC_ACK 0x41424c52u       /* "RLBA" */
+#define PROTO_VERSION 2u
 #define HEADER_BYTES 24
-#define HELLO_WAIT_S 5.0       /* a connection that says nothing is not a peer */
+#define CHALLENGE_BYTES (8 + BCAST_NONCE_BYTES)
+/* A receiver answers the challenge within one round trip; a connection that
+ * has not proved itself by then is not a peer worth waiting for. */
+#define HANDSHAKE_S 2.0
+/* Unauthenticated connections open at once; the oldest goes first when more
+ * arrive, so a flood can neither grow memory nor lock a receiver out for
+ * longer than it takes that receiver to answer. */
+#define PENDING_MAX 32
+/* What a bucket may take beyond its bytes at the plan's floor: the cast of
+ * the next bucket, a scheduling hiccup. */
+#define BUCKET_SLACK_S 2.0
 #define SOCK_BUF (8 << 20)
 #define SOCK_MIN_BUF (4 << 20)
 
@@ -191,13 +226,14 @@ static int io_code(int e) {
 
 /* Reads or writes exactly n bytes on a non-blocking socket before the deadline.
  * Returns 0, or -1 with errno (ETIMEDOUT, ECANCELED, EPIPE for a clean close, ...). */
-static int io_full(int fd, void *buf, size_t n, int writing, int cancel_fd, double deadline) {
+static int io_full_done(int fd, void *buf, size_t n, int writing, int cancel_fd, double deadline, size_t *done) {
   uint8_t *p = buf;
   while (n > 0) {
     ssize_t r = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
     if (r > 0) {
       p += r;
       n -= (size_t)r;
+      if (done) *done += (size_t)r;
       continue;
     }
     if (r == 0) {
@@ -209,6 +245,10 @@ static int io_full(int fd, void *buf, size_t n, int writing, int cancel_fd, doub
     if (!wait_fd(fd, writing ? POLLOUT : POLLIN, cancel_fd, deadline)) return -1;
   }
   return 0;
+}
+
+static int io_full(int fd, void *buf, size_t n, int writing, int cancel_fd, double deadline) {
+  return io_full_done(fd, buf, n, writing, cancel_fd, deadline, NULL);
 }
 
 /* REPLY and ACK share one shape: magic, status, message. */
@@ -264,6 +304,45 @@ static uint64_t max_bucket(const bcast_plan *p) {
   return m;
 }
 
+/* When bucket k must be through: its bytes to every receiver at the plan's
+ * floor plus `slack`, or timeout_s when the plan has no floor; never past
+ * the plan's deadline. */
+static double bucket_deadline(const bcast_plan *p, size_t k, const bcast__host_io *io, double slack) {
+  double t = io->timeout_s;
+  if (p->min_gbps > 0) {
+    double fanout = p->world_size > 2 ? (double)(p->world_size - 1) : 1.0;
+    t = slack + (double)p->buckets[k].bytes * fanout / (p->min_gbps * 1e9);
+  }
+  return bcast__deadline(t, p->deadline_unix_ms);
+}
+
+/* What a receiver is expected to take at least, for messages (GB/s). */
+static double per_receiver_floor(const bcast_plan *p) {
+  return p->world_size > 2 ? p->min_gbps / (double)(p->world_size - 1) : p->min_gbps;
+}
+
+/* ---- the hello, parsed --------------------------------------------------------------- */
+
+int bcast__hello_parse(const uint8_t *b, size_t n, size_t *need, bcast__hello *h) {
+  *need = BCAST_HELLO_FIXED;
+  if (n >= 4 && get32(b) != MAGIC_HELLO) return -1;
+  if (n >= 8 && get32(b + 4) != PROTO_VERSION) return -1;
+  if (n >= 16 && (get32(b + 12) == 0 || get32(b + 12) > 127)) return -1;
+  if (n < BCAST_HELLO_FIXED) return 1;
+  uint32_t idlen = get32(b + 12);
+  *need = BCAST_HELLO_FIXED + idlen + BCAST_MAC_BYTES;
+  if (n < *need) return 1;
+  if (n > *need) return -1; /* a receiver waits for the reply: nothing follows its hello */
+  if (memchr(b + BCAST_HELLO_FIXED, 0, idlen)) return -1;
+  h->rank = get32(b + 8);
+  h->hash = get64(b + 16);
+  memcpy(h->rx_nonce, b + 24, BCAST_NONCE_BYTES);
+  memcpy(h->id, b + BCAST_HELLO_FIXED, idlen);
+  h->id[idlen] = 0;
+  memcpy(h->mac, b + BCAST_HELLO_FIXED + idlen, BCAST_MAC_BYTES);
+  return 0;
+}
+
 /* ======================= root (sender) ======================================= */
 
 typedef struct peer {
@@ -272,86 +351,214 @@ typedef struct peer {
   uint64_t sent; /* bytes of the current bucket's header + payload written */
 } peer;
 
-/* Accepts one connection and reads its HELLO.  Returns 1 with *out filled for
- * an accepted receiver, 0 for a connection to ignore, <0 to fail the plan. */
-static int accept_one(int lfd, const bcast_plan *p, const bcast__host_io *io, peer *peers, size_t npeers,
-                      double deadline, peer *out, bcast_err *err) {
-  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-  if (fd < 0) return 0;
-  tune(fd);
-  uint8_t h[24];
-  char id[128], why[400];
-  double hd = bcast__now() + HELLO_WAIT_S;
-  if (hd > deadline) hd = deadline;
-  if (io_full(fd, h, sizeof h, 0, io->cancel_fd, hd) || get32(h) != MAGIC_HELLO ||
-      get32(h + 4) != PROTO_VERSION || get32(h + 12) >= sizeof id ||
-      io_full(fd, id, get32(h + 12), 0, io->cancel_fd, hd)) {
-    int e = errno;
-    close(fd); /* not a receiver of this protocol version: ignore it */
-    if (e == ECANCELED) return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled", p->id);
-    return 0;
-  }
-  id[get32(h + 12)] = 0;
-  if (io->stale_id && io->stale_id[0] && strcmp(id, p->id) != 0 && !strcmp(id, io->stale_id)) {
-    /* Connected for the plan cancelled last, before it learnt of the cancel:
-     * a leftover, not a receiver of this plan that disagrees with it. */
-    send_status(fd, MAGIC_REPLY, BCAST_ECANCELED, "plan cancelled", -1, hd);
-    close(fd);
-    return 0;
-  }
-  uint32_t rank = get32(h + 8);
-  uint64_t hash = get64(h + 16);
-  int code = BCAST_OK;
-  if (strcmp(id, p->id) != 0 || hash != p->hash) {
-    code = BCAST_EMISMATCH;
-    snprintf(why, sizeof why, "receiver rank %u holds plan '%.100s' hash %016llx, root has '%.100s' hash %016llx",
-             rank, id, (unsigned long long)hash, p->id, (unsigned long long)p->hash);
-  } else if (rank >= p->world_size || rank == p->root_rank) {
-    code = BCAST_EPEER;
-    snprintf(why, sizeof why, "receiver claims rank %u: not a receiver rank of world size %u with root %u", rank,
-             p->world_size, p->root_rank);
-  }
-  for (size_t i = 0; i < npeers && !code; i++)
-    if (peers[i].rank == rank) {
-      code = BCAST_EPEER;
-      snprintf(why, sizeof why, "receiver rank %u connected twice", rank);
+/* A connection accepted but not yet authenticated. */
+typedef struct pending {
+  int fd;
+  double deadline;
+  uint8_t nonce[BCAST_NONCE_BYTES];
+  uint8_t buf[BCAST_HELLO_MAX];
+  size_t got;
+} pending;
+
+typedef struct acceptor {
+  const bcast_plan *p;
+  const bcast__host_io *io;
+  peer *peers;
+  size_t have, want;
+  pending pend[PENDING_MAX];
+  size_t npend;
+  uint32_t refused;
+} acceptor;
+
+static void pending_drop(acceptor *ac, size_t i, int refused) {
+  close(ac->pend[i].fd);
+  ac->pend[i] = ac->pend[--ac->npend];
+  if (refused) ac->refused++;
+}
+
+/* Accepts what the backlog holds and challenges each connection.  0, or <0
+ * to fail the plan (no randomness: nothing can be authenticated). */
+static int accept_new(acceptor *ac, int lfd, double plan_deadline, bcast_err *err) {
+  for (int burst = 0; burst < PENDING_MAX; burst++) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) return 0; /* EAGAIN, or an error of that one connection only */
+    tune(fd);
+    if (ac->npend == PENDING_MAX) { /* evict the oldest: it had the most time to answer */
+      size_t old = 0;
+      for (size_t i = 1; i < ac->npend; i++)
+        if (ac->pend[i].deadline < ac->pend[old].deadline) old = i;
+      pending_drop(ac, old, 1);
     }
-  if (code) {
-    send_status(fd, MAGIC_REPLY, code, why, -1, hd);
-    close(fd);
-    return bcast__fail(err, code, "%s", why);
+    pending *c = &ac->pend[ac->npend];
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    c->deadline = bcast__now() + HANDSHAKE_S;
+    if (c->deadline > plan_deadline) c->deadline = plan_deadline;
+    if (bcast__random(c->nonce, sizeof c->nonce)) {
+      close(fd);
+      return bcast__fail(err, BCAST_EIO, "plan '%s': no randomness for a handshake nonce: %s", ac->p->id,
+                         strerror(errno));
+    }
+    uint8_t ch[CHALLENGE_BYTES];
+    put32(ch, MAGIC_CHALLENGE);
+    put32(ch + 4, PROTO_VERSION);
+    memcpy(ch + 8, c->nonce, BCAST_NONCE_BYTES);
+    /* A fresh socket's buffer is empty: 40 bytes go at once or the peer is gone. */
+    if (send(fd, ch, sizeof ch, MSG_NOSIGNAL) != (ssize_t)sizeof ch) {
+      close(fd);
+      ac->refused++;
+      continue;
+    }
+    ac->npend++;
   }
-  if (send_status(fd, MAGIC_REPLY, 0, "", io->cancel_fd, hd)) {
-    close(fd);
-    return 0; /* gone before we answered: let it retry */
+  return 0;
+}
+
+/* A connection that proved it holds the plan's secret: a receiver of this
+ * plan, to answer with the root's own proof.  1 when admitted, 0 when it
+ * went away before the answer (it may come again), <0 to fail the plan. */
+static int admit(acceptor *ac, pending *c, const bcast__hello *h, bcast_err *err) {
+  const bcast_plan *p = ac->p;
+  char why[256] = "";
+  int code = BCAST_OK;
+  if (h->rank >= p->world_size || h->rank == p->root_rank) {
+    code = BCAST_EPEER;
+    snprintf(why, sizeof why, "receiver claims rank %u: not a receiver rank of world size %u with root %u",
+             h->rank, p->world_size, p->root_rank);
   }
-  *out = (peer){fd, rank, 0};
+  for (size_t i = 0; i < ac->have && !code; i++)
+    if (ac->peers[i].rank == h->rank) {
+      code = BCAST_EPEER;
+      snprintf(why, sizeof why, "receiver rank %u connected twice", h->rank);
+    }
+  double hd = bcast__now() + 1.0;
+  if (code) { /* it holds the secret: a participant with a fault, told why */
+    uint8_t b[12 + sizeof why];
+    size_t len = strlen(why);
+    put32(b, MAGIC_REPLY);
+    put32(b + 4, (uint32_t)code);
+    put32(b + 8, (uint32_t)len);
+    memcpy(b + 12, why, len);
+    io_full(c->fd, b, 12 + len, 1, -1, hd);
+    return bcast__fail(err, code, "plan '%s': %s", p->id, why);
+  }
+  uint8_t b[12 + BCAST_MAC_BYTES];
+  put32(b, MAGIC_REPLY);
+  put32(b + 4, 0);
+  put32(b + 8, BCAST_MAC_BYTES);
+  if (bcast__reply_mac(p->secret, c->nonce, h->rx_nonce, h->rank, p->hash, p->id, b + 12))
+    return bcast__fail(err, BCAST_EIO, "plan '%s': HMAC-SHA256 failed in libcrypto", p->id);
+  if (io_full(c->fd, b, sizeof b, 1, ac->io->cancel_fd, hd)) {
+    if (errno == ECANCELED) return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled", p->id);
+    return 0;
+  }
+  ac->peers[ac->have++] = (peer){c->fd, h->rank, 0};
   return 1;
 }
 
-static int accept_all(int lfd, const bcast_plan *p, const bcast__host_io *io, peer *peers, size_t want,
-                      double deadline, bcast_err *err) {
-  size_t have = 0;
-  while (have < want) {
-    if (!wait_fd(lfd, POLLIN, io->cancel_fd, deadline)) {
-      if (errno == ECANCELED)
-        return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled with %zu of %zu receivers connected",
-                           p->id, have, want);
-      char missing[192] = "";
-      size_t len = 0;
-      for (uint32_t r = 0; r < p->world_size && len + 12 < sizeof missing; r++) {
-        int found = r == p->root_rank;
-        for (size_t i = 0; i < have; i++) found |= peers[i].rank == r;
-        if (!found) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%u", len ? "," : "", r);
-      }
-      return bcast__fail(err, BCAST_ETIMEDOUT, "plan '%s': %zu of %zu receivers connected before the deadline; "
-                         "missing rank(s) %s", p->id, have, want, missing);
+/* Reads what pending connection i sent; checks a whole hello.  Everything
+ * that is not a proof of the secret closes the connection without a word. */
+static int pending_read(acceptor *ac, size_t i, bcast_err *err) {
+  pending *c = &ac->pend[i];
+  size_t need = 0;
+  bcast__hello h;
+  for (;;) {
+    ssize_t r = recv(c->fd, c->buf + c->got, sizeof c->buf - c->got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (r <= 0) break; /* closed or reset before a whole hello */
+    c->got += (size_t)r;
+    int pr = bcast__hello_parse(c->buf, c->got, &need, &h);
+    if (pr < 0) break;
+    if (pr > 0) {
+      if (c->got == sizeof c->buf) break;
+      continue;
     }
-    int rc = accept_one(lfd, p, io, peers, have, deadline, &peers[have], err);
-    if (rc < 0) return rc;
-    have += (size_t)rc;
+    const bcast_plan *p = ac->p;
+    uint8_t want[BCAST_MAC_BYTES] = {0};
+    /* Only the plan's own id and hash can verify: the secret is this plan's. */
+    int ok = p->has_secret && strcmp(h.id, p->id) == 0 && h.hash == p->hash &&
+             bcast__hello_mac(p->secret, c->nonce, h.rx_nonce, h.rank, h.hash, h.id, want) == 0;
+    ok = bcast__mac_equal(want, h.mac) && ok;
+    bcast__wipe(want, sizeof want);
+    if (!ok) {
+      /* A leftover of the plan cancelled last (it connected before it
+       * learnt of the abort) is no stranger; either way it gets nothing. */
+      int leftover = ac->io->stale_id && ac->io->stale_id[0] && !strcmp(h.id, ac->io->stale_id);
+      pending_drop(ac, i, !leftover);
+      return 0;
+    }
+    int rc = admit(ac, c, &h, err);
+    if (rc > 0) { /* the fd moved to the peers */
+      ac->pend[i] = ac->pend[--ac->npend];
+      return 0;
+    }
+    pending_drop(ac, i, 0);
+    return rc;
   }
-  return BCAST_OK;
+  pending_drop(ac, i, 1);
+  return 0;
+}
+
+static int accept_fail_timeout(acceptor *ac, bcast_err *err) {
+  const bcast_plan *p = ac->p;
+  char missing[192] = "";
+  size_t len = 0;
+  for (uint32_t r = 0; r < p->world_size && len + 12 < sizeof missing; r++) {
+    int found = r == p->root_rank;
+    for (size_t i = 0; i < ac->have; i++) found |= ac->peers[i].rank == r;
+    if (!found) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%u", len ? "," : "", r);
+  }
+  return bcast__fail(err, BCAST_ETIMEDOUT,
+                     "plan '%s': %zu of %zu receivers connected before the deadline; missing rank(s) %s; "
+                     "%u connection(s) refused (no proof of the plan's secret)",
+                     p->id, ac->have, ac->want, missing, ac->refused);
+}
+
+/* Waits until every receiver proved itself, with every handshake in one poll
+ * loop: a silent or hostile connection holds a slot for HANDSHAKE_S at most
+ * and delays no one. */
+static int accept_all(int lfd, acceptor *ac, double deadline, bcast_err *err) {
+  const bcast_plan *p = ac->p;
+  int rc = BCAST_OK;
+  if (!p->has_secret)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': no data-channel secret: host mode cannot authenticate "
+                       "its receivers", p->id);
+  while (ac->have < ac->want && !rc) {
+    double now = bcast__now();
+    for (size_t i = ac->npend; i-- > 0;)
+      if (ac->pend[i].deadline <= now) pending_drop(ac, i, 1);
+    if (now >= deadline) return accept_fail_timeout(ac, err);
+    struct pollfd pf[PENDING_MAX + 2];
+    size_t n = 0;
+    double until = deadline;
+    for (size_t i = 0; i < ac->npend; i++) {
+      pf[n++] = (struct pollfd){ac->pend[i].fd, POLLIN, 0};
+      if (ac->pend[i].deadline < until) until = ac->pend[i].deadline;
+    }
+    size_t lfd_at = n, cancel_at = n + 1;
+    pf[n++] = (struct pollfd){lfd, POLLIN, 0};
+    if (ac->io->cancel_fd >= 0) pf[n++] = (struct pollfd){ac->io->cancel_fd, POLLIN, 0};
+    int ms = poll_ms(until);
+    int got = ms ? poll(pf, n, ms) : 0;
+    if (got < 0 && errno != EINTR)
+      return bcast__fail(err, BCAST_EIO, "plan '%s': poll: %s", p->id, strerror(errno));
+    if (got <= 0) continue;
+    if (ac->io->cancel_fd >= 0 && pf[cancel_at].revents)
+      return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled with %zu of %zu receivers connected",
+                         p->id, ac->have, ac->want);
+    /* The pending list is reshuffled by drops: walk it from the end, by fd. */
+    for (size_t k = lfd_at; k-- > 0 && !rc;) {
+      if (!pf[k].revents) continue;
+      for (size_t i = 0; i < ac->npend; i++)
+        if (ac->pend[i].fd == pf[k].fd) {
+          rc = pending_read(ac, i, err);
+          break;
+        }
+    }
+    if (!rc && pf[lfd_at].revents) rc = accept_new(ac, lfd, deadline, err);
+  }
+  return rc;
 }
 
 /* The cast worker fills slot k % 2 with bucket k while the main thread sends. */
@@ -409,8 +616,9 @@ static void *caster_main(void *arg) {
 }
 
 /* Names the failure of one receiver while sending bucket k, reading its ACK
- * first when it left one (a checksum or scatter error on its side). */
-static int peer_failed(const bcast_plan *p, peer *pr, size_t k, int e, bcast_err *err) {
+ * first when it left one (a checksum or scatter error on its side).  A stall
+ * says what the receiver took against what the plan's floor expects. */
+static int peer_failed(const bcast_plan *p, peer *pr, size_t k, int e, double elapsed, bcast_err *err) {
   int status = 0;
   char msg[512];
   if (e == ECANCELED) return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
@@ -418,18 +626,29 @@ static int peer_failed(const bcast_plan *p, peer *pr, size_t k, int e, bcast_err
       status)
     return bcast__fail(err, BCAST_EPEER, "receiver rank %u failed at bucket %zu (layer %u): %s", pr->rank, k,
                        p->buckets[k].layer, msg);
-  if (e == ETIMEDOUT)
-    return bcast__fail(err, BCAST_ETIMEDOUT, "receiver rank %u stalled: bucket %zu (layer %u) not taken before the "
-                       "deadline", pr->rank, k, p->buckets[k].layer);
+  if (e == ETIMEDOUT) {
+    uint64_t took = pr->sent > HEADER_BYTES ? pr->sent - HEADER_BYTES : 0;
+    double gbps = elapsed > 0 ? (double)took / elapsed / 1e9 : 0;
+    char expect[128] = "no floor in the plan";
+    if (p->min_gbps > 0)
+      snprintf(expect, sizeof expect, "expected at least %.3g GB/s per receiver for host mode",
+               per_receiver_floor(p));
+    return bcast__fail(err, BCAST_ETIMEDOUT, "receiver rank %u stalled at bucket %zu (layer %u): observed %.3g GB/s "
+                       "(%.1f of %.1f MB in %.2f s), %s", pr->rank, k, p->buckets[k].layer, gbps, (double)took / 1e6,
+                       (double)p->buckets[k].bytes / 1e6, elapsed, expect);
+  }
   return bcast__fail(err, BCAST_EPEER, "receiver rank %u closed the connection at bucket %zu (layer %u): %s", pr->rank,
                      k, p->buckets[k].layer, strerror(e));
 }
 
-/* Writes header + payload of bucket k to every receiver concurrently. */
+/* Writes header + payload of bucket k to every receiver concurrently.  Every
+ * wait polls the cancel fd too: a receiver that stopped reading (a stopped
+ * process keeps its socket open) never holds the root past an abort. */
 static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64_t sum, peer *peers, size_t np,
                        int cancel_fd, double deadline, bcast_err *err) {
   uint8_t hdr[HEADER_BYTES];
   uint64_t bytes = p->buckets[k].bytes, total = HEADER_BYTES + bytes;
+  double t0 = bcast__now();
   put32(hdr, MAGIC_BUCKET);
   put32(hdr + 4, (uint32_t)k);
   put64(hdr + 8, bytes);
@@ -450,7 +669,7 @@ static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64
         }
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        return peer_failed(p, pr, k, r < 0 ? errno : EPIPE, err);
+        return peer_failed(p, pr, k, r < 0 ? errno : EPIPE, 0, err);
       }
       if (pr->sent < total) pf[waiting++] = (struct pollfd){pr->fd, POLLOUT, 0};
     }
@@ -461,21 +680,40 @@ static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64
     int n = ms ? poll(pf, npf, ms) : 0;
     if (n > 0 && cancel_fd >= 0 && pf[waiting].revents)
       return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
-    if (n == 0 && bcast__now() >= deadline) {
+    if (n <= 0 && bcast__now() >= deadline) {
+      /* Name the receiver furthest behind: the one holding the others up. */
+      peer *slow = NULL;
       for (size_t i = 0; i < np; i++)
-        if (peers[i].sent < total) return peer_failed(p, &peers[i], k, ETIMEDOUT, err);
+        if (peers[i].sent < total && (!slow || peers[i].sent < slow->sent)) slow = &peers[i];
+      if (slow) return peer_failed(p, slow, k, ETIMEDOUT, bcast__now() - t0, err);
     }
   }
 }
 
+/* Every receiver confirms the last bucket.  What it still has to take when
+ * the root has written everything is what the socket buffers hold (both
+ * ends) plus the last bucket it verifies: that, at the plan's floor, plus
+ * slack bounds the wait, so a receiver stopped with the data in its buffers
+ * is cut off like one that stalled mid-bucket. */
 static int collect_acks(const bcast_plan *p, peer *peers, size_t np, const bcast__host_io *io, bcast_err *err) {
+  double t0 = bcast__now(), dl = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
+  if (p->min_gbps > 0) {
+    double fanout = np > 1 ? (double)np : 1.0;
+    double inflight = (double)max_bucket(p) + 2.0 * SOCK_BUF;
+    dl = bcast__deadline(BUCKET_SLACK_S + inflight * fanout / (p->min_gbps * 1e9), p->deadline_unix_ms);
+  }
   for (size_t i = 0; i < np; i++) {
     int status = 0;
     char msg[512];
-    double dl = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
-    if (recv_status(peers[i].fd, MAGIC_ACK, &status, msg, sizeof msg, io->cancel_fd, dl))
-      return bcast__fail(err, io_code(errno),
-                         "receiver rank %u did not confirm the last bucket: %s", peers[i].rank, strerror(errno));
+    if (recv_status(peers[i].fd, MAGIC_ACK, &status, msg, sizeof msg, io->cancel_fd, dl)) {
+      int e = errno;
+      if (e == ETIMEDOUT && p->min_gbps > 0)
+        return bcast__fail(err, BCAST_ETIMEDOUT, "receiver rank %u did not confirm the last bucket: observed no "
+                           "confirmation in %.2f s, expected within %.2f s at %.3g GB/s per receiver for host mode",
+                           peers[i].rank, bcast__now() - t0, dl - t0, per_receiver_floor(p));
+      return bcast__fail(err, io_code(e), "receiver rank %u did not confirm the last bucket: %s", peers[i].rank,
+                         strerror(e));
+    }
     if (status) return bcast__fail(err, BCAST_EPEER, "receiver rank %u failed: %s", peers[i].rank, msg);
   }
   return BCAST_OK;
@@ -495,7 +733,7 @@ static int send_all(caster *c, peer *peers, size_t np, const bcast__host_io *io,
                          p->buckets[failed - 1].layer);
     double t0 = bcast__now();
     int rc = send_bucket(p, k, c->buf[s], sum, peers, np, io->cancel_fd,
-                         bcast__deadline(io->timeout_s, p->deadline_unix_ms), err);
+                         bucket_deadline(p, k, io, BUCKET_SLACK_S), err);
     c->bt[k].wire_s = bcast__now() - t0;
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);
@@ -514,6 +752,7 @@ int bcast__host_send(int lfd, const bcast_plan *p, const bcast_tensor *local, co
   bcast_bucket_timing *bt = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *bt);
   uint64_t mb = max_bucket(p);
   caster c = {.p = p, .local = local, .map = map, .threads = cast_threads, .bt = bt};
+  uint32_t refused = 0;
   c.buf[0] = malloc(mb ? mb : 1);
   c.buf[1] = malloc(mb ? mb : 1);
   int rc = BCAST_OK;
@@ -522,7 +761,11 @@ int bcast__host_send(int lfd, const bcast_plan *p, const bcast_tensor *local, co
     goto out;
   }
   for (size_t b = 0; b < p->nbuckets; b++) bt[b].bucket = (uint32_t)b;
-  rc = accept_all(lfd, p, io, peers, np, bcast__deadline(io->timeout_s, p->deadline_unix_ms), err);
+  acceptor ac = {.p = p, .io = io, .peers = peers, .want = np};
+  rc = accept_all(lfd, &ac, bcast__deadline(io->timeout_s, p->deadline_unix_ms), err);
+  /* Whatever is still pending is not a receiver of this plan. */
+  while (ac.npend) pending_drop(&ac, ac.npend - 1, 1);
+  refused = ac.refused;
   if (rc) goto out;
   pthread_mutex_init(&c.mu, NULL);
   pthread_cond_init(&c.cv, NULL);
@@ -547,6 +790,7 @@ out:
   free(c.buf[1]);
   if (rc == BCAST_OK && stats) {
     fill_stats(stats, p, t0, bt);
+    stats->refused_connections = refused;
     bt = NULL;
   }
   free(bt);
@@ -600,27 +844,96 @@ static int connect_root(const bcast_plan *p, int cancel_fd, double deadline, int
                      p->host_endpoint, strerror(e ? e : ETIMEDOUT));
 }
 
+/* The root closed the connection before its challenge: a root shedding
+ * unauthenticated connections under a flood, say.  Worth another try. */
+#define HANDSHAKE_RETRY 1
+
+/* Answers the root's challenge and checks the root's proof in return.  0,
+ * HANDSHAKE_RETRY, or a negative code with err filled. */
 static int handshake(int fd, const bcast_plan *p, uint32_t rank, int cancel_fd, double deadline, bcast_err *err) {
-  uint8_t h[24 + 128];
+  uint8_t ch[CHALLENGE_BYTES];
+  if (io_full(fd, ch, sizeof ch, 0, cancel_fd, deadline)) {
+    int e = errno;
+    if (e == EPIPE || e == ECONNRESET) return HANDSHAKE_RETRY;
+    return bcast__fail(err, io_code(e), "plan '%s': no handshake challenge from root %s: %s", p->id,
+                       p->host_endpoint, strerror(e));
+  }
+  if (get32(ch) != MAGIC_CHALLENGE || get32(ch + 4) != PROTO_VERSION)
+    return bcast__fail(err, BCAST_EPEER, "plan '%s': root %s does not speak data-channel protocol version %u",
+                       p->id, p->host_endpoint, PROTO_VERSION);
+  uint8_t h[BCAST_HELLO_MAX], *nonce = ch + 8;
   size_t idlen = strnlen(p->id, sizeof p->id - 1);
   put32(h, MAGIC_HELLO);
   put32(h + 4, PROTO_VERSION);
   put32(h + 8, rank);
   put32(h + 12, (uint32_t)idlen);
   put64(h + 16, p->hash);
-  memcpy(h + 24, p->id, idlen);
-  int status = 0;
+  uint8_t *rx_nonce = h + 24;
+  if (bcast__random(rx_nonce, BCAST_NONCE_BYTES))
+    return bcast__fail(err, BCAST_EIO, "plan '%s': no randomness for a handshake nonce: %s", p->id, strerror(errno));
+  memcpy(h + BCAST_HELLO_FIXED, p->id, idlen);
+  if (bcast__hello_mac(p->secret, nonce, rx_nonce, rank, p->hash, p->id, h + BCAST_HELLO_FIXED + idlen))
+    return bcast__fail(err, BCAST_EIO, "plan '%s': HMAC-SHA256 failed in libcrypto", p->id);
+  uint8_t r[12];
+  if (io_full(fd, h, BCAST_HELLO_FIXED + idlen + BCAST_MAC_BYTES, 1, cancel_fd, deadline) ||
+      io_full(fd, r, sizeof r, 0, cancel_fd, deadline)) {
+    int e = errno;
+    if (e == EPIPE || e == ECONNRESET)
+      return bcast__fail(err, BCAST_EMISMATCH, "plan '%s': root %s closed the connection without accepting rank %u: "
+                         "it holds another plan or another secret", p->id, p->host_endpoint, rank);
+    return bcast__fail(err, io_code(e), "plan '%s': handshake with root %s failed: %s", p->id, p->host_endpoint,
+                       strerror(e));
+  }
+  int32_t status = (int32_t)get32(r + 4);
+  uint32_t len = get32(r + 8);
+  if (get32(r) != MAGIC_REPLY || len > 511 || (status == 0 && len != BCAST_MAC_BYTES))
+    return bcast__fail(err, BCAST_EPEER, "plan '%s': root %s sent a malformed reply", p->id, p->host_endpoint);
   char msg[512];
-  if (io_full(fd, h, 24 + idlen, 1, cancel_fd, deadline) ||
-      recv_status(fd, MAGIC_REPLY, &status, msg, sizeof msg, cancel_fd, deadline))
-    return bcast__fail(err, io_code(errno),
-                       "plan '%s': handshake with root %s failed: %s", p->id, p->host_endpoint, strerror(errno));
-  /* The root's code when it is one of ours (a mismatch, a cancel): the peer's
-   * number is no code of this engine otherwise. */
-  if (status)
+  if (io_full(fd, msg, len, 0, cancel_fd, deadline))
+    return bcast__fail(err, io_code(errno), "plan '%s': reply of root %s cut short: %s", p->id, p->host_endpoint,
+                       strerror(errno));
+  if (status) {
+    msg[len] = 0;
+    for (uint32_t i = 0; i < len; i++)
+      if (msg[i] < 0x20 || msg[i] > 0x7e) msg[i] = '?'; /* it goes into logs */
+    /* The root's code when it is one of ours (a mismatch, a cancel): the peer's
+     * number is no code of this engine otherwise. */
     return bcast__fail(err, status <= BCAST_EINVAL && status >= BCAST_ECANCELED ? status : BCAST_EPEER,
                        "root refused rank %u: %s", rank, msg);
+  }
+  uint8_t want[BCAST_MAC_BYTES];
+  int ok = bcast__reply_mac(p->secret, nonce, rx_nonce, rank, p->hash, p->id, want) == 0 &&
+           bcast__mac_equal(want, (const uint8_t *)msg);
+  bcast__wipe(want, sizeof want);
+  if (!ok)
+    return bcast__fail(err, BCAST_EPEER, "plan '%s': root %s did not prove it holds the plan's secret: its data "
+                       "is not taken", p->id, p->host_endpoint);
   return BCAST_OK;
+}
+
+/* Connects and authenticates, again while the root closes connections
+ * before challenging them and the deadline allows. */
+static int connect_and_handshake(const bcast_plan *p, uint32_t rank, const bcast__host_io *io, int *fdp,
+                                 bcast_err *err) {
+  double deadline = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
+  for (;;) {
+    int fd = -1, rc = connect_root(p, io->cancel_fd, deadline, &fd, err);
+    if (rc) return rc;
+    rc = handshake(fd, p, rank, io->cancel_fd, deadline, err);
+    if (rc == BCAST_OK) {
+      *fdp = fd;
+      return BCAST_OK;
+    }
+    close(fd);
+    if (rc != HANDSHAKE_RETRY) return rc;
+    if (bcast__now() + 0.05 >= deadline)
+      return bcast__fail(err, BCAST_ETIMEDOUT, "plan '%s': root %s closed every connection before its challenge "
+                         "until the deadline", p->id, p->host_endpoint);
+    struct pollfd pf = {io->cancel_fd, POLLIN, 0};
+    if (io->cancel_fd >= 0 && poll(&pf, 1, 50) == 1)
+      return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled before the root answered", p->id);
+    if (io->cancel_fd < 0) nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+  }
 }
 
 static void scatter(const bcast_plan *p, size_t k, const uint8_t *buf, const bcast_tensor *local, const uint32_t *map) {
@@ -638,13 +951,23 @@ static void scatter(const bcast_plan *p, size_t k, const uint8_t *buf, const bca
 static int recv_bucket(int fd, const bcast_plan *p, size_t k, uint8_t *buf, const bcast_tensor *local,
                        const uint32_t *map, const bcast__host_io *io, bcast_bucket_timing *bt, bcast_err *err) {
   const bcast_bucket *b = &p->buckets[k];
-  double dl = bcast__deadline(io->timeout_s, p->deadline_unix_ms), t0 = bcast__now();
+  /* Longer than the root's own bound: when a peer holds the bucket up, the
+   * root, which can name it, speaks first. */
+  double dl = bucket_deadline(p, k, io, 2 * BUCKET_SLACK_S), t0 = bcast__now();
   uint8_t h[HEADER_BYTES];
+  size_t took = 0;
   if (io_full(fd, h, sizeof h, 0, io->cancel_fd, dl) ||
-      (get32(h) == MAGIC_BUCKET && io_full(fd, buf, b->bytes, 0, io->cancel_fd, dl)))
-    return bcast__fail(err, io_code(errno),
-                       "root %s: bucket %zu (layer %u) not received: %s", p->host_endpoint, k, b->layer,
-                       errno == EPIPE ? "connection closed" : strerror(errno));
+      (get32(h) == MAGIC_BUCKET && io_full_done(fd, buf, b->bytes, 0, io->cancel_fd, dl, &took))) {
+    int e = errno;
+    double el = bcast__now() - t0;
+    if (e == ETIMEDOUT && p->min_gbps > 0)
+      return bcast__fail(err, BCAST_ETIMEDOUT, "root %s stalled at bucket %zu (layer %u): observed %.3g GB/s (%.1f "
+                         "of %.1f MB in %.2f s), expected at least %.3g GB/s per receiver for host mode",
+                         p->host_endpoint, k, b->layer, el > 0 ? (double)took / el / 1e9 : 0, (double)took / 1e6,
+                         (double)b->bytes / 1e6, el, per_receiver_floor(p));
+    return bcast__fail(err, io_code(e), "root %s: bucket %zu (layer %u) not received: %s", p->host_endpoint, k,
+                       b->layer, e == EPIPE ? "connection closed" : strerror(e));
+  }
   if (get32(h) != MAGIC_BUCKET || get32(h + 4) != k || get64(h + 8) != b->bytes)
     return bcast__fail(err, BCAST_EPEER, "root %s: bad header for bucket %zu (layer %u)", p->host_endpoint, k, b->layer);
   double t1 = bcast__now();
@@ -667,13 +990,15 @@ static int recv_bucket(int fd, const bcast_plan *p, size_t k, uint8_t *buf, cons
 int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
                      const bcast__host_io *io, bcast_stats *stats, bcast_err *err) {
   double t0 = bcast__now();
-  int fd = -1, rc = connect_root(p, io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms), &fd, err);
+  if (!p->has_secret)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': no data-channel secret: host mode cannot authenticate "
+                       "its root", p->id);
+  int fd = -1, rc = connect_and_handshake(p, rank, io, &fd, err);
   if (rc) return rc;
   uint64_t mb = max_bucket(p);
   uint8_t *buf = malloc(mb ? mb : 1);
   bcast_bucket_timing *bt = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *bt);
   if (!buf || !bt) rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a %llu-byte wire buffer", (unsigned long long)mb);
-  if (!rc) rc = handshake(fd, p, rank, io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms), err);
   for (size_t k = 0; k < p->nbuckets && !rc; k++) rc = recv_bucket(fd, p, k, buf, local, map, io, &bt[k], err);
   if (!rc && send_status(fd, MAGIC_ACK, 0, "", io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms)))
     rc = bcast__fail(err, BCAST_EPEER, "root %s: final confirmation not delivered: %s", p->host_endpoint,

@@ -53,6 +53,39 @@ int bcast__cast_best_level(void);
  * deadline when it has one (deadline_unix_ms > 0). */
 double bcast__deadline(double timeout_s, int64_t deadline_unix_ms);
 
+/* Data-channel authentication (bcast_auth.c, OpenSSL libcrypto). */
+#define BCAST_NONCE_BYTES 32
+#define BCAST_MAC_BYTES 32
+/* n bytes from getrandom(2); 0, or -1 with errno. */
+int bcast__random(void *buf, size_t n);
+/* The receiver's proof: HMAC-SHA256(secret, "rlorch.bcast.hello/2" ||
+ * root_nonce || rx_nonce || rank || hash || id); the root's answer uses its
+ * own label with the nonces swapped.  0, or -1 (out zeroed) if libcrypto fails. */
+int bcast__hello_mac(const uint8_t secret[BCAST_SECRET_BYTES], const uint8_t root_nonce[BCAST_NONCE_BYTES],
+                     const uint8_t rx_nonce[BCAST_NONCE_BYTES], uint32_t rank, uint64_t hash, const char *id,
+                     uint8_t out[BCAST_MAC_BYTES]);
+int bcast__reply_mac(const uint8_t secret[BCAST_SECRET_BYTES], const uint8_t root_nonce[BCAST_NONCE_BYTES],
+                     const uint8_t rx_nonce[BCAST_NONCE_BYTES], uint32_t rank, uint64_t hash, const char *id,
+                     uint8_t out[BCAST_MAC_BYTES]);
+int bcast__mac_equal(const uint8_t a[BCAST_MAC_BYTES], const uint8_t b[BCAST_MAC_BYTES]); /* constant time */
+void bcast__wipe(void *p, size_t n); /* not optimised away */
+
+/* The receiver's HELLO as the root parses it (bcast_host.c documents the
+ * layout).  bcast__hello_parse looks at the n bytes received so far: 1 when
+ * more are needed (*need: the total length known so far), 0 when a whole
+ * hello was parsed into *h, -1 when the bytes cannot be a hello of this
+ * protocol version.  Pure, for the transport and for fuzzing. */
+#define BCAST_HELLO_FIXED 56
+#define BCAST_HELLO_MAX (BCAST_HELLO_FIXED + 127 + BCAST_MAC_BYTES)
+typedef struct bcast__hello {
+  uint32_t rank;
+  uint64_t hash;
+  uint8_t rx_nonce[BCAST_NONCE_BYTES];
+  char id[128];
+  uint8_t mac[BCAST_MAC_BYTES];
+} bcast__hello;
+int bcast__hello_parse(const uint8_t *b, size_t n, size_t *need, bcast__hello *h);
+
 /* Host transport (bcast_host.c): TCP between processes, casts on the CPU.
  * The root listens on a socket the engine owns and reuses across plans;
  * receivers connect to plan->host_endpoint once per plan. `map` is the output

@@ -1,4 +1,5 @@
 /* bcast structs <-> rlorch.v1 protobuf messages. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +101,8 @@ static void plan_msg_free(Rlorch__V1__BroadcastPlan *m) {
   free(m->host_endpoint);
   free(m->mode_reason);
   free(m->nccl_unique_id.data);
+  if (m->data_secret.data) bcast__wipe(m->data_secret.data, m->data_secret.len);
+  free(m->data_secret.data);
   for (size_t i = 0; m->tensors && i < m->n_tensors; i++) spec_free(m->tensors[i]);
   free(m->tensors);
   for (size_t i = 0; m->buckets && i < m->n_buckets; i++) bucket_free(m->buckets[i]);
@@ -134,11 +137,19 @@ int bcast_plan_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan **out, bcast
       m->nccl_unique_id.len = sizeof p->nccl_id;
     }
   }
+  if (ok && p->has_secret) {
+    ok = (m->data_secret.data = malloc(sizeof p->secret)) != NULL;
+    if (ok) {
+      memcpy(m->data_secret.data, p->secret, sizeof p->secret);
+      m->data_secret.len = sizeof p->secret;
+    }
+  }
   if (!ok) {
     plan_msg_free(m);
     return bcast__fail(err, BCAST_ENOMEM, "plan_to_pb: out of memory");
   }
   m->hash = p->hash;
+  m->min_gbps = p->min_gbps;
   m->mode = (Rlorch__V1__BroadcastMode)p->mode;
   m->world_size = p->world_size;
   m->root_rank = p->root_rank;
@@ -185,6 +196,16 @@ static int plan_fields_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan *p
     memcpy(p->nccl_id, m->nccl_unique_id.data, sizeof p->nccl_id);
     p->has_nccl_id = 1;
   }
+  if (m->data_secret.len != 0 && m->data_secret.len != sizeof p->secret)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': data secret of %zu bytes, expected 0 or %zu", p->id,
+                       m->data_secret.len, sizeof p->secret);
+  if (m->data_secret.len) {
+    memcpy(p->secret, m->data_secret.data, sizeof p->secret);
+    p->has_secret = 1;
+  }
+  if (!isfinite(m->min_gbps) || m->min_gbps < 0)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': min_gbps %g is not a rate >= 0", p->id, m->min_gbps);
+  p->min_gbps = m->min_gbps;
   p->hash = m->hash;
   p->mode = (bcast_mode)m->mode;
   p->world_size = m->world_size;

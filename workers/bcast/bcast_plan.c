@@ -241,6 +241,15 @@ int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opt
   p->policy_version = o->policy_version;
   snprintf(p->host_endpoint, sizeof p->host_endpoint, "%s", o->host_endpoint ? o->host_endpoint : "");
   p->checksum = o->checksum ? o->checksum : BCAST_CHECKSUM_XXH3_64;
+  p->min_gbps = o->min_gbps > 0 ? o->min_gbps : 0;
+  /* Every plan gets its own secret: one that outlived its plan would let a
+   * past participant (or a leaked log of it) into every later broadcast. */
+  if (o->secret) memcpy(p->secret, o->secret, sizeof p->secret);
+  else if (bcast__random(p->secret, sizeof p->secret)) {
+    bcast_plan_free(p);
+    return bcast__fail(err, BCAST_EIO, "plan: no randomness for its secret (getrandom failed)");
+  }
+  p->has_secret = 1;
   if ((rc = plan_layout(p, err))) {
     bcast_plan_free(p);
     return rc;
@@ -408,6 +417,7 @@ uint64_t bcast_plan_hash(const bcast_plan *p) {
 
 void bcast_plan_free(bcast_plan *p) {
   if (!p) return;
+  bcast__wipe(p->secret, sizeof p->secret); /* freed memory is not a place to leave it */
   for (size_t b = 0; b < p->nbuckets; b++) free(p->buckets[b].slices);
   free(p->buckets);
   free(p->tensors);
