@@ -1140,7 +1140,7 @@ static int sched__trainer_fits(sched *s, sched_worker_info *t, int64_t now, uint
              " and the step after it: it does not hold this run's weights",
              t->name, v, n);
   t->policy_version = v;
-  sched__fail_run(s, msg);
+  sched__fail_run(s, SCHED_ABORT_ERROR, msg);
   return 0;
 }
 
@@ -1432,7 +1432,7 @@ int sched_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
       char msg[SCHED_TEXT_MAX];
       snprintf(msg, sizeof msg, "trainer %s trained step %" PRIu64 " meanwhile: its plan goes first",
                t->name, step);
-      sched__abort_plan(s, msg);
+      sched__abort_plan(s, SCHED_ABORT_REFUSED, msg);
     }
     if (offload) t->offload = *offload;
     sched__adopt_step(s, t, now, train_seconds);
