@@ -120,7 +120,7 @@ static const opt_field config__fields[] = {
              "bounds each plan with broadcast_safety and broadcast_slack_ms"},
     {.name = "broadcast_gbps_staged", .type = OPT_DOUBLE,
      .off = CONFIG__OFF(broadcast_gbps_staged, double), .min = 0, .max = 1e6, .flags = OPT_GT_MIN,
-     .metavar = "GBPS", .help = "slowest rate (GB/s) staged mode is expected to give"},
+     .metavar = "GBPS", .help = "slowest rate (GB/s) staged and colocated modes are expected to give"},
     {.name = "broadcast_gbps_direct", .type = OPT_DOUBLE,
      .off = CONFIG__OFF(broadcast_gbps_direct, double), .min = 0, .max = 1e6, .flags = OPT_GT_MIN,
      .metavar = "GBPS", .help = "slowest rate (GB/s) direct mode is expected to give"},

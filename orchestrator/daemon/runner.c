@@ -451,6 +451,7 @@ static int plan_bounds_of(runner *r, bcast_mode mode, uint64_t wire_bytes, uint3
   m.gbps[BCAST_MODE_HOST] = cfg->broadcast_gbps_host;
   m.gbps[BCAST_MODE_STAGED] = cfg->broadcast_gbps_staged;
   m.gbps[BCAST_MODE_DIRECT] = cfg->broadcast_gbps_direct;
+  m.gbps[BCAST_MODE_COLOCATED] = cfg->broadcast_gbps_staged; /* the same host-to-device bound */
   m.safety = cfg->broadcast_safety;
   m.slack_s = cfg->broadcast_slack_ms / 1000.0;
   m.detect_s = cfg->worker_timeout_ms / 1000.0; /* a hung participant is lost before any bound */

@@ -21,7 +21,17 @@ Test(bcast_cost, defaults_are_the_documented_floors) {
   cr_assert_float_eq(m.gbps[BCAST_MODE_HOST], 0.5, 1e-12);
   cr_assert_float_eq(m.gbps[BCAST_MODE_STAGED], 5.0, 1e-12);
   cr_assert_float_eq(m.gbps[BCAST_MODE_DIRECT], 10.0, 1e-12);
+  cr_assert_float_eq(m.gbps[BCAST_MODE_COLOCATED], 5.0, 1e-12);
   cr_assert_float_eq(m.safety, 4.0, 1e-12);
+  /* Every mode a plan can have gets bounds. */
+  const bcast_mode modes[] = {BCAST_MODE_DIRECT, BCAST_MODE_STAGED, BCAST_MODE_HOST,
+                              BCAST_MODE_COLOCATED};
+  for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+    bcast_cost c;
+    bcast_err e = {0};
+    cr_assert_eq(bcast_cost_estimate(&m, modes[i], 1u << 30, 1, 0, &c, &e), 0, "%s: %s",
+                 bcast_mode_name(modes[i]), e.msg);
+  }
   cr_assert_float_eq(m.slack_s, 2.0, 1e-12);
   cr_assert_float_eq(m.detect_s, 5.0, 1e-12);
   cr_assert_float_eq(m.prepare_gbps, 2.0, 1e-12);

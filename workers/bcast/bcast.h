@@ -222,7 +222,8 @@ bcast_plan *bcast_plan_dup(const bcast_plan *p);
  * (lengthens deadlines): a fast step must not make the next one's jitter
  * fatal. */
 typedef struct bcast_cost_model {
-  double gbps[5];      /* expected floor per mode (index: bcast_mode), GB/s (1e9 B/s) */
+  double gbps[BCAST_MODE_COLOCATED + 1]; /* expected floor per mode (index: bcast_mode), GB/s
+                                           (1e9 B/s) */
   double prepare_gbps; /* receivers preparing a plan (receive buffers), GB/s */
   double safety;       /* >= 1 */
   double slack_s;      /* fixed costs: commands, connections, first touches */

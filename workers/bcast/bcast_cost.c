@@ -11,6 +11,9 @@ void bcast_cost_model_default(bcast_cost_model *m) {
   m->gbps[BCAST_MODE_HOST] = 0.5;
   m->gbps[BCAST_MODE_STAGED] = 5.0;
   m->gbps[BCAST_MODE_DIRECT] = 10.0;
+  /* Bound by the host-to-device link when the master is in host memory, as
+   * staged is; far faster from a GPU master, which the bound only covers. */
+  m->gbps[BCAST_MODE_COLOCATED] = 5.0;
 }
 
 static int positive(double v) { return isfinite(v) && v > 0; }
@@ -18,7 +21,8 @@ static int positive(double v) { return isfinite(v) && v > 0; }
 int bcast_cost_estimate(const bcast_cost_model *m, bcast_mode mode, uint64_t wire_bytes,
                         uint32_t receivers, double measured_gbps, bcast_cost *out, bcast_err *err) {
   if (!m || !out) return bcast__fail(err, BCAST_EINVAL, "cost model: NULL argument");
-  if (mode != BCAST_MODE_HOST && mode != BCAST_MODE_STAGED && mode != BCAST_MODE_DIRECT)
+  if (mode != BCAST_MODE_HOST && mode != BCAST_MODE_STAGED && mode != BCAST_MODE_DIRECT &&
+      mode != BCAST_MODE_COLOCATED)
     return bcast__fail(err, BCAST_EINVAL, "cost model: unknown mode %d", (int)mode);
   if (!positive(m->gbps[mode]))
     return bcast__fail(err, BCAST_EINVAL, "cost model: %s rate %g GB/s must be > 0", bcast_mode_name(mode),
