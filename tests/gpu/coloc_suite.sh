@@ -7,8 +7,10 @@
 # for 1b and 4b. Expects the binaries in $BUNDLE/bin (default .devbundle:
 # rlorch, gpu_test_bcast_coloc, gpu_test_bcast_gpu, gpu_test_agent_shadow),
 # writes results under $OUT, stays within $BUDGET_S seconds (default 450): a
-# step that would start later is listed as skipped. Each step is
-# independent; exits 1 when any step failed.
+# step that would start later is listed as skipped. STEPS, a regular
+# expression, runs only the steps whose names match (STEPS='shadow|adamw':
+# the bf16 shadow's test, run and benchmarks). Each step is independent;
+# exits 1 when any step failed.
 set -u
 BUNDLE=${BUNDLE:-.devbundle}
 OUT=${OUT:-$(mktemp -d)}
@@ -23,6 +25,7 @@ failed=() skipped=() nsteps=0
 step() { # NAME TIMEOUT CMD...
   local name=$1 t=$2
   shift 2
+  [[ -n ${STEPS:-} && ! $name =~ $STEPS ]] && return
   if [ $((SECONDS + 20)) -gt "$BUDGET_S" ]; then
     skipped+=("$name(time)")
     echo "$name skipped: ${SECONDS}s of ${BUDGET_S}s used" | tee -a "$OUT/summary.txt"
