@@ -50,6 +50,34 @@ static int floor__devices(const int *dev, int ndev, const char *what, bcast_err 
   } while (0)
 #endif
 
+#ifdef RLORCH_HAVE_CUDA
+/* The best of `reps` timed copies of `bytes` from src to dst after one
+ * warm-up, in GB/s one way, on the current device's default stream. */
+static int floor__time_copy(void *dst, const void *src, uint64_t bytes, enum cudaMemcpyKind kind,
+                            int reps, const char *what, double *gbps, bcast_err *err) {
+  int rc = 0;
+  cudaEvent_t a = NULL, z = NULL;
+  double best = 0;
+  FLOOR_CK(cudaEventCreate(&a), what);
+  FLOOR_CK(cudaEventCreate(&z), what);
+  for (int i = 0; i <= reps; i++) { /* i == 0: warm-up */
+    FLOOR_CK(cudaEventRecord(a, 0), what);
+    FLOOR_CK(cudaMemcpyAsync(dst, src, (size_t)bytes, kind, 0), what);
+    FLOOR_CK(cudaEventRecord(z, 0), what);
+    FLOOR_CK(cudaEventSynchronize(z), what);
+    float ms = 0;
+    FLOOR_CK(cudaEventElapsedTime(&ms, a, z), what);
+    double g = ms > 0 ? (double)bytes / (ms / 1e3) / 1e9 : 0;
+    if (i > 0 && g > best) best = g;
+  }
+  *gbps = best;
+out:
+  if (a) cudaEventDestroy(a);
+  if (z) cudaEventDestroy(z);
+  return rc;
+}
+#endif
+
 int bcast_floor_h2d(int device, uint64_t bytes, int reps, double *gbps, bcast_err *err) {
   static const char what[] = "host-to-device floor";
   int rc = floor__check(reps, gbps, bytes, what, err);
@@ -62,30 +90,14 @@ int bcast_floor_h2d(int device, uint64_t bytes, int reps, double *gbps, bcast_er
   if ((rc = floor__devices(&device, 1, what, err))) return rc;
   int prev = 0;
   void *h = NULL, *d = NULL;
-  cudaEvent_t a = NULL, z = NULL;
-  double best = 0;
   (void)cudaGetDevice(&prev);
   FLOOR_CK(cudaSetDevice(device), what);
   FLOOR_CK(cudaHostAlloc(&h, (size_t)bytes, cudaHostAllocDefault), what);
   FLOOR_CK(cudaMalloc(&d, (size_t)bytes), what);
   /* Touch every page so the first timed copy does not pay for faulting it in. */
   memset(h, 1, (size_t)bytes);
-  FLOOR_CK(cudaEventCreate(&a), what);
-  FLOOR_CK(cudaEventCreate(&z), what);
-  for (int i = 0; i <= reps; i++) { /* i == 0: warm-up */
-    FLOOR_CK(cudaEventRecord(a, 0), what);
-    FLOOR_CK(cudaMemcpyAsync(d, h, (size_t)bytes, cudaMemcpyHostToDevice, 0), what);
-    FLOOR_CK(cudaEventRecord(z, 0), what);
-    FLOOR_CK(cudaEventSynchronize(z), what);
-    float ms = 0;
-    FLOOR_CK(cudaEventElapsedTime(&ms, a, z), what);
-    double g = ms > 0 ? (double)bytes / (ms / 1e3) / 1e9 : 0;
-    if (i > 0 && g > best) best = g;
-  }
-  *gbps = best;
+  rc = floor__time_copy(d, h, bytes, cudaMemcpyHostToDevice, reps, what, gbps, err);
 out:
-  if (a) cudaEventDestroy(a);
-  if (z) cudaEventDestroy(z);
   if (d) cudaFree(d);
   if (h) cudaFreeHost(h);
   (void)cudaSetDevice(prev);
@@ -105,29 +117,13 @@ int bcast_floor_d2d(int device, uint64_t bytes, int reps, double *gbps, bcast_er
   if ((rc = floor__devices(&device, 1, what, err))) return rc;
   int prev = 0;
   void *s = NULL, *d = NULL;
-  cudaEvent_t a = NULL, z = NULL;
-  double best = 0;
   (void)cudaGetDevice(&prev);
   FLOOR_CK(cudaSetDevice(device), what);
   FLOOR_CK(cudaMalloc(&s, (size_t)bytes), what);
   FLOOR_CK(cudaMalloc(&d, (size_t)bytes), what);
   FLOOR_CK(cudaMemset(s, 1, (size_t)bytes), what);
-  FLOOR_CK(cudaEventCreate(&a), what);
-  FLOOR_CK(cudaEventCreate(&z), what);
-  for (int i = 0; i <= reps; i++) { /* i == 0: warm-up */
-    FLOOR_CK(cudaEventRecord(a, 0), what);
-    FLOOR_CK(cudaMemcpyAsync(d, s, (size_t)bytes, cudaMemcpyDeviceToDevice, 0), what);
-    FLOOR_CK(cudaEventRecord(z, 0), what);
-    FLOOR_CK(cudaEventSynchronize(z), what);
-    float ms = 0;
-    FLOOR_CK(cudaEventElapsedTime(&ms, a, z), what);
-    double g = ms > 0 ? (double)bytes / (ms / 1e3) / 1e9 : 0;
-    if (i > 0 && g > best) best = g;
-  }
-  *gbps = best;
+  rc = floor__time_copy(d, s, bytes, cudaMemcpyDeviceToDevice, reps, what, gbps, err);
 out:
-  if (a) cudaEventDestroy(a);
-  if (z) cudaEventDestroy(z);
   if (d) cudaFree(d);
   if (s) cudaFree(s);
   (void)cudaSetDevice(prev);
