@@ -96,6 +96,7 @@ static void h_attach(rpc_call *c, const ProtobufCMessage *req, void *ud) {
   K.attached = 1;
   pthread_cond_broadcast(&K.cv);
   pthread_mutex_unlock(&K.mu);
+  uv_async_send(&K.wake); /* what was sent while no stream was open goes out now */
 }
 
 static void h_report(rpc_call *c, const ProtobufCMessage *req, void *ud) {
@@ -117,11 +118,14 @@ static void on_done(void *ud) {}
 
 static void on_wake(uv_async_t *a) {
   pthread_mutex_lock(&K.mu);
-  for (int i = 0; i < K.nout; i++) {
-    if (K.attach) rpc_call_send(K.attach, &K.out[i]->base);
+  /* Without an open stream (the agent registering again) the commands wait
+   * for the next one: a Shutdown dropped here would leave the agent running
+   * and the test waiting for it forever. */
+  for (int i = 0; K.attach && i < K.nout; i++) {
+    rpc_call_send(K.attach, &K.out[i]->base);
     rlorch__v1__command__free_unpacked(K.out[i], NULL);
   }
-  K.nout = 0;
+  if (K.attach) K.nout = 0;
   int stop = K.stopping;
   rpc_call *open = stop ? K.attach : NULL;
   if (stop) K.attach = NULL;
