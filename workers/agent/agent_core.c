@@ -228,6 +228,10 @@ static int agent__register(agent *a, uint64_t seen) {
   while (a->reg_hold && !atomic_load(&a->stop)) agent__timedwait(a, 1.0);
   int done = a->gen != seen;
   pthread_mutex_unlock(&a->mu);
+  /* The orchestrator forgot registration `seen`, and with it every plan that
+   * registration was part of: a broadcast still executing would only wait
+   * for its peers until its deadline while the next plan goes unacked. */
+  if (!done && seen && a->abort_fn) a->abort_fn(NULL, a->abort_ud);
   double backoff = AGENT__BACKOFF_MIN_S;
   int registered = 0;
   while (!done && !atomic_load(&a->stop)) {

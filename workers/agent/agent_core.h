@@ -30,6 +30,8 @@ typedef int (*agent_command_fn)(agent *a, const Rlorch__V1__Command *cmd, void *
 /* Called on the attach thread when an AbortCommand arrives, before it is
  * queued behind the command it may abort (a broadcast that would otherwise
  * wait for a lost peer until its deadline). Must be quick and thread-safe. */
+/* plan_id NULL: the orchestrator forgot this worker's registration; cancel
+ * whatever broadcast is executing, since it belongs to that registration. */
 typedef void (*agent_abort_fn)(const char *plan_id, void *ud);
 
 /* Called on the heartbeat thread before each heartbeat to fill the worker's

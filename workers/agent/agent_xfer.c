@@ -72,12 +72,15 @@ void agent_xfer_free(agent_xfer *x) {
 }
 
 void agent_xfer_cancel(agent_xfer *x, const char *plan_id) {
-  if (!plan_id || !plan_id[0]) return;
+  char id[sizeof x->cancelled];
   pthread_mutex_lock(&x->mu);
-  snprintf(x->cancelled, sizeof x->cancelled, "%s", plan_id);
-  if (x->engine) bcast_engine_cancel(x->engine, plan_id);
+  snprintf(id, sizeof id, "%s", plan_id ? plan_id : x->running);
+  if (id[0]) {
+    snprintf(x->cancelled, sizeof x->cancelled, "%s", id);
+    if (x->engine) bcast_engine_cancel(x->engine, id);
+  }
   pthread_mutex_unlock(&x->mu);
-  agent_log_info("plan_cancel", "plan_id=%s", plan_id);
+  if (id[0]) agent_log_info("plan_cancel", "plan_id=%s%s", id, plan_id ? "" : " reason=\"registration forgotten\"");
 }
 
 void agent_xfer_abort_hook(const char *plan_id, void *ud) { agent_xfer_cancel(ud, plan_id); }
@@ -202,7 +205,13 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
     agent_log_info("broadcast_start", "plan_id=%s mode=%s rank=%u world=%u buckets=%zu bytes=%llu", id,
              bcast_mode_name(x->plan->mode), cmd->rank, x->plan->world_size, x->plan->nbuckets,
              (unsigned long long)bcast_plan_wire_bytes(x->plan));
+    pthread_mutex_lock(&x->mu);
+    snprintf(x->running, sizeof x->running, "%s", id);
+    pthread_mutex_unlock(&x->mu);
     rc = bcast_engine_execute(x->engine, x->plan, x->local, x->nlocal, &st, &be);
+    pthread_mutex_lock(&x->mu);
+    x->running[0] = 0;
+    pthread_mutex_unlock(&x->mu);
   }
   uint64_t checksum = 0;
   char cerr[512] = "";

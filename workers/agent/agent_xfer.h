@@ -27,6 +27,7 @@ typedef struct agent_xfer {
   pthread_mutex_t mu;
   int mu_ready;          /* agent_xfer_init ran: mu exists */
   char cancelled[128];   /* latest plan aborted by the orchestrator */
+  char running[128];     /* plan executing now, "" when none */
   bcast_engine *engine;  /* rank `rank` */
   uint32_t rank;
   bcast_plan *plan;      /* acknowledged, not yet triggered */
@@ -51,7 +52,8 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
 void agent_xfer_on_abort(agent_xfer *x, const Rlorch__V1__Command *cmd);
 /* Any thread (the attach thread's abort hook): cancels plan `plan_id` in the
  * engine, now if it is executing, at its trigger if that is still queued. The
- * queued AbortCommand then finds nothing left to do. */
+ * queued AbortCommand then finds nothing left to do. plan_id NULL cancels the
+ * plan executing now, if any. */
 void agent_xfer_cancel(agent_xfer *x, const char *plan_id);
 /* agent_abort_fn adapter: ud is the agent_xfer. */
 void agent_xfer_abort_hook(const char *plan_id, void *ud);
