@@ -20,7 +20,7 @@ static const opt_name agent__offloads[] = {
     {NULL, 0},
 };
 
-/* Values of agent_opts.bf16_shadow. */
+/* Values of agent_opts.bf16_shadow and double_buffer. */
 static const opt_name agent__on_off[] = {{"on", 1}, {"off", 0}, {NULL, 0}};
 
 static const opt_name agent__dists[] = {
@@ -102,6 +102,11 @@ static const opt_field agent__inference_fields[] = {
     {.name = "concurrency", .flag = "--concurrency", .type = OPT_U32,
      .off = AF(opts.concurrency, uint32_t), .min = 1, .max = 1024, .metavar = "N",
      .help = "rollout requests generated at once, announced to the orchestrator"},
+    {.name = "double_buffer", .flag = "--double-buffer", .type = OPT_ENUM,
+     .off = AF(opts.double_buffer, int), .names = agent__on_off, .metavar = "S",
+     .help = "receive each version into a second set of buffers and swap it in when whole: "
+             "generation goes on meanwhile, a failed broadcast leaves the previous version "
+             "(twice the memory)"},
     {.name = "seed", .flag = "--seed", .type = OPT_U64, .off = AF(opts.seed, uint64_t),
      .metavar = "N", .help = "sampling seed of requests that carry none", .dflt = "from the pid"},
     AGENT__TAIL,

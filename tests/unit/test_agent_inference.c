@@ -1,6 +1,8 @@
 /* The inference agent against a fake orchestrator (a Worker service on
  * 127.0.0.1:0 run on a uv loop of its own): what it registers, the groups it
- * reports, its heartbeat stats, request aborts and a failing reward hook. */
+ * reports, its heartbeat stats, request aborts, a failing reward hook, and
+ * the versions it serves around a broadcast that fails (one set of buffers
+ * and two), with a real sender engine in the test process. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -15,6 +17,9 @@
 #include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc.h"
 #include "workers/agent/agent.h"
+#include "workers/agent/agent_weights.h"
+#include "workers/bcast/bcast.h"
+#include "workers/bcast/bcast_pb.h"
 
 #define M_REGISTER "/rlorch.v1.Worker/Register"
 #define M_ATTACH "/rlorch.v1.Worker/Attach"
@@ -507,3 +512,206 @@ Test(agent_inference, a_failing_reward_hook_answers_with_no_rollout) {
   cr_assert_eq(__atomic_load_n(&calls, __ATOMIC_SEQ_CST), 5, "2 calls for group 13, 3 for 14");
   fake_stop();
 }
+
+/* ---- versions around a failed broadcast --------------------------------------------------- */
+
+/* The report of kind `kind` about plan `id` (PlanAck or BroadcastDone), or
+ * NULL; K.mu held. */
+static const Rlorch__V1__ReportRequest *plan_report(int kind, const char *id) {
+  for (int i = 0; i < K.nreports; i++) {
+    const Rlorch__V1__ReportRequest *r = K.reports[i];
+    if ((int)r->kind_case != kind) continue;
+    const char *pid = kind == RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK ? r->plan_ack->plan_id
+                                                                        : r->broadcast_done->plan_id;
+    if (!strcmp(pid, id)) return r;
+  }
+  return NULL;
+}
+
+typedef struct plan_wait {
+  int kind;
+  const char *id;
+} plan_wait;
+
+static int has_plan_report(void *arg) {
+  const plan_wait *w = arg;
+  return plan_report(w->kind, w->id) != NULL;
+}
+
+static const Rlorch__V1__BroadcastDone *wait_done(const char *id) {
+  plan_wait w = {RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE, id};
+  cr_assert(wait_until(has_plan_report, &w), "plan %s: BroadcastDone\n%s", id, K.log);
+  pthread_mutex_lock(&K.mu);
+  const Rlorch__V1__BroadcastDone *d = plan_report(w.kind, id)->broadcast_done;
+  pthread_mutex_unlock(&K.mu);
+  return d;
+}
+
+/* The sender: one fp32 tensor sent as bf16, its engine rank 0. */
+typedef struct sender {
+  bcast_engine *e;
+  bcast_tensor t[1];
+  bcast_plan *p;
+  pthread_t tid;
+  int rc;
+  bcast_err err;
+} sender;
+
+static void sender_init(sender *s) {
+  memset(s, 0, sizeof *s);
+  bcast_engine_opts o = {.rank = 0, .device = -1, .timeout_s = 30, .host_listen = "127.0.0.1:0"};
+  cr_assert_eq(bcast_engine_new(&o, &s->e, &s->err), BCAST_OK, "%s", s->err.msg);
+  bcast_tensor *t = &s->t[0];
+  snprintf(t->name, sizeof t->name, "w");
+  t->storage_dtype = BCAST_DTYPE_FP32;
+  t->wire_dtype = BCAST_DTYPE_BF16;
+  t->ndim = 2;
+  t->shape[0] = 512;
+  t->shape[1] = 64;
+  t->residency = BCAST_RES_HOST_PAGEABLE;
+  t->data = malloc(512 * 64 * sizeof(float));
+  cr_assert_not_null(t->data);
+}
+
+/* Weights of version v, a plan `id` for them, sent to the agent (rank 1). */
+static void sender_plan(sender *s, const char *id, uint64_t v) {
+  for (size_t i = 0; i < 512 * 64; i++) ((float *)s->t[0].data)[i] = (float)(i % 97) * 0.5f + (float)v;
+  bcast_plan_free(s->p);
+  bcast_plan_opts o = {.id = id, .mode = BCAST_MODE_HOST, .staging_budget = 16 << 10,
+                       .world_size = 2, .root_rank = 0, .policy_version = v,
+                       .host_endpoint = bcast_engine_data_address(s->e)};
+  cr_assert_eq(bcast_plan_build(s->t, 1, &o, &s->p, &s->err), BCAST_OK, "%s", s->err.msg);
+  Rlorch__V1__BroadcastPlan *pb = NULL;
+  cr_assert_eq(bcast_plan_to_pb(s->p, &pb, &s->err), BCAST_OK, "%s", s->err.msg);
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_PLAN;
+  cmd.plan = pb;
+  cmd.rank = 1;
+  send_cmd(&cmd);
+  bcast_pb_free(&pb->base);
+  plan_wait w = {RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK, id};
+  cr_assert(wait_until(has_plan_report, &w), "plan %s acked\n%s", id, K.log);
+  pthread_mutex_lock(&K.mu);
+  cr_assert_str_empty(plan_report(w.kind, id)->plan_ack->error);
+  pthread_mutex_unlock(&K.mu);
+}
+
+static void send_trigger(const bcast_plan *p) {
+  Rlorch__V1__TriggerBroadcast tg = RLORCH__V1__TRIGGER_BROADCAST__INIT;
+  tg.plan_id = (char *)p->id;
+  tg.plan_hash = p->hash;
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_TRIGGER;
+  cmd.trigger = &tg;
+  cmd.rank = 1;
+  send_cmd(&cmd);
+}
+
+static void send_plan_abort(const char *id) {
+  Rlorch__V1__AbortCommand ab = RLORCH__V1__ABORT_COMMAND__INIT;
+  ab.plan_id = (char *)id;
+  ab.reason = "a participant was lost";
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_ABORT;
+  cmd.abort = &ab;
+  send_cmd(&cmd);
+}
+
+static void *sender_main(void *arg) {
+  sender *s = arg;
+  bcast_stats st;
+  s->rc = bcast_engine_execute(s->e, s->p, s->t, 1, &st, &s->err);
+  bcast_stats_free(&st);
+  return NULL;
+}
+
+/* Plan, trigger, the sender's side executed: the agent holds version v. */
+static void broadcast_ok(sender *s, const char *id, uint64_t v) {
+  sender_plan(s, id, v);
+  cr_assert_eq(pthread_create(&s->tid, NULL, sender_main, s), 0);
+  send_trigger(s->p);
+  cr_assert_eq(pthread_join(s->tid, NULL), 0);
+  cr_assert_eq(s->rc, BCAST_OK, "%s", s->err.msg);
+  const Rlorch__V1__BroadcastDone *d = wait_done(id);
+  cr_assert_str_empty(d->error);
+  uint64_t want = 0;
+  char err[256];
+  cr_assert_eq(agent_weights_checksum(s->t, 1, AGENT_WEIGHTS_STORAGE, &want, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(d->weights_checksum, want, "the agent holds the version sent, whole");
+}
+
+static void sender_free(sender *s) {
+  bcast_plan_free(s->p);
+  bcast_engine_free(s->e);
+  free(s->t[0].data);
+}
+
+static int log_has_cb(void *arg) { return strstr(K.log, arg) != NULL; }
+
+static void request(uint64_t id) {
+  Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;
+  rq.request_id = id;
+  rq.count = 2;
+  send_rollout(&rq);
+}
+
+static uint64_t version_of(const Rlorch__V1__RolloutResult *r) {
+  cr_assert_gt(r->n_rollouts, 0u);
+  for (size_t i = 1; i < r->n_rollouts; i++)
+    cr_assert_eq(r->rollouts[i]->policy_version, r->rollouts[0]->policy_version, "one group, one version");
+  return r->rollouts[0]->policy_version;
+}
+
+/* Version 1 arrives; a group is being generated when the broadcast of
+ * version 2 starts, which is then aborted (its sender never sends); then
+ * version 2 arrives. */
+static void failed_broadcast(int double_buffer) {
+  fake_start();
+  K.opts.double_buffer = double_buffer;
+  K.opts.rollout.latency_ms_mean = 250; /* a request of 2 takes 0.5 s */
+  agent_start();
+  sender s;
+  sender_init(&s);
+  broadcast_ok(&s, "run-1/step-0", 1);
+  request(1);
+  cr_assert_eq(version_of(wait_result(1)), 1u);
+
+  sender_plan(&s, "run-1/step-1", 2);
+  uint32_t zero = 0, one = 1;
+  cr_assert(wait_until(stats_active, &zero), "request 1 is over");
+  request(2);
+  cr_assert(wait_until(stats_active, &one), "request 2 is being generated");
+  send_trigger(s.p);
+  cr_assert(wait_until(log_has_cb, "broadcast_start plan_id=run-1/step-1"), "%s", K.log);
+  cr_assert_eq(version_of(wait_result(2)), 1u, "the group is of the version it started from");
+  pthread_mutex_lock(&K.mu);
+  const char *made = strstr(K.log, "group_generated request_id=2 ");
+  const char *start = strstr(K.log, "broadcast_start plan_id=run-1/step-1");
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(made && start, "%s", K.log);
+  if (double_buffer)
+    cr_assert(start < made, "two sets: the broadcast starts while the group is generated\n%s", K.log);
+  else
+    cr_assert(made < start, "one set: the broadcast waits for the group being generated\n%s", K.log);
+  send_plan_abort("run-1/step-1");
+  cr_assert_str_not_empty(wait_done("run-1/step-1")->error, "the aborted broadcast reports its error");
+  request(3);
+  if (double_buffer) {
+    cr_assert_eq(version_of(wait_result(3)), 1u, "a failed broadcast leaves the current version");
+    cr_assert(log_has("weights_kept plan_id=run-1/step-1 version=1"), "%s", K.log);
+    cr_assert_not(log_has("weights_torn"));
+  } else {
+    cr_assert_eq(wait_result(3)->n_rollouts, 0u, "torn weights: no rollout of any version");
+    cr_assert(log_has("weights_torn plan_id=run-1/step-1 version_held=1"), "%s", K.log);
+    cr_assert(log_has("rollouts_refused request_id=3"), "%s", K.log);
+  }
+  broadcast_ok(&s, "run-1/step-1-r2", 2);
+  request(4);
+  cr_assert_eq(version_of(wait_result(4)), 2u, "the next broadcast that succeeds is served");
+  sender_free(&s);
+  fake_stop();
+}
+
+Test(agent_inference, one_buffer_set_serves_nothing_from_torn_weights) { failed_broadcast(0); }
+
+Test(agent_inference, two_buffer_sets_keep_serving_the_previous_version) { failed_broadcast(1); }

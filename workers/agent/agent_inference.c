@@ -19,7 +19,17 @@
  * - a request whose reward hook fails, or that finds no memory, is answered
  *   with no rollout at all, and the reason is logged as an error: an empty
  *   result frees the orchestrator's slot, so the request does not stay in
- *   flight, and no group goes out with made-up rewards. */
+ *   flight, and no group goes out with made-up rewards.
+ *
+ * Versions are transactional: a group is generated from one whole version and
+ * labelled with it. With one set of buffers (the default) a broadcast takes
+ * the weights lock for writing, so it waits for the groups being generated
+ * and generation waits for it; a broadcast that fails leaves the buffers torn
+ * (part new, part old), and until one succeeds every request is answered with
+ * no rollout. With --double-buffer the broadcast writes the other set while
+ * generation goes on from the current one, and the lock is taken only to swap
+ * them; a failed broadcast leaves the current version as it was. */
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -40,20 +50,30 @@
 #include <cuda_runtime_api.h>
 #endif
 
+typedef struct inference__set {
+  bcast_tensor *t;
+  size_t n;
+  bcast_storage *storage;
+} inference__set;
+
 typedef struct agent__inference {
   agent_opts o;
   bcast_caps caps;
   int device;
   agent_rollout_gen gen; /* thread-safe: the generator threads share it */
   agent *a;
-  bcast_tensor *t; /* receive buffers in wire dtype, from the first plan */
-  size_t n;
-  bcast_storage *storage;
-  /* Buffers replaced by a new layout, freed after the next broadcast: a
-   * colocated sender keeps its mapping of them until it imports the new
-   * export, and CUDA IPC memory must outlive the mappings of it. */
-  bcast_tensor *retired_t;
-  bcast_storage *retired;
+  /* Receive buffers in wire dtype, from the first plan: `cur` holds the
+   * version served; with double buffering `next` is the one a broadcast
+   * writes. `retired`: a set replaced by a new layout, freed after the next
+   * broadcast: a colocated sender keeps its mapping of it until it imports
+   * the new export, and CUDA IPC memory must outlive the mappings of it. */
+  inference__set cur, next, retired;
+  /* Read-held by a generator from the version it reads to its group's last
+   * completion; write-held by a broadcast into `cur` (one set) or by the swap
+   * (two), writers first. Guards `torn` and, with two sets, which is `cur`. */
+  pthread_rwlock_t wlock;
+  int torn;    /* one set: the last broadcast into it failed part-way */
+  int writing; /* one set: the command thread write-holds wlock for a broadcast */
   agent_xfer xfer;
   Rlorch__V1__Capabilities caps_pb;
   Rlorch__V1__RegisterRequest reg;
@@ -86,86 +106,116 @@ static void inference__job_free(inference__job *j) {
   free(j);
 }
 
-static void inference__free_retired(agent__inference *in) {
-  bcast_storage_free(in->retired);
-  free(in->retired_t);
-  in->retired = NULL;
-  in->retired_t = NULL;
+static void inference__set_free(inference__set *b) {
+  bcast_storage_free(b->storage);
+  free(b->t);
+  memset(b, 0, sizeof *b);
 }
 
 static void inference__free_buffers(agent__inference *in) {
-  inference__free_retired(in);
-  bcast_storage_free(in->storage);
-  free(in->t);
-  in->storage = NULL;
-  in->t = NULL;
-  in->n = 0;
+  inference__set_free(&in->retired);
+  inference__set_free(&in->cur);
+  inference__set_free(&in->next);
 }
 
-/* The current buffers become the retired ones (the previous retired go now). */
-static void inference__retire_buffers(agent__inference *in) {
-  inference__free_retired(in);
-  in->retired = in->storage;
-  in->retired_t = in->t;
-  in->storage = NULL;
-  in->t = NULL;
-  in->n = 0;
-}
-
-/* Allocates receive buffers shaped like the plan's tensors (GPU memory with a
- * device, host memory otherwise), or reuses the ones it already has. */
-static int inference__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
-                           bcast_err *err) {
-  agent__inference *in = ud;
-  if (in->t && bcast_plan_check_local(p, in->t, in->n, 0, err) == 0) {
-    *local = in->t;
-    *n = in->n;
-    return 0;
-  }
-  if (in->t) agent_log_info("receive_buffers_realloc", "reason=\"%s\"", err->msg);
-  inference__retire_buffers(in);
-  in->t = calloc(p->ntensors ? p->ntensors : 1, sizeof *in->t);
-  if (!in->t) {
+/* Allocates buffers shaped like the plan's tensors into b (GPU memory with a
+ * device, host memory otherwise). */
+static int inference__set_alloc(agent__inference *in, const bcast_plan *p, inference__set *b,
+                                bcast_err *err) {
+  b->t = calloc(p->ntensors ? p->ntensors : 1, sizeof *b->t);
+  if (!b->t) {
     err->code = BCAST_ENOMEM;
     snprintf(err->msg, sizeof err->msg, "receive buffers: no memory");
     return BCAST_ENOMEM;
   }
-  memcpy(in->t, p->tensors, p->ntensors * sizeof *in->t);
-  in->n = p->ntensors;
-  for (size_t i = 0; i < in->n; i++) {
-    in->t[i].residency = in->device >= 0 ? BCAST_RES_GPU : BCAST_RES_HOST_PAGEABLE;
-    in->t[i].device = in->device;
-    in->t[i].data = NULL;
+  memcpy(b->t, p->tensors, p->ntensors * sizeof *b->t);
+  b->n = p->ntensors;
+  for (size_t i = 0; i < b->n; i++) {
+    b->t[i].residency = in->device >= 0 ? BCAST_RES_GPU : BCAST_RES_HOST_PAGEABLE;
+    b->t[i].device = in->device;
+    b->t[i].data = NULL;
   }
-  int rc = bcast_storage_alloc(in->t, in->n, BCAST_FILL_RECEIVER, 0, &in->storage, err);
-  if (!rc) rc = bcast_plan_check_local(p, in->t, in->n, 0, err);
+  int rc = bcast_storage_alloc(b->t, b->n, BCAST_FILL_RECEIVER, 0, &b->storage, err);
+  if (!rc) rc = bcast_plan_check_local(p, b->t, b->n, 0, err);
   if (rc) {
-    bcast_storage_free(in->storage);
-    free(in->t);
-    in->storage = NULL;
-    in->t = NULL;
-    in->n = 0;
+    inference__set_free(b);
     return rc;
   }
-  agent_log_info("receive_buffers", "tensors=%zu bytes=%llu where=%s", in->n,
-           (unsigned long long)bcast_storage_bytes(in->storage),
-           in->device >= 0 ? "gpu" : "host");
-  *local = in->t;
-  *n = in->n;
+  agent_log_info("receive_buffers", "tensors=%zu bytes=%llu where=%s set=%s", b->n,
+                 (unsigned long long)bcast_storage_bytes(b->storage),
+                 in->device >= 0 ? "gpu" : "host", b == &in->next ? "next" : "current");
   return 0;
 }
 
-/* The checksum of the received weights, in plan order (the plan's tensors are
- * the buffers' order); on success the policy version of the plan. */
+/* The set the broadcast writes (the other one with double buffering), made
+ * or remade to the plan's layout; the one it replaces is retired (the
+ * previous retired one goes now). */
+static int inference__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
+                           bcast_err *err) {
+  agent__inference *in = ud;
+  inference__set *b = in->o.double_buffer ? &in->next : &in->cur;
+  if (!b->t || bcast_plan_check_local(p, b->t, b->n, 0, err) != 0) {
+    if (b->t) {
+      agent_log_info("receive_buffers_realloc", "reason=\"%s\"", err->msg);
+      inference__set_free(&in->retired);
+      in->retired = *b;
+      memset(b, 0, sizeof *b);
+    }
+    int rc = inference__set_alloc(in, p, b, err);
+    if (rc) return rc;
+  }
+  *local = b->t;
+  *n = b->n;
+  return 0;
+}
+
+/* One set: the broadcast is about to write the version served, so it waits
+ * for the groups being generated from it, and new ones wait for it. */
+static void inference__begin(void *ud, const bcast_plan *p) {
+  agent__inference *in = ud;
+  (void)p;
+  if (in->o.double_buffer) return;
+  pthread_rwlock_wrlock(&in->wlock);
+  in->writing = 1;
+}
+
+/* After a broadcast: on success the checksum of the weights received, in plan
+ * order (the plan's tensors are the buffers' order), then they are served at
+ * the plan's version; on failure one set is torn, two keep the current one. */
 static int inference__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, char *err,
                            size_t errlen) {
   agent__inference *in = ud;
-  if (!ok) return 0;
-  inference__free_retired(in); /* every sender mapping of them is closed by now */
-  if (agent_weights_checksum(in->t, in->n, AGENT_WEIGHTS_WIRE, checksum, err, errlen)) return -1;
-  agent_set_policy_version(in->a, p->policy_version);
-  agent_log_info("policy_version", "version=%llu", (unsigned long long)p->policy_version);
-  return 0;
+  int rc = 0;
+  if (ok) {
+    inference__set_free(&in->retired); /* every sender mapping of it is closed by now */
+    const inference__set *b = in->o.double_buffer ? &in->next : &in->cur;
+    rc = agent_weights_checksum(b->t, b->n, AGENT_WEIGHTS_WIRE, checksum, err, errlen);
+  }
+  if (in->o.double_buffer) {
+    if (ok && !rc) {
+      pthread_rwlock_wrlock(&in->wlock);
+      inference__set t = in->cur;
+      in->cur = in->next;
+      in->next = t;
+      agent_set_policy_version(in->a, p->policy_version);
+      pthread_rwlock_unlock(&in->wlock);
+    }
+  } else if (in->writing) {
+    int was = in->torn;
+    in->torn = !ok || rc;
+    if (!in->torn) agent_set_policy_version(in->a, p->policy_version);
+    in->writing = 0;
+    pthread_rwlock_unlock(&in->wlock);
+    if (in->torn && !was)
+      agent_log_warn("weights_torn", "plan_id=%s version_held=%llu action=\"serve no rollout until "
+                     "a broadcast succeeds\"", p->id, (unsigned long long)agent_policy_version(in->a));
+  }
+  if (ok && !rc)
+    agent_log_info("policy_version", "version=%llu", (unsigned long long)p->policy_version);
+  else if (!ok && in->o.double_buffer)
+    agent_log_info("weights_kept", "plan_id=%s version=%llu", p->id,
+                   (unsigned long long)agent_policy_version(in->a));
+  return rc;
 }
 
 /* Reports res (no rollout at all is a valid answer: it frees the
@@ -200,12 +250,22 @@ static void inference__serve(agent__inference *in, inference__job *j) {
   const agent_request *rq = &j->rq;
   atomic_fetch_add(&in->requests_active, 1);
   double t0 = agent_now();
+  pthread_rwlock_rdlock(&in->wlock);
   /* The version held when generation starts: never older than the one the
    * orchestrator counted the request at. */
   uint64_t version = agent_policy_version(in->a);
   char err[1024];
   agent_group g;
+  if (in->torn) {
+    pthread_rwlock_unlock(&in->wlock);
+    agent_log_warn("rollouts_refused", "request_id=%llu group_id=%llu reason=\"the weights are torn "
+                   "by a failed broadcast\" action=\"answer with no rollout\"",
+                   (unsigned long long)rq->request_id, (unsigned long long)rq->group_id);
+    inference__send_none(in, rq->request_id);
+    goto done;
+  }
   if (agent_group_generate(&in->gen, rq, agent_id_tag(in->a), version, &g, err, sizeof err)) {
+    pthread_rwlock_unlock(&in->wlock);
     agent_log_error("rollouts_failed", "request_id=%llu group_id=%llu reason=\"%s\" action=\"answer "
                     "with no rollout\"", (unsigned long long)rq->request_id,
                     (unsigned long long)rq->group_id, err);
@@ -224,6 +284,10 @@ static void inference__serve(agent__inference *in, inference__job *j) {
   atomic_fetch_add(&in->rollouts_generated, made);
   atomic_fetch_add(&in->tokens_generated, tokens);
   if (!aborted) aborted = inference__aborted(in, j); /* during the last sleep */
+  agent_log_debug("group_generated", "request_id=%llu version=%llu made=%u of=%u",
+                  (unsigned long long)rq->request_id, (unsigned long long)version, made, g.n);
+  /* Scored outside the lock: the group is made, and its reports may wait. */
+  pthread_rwlock_unlock(&in->wlock);
   if (agent_stopping(in->a)) {
     /* Leaving: the report would be dropped anyway. */
   } else if (aborted) {
@@ -414,6 +478,12 @@ int agent_inference_run(const agent_opts *o) {
   in.o = *o;
   pthread_mutex_init(&in.mu, NULL);
   pthread_cond_init(&in.cond, NULL);
+  pthread_rwlockattr_t ra;
+  pthread_rwlockattr_init(&ra);
+  /* A broadcast must not wait behind a stream of new groups. */
+  pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&in.wlock, &ra);
+  pthread_rwlockattr_destroy(&ra);
   agent_block_signals();
   char err[1024];
   bcast_caps_probe(&in.caps);
@@ -432,6 +502,7 @@ int agent_inference_run(const agent_opts *o) {
   agent *a = NULL;
   agent_xfer_init(&in.xfer, 0, in.device, NULL, inference__bind, inference__done, &in, err,
                   sizeof err);
+  in.xfer.begin = inference__begin;
   rlorch__v1__register_request__init(&in.reg);
   agent_caps_to_pb(&in.caps, in.device, &in.caps_pb);
   in.caps_pb.max_concurrent_requests = in.o.concurrency;
@@ -449,11 +520,11 @@ int agent_inference_run(const agent_opts *o) {
   agent_set_abort_fn(a, agent_xfer_abort_hook, &in.xfer);
   agent_set_stats_fn(a, inference__stats, &in);
   agent_log_info("inference_ready", "distribution=%s tokens_mean=%g tokens_std=%g latency_ms_mean=%g "
-           "latency_ms_std=%g vocab_size=%u reward=%s concurrency=%u device=%d",
+           "latency_ms_std=%g vocab_size=%u reward=%s concurrency=%u device=%d buffers=%s",
            in.o.rollout.dist == AGENT_DIST_NORMAL ? "normal" : "lognormal",
            in.o.rollout.tokens_mean, in.o.rollout.tokens_std, in.o.rollout.latency_ms_mean,
            in.o.rollout.latency_ms_std, in.o.rollout.vocab_size, in.o.reward ? "hook" : "builtin",
-           in.o.concurrency, in.device);
+           in.o.concurrency, in.device, in.o.double_buffer ? "double" : "single");
   status = agent_run(a);
 out:
   /* Before agent_free: the generator threads report through the agent. */
@@ -463,6 +534,7 @@ out:
   inference__free_buffers(&in);
   pthread_cond_destroy(&in.cond);
   pthread_mutex_destroy(&in.mu);
+  pthread_rwlock_destroy(&in.wlock);
   agent_log_info("exit", "status=%d", status);
   return status;
 }

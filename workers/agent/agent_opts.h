@@ -43,6 +43,13 @@ typedef struct agent_opts {
   int seed_set;
   agent_rollout_cfg rollout;
   uint32_t concurrency;     /* inference: rollout requests served at once, >= 1 */
+  /* Inference: 1 to receive every broadcast into a second set of buffers and
+   * swap them in once the version is whole, so generation goes on from the
+   * previous version meanwhile and a failed broadcast leaves it intact (twice
+   * the weights' memory). 0 (the default): one set, written in place;
+   * generation waits while a broadcast writes it, and after a failed one the
+   * agent serves no rollout until a broadcast succeeds. */
+  int double_buffer;
   /* Inference: scores each completion (agent_rollout.h says how, and what a
    * failure does); NULL for agent_reward_default. Called on the generator
    * threads with reward_ud, up to `concurrency` calls at once. This is where

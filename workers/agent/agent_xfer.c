@@ -202,6 +202,7 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
                                    tg->colocated[i]->export_bytes.data,
                                    tg->colocated[i]->export_bytes.len, &be);
   if (!rc) {
+    if (x->begin) x->begin(x->ud, x->plan);
     agent_log_info("broadcast_start", "plan_id=%s mode=%s rank=%u world=%u buckets=%zu bytes=%llu", id,
              bcast_mode_name(x->plan->mode), cmd->rank, x->plan->world_size, x->plan->nbuckets,
              (unsigned long long)bcast_plan_wire_bytes(x->plan));

@@ -18,6 +18,10 @@ typedef int (*agent_xfer_bind_fn)(void *ud, const bcast_plan *p, bcast_tensor **
 typedef int (*agent_xfer_done_fn)(void *ud, const bcast_plan *p, int ok, uint64_t *checksum,
                                   char *err, size_t errlen);
 
+/* Optional: right before the engine writes into the bound tensors (a
+ * receiver) or reads them (the sender); `done` follows whatever the outcome. */
+typedef void (*agent_xfer_begin_fn)(void *ud, const bcast_plan *p);
+
 typedef struct agent_xfer {
   int sender;
   int device;
@@ -35,6 +39,7 @@ typedef struct agent_xfer {
   size_t nlocal;
   agent_xfer_bind_fn bind;
   agent_xfer_done_fn done;
+  agent_xfer_begin_fn begin; /* NULL: none; set after agent_xfer_init */
   void *ud;
 } agent_xfer;
 
