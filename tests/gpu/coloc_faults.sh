@@ -4,6 +4,10 @@
 #   kill-receiver  inference-1 is killed (SIGKILL) as a colocated broadcast
 #                  to it begins; it must be declared lost within the worker
 #                  timeout, the step re-planned without it, the run succeed.
+#   stop-receiver  inference-1 is stopped (SIGSTOP) as a broadcast to it
+#                  begins, for STOP_S (8 s): declared lost within the worker
+#                  timeout (4 s), the step re-planned without it, the run
+#                  succeeds; resumed, it registers again and is caught up.
 #   double-buffer  the same run with both inference agents on two buffer
 #                  sets (--double-buffer on): every step colocated, verified.
 # Prints one row per scenario: detected in (s), recovered, steps lost, steps
@@ -29,6 +33,7 @@ export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
 R="$PWD/$BUNDLE/bin/rlorch"
 WORKER_TIMEOUT_MS=4000
+STOP_S=8
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -76,12 +81,17 @@ sys.exit(0 if sum(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for 
   local run
   run=$("$R" ctl --target "$addr" --json start-run --name "$name" --preset "$PRESET" \
     --steps "$STEPS" --rollouts-per-step 2 | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-  local killed_at=0
-  if [ "$name" = kill-receiver ]; then
-    # The third broadcast to inference-1: its plan acked, the trainer about to write into it.
-    killed_at=$(timeout 120 python3 - "$dir/inference.1.log" "${inf[1]}" <<'PY'
+  local killed_at=0 sig=
+  case $name in
+    kill-receiver) sig=KILL ;;
+    stop-receiver) sig=STOP ;;
+  esac
+  if [ -n "$sig" ]; then
+    # The third broadcast to inference-1: its plan acked, the trainer about to
+    # write into it. A stopped one is resumed after STOP_S.
+    killed_at=$(timeout 120 python3 - "$dir/inference.1.log" "${inf[1]}" "$sig" "$STOP_S" <<'PY'
 import os, signal, sys, time
-log, pid = sys.argv[1], int(sys.argv[2])
+log, pid, sig, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 seen = 0
 with open(log) as f:
     while seen < 3:
@@ -90,8 +100,11 @@ with open(log) as f:
             time.sleep(0.0005)
             continue
         seen += "event=broadcast_start" in line
-os.kill(pid, signal.SIGKILL)
-print(f"{time.time():.3f}")
+os.kill(pid, getattr(signal, "SIG" + sig))
+print(f"{time.time():.3f}", flush=True)
+if sig == "STOP":
+    time.sleep(hold)
+    os.kill(pid, signal.SIGCONT)
 PY
 )
   fi
@@ -115,11 +128,12 @@ for line in open(log):
         modes.add(re.search(r" mode=(\S+)", line).group(1))
         verified &= " verified=1" in line
 detect = f"{lost - killed:.2f}" if killed and lost else ("-" if not killed else "never")
+catchup = sum("event=plan_built" in l and "-catchup" in l and f"run={run} " in l for l in open(log))
 lost_steps = len(set(range(steps)) - set(recs))
 dup = len(recs) - len(set(recs))
 ok = state == "RUN_STATE_SUCCEEDED" and lost_steps == 0 and dup == 0 and verified and modes == {os.environ["WANT_MODE"]}
 if killed and not lost: ok = False
-print(f"| {name} | {detect} | {'yes' if ok else 'no'} | {lost_steps} | {dup} | {state}, modes {'/'.join(sorted(modes))}, verified {verified} | {'ok' if ok else 'FAIL'}")
+print(f"| {name} | {detect} | {'yes' if ok else 'no'} | {lost_steps} | {dup} | {state}, modes {'/'.join(sorted(modes))}, verified {verified}, catch-ups {catchup} | {'ok' if ok else 'FAIL'} |")
 PY
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
@@ -129,11 +143,12 @@ PY
 
 : >"$OUT/coloc_faults.rows"
 scenario kill-receiver
+scenario stop-receiver
 scenario double-buffer --double-buffer on
 {
   echo "| scenario | detected in (s) | recovered | steps lost | steps duplicated | observed | result |"
   echo "|---|---|---|---|---|---|---|"
   cat "$OUT/coloc_faults.rows"
 } | tee "$OUT/coloc_faults.md"
-grep -q "| FAIL$" "$OUT/coloc_faults.rows" && exit 1
+grep -q "| FAIL |$" "$OUT/coloc_faults.rows" && exit 1
 exit 0
