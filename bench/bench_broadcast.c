@@ -43,6 +43,7 @@ typedef struct bb_args {
   uint32_t budget_mib; /* staging memory per bucket */
   uint32_t max_layers; /* 0: all */
   int master;          /* colocated: where the sender's weights live (BB_MASTER_*) */
+  bool tls;            /* host: also the same plan with TLS on its data connection */
   bool json;
 } bb_args;
 
@@ -83,6 +84,8 @@ static const opt_field bb__fields[] = {
     {.name = "master", .flag = "--master", .type = OPT_ENUM, .off = BBA(master, int),
      .names = bb__masters, .metavar = "WHERE",
      .help = "colocated: the sender's weights, fp32 pinned host, fp32 on the GPU or bf16 pinned host"},
+    {.name = "tls", .flag = "--tls", .type = OPT_SWITCH, .off = BBA(tls, bool),
+     .help = "host: then the same plan with TLS on its data connection, against the plain one"},
     {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BBA(json, bool),
      .help = "one JSON object instead of text"},
 };
@@ -94,7 +97,7 @@ static const opt_cmd bb__cmd = {
              "  staged  fp32 pinned host weights, bf16 to GPU 1; floor: fp32 bytes over PCIe\n"
              "  direct  bf16 weights on GPU 0; floor: the same bytes broadcast as one buffer\n"
              "  host    fp32 pageable host weights, bf16 over loopback TCP; baseline: memcpy\n"
-             "          plus a plain socket send\n"
+             "          plus a plain socket send (--tls: then over TLS, against the plain engine)\n"
              "  colocated  sender and receiver on GPU 0, the sender writing the receiver's bf16\n"
              "          buffers (--master host|gpu|bf16-host); floors: fp32 and bf16 pinned\n"
              "          host-to-device, device-to-device copy",
@@ -137,6 +140,7 @@ typedef struct bb_result {
   bcast_stats last; /* sender's stats of the last step; owned */
   double rx_wire_s, rx_cast_s;
   uint32_t nbuckets;
+  double tls_engine_s; /* host with --tls: the TLS plan's median; 0: not run */
 } bb_result;
 
 static double median(double *v, int n) {
@@ -463,6 +467,21 @@ static int bench_run(const bb_args *a, bb_result *res) {
                           {.rank = 1, .eng = e[1], .plan = plan, .local = rcv, .n = m}};
   if (run_ranks(rk, (int)a->reps, res)) goto out;
   res->pcie_bytes = res->last.pcie_bytes;
+  if (!gpu && a->tls) {
+    /* The same plan but for TLS, on the same engines: its cost is the ratio. */
+    bcast_plan *tp = NULL;
+    po.id = "bench-host-tls";
+    po.tls = 1;
+    if (bcast_plan_build(snd, n, &po, &tp, &err)) goto fail;
+    bb_result tr = *res;
+    memset(&tr.last, 0, sizeof tr.last);
+    rk[0].plan = rk[1].plan = tp;
+    int trc = run_ranks(rk, (int)a->reps, &tr);
+    bcast_plan_free(tp);
+    if (trc) goto out;
+    res->tls_engine_s = tr.engine_s;
+    bcast_stats_free(&tr.last);
+  }
   rc = 0;
   goto out;
 fail:
@@ -541,12 +560,16 @@ static void report(const bb_args *a, const bb_result *r) {
            "\"params\":%llu,\"wire_bytes\":%llu,\"pcie_bytes\":%llu,\"buckets\":%u,"
            "\"floor\":\"%s\",\"floor_s\":%.6f,\"floor_gbps\":%.2f,\"engine_s\":%.6f,"
            "\"ratio\":%.4f,\"h2d_s\":%.6f,\"cast_s\":%.6f,\"wire_s\":%.6f,"
-           "\"wire_alone_s\":%.6f,\"exposed_s\":%.6f,\"rx_scatter_s\":%.6f%s}\n",
+           "\"wire_alone_s\":%.6f,\"exposed_s\":%.6f,\"rx_scatter_s\":%.6f%s",
            a->preset, mode, a->reps, (unsigned long long)r->params,
            (unsigned long long)r->wire_bytes, (unsigned long long)r->pcie_bytes, r->nbuckets,
            r->floor_name, r->floor_s, r->floor_gbps, r->engine_s, ratio, s->h2d_s, s->cast_s,
            s->wire_s, s->wire_alone_s, s->exposed_s, r->rx_cast_s,
            is4b ? ",\"pytorch_reference_s\":0.331" : "");
+    if (r->tls_engine_s > 0)
+      printf(",\"tls_engine_s\":%.6f,\"tls_ratio_plain\":%.4f,\"tls_ratio\":%.4f", r->tls_engine_s,
+             r->tls_engine_s / r->engine_s, r->floor_s > 0 ? r->tls_engine_s / r->floor_s : 0);
+    printf("}\n");
     return;
   }
   printf("broadcast %s, mode %s: %.2f B params, %.2f GB on the wire in %u buckets, %u reps\n",
@@ -554,6 +577,10 @@ static void report(const bb_args *a, const bb_result *r) {
   printf("  %-16s %.4f s  (%.1f GB/s)\n", r->floor_name, r->floor_s, r->floor_gbps);
   printf("  %-16s %.4f s  (median after a warm-up)\n", "engine", r->engine_s);
   printf("  %-16s %.3fx\n", "ratio", ratio);
+  if (r->tls_engine_s > 0)
+    printf("  %-16s %.4f s  (%.3fx the plain engine, %.3fx %s)\n", "engine, TLS", r->tls_engine_s,
+           r->tls_engine_s / r->engine_s, r->floor_s > 0 ? r->tls_engine_s / r->floor_s : 0,
+           r->floor_name);
   if (a->mode != BCAST_MODE_HOST) {
     printf("  sender stages (sums): h2d %.4f s, cast %.4f s, wire %.4f s; PCIe %.2f GB\n",
            s->h2d_s, s->cast_s, s->wire_s, s->pcie_bytes / 1e9);

@@ -19,6 +19,8 @@ static const opt_name config__policies[] = {
     {NULL, 0},
 };
 
+static const opt_name config__on_off[] = {{"on", 1}, {"off", 0}, {NULL, 0}};
+
 #define CONFIG__OFF(m, ctype) OPT_OFF(config, m, ctype)
 static const opt_field config__fields[] = {
     {.name = "listen", .flag = "--listen", .type = OPT_ADDR, .off = CONFIG__OFF(listen, char *),
@@ -130,6 +132,10 @@ static const opt_field config__fields[] = {
     {.name = "broadcast_slack_ms", .type = OPT_U32, .off = CONFIG__OFF(broadcast_slack_ms, uint32_t),
      .min = 0, .max = 86400000, .metavar = "MS",
      .help = "fixed time added to every plan's bounds, on top of worker_timeout_ms"},
+    {.name = "data_channel_tls", .type = OPT_ENUM, .off = CONFIG__OFF(data_channel_tls, int),
+     .names = config__on_off, .metavar = "S",
+     .help = "host-transport plans also encrypt their data connections (TLS 1.3 keyed from each "
+             "plan's secret, no certificates): for networks the weights must not be read on"},
     {.name = "print_config", .flag = "--print-config", .type = OPT_SWITCH,
      .off = CONFIG__OFF(print_config, bool), .flags = OPT_NO_ENV | OPT_NO_FILE,
      .help = "print the effective configuration as YAML and exit"},

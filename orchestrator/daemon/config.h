@@ -81,6 +81,7 @@ typedef struct config {
   double broadcast_gbps_direct;   /* default 10 */
   double broadcast_safety;        /* default 4 */
   uint32_t broadcast_slack_ms;    /* default 2000 */
+  int data_channel_tls;           /* host plans: TLS 1.3 on every data connection; default 0 */
   bool print_config;              /* --print-config: print and exit 0 */
   bool help;                      /* --help: config_usage(stdout) and exit 0 */
 } config;

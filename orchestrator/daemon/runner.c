@@ -499,7 +499,8 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bou
                         .root_rank = 0,
                         .policy_version = a->policy_version,
                         .host_endpoint = t->data_address,
-                        .checksum = BCAST_CHECKSUM_XXH3_64};
+                        .checksum = BCAST_CHECKSUM_XXH3_64,
+                        .tls = mode == BCAST_MODE_HOST && r->o->cfg->data_channel_tls};
   bcast_plan *plan = NULL;
   int rc = bcast_plan_build(tensors, nt, &po, &plan, &be);
   free(tensors);

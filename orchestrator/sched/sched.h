@@ -269,7 +269,7 @@ typedef struct sched_step_record {
   uint64_t step;
   sched_mode mode;
   char mode_reason[SCHED_TEXT_MAX];
-  char transport[16];            /* "nccl" or "host-tcp", from the sender */
+  char transport[16];            /* "nccl", "host-tcp", "host-tls", "cuda-ipc": the sender's */
   uint64_t pcie_bytes, wire_bytes;
   double h2d_seconds, cast_seconds, wire_seconds, total_seconds;
   double exposed_staging_seconds;

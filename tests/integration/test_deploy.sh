@@ -43,7 +43,8 @@ keys="listen metrics_listen data_dir token_file tls_cert_file tls_key_file tls_c
 max_message_bytes max_rollout_bytes batch_chunk_bytes rollout_buffer_bytes rollout_log shutdown_grace_s heartbeat_interval_ms worker_timeout_ms max_workers lost_worker_retention_s http_timeout_ms
 http_max_connections default_policy max_async_level rollouts_per_step max_requests_per_worker
 group_size prompts_file max_prompt_tokens max_tokens temperature request_timeout_ms staging_budget_bytes
-broadcast_gbps_host broadcast_gbps_staged broadcast_gbps_direct broadcast_safety broadcast_slack_ms"
+broadcast_gbps_host broadcast_gbps_staged broadcast_gbps_direct broadcast_safety broadcast_slack_ms
+data_channel_tls"
 # The list is the program's: the keys --print-config prints, all of them.
 assert_eq "$(tr ' ' '\n' <<<"$keys" | sed '/^$/d' | sort | tr '\n' ' ')" \
   "$("$RLORCH_BIN" serve --print-config | sed -n 's/^\([a-z_]*\):.*/\1/p' | sort | tr '\n' ' ')" \

@@ -2,7 +2,8 @@
 # The RL step loop on the host transport: a real orchestrator, trainer and two
 # inference workers. After every step each inference worker must hold exactly
 # the trainer's weights cast to the wire dtype (checksums), and the step records
-# in SQLite, the WatchRun stream and /metrics must agree.
+# in SQLite, the WatchRun stream and /metrics must agree; then the same loop
+# with data_channel_tls on (transport host-tls).
 source "$(dirname "$0")/lib.sh"
 need_cmd sqlite3 python3 node promtool
 
@@ -69,17 +70,17 @@ run_and_check() {
   printf '%s\n' "$events" >"$TEST_TMP/events.$offload.jsonl"
 
   # The stream: one step event per step, every one verified against the trainer.
-  nsteps="$(python3 - "$TEST_TMP/events.$offload.jsonl" "$STEPS" "$PER_STEP" <<'PY'
+  nsteps="$(python3 - "$TEST_TMP/events.$offload.jsonl" "$STEPS" "$PER_STEP" "${WANT_TRANSPORT:-host-tcp}" <<'PY'
 import json, sys
 steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"step":{' in l]
-want, per = int(sys.argv[2]), int(sys.argv[3])
+want, per, want_transport = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 bad = []
 for i, s in enumerate(steps):
     if int(s["step"]) != i: bad.append(f"step {i} numbered {s['step']}")
     if not s["weights_verified"]: bad.append(f"step {i} not verified")
     if s["receivers"] != 2: bad.append(f"step {i}: {s['receivers']} receivers")
     if s["mode"] != "BROADCAST_MODE_HOST": bad.append(f"step {i}: mode {s['mode']}")
-    if s["transport"] != "host-tcp": bad.append(f"step {i}: transport {s['transport']}")
+    if s["transport"] != want_transport: bad.append(f"step {i}: transport {s['transport']}")
     if s["rollouts_used"] != per: bad.append(f"step {i}: {s['rollouts_used']} rollouts")
     if int(s["wire_bytes"]) <= 0 or s["total_seconds"] <= 0: bad.append(f"step {i}: no figures")
     if int(s["policy_version"]) != i + 1: bad.append(f"step {i}: version {s['policy_version']}")
@@ -164,6 +165,7 @@ wait "$TRAINER_PID"
 assert_eq 0 "$?" "the trainer exits 0 on SIGTERM"
 "$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --name trainer-1 --preset 100m \
   --layers "$LAYERS" --offload none --log-level "${AGENT_LOG_LEVEL:-warn}" >"$TEST_TMP/trainer.none.log" 2>&1 &
+TRAINER_PID=$!
 track_pid $!
 wait_until 30 bash -c '[ "$(ready_workers)" = 3 ]'
 assert_eq 0 "$?" "the new trainer is attached"
@@ -195,5 +197,15 @@ assert_contains "$msg" "CUDA" "the failure names the missing capability"
 assert_eq 0 "$(sqlite3 "$SERVE_DATA_DIR/rlorch.db" "SELECT count(*) FROM steps WHERE run_id='$run_id'")" \
   "no step is committed by a run that cannot broadcast"
 
+serve_stop
+
+# ---- data_channel_tls: the same loop with every data connection under TLS 1.3 ----------
+kill -TERM "$TRAINER_PID" "${INFERENCE_PIDS[0]}" 2>/dev/null
+wait "$TRAINER_PID" "${INFERENCE_PIDS[0]}" 2>/dev/null
+RLORCH_DATA_CHANNEL_TLS=on serve_start || { finish; exit 1; }
+start_workers params
+wait_until 30 bash -c '[ "$(ready_workers)" = 3 ]'
+assert_eq 0 "$?" "[tls] three workers registered and attached"
+WANT_TRANSPORT=host-tls run_and_check params
 serve_stop
 finish

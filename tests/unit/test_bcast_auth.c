@@ -7,6 +7,7 @@
  * plays one of those against a root serving a real receiver: the stranger
  * gets nothing but the challenge, and the broadcast succeeds, on time. */
 #include <criterion/criterion.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@ typedef struct fixture {
   bcast_plan *p;
 } fixture;
 
-static void fixture_init(fixture *f, const char *plan_id) {
+static void fixture_init_tls(fixture *f, const char *plan_id, int tls) {
   memset(f, 0, sizeof *f);
   bcast_tensor *t = &f->src[0];
   snprintf(t->name, sizeof t->name, "w");
@@ -46,9 +47,11 @@ static void fixture_init(fixture *f, const char *plan_id) {
   cr_assert_eq(bcast_engine_new(&ro, &f->root, &err), BCAST_OK, "%s", err.msg);
   cr_assert_eq(bcast_engine_new(&xo, &f->rx, &err), BCAST_OK, "%s", err.msg);
   bcast_plan_opts o = {.id = plan_id, .mode = BCAST_MODE_HOST, .staging_budget = 64 << 10, .world_size = 2,
-                       .root_rank = 0, .host_endpoint = bcast_engine_data_address(f->root)};
+                       .root_rank = 0, .host_endpoint = bcast_engine_data_address(f->root), .tls = tls};
   cr_assert_eq(bcast_plan_build(f->src, 1, &o, &f->p, &err), BCAST_OK, "%s", err.msg);
 }
+
+static void fixture_init(fixture *f, const char *plan_id) { fixture_init_tls(f, plan_id, 0); }
 
 static void fixture_free(fixture *f) {
   bcast_plan_free(f->p);
@@ -433,4 +436,165 @@ Test(bcast_auth, hello_parse_takes_whole_hellos_of_this_version_only) {
   memcpy(bad, h, n);
   bad[56 + 2] = 0;
   cr_assert_eq(bcast__hello_parse(bad, n, &need, &out), -1, "NUL in the id");
+}
+
+/* ---- TLS on the data channel ---------------------------------------------------------------- */
+
+/* A TCP relay between one receiver and the root that keeps every byte the
+ * root sent: what an on-path observer sees. */
+typedef struct tap {
+  int lfd;
+  char addr[96];
+  const char *root;
+  uint8_t *seen;
+  size_t nseen, cap;
+  pthread_t tid;
+} tap;
+
+static void *tap_main(void *arg) {
+  tap *t = arg;
+  int a = -1;
+  for (int i = 0; i < 1000 && a < 0; i++) {
+    a = accept(t->lfd, NULL, NULL);
+    if (a < 0) usleep(10000);
+  }
+  int b = a >= 0 ? bp_dial(t->root) : -1;
+  if (b < 0) {
+    if (a >= 0) close(a);
+    return NULL;
+  }
+  uint8_t buf[65536];
+  for (;;) {
+    struct pollfd pf[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    if (poll(pf, 2, 10000) <= 0) break;
+    int from = pf[0].revents ? a : b, to = from == a ? b : a;
+    ssize_t r = recv(from, buf, sizeof buf, 0);
+    if (r <= 0) break;
+    if (from == b && t->nseen + (size_t)r <= t->cap) {
+      memcpy(t->seen + t->nseen, buf, (size_t)r);
+      t->nseen += (size_t)r;
+    }
+    if (send(to, buf, (size_t)r, MSG_NOSIGNAL) != r) break;
+  }
+  close(a);
+  close(b);
+  return NULL;
+}
+
+/* Runs f's plan through a tap; returns what the root sent, the receiver's
+ * weights checked bit for bit. */
+static void tapped_broadcast(fixture *f, tap *t) {
+  memset(t, 0, sizeof *t);
+  bcast_err err = {0};
+  cr_assert_eq(bcast__host_listen("127.0.0.1:0", &t->lfd, t->addr, sizeof t->addr, &err), BCAST_OK, "%s", err.msg);
+  t->root = bcast_engine_data_address(f->root);
+  t->cap = 4u << 20;
+  t->seen = malloc(t->cap);
+  cr_assert_eq(pthread_create(&t->tid, NULL, tap_main, t), 0);
+  bcast_plan *via = bcast_plan_dup(f->p);
+  snprintf(via->host_endpoint, sizeof via->host_endpoint, "%s", t->addr);
+  job jr, jx;
+  job_start(&jr, f->root, f->p, f->src);
+  job_start(&jx, f->rx, via, f->dst);
+  job_join(&jx);
+  job_join(&jr);
+  cr_assert_eq(jr.rc, BCAST_OK, "root: %s", jr.err.msg);
+  cr_assert_eq(jx.rc, BCAST_OK, "receiver: %s", jx.err.msg);
+  pthread_join(t->tid, NULL);
+  close(t->lfd);
+  assert_received(f);
+  bcast_plan_free(via);
+}
+
+/* 64 bf16 weights as the wire carries them, from the middle of the tensor. */
+static void wire_sample(const fixture *f, uint8_t out[128]) {
+  const float *s = f->src[0].data;
+  for (size_t i = 0; i < 64; i++) {
+    uint16_t v = bcast_f32_to_bf16(s[70000 + i]);
+    memcpy(out + 2 * i, &v, 2);
+  }
+}
+
+Test(bcast_auth, a_tls_plan_carries_no_weight_in_the_clear) {
+  uint8_t sample[128], magic[4] = {'R', 'L', 'B', 'K'};
+  fixture f;
+  tap t;
+  /* Without TLS the observer reads the weights: the check below can fail. */
+  fixture_init(&f, "run-7/step-0");
+  tapped_broadcast(&f, &t);
+  wire_sample(&f, sample);
+  cr_assert_gt(t.nseen, 512u * 256u * 2u, "the tap saw the whole transfer");
+  cr_assert(contains(t.seen, t.nseen, sample, sizeof sample), "plaintext: the weights are on the wire");
+  cr_assert(contains(t.seen, t.nseen, magic, sizeof magic));
+  free(t.seen);
+  fixture_free(&f);
+
+  fixture_init_tls(&f, "run-7/step-0", 1);
+  cr_assert(f.p->tls);
+  tapped_broadcast(&f, &t);
+  cr_assert_gt(t.nseen, 512u * 256u * 2u, "the tap saw the whole transfer");
+  cr_assert_not(contains(t.seen, t.nseen, sample, sizeof sample), "TLS: no weight in the clear");
+  cr_assert_not(contains(t.seen, t.nseen, magic, sizeof magic), "TLS: not even the framing");
+  free(t.seen);
+  fixture_free(&f);
+}
+
+/* A participant that proves it holds the secret and then skips TLS (an old
+ * receiver, or one that wants the weights unencrypted) gets its reply and not
+ * one byte more; the root closes it at the handshake bound and the real
+ * receiver's broadcast succeeds. */
+Test(bcast_auth, a_participant_that_skips_tls_gets_no_weights) {
+  fixture f;
+  fixture_init_tls(&f, "run-8/step-2", 1);
+  job jr, jx;
+  job_start(&jr, f.root, f.p, f.src);
+  int fd = bp_dial(bcast_engine_data_address(f.root));
+  uint8_t rx_nonce[BP_NONCE], nonce[BP_NONCE], got[4096];
+  cr_assert_geq(fd, 0);
+  /* bp_handshake reads the challenge itself; the nonce is only for bp_reply. */
+  uint8_t ch[BP_CHALLENGE];
+  cr_assert_eq(bp_read(fd, ch, sizeof ch), 0);
+  memcpy(nonce, ch + 8, BP_NONCE);
+  uint8_t hello[512];
+  size_t hl = bp_hello(hello, f.p, 1, f.p->secret, nonce, rx_nonce);
+  cr_assert_eq(send(fd, hello, hl, 0), (ssize_t)hl);
+  cr_assert_eq(bp_reply(fd, f.p, 1, nonce, rx_nonce), 0, "it proved itself: the root proves itself too");
+  const char plain[] = "not a ClientHello";
+  send(fd, plain, sizeof plain, MSG_NOSIGNAL);
+  double t0 = bcast__now();
+  size_t n = bp_read_to_end(fd, got, sizeof got);
+  double took = bcast__now() - t0;
+  uint8_t magic[4] = {'R', 'L', 'B', 'K'};
+  cr_assert_not(contains(got, n, magic, sizeof magic), "no bucket");
+  cr_assert_leq(n, 16u, "at most a TLS alert (%zu bytes)", n);
+  cr_assert_lt(took, 4.0, "closed within the handshake bound (%.2f s)", took);
+  close(fd);
+  job_start(&jx, f.rx, f.p, f.dst);
+  job_join(&jx);
+  job_join(&jr);
+  cr_assert_eq(jr.rc, BCAST_OK, "root: %s", jr.err.msg);
+  cr_assert_eq(jx.rc, BCAST_OK, "receiver: %s", jx.err.msg);
+  assert_received(&f);
+  fixture_free(&f);
+}
+
+/* The flag is part of the plan's hash: a receiver and a root that disagree
+ * about TLS hold different plans, and the handshake says so. */
+Test(bcast_auth, tls_is_covered_by_the_plan_hash) {
+  fixture f;
+  fixture_init_tls(&f, "run-9/step-0", 1);
+  bcast_plan *plain = bcast_plan_dup(f.p);
+  plain->tls = 0;
+  cr_assert_neq(bcast_plan_hash(plain), f.p->hash);
+  plain->hash = bcast_plan_hash(plain);
+  job jr, jx;
+  job_start(&jr, f.root, f.p, f.src);
+  job_start(&jx, f.rx, plain, f.dst);
+  job_join(&jx);
+  cr_assert_eq(jx.rc, BCAST_EMISMATCH, "%s", jx.err.msg);
+  bcast_engine_cancel(f.root, f.p->id);
+  job_join(&jr);
+  cr_assert_eq(jr.rc, BCAST_ECANCELED, "%s", jr.err.msg);
+  bcast_plan_free(plain);
+  fixture_free(&f);
 }

@@ -87,13 +87,18 @@ static void *reference(const bcast_tensor *t) {
   return w;
 }
 
-static bcast_plan *make_plan(const fixture *f, uint32_t world, const char *endpoint, uint64_t budget) {
+static bcast_plan *make_plan_tls(const fixture *f, uint32_t world, const char *endpoint, uint64_t budget,
+                                 int tls) {
   bcast_plan_opts o = {.id = "test/step-1", .mode = BCAST_MODE_HOST, .staging_budget = budget,
-                       .world_size = world, .root_rank = 0, .host_endpoint = endpoint};
+                       .world_size = world, .root_rank = 0, .host_endpoint = endpoint, .tls = tls};
   bcast_plan *p = NULL;
   bcast_err err = {0};
   cr_assert_eq(bcast_plan_build(f->src, f->n, &o, &p, &err), BCAST_OK, "%s", err.msg);
   return p;
+}
+
+static bcast_plan *make_plan(const fixture *f, uint32_t world, const char *endpoint, uint64_t budget) {
+  return make_plan_tls(f, world, endpoint, budget, 0);
 }
 
 static bcast_engine *engine(uint32_t rank, const char *listen, double timeout) {
@@ -128,7 +133,7 @@ static void receiver_child(const fixture *f, const bcast_plan *p, uint32_t rank)
   bcast_err err = {0};
   int rc = bcast_engine_execute(e, p, dst, f->n, &st, &err);
   if (rc) CHILD_FAIL("execute: %d %s", rc, err.msg);
-  if (strcmp(st.transport, "host-tcp") || st.nbuckets != p->nbuckets || st.wire_bytes != bcast_plan_wire_bytes(p))
+  if (strcmp(st.transport, p->tls ? "host-tls" : "host-tcp") || st.nbuckets != p->nbuckets || st.wire_bytes != bcast_plan_wire_bytes(p))
     CHILD_FAIL("stats: transport %s, %u buckets", st.transport, st.nbuckets);
   void *ref[6];
   for (size_t i = 0; i < f->n; i++) {
@@ -162,13 +167,13 @@ static void wait_children(pid_t *pids, int n) {
   }
 }
 
-static void run_end_to_end(uint32_t receivers) {
+static void run_end_to_end(uint32_t receivers, int tls) {
   fixture f;
   fixture_init(&f);
   bcast_engine *root = engine(0, "127.0.0.1:0", 20);
   const char *addr = bcast_engine_data_address(root);
   cr_assert_not_null(addr);
-  bcast_plan *p = make_plan(&f, receivers + 1, addr, 64 << 10);
+  bcast_plan *p = make_plan_tls(&f, receivers + 1, addr, 64 << 10, tls);
   cr_assert_geq(p->nbuckets, 4);
   for (int round = 0; round < 2; round++) { /* the listening socket serves plan after plan */
     pid_t pids[8];
@@ -177,7 +182,7 @@ static void run_end_to_end(uint32_t receivers) {
     bcast_stats st;
     bcast_err err = {0};
     cr_assert_eq(bcast_engine_execute(root, p, f.src, f.n, &st, &err), BCAST_OK, "%s", err.msg);
-    cr_assert_str_eq(st.transport, "host-tcp");
+    cr_assert_str_eq(st.transport, tls ? "host-tls" : "host-tcp");
     cr_assert_eq(st.mode, BCAST_MODE_HOST);
     cr_assert_eq(st.nbuckets, p->nbuckets);
     cr_assert_eq(st.wire_bytes, bcast_plan_wire_bytes(p));
@@ -207,8 +212,9 @@ static void run_end_to_end(uint32_t receivers) {
   fixture_free(&f);
 }
 
-Test(bcast_host, one_receiver_bit_exact) { run_end_to_end(1); }
-Test(bcast_host, three_receivers_bit_exact) { run_end_to_end(3); }
+Test(bcast_host, one_receiver_bit_exact) { run_end_to_end(1, 0); }
+Test(bcast_host, three_receivers_bit_exact) { run_end_to_end(3, 0); }
+Test(bcast_host, three_receivers_over_tls_bit_exact) { run_end_to_end(3, 1); }
 
 /* A receiver that holds another plan (here another policy version, so
  * another hash) cannot prove it holds this one: the root closes its

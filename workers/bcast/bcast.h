@@ -160,6 +160,10 @@ typedef struct bcast_plan {
   char host_endpoint[256];   /* host mode: where the root listens */
   bcast_checksum checksum;
   char mode_reason[256];
+  /* Host transport: 1 to run TLS 1.3 over every data connection once the
+   * handshake authenticated it, keyed from the plan's secret (bcast_host.c),
+   * so the weights are also encrypted and integrity-protected on the wire. */
+  int tls;
   /* Fields below are not covered by the hash (see above). */
   uint8_t secret[32];        /* data-channel secret, BCAST_SECRET_BYTES */
   int has_secret;            /* 0: a plan from elsewhere that carried none */
@@ -183,6 +187,7 @@ typedef struct bcast_plan_opts {
   bcast_checksum checksum;  /* 0: XXH3_64 */
   const uint8_t *secret;    /* BCAST_SECRET_BYTES, or NULL: fresh from getrandom */
   double min_gbps;          /* see bcast_plan.min_gbps; 0: none */
+  int tls;                  /* see bcast_plan.tls */
 } bcast_plan_opts;
 
 /* Buckets per layer and per wire dtype, slices concatenated at fixed offsets,
@@ -282,7 +287,7 @@ typedef struct bcast_bucket_timing {
 
 typedef struct bcast_stats {
   bcast_mode mode;
-  const char *transport;     /* "nccl" or "host-tcp" (static string) */
+  const char *transport;     /* "nccl", "host-tcp", "host-tls", "cuda-ipc" (static string) */
   uint64_t pcie_bytes;       /* host-to-device bytes */
   uint64_t wire_bytes;
   double h2d_s, cast_s, wire_s; /* sums over buckets of each stage */

@@ -73,6 +73,12 @@ int bcast__reply_mac(const uint8_t secret[BCAST_SECRET_BYTES], const uint8_t roo
   return mac(secret, "rlorch.bcast.reply/2", rx_nonce, root_nonce, rank, hash, id, out);
 }
 
+int bcast__tls_key(const uint8_t secret[BCAST_SECRET_BYTES], const uint8_t root_nonce[BCAST_NONCE_BYTES],
+                   const uint8_t rx_nonce[BCAST_NONCE_BYTES], uint32_t rank, uint64_t hash, const char *id,
+                   uint8_t out[BCAST_SECRET_BYTES]) {
+  return mac(secret, "rlorch.bcast.tls/2", root_nonce, rx_nonce, rank, hash, id, out);
+}
+
 int bcast__mac_equal(const uint8_t a[BCAST_MAC_BYTES], const uint8_t b[BCAST_MAC_BYTES]) {
   return CRYPTO_memcmp(a, b, BCAST_MAC_BYTES) == 0;
 }

@@ -13,6 +13,11 @@
  *                     then `bytes` payload bytes (slices at plan offsets, zero padding)
  *   receiver -> root  ACK    "RLBA" i32 status, u32 msglen, msg      (after the last
  *                     bucket, or at the first error)
+ * On a TLS plan (bcast_plan.tls) the two sides run TLS 1.3 after the REPLY,
+ * the receiver as client (bcast_tls.c: an external PSK per connection,
+ * HMAC-SHA256(secret, "rlorch.bcast.tls/2" || nonce || rx_nonce || rank ||
+ * hash || idlen || id), with ECDHE), and the buckets and the ACK go through
+ * it.
  * `secret` is the plan's (bcast_plan.secret): only its participants hold it.
  * The root's nonce is fresh for every connection, so a recorded hello is
  * worth nothing on another one; the receiver's nonce makes the root prove
@@ -25,9 +30,12 @@
  * counted (bcast_stats.refused_connections); the root keeps waiting for its
  * receivers, so they cost the plan nothing.  Handshakes run concurrently in
  * one poll loop, so silent connections delay nobody.  Replies that say why
- * go only to connections that proved they hold the secret.  The channel is
- * authenticated, not encrypted: an on-path attacker can still read the
- * weights and, with TCP hijacking, alter them past the XXH3 checksums.
+ * go only to connections that proved they hold the secret.  Without TLS the
+ * channel is authenticated, not encrypted: an on-path attacker can still read
+ * the weights and, with TCP hijacking, alter them past the XXH3 checksums;
+ * with TLS every record is encrypted and authenticated (AES-128-GCM), and a
+ * participant that proved itself but does not speak TLS gets no byte of
+ * weights: its connection ends when its TLS handshake fails or times out.
  *
  * The root's listening socket lives as long as its engine; receivers connect
  * anew for every plan, so a receiver that failed one step starts clean next.
@@ -226,10 +234,12 @@ static int io_code(int e) {
 
 /* Reads or writes exactly n bytes on a non-blocking socket before the deadline.
  * Returns 0, or -1 with errno (ETIMEDOUT, ECANCELED, EPIPE for a clean close, ...). */
-static int io_full_done(int fd, void *buf, size_t n, int writing, int cancel_fd, double deadline, size_t *done) {
+static int io_full_done(bcast__conn *c, void *buf, size_t n, int writing, int cancel_fd, double deadline,
+                        size_t *done) {
   uint8_t *p = buf;
   while (n > 0) {
-    ssize_t r = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+    short want;
+    ssize_t r = bcast__conn_io(c, p, n, writing, &want);
     if (r > 0) {
       p += r;
       n -= (size_t)r;
@@ -242,37 +252,60 @@ static int io_full_done(int fd, void *buf, size_t n, int writing, int cancel_fd,
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-    if (!wait_fd(fd, writing ? POLLOUT : POLLIN, cancel_fd, deadline)) return -1;
+    if (!wait_fd(c->fd, want, cancel_fd, deadline)) return -1;
   }
   return 0;
 }
 
-static int io_full(int fd, void *buf, size_t n, int writing, int cancel_fd, double deadline) {
-  return io_full_done(fd, buf, n, writing, cancel_fd, deadline, NULL);
+static int io_full(bcast__conn *c, void *buf, size_t n, int writing, int cancel_fd, double deadline) {
+  return io_full_done(c, buf, n, writing, cancel_fd, deadline, NULL);
+}
+
+/* TLS over an authenticated connection (server: the root), before the
+ * deadline. 0, or -1 with errno (ETIMEDOUT, ECANCELED, EPROTO) and why. */
+static int tls_handshake(bcast__conn *c, int server, const uint8_t key[BCAST_SECRET_BYTES], int cancel_fd,
+                         double deadline, char *why, size_t whylen) {
+  if (bcast__conn_tls_start(c, server, key, why, whylen)) {
+    errno = EPROTO;
+    return -1;
+  }
+  for (;;) {
+    short want = 0;
+    int r = bcast__conn_tls_step(c, &want, why, whylen);
+    if (r == 1) return 0;
+    if (r < 0) {
+      errno = EPROTO;
+      return -1;
+    }
+    if (!wait_fd(c->fd, want, cancel_fd, deadline)) {
+      snprintf(why, whylen, "%s", strerror(errno));
+      return -1;
+    }
+  }
 }
 
 /* REPLY and ACK share one shape: magic, status, message. */
-static int send_status(int fd, uint32_t magic, int status, const char *msg, int cancel_fd, double deadline) {
+static int send_status(bcast__conn *c, uint32_t magic, int status, const char *msg, int cancel_fd, double deadline) {
   uint8_t b[12 + 512];
   size_t len = strnlen(msg, 511);
   put32(b, magic);
   put32(b + 4, (uint32_t)status);
   put32(b + 8, (uint32_t)len);
   memcpy(b + 12, msg, len);
-  return io_full(fd, b, 12 + len, 1, cancel_fd, deadline);
+  return io_full(c, b, 12 + len, 1, cancel_fd, deadline);
 }
 
-static int recv_status(int fd, uint32_t magic, int *status, char *msg, size_t msglen, int cancel_fd,
+static int recv_status(bcast__conn *c, uint32_t magic, int *status, char *msg, size_t msglen, int cancel_fd,
                        double deadline) {
   uint8_t b[12];
   char tmp[512];
-  if (io_full(fd, b, 12, 0, cancel_fd, deadline)) return -1;
+  if (io_full(c, b, 12, 0, cancel_fd, deadline)) return -1;
   uint32_t len = get32(b + 8);
   if (get32(b) != magic || len > 511) {
     errno = EPROTO;
     return -1;
   }
-  if (io_full(fd, tmp, len, 0, cancel_fd, deadline)) return -1;
+  if (io_full(c, tmp, len, 0, cancel_fd, deadline)) return -1;
   tmp[len] = 0;
   *status = (int32_t)get32(b + 4);
   snprintf(msg, msglen, "%s", tmp);
@@ -281,7 +314,7 @@ static int recv_status(int fd, uint32_t magic, int *status, char *msg, size_t ms
 
 static void fill_stats(bcast_stats *st, const bcast_plan *p, double t0, bcast_bucket_timing *bt) {
   st->mode = BCAST_MODE_HOST;
-  st->transport = "host-tcp";
+  st->transport = p->tls ? "host-tls" : "host-tcp";
   st->wire_bytes = bcast_plan_wire_bytes(p);
   st->nbuckets = (uint32_t)p->nbuckets;
   st->buckets = bt;
@@ -346,9 +379,10 @@ int bcast__hello_parse(const uint8_t *b, size_t n, size_t *need, bcast__hello *h
 /* ======================= root (sender) ======================================= */
 
 typedef struct peer {
-  int fd;
+  bcast__conn c;
   uint32_t rank;
   uint64_t sent; /* bytes of the current bucket's header + payload written */
+  short want;    /* what its connection waits for to write on (TLS may read) */
 } peer;
 
 /* A connection accepted but not yet authenticated. */
@@ -432,6 +466,7 @@ static int admit(acceptor *ac, pending *c, const bcast__hello *h, bcast_err *err
       snprintf(why, sizeof why, "receiver rank %u connected twice", h->rank);
     }
   double hd = bcast__now() + 1.0;
+  bcast__conn pc = {.fd = c->fd}; /* plaintext until the proofs are exchanged */
   if (code) { /* it holds the secret: a participant with a fault, told why */
     uint8_t b[12 + sizeof why];
     size_t len = strlen(why);
@@ -439,7 +474,7 @@ static int admit(acceptor *ac, pending *c, const bcast__hello *h, bcast_err *err
     put32(b + 4, (uint32_t)code);
     put32(b + 8, (uint32_t)len);
     memcpy(b + 12, why, len);
-    io_full(c->fd, b, 12 + len, 1, -1, hd);
+    io_full(&pc, b, 12 + len, 1, -1, hd);
     return bcast__fail(err, code, "plan '%s': %s", p->id, why);
   }
   uint8_t b[12 + BCAST_MAC_BYTES];
@@ -448,11 +483,27 @@ static int admit(acceptor *ac, pending *c, const bcast__hello *h, bcast_err *err
   put32(b + 8, BCAST_MAC_BYTES);
   if (bcast__reply_mac(p->secret, c->nonce, h->rx_nonce, h->rank, p->hash, p->id, b + 12))
     return bcast__fail(err, BCAST_EIO, "plan '%s': HMAC-SHA256 failed in libcrypto", p->id);
-  if (io_full(c->fd, b, sizeof b, 1, ac->io->cancel_fd, hd)) {
+  if (io_full(&pc, b, sizeof b, 1, ac->io->cancel_fd, hd)) {
     if (errno == ECANCELED) return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled", p->id);
     return 0;
   }
-  ac->peers[ac->have++] = (peer){c->fd, h->rank, 0};
+  if (p->tls) {
+    /* It proved itself: a TLS failure now is a fault of a participant (or of
+     * the path), which may connect again; the connection only goes. */
+    uint8_t key[BCAST_SECRET_BYTES];
+    char tw[256] = "";
+    int rc = bcast__tls_key(p->secret, c->nonce, h->rx_nonce, h->rank, p->hash, p->id, key);
+    if (!rc) rc = tls_handshake(&pc, 1, key, ac->io->cancel_fd, bcast__now() + HANDSHAKE_S, tw, sizeof tw);
+    int e = errno;
+    bcast__wipe(key, sizeof key);
+    if (rc) {
+      pc.fd = -1; /* the pending entry still owns the socket */
+      bcast__conn_close(&pc);
+      if (e == ECANCELED) return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled", p->id);
+      return 0;
+    }
+  }
+  ac->peers[ac->have++] = (peer){pc, h->rank, 0};
   return 1;
 }
 
@@ -622,7 +673,7 @@ static int peer_failed(const bcast_plan *p, peer *pr, size_t k, int e, double el
   int status = 0;
   char msg[512];
   if (e == ECANCELED) return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
-  if (e != ETIMEDOUT && recv_status(pr->fd, MAGIC_ACK, &status, msg, sizeof msg, -1, bcast__now() + 0.05) == 0 &&
+  if (e != ETIMEDOUT && recv_status(&pr->c, MAGIC_ACK, &status, msg, sizeof msg, -1, bcast__now() + 0.05) == 0 &&
       status)
     return bcast__fail(err, BCAST_EPEER, "receiver rank %u failed at bucket %zu (layer %u): %s", pr->rank, k,
                        p->buckets[k].layer, msg);
@@ -662,7 +713,7 @@ static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64
       while (pr->sent < total) {
         const uint8_t *src = pr->sent < HEADER_BYTES ? hdr + pr->sent : buf + (pr->sent - HEADER_BYTES);
         size_t len = pr->sent < HEADER_BYTES ? HEADER_BYTES - pr->sent : total - pr->sent;
-        ssize_t r = send(pr->fd, src, len, MSG_NOSIGNAL);
+        ssize_t r = bcast__conn_io(&pr->c, (void *)src, len, 1, &pr->want);
         if (r > 0) {
           pr->sent += (uint64_t)r;
           continue;
@@ -671,7 +722,7 @@ static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         return peer_failed(p, pr, k, r < 0 ? errno : EPIPE, 0, err);
       }
-      if (pr->sent < total) pf[waiting++] = (struct pollfd){pr->fd, POLLOUT, 0};
+      if (pr->sent < total) pf[waiting++] = (struct pollfd){pr->c.fd, pr->want, 0};
     }
     if (!waiting) return BCAST_OK;
     size_t npf = waiting;
@@ -705,7 +756,7 @@ static int collect_acks(const bcast_plan *p, peer *peers, size_t np, const bcast
   for (size_t i = 0; i < np; i++) {
     int status = 0;
     char msg[512];
-    if (recv_status(peers[i].fd, MAGIC_ACK, &status, msg, sizeof msg, io->cancel_fd, dl)) {
+    if (recv_status(&peers[i].c, MAGIC_ACK, &status, msg, sizeof msg, io->cancel_fd, dl)) {
       int e = errno;
       if (e == ETIMEDOUT && p->min_gbps > 0)
         return bcast__fail(err, BCAST_ETIMEDOUT, "receiver rank %u did not confirm the last bucket: observed no "
@@ -784,7 +835,7 @@ int bcast__host_send(int lfd, const bcast_plan *p, const bcast_tensor *local, co
   pthread_mutex_destroy(&c.mu);
 out:
   for (size_t i = 0; peers && i < np; i++)
-    if (peers[i].fd > 0) close(peers[i].fd);
+    if (peers[i].c.fd > 0) bcast__conn_close(&peers[i].c);
   free(peers);
   free(c.buf[0]);
   free(c.buf[1]);
@@ -850,9 +901,10 @@ static int connect_root(const bcast_plan *p, int cancel_fd, double deadline, int
 
 /* Answers the root's challenge and checks the root's proof in return.  0,
  * HANDSHAKE_RETRY, or a negative code with err filled. */
-static int handshake(int fd, const bcast_plan *p, uint32_t rank, int cancel_fd, double deadline, bcast_err *err) {
+static int handshake(bcast__conn *c, const bcast_plan *p, uint32_t rank, int cancel_fd, double deadline,
+                     bcast_err *err) {
   uint8_t ch[CHALLENGE_BYTES];
-  if (io_full(fd, ch, sizeof ch, 0, cancel_fd, deadline)) {
+  if (io_full(c, ch, sizeof ch, 0, cancel_fd, deadline)) {
     int e = errno;
     if (e == EPIPE || e == ECONNRESET) return HANDSHAKE_RETRY;
     return bcast__fail(err, io_code(e), "plan '%s': no handshake challenge from root %s: %s", p->id,
@@ -875,8 +927,8 @@ static int handshake(int fd, const bcast_plan *p, uint32_t rank, int cancel_fd, 
   if (bcast__hello_mac(p->secret, nonce, rx_nonce, rank, p->hash, p->id, h + BCAST_HELLO_FIXED + idlen))
     return bcast__fail(err, BCAST_EIO, "plan '%s': HMAC-SHA256 failed in libcrypto", p->id);
   uint8_t r[12];
-  if (io_full(fd, h, BCAST_HELLO_FIXED + idlen + BCAST_MAC_BYTES, 1, cancel_fd, deadline) ||
-      io_full(fd, r, sizeof r, 0, cancel_fd, deadline)) {
+  if (io_full(c, h, BCAST_HELLO_FIXED + idlen + BCAST_MAC_BYTES, 1, cancel_fd, deadline) ||
+      io_full(c, r, sizeof r, 0, cancel_fd, deadline)) {
     int e = errno;
     if (e == EPIPE || e == ECONNRESET)
       return bcast__fail(err, BCAST_EMISMATCH, "plan '%s': root %s closed the connection without accepting rank %u: "
@@ -889,7 +941,7 @@ static int handshake(int fd, const bcast_plan *p, uint32_t rank, int cancel_fd, 
   if (get32(r) != MAGIC_REPLY || len > 511 || (status == 0 && len != BCAST_MAC_BYTES))
     return bcast__fail(err, BCAST_EPEER, "plan '%s': root %s sent a malformed reply", p->id, p->host_endpoint);
   char msg[512];
-  if (io_full(fd, msg, len, 0, cancel_fd, deadline))
+  if (io_full(c, msg, len, 0, cancel_fd, deadline))
     return bcast__fail(err, io_code(errno), "plan '%s': reply of root %s cut short: %s", p->id, p->host_endpoint,
                        strerror(errno));
   if (status) {
@@ -908,23 +960,32 @@ static int handshake(int fd, const bcast_plan *p, uint32_t rank, int cancel_fd, 
   if (!ok)
     return bcast__fail(err, BCAST_EPEER, "plan '%s': root %s did not prove it holds the plan's secret: its data "
                        "is not taken", p->id, p->host_endpoint);
+  if (p->tls) {
+    uint8_t key[BCAST_SECRET_BYTES];
+    char tw[256] = "";
+    int rc = bcast__tls_key(p->secret, nonce, rx_nonce, rank, p->hash, p->id, key);
+    if (!rc) rc = tls_handshake(c, 0, key, cancel_fd, deadline, tw, sizeof tw);
+    int e = errno;
+    bcast__wipe(key, sizeof key);
+    if (rc)
+      return bcast__fail(err, e == ECANCELED || e == ETIMEDOUT ? io_code(e) : BCAST_EPEER,
+                         "plan '%s': TLS with root %s failed: %s", p->id, p->host_endpoint, tw);
+  }
   return BCAST_OK;
 }
 
 /* Connects and authenticates, again while the root closes connections
  * before challenging them and the deadline allows. */
-static int connect_and_handshake(const bcast_plan *p, uint32_t rank, const bcast__host_io *io, int *fdp,
+static int connect_and_handshake(const bcast_plan *p, uint32_t rank, const bcast__host_io *io, bcast__conn *c,
                                  bcast_err *err) {
   double deadline = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
   for (;;) {
-    int fd = -1, rc = connect_root(p, io->cancel_fd, deadline, &fd, err);
+    *c = (bcast__conn){.fd = -1};
+    int rc = connect_root(p, io->cancel_fd, deadline, &c->fd, err);
     if (rc) return rc;
-    rc = handshake(fd, p, rank, io->cancel_fd, deadline, err);
-    if (rc == BCAST_OK) {
-      *fdp = fd;
-      return BCAST_OK;
-    }
-    close(fd);
+    rc = handshake(c, p, rank, io->cancel_fd, deadline, err);
+    if (rc == BCAST_OK) return BCAST_OK;
+    bcast__conn_close(c);
     if (rc != HANDSHAKE_RETRY) return rc;
     if (bcast__now() + 0.05 >= deadline)
       return bcast__fail(err, BCAST_ETIMEDOUT, "plan '%s': root %s closed every connection before its challenge "
@@ -948,7 +1009,7 @@ static void scatter(const bcast_plan *p, size_t k, const uint8_t *buf, const bca
 
 /* Receives bucket k into buf, verifies it, scatters it.  On a checksum error
  * the ACK tells the root why before the connection closes. */
-static int recv_bucket(int fd, const bcast_plan *p, size_t k, uint8_t *buf, const bcast_tensor *local,
+static int recv_bucket(bcast__conn *c, const bcast_plan *p, size_t k, uint8_t *buf, const bcast_tensor *local,
                        const uint32_t *map, const bcast__host_io *io, bcast_bucket_timing *bt, bcast_err *err) {
   const bcast_bucket *b = &p->buckets[k];
   /* Longer than the root's own bound: when a peer holds the bucket up, the
@@ -956,8 +1017,8 @@ static int recv_bucket(int fd, const bcast_plan *p, size_t k, uint8_t *buf, cons
   double dl = bucket_deadline(p, k, io, 2 * BUCKET_SLACK_S), t0 = bcast__now();
   uint8_t h[HEADER_BYTES];
   size_t took = 0;
-  if (io_full(fd, h, sizeof h, 0, io->cancel_fd, dl) ||
-      (get32(h) == MAGIC_BUCKET && io_full_done(fd, buf, b->bytes, 0, io->cancel_fd, dl, &took))) {
+  if (io_full(c, h, sizeof h, 0, io->cancel_fd, dl) ||
+      (get32(h) == MAGIC_BUCKET && io_full_done(c, buf, b->bytes, 0, io->cancel_fd, dl, &took))) {
     int e = errno;
     double el = bcast__now() - t0;
     if (e == ETIMEDOUT && p->min_gbps > 0)
@@ -976,7 +1037,7 @@ static int recv_bucket(int fd, const bcast_plan *p, size_t k, uint8_t *buf, cons
     if (got != want) {
       int rc = bcast__fail(err, BCAST_ECHECKSUM, "bucket %zu (layer %u): checksum %016llx, root sent %016llx", k,
                            b->layer, (unsigned long long)got, (unsigned long long)want);
-      send_status(fd, MAGIC_ACK, rc, err ? err->msg : "checksum mismatch", -1, bcast__now() + 1.0);
+      send_status(c, MAGIC_ACK, rc, err ? err->msg : "checksum mismatch", -1, bcast__now() + 1.0);
       return rc;
     }
   }
@@ -993,17 +1054,18 @@ int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *loc
   if (!p->has_secret)
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': no data-channel secret: host mode cannot authenticate "
                        "its root", p->id);
-  int fd = -1, rc = connect_and_handshake(p, rank, io, &fd, err);
+  bcast__conn c;
+  int rc = connect_and_handshake(p, rank, io, &c, err);
   if (rc) return rc;
   uint64_t mb = max_bucket(p);
   uint8_t *buf = malloc(mb ? mb : 1);
   bcast_bucket_timing *bt = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *bt);
   if (!buf || !bt) rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a %llu-byte wire buffer", (unsigned long long)mb);
-  for (size_t k = 0; k < p->nbuckets && !rc; k++) rc = recv_bucket(fd, p, k, buf, local, map, io, &bt[k], err);
-  if (!rc && send_status(fd, MAGIC_ACK, 0, "", io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms)))
+  for (size_t k = 0; k < p->nbuckets && !rc; k++) rc = recv_bucket(&c, p, k, buf, local, map, io, &bt[k], err);
+  if (!rc && send_status(&c, MAGIC_ACK, 0, "", io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms)))
     rc = bcast__fail(err, BCAST_EPEER, "root %s: final confirmation not delivered: %s", p->host_endpoint,
                      strerror(errno));
-  close(fd);
+  bcast__conn_close(&c);
   free(buf);
   if (rc == BCAST_OK && stats) {
     fill_stats(stats, p, t0, bt);

@@ -6,6 +6,7 @@
 #include "workers/bcast/bcast.h"
 
 #include <stdarg.h>
+#include <sys/types.h>
 
 /* Fills err (code and message) and returns the code. A macro so that the
  * caller (and the static analyser, which follows no variadic call) sees the
@@ -69,6 +70,32 @@ int bcast__reply_mac(const uint8_t secret[BCAST_SECRET_BYTES], const uint8_t roo
                      uint8_t out[BCAST_MAC_BYTES]);
 int bcast__mac_equal(const uint8_t a[BCAST_MAC_BYTES], const uint8_t b[BCAST_MAC_BYTES]); /* constant time */
 void bcast__wipe(void *p, size_t n); /* not optimised away */
+/* A TLS plan's key for one connection: HMAC-SHA256(secret, "rlorch.bcast.tls/2"
+ * || root_nonce || rx_nonce || rank || hash || id), BCAST_SECRET_BYTES long. */
+int bcast__tls_key(const uint8_t secret[BCAST_SECRET_BYTES], const uint8_t root_nonce[BCAST_NONCE_BYTES],
+                   const uint8_t rx_nonce[BCAST_NONCE_BYTES], uint32_t rank, uint64_t hash, const char *id,
+                   uint8_t out[BCAST_SECRET_BYTES]);
+
+/* One data connection of the host transport (bcast_tls.c, OpenSSL libssl):
+ * a non-blocking socket, with TLS 1.3 over it once started. */
+struct ssl_st;
+typedef struct bcast__conn {
+  int fd;
+  struct ssl_st *ssl; /* NULL: plaintext */
+  void *tls_key;      /* the key, until the TLS handshake is over */
+} bcast__conn;
+/* Starts TLS on c (the root is the server) with the connection's key; 0, or
+ * -1 with the reason in why. Then bcast__conn_tls_step until it returns 1
+ * (done), waiting for *want (POLLIN or POLLOUT) on c->fd while it returns 0;
+ * -1: failed, why says how. */
+int bcast__conn_tls_start(bcast__conn *c, int server, const uint8_t key[BCAST_SECRET_BYTES], char *why,
+                          size_t whylen);
+int bcast__conn_tls_step(bcast__conn *c, short *want, char *why, size_t whylen);
+/* send(2) with MSG_NOSIGNAL or recv(2) on the connection, through TLS when it
+ * has it: > 0 bytes moved, 0 at the peer's end, -1 with errno (EAGAIN: wait
+ * for *want; EPROTO: a TLS record that does not verify). */
+ssize_t bcast__conn_io(bcast__conn *c, void *buf, size_t n, int writing, short *want);
+void bcast__conn_close(bcast__conn *c); /* and c->fd */
 
 /* The receiver's HELLO as the root parses it (bcast_host.c documents the
  * layout).  bcast__hello_parse looks at the n bytes received so far: 1 when

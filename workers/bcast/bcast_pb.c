@@ -150,6 +150,7 @@ int bcast_plan_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan **out, bcast
   }
   m->hash = p->hash;
   m->min_gbps = p->min_gbps;
+  m->data_tls = p->tls ? 1 : 0;
   m->mode = (Rlorch__V1__BroadcastMode)p->mode;
   m->world_size = p->world_size;
   m->root_rank = p->root_rank;
@@ -206,6 +207,7 @@ static int plan_fields_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan *p
   if (!isfinite(m->min_gbps) || m->min_gbps < 0)
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': min_gbps %g is not a rate >= 0", p->id, m->min_gbps);
   p->min_gbps = m->min_gbps;
+  p->tls = m->data_tls ? 1 : 0;
   p->hash = m->hash;
   p->mode = (bcast_mode)m->mode;
   p->world_size = m->world_size;

@@ -242,6 +242,7 @@ int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opt
   snprintf(p->host_endpoint, sizeof p->host_endpoint, "%s", o->host_endpoint ? o->host_endpoint : "");
   p->checksum = o->checksum ? o->checksum : BCAST_CHECKSUM_XXH3_64;
   p->min_gbps = o->min_gbps > 0 ? o->min_gbps : 0;
+  p->tls = o->tls ? 1 : 0;
   /* Every plan gets its own secret: one that outlived its plan would let a
    * past participant (or a leaked log of it) into every later broadcast. */
   if (o->secret) memcpy(p->secret, o->secret, sizeof p->secret);
@@ -377,6 +378,7 @@ uint64_t bcast_plan_hash(const bcast_plan *p) {
   h_u64(&h, p->staging_budget);
   h_u64(&h, (uint64_t)p->checksum);
   h_u64(&h, p->policy_version);
+  h_u64(&h, p->tls ? 1 : 0);
   h_u64(&h, p->has_nccl_id ? 1 : 0);
   if (p->has_nccl_id) h_bytes(&h, p->nccl_id, sizeof p->nccl_id);
   h_u64(&h, p->ntensors);
