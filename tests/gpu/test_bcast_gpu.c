@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "workers/bcast/bcast_internal.h"
 #include "workers/bcast/bcast_preset.h"
@@ -117,7 +118,7 @@ static void *rank_main(void *arg) {
     r->rc = bcast__gpu_open(&o, &r->gpu, &r->err);
     if (r->rc) return NULL;
   }
-  r->rc = bcast__gpu_execute(r->gpu, r->plan, r->rank, r->local, r->n, &r->stats, &r->err);
+  r->rc = bcast__gpu_execute(r->gpu, r->plan, r->rank, r->local, r->n, -1, &r->stats, &r->err);
   return NULL;
 }
 
@@ -314,7 +315,7 @@ Test(gpu_bcast, staging_pipeline_alone_world_one) {
   for (size_t i = 0; i < n; i++) fp32 += bcast_tensor_elems(&t[i]) * 4;
   for (int step = 0; step < 3; step++) {
     bcast_stats st = {0};
-    cr_assert_eq(bcast__gpu_execute(g, p, 0, t, n, &st, &err), BCAST_OK, "step %d: %s", step,
+    cr_assert_eq(bcast__gpu_execute(g, p, 0, t, n, -1, &st, &err), BCAST_OK, "step %d: %s", step,
                  err.msg);
     cr_assert_eq(st.pcie_bytes, fp32);
     cr_assert_eq(st.wire_bytes, bcast_plan_wire_bytes(p));
@@ -340,7 +341,7 @@ Test(gpu_bcast, missing_peer_times_out_with_clear_error) {
   bcast_gpu *g = open_gpu(0, 0, 3, 2);
   bcast_plan *p = make_plan(t, n, BCAST_MODE_DIRECT, 2, 8u << 20, g);
   double t0 = bcast__now();
-  int rc = bcast__gpu_execute(g, p, 0, t, n, NULL, &err);
+  int rc = bcast__gpu_execute(g, p, 0, t, n, -1, NULL, &err);
   double took = bcast__now() - t0;
   cr_assert_eq(rc, BCAST_ETIMEDOUT, "rc %d: %s", rc, err.msg);
   cr_assert_not_null(strstr(err.msg, "join"), "message does not say what was waited for: %s",
@@ -348,7 +349,48 @@ Test(gpu_bcast, missing_peer_times_out_with_clear_error) {
   cr_assert_lt(took, 20, "took %.1f s for a 3 s deadline", took);
   /* The engine stays usable: a world of one on a new id works. */
   bcast_plan *p1 = make_plan(t, n, BCAST_MODE_DIRECT, 1, 8u << 20, g);
-  cr_assert_eq(bcast__gpu_execute(g, p1, 0, t, n, NULL, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(bcast__gpu_execute(g, p1, 0, t, n, -1, NULL, &err), BCAST_OK, "%s", err.msg);
+  bcast__gpu_close(g);
+  bcast_plan_free(p);
+  bcast_plan_free(p1);
+  bcast_storage_free(ss);
+  free(t);
+}
+
+static void *cancel_after(void *arg) {
+  usleep(500 * 1000);
+  if (write(*(int *)arg, "x", 1) != 1) perror("cancel pipe");
+  return NULL;
+}
+
+/* The orchestrator aborts a plan whose peer never joins: the NCCL wait ends
+ * at once with the communicator aborted, not at the (here 30 s) deadline,
+ * and the engine runs the next plan. */
+Test(gpu_bcast, a_cancelled_wait_for_a_peer_aborts_the_communicator_at_once) {
+  NEED_GPUS(1);
+  size_t n = 0;
+  bcast_tensor *t = preset(BCAST_DTYPE_BF16, BCAST_RES_GPU, 0, &n);
+  bcast_storage *ss = NULL;
+  bcast_err err = {0};
+  cr_assert_eq(bcast_storage_alloc(t, n, BCAST_FILL_SENDER, 1, &ss, &err), 0, "%s", err.msg);
+  bcast_gpu *g = open_gpu(0, 0, 30, 2);
+  bcast_plan *p = make_plan(t, n, BCAST_MODE_DIRECT, 2, 8u << 20, g);
+  int fds[2];
+  cr_assert_eq(pipe(fds), 0);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, cancel_after, &fds[1]), 0);
+  double t0 = bcast__now();
+  int rc = bcast__gpu_execute(g, p, 0, t, n, fds[0], NULL, &err);
+  double took = bcast__now() - t0;
+  pthread_join(th, NULL);
+  cr_assert_eq(rc, BCAST_ECANCELED, "rc %d: %s", rc, err.msg);
+  cr_assert_not_null(strstr(err.msg, "cancelled"), "%s", err.msg);
+  cr_assert_not_null(strstr(err.msg, "aborted"), "%s", err.msg);
+  cr_assert_lt(took, 5, "took %.1f s to honour a cancel sent after 0.5 s", took);
+  close(fds[0]);
+  close(fds[1]);
+  bcast_plan *p1 = make_plan(t, n, BCAST_MODE_DIRECT, 1, 8u << 20, g);
+  cr_assert_eq(bcast__gpu_execute(g, p1, 0, t, n, -1, NULL, &err), BCAST_OK, "%s", err.msg);
   bcast__gpu_close(g);
   bcast_plan_free(p);
   bcast_plan_free(p1);
@@ -367,14 +409,14 @@ Test(gpu_bcast, bad_local_tensors_named_in_errors) {
   bcast_plan *p = make_plan(t, n, BCAST_MODE_STAGED, 1, 8u << 20, g);
   void *keep = t[3].data;
   t[3].data = NULL;
-  cr_assert_eq(bcast__gpu_execute(g, p, 0, t, n, NULL, &err), BCAST_EINVAL);
+  cr_assert_eq(bcast__gpu_execute(g, p, 0, t, n, -1, NULL, &err), BCAST_EINVAL);
   cr_assert_not_null(strstr(err.msg, t[3].name), "%s", err.msg);
   t[3].data = keep;
   t[4].residency = BCAST_RES_GPU; /* host memory claimed to be on the GPU */
-  cr_assert_eq(bcast__gpu_execute(g, p, 0, t, n, NULL, &err), BCAST_EINVAL);
+  cr_assert_eq(bcast__gpu_execute(g, p, 0, t, n, -1, NULL, &err), BCAST_EINVAL);
   cr_assert_not_null(strstr(err.msg, t[4].name), "%s", err.msg);
   t[4].residency = BCAST_RES_HOST_PINNED;
-  cr_assert_eq(bcast__gpu_execute(g, p, 0, t, n - 1, NULL, &err), BCAST_EINVAL);
+  cr_assert_eq(bcast__gpu_execute(g, p, 0, t, n - 1, -1, NULL, &err), BCAST_EINVAL);
   cr_assert_not_null(strstr(err.msg, t[n - 1].name), "%s", err.msg);
   bcast_engine_opts bad = {.rank = 0, .device = 999};
   bcast_gpu *g2 = NULL;

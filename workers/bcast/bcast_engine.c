@@ -297,7 +297,7 @@ int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tenso
                                 "plan '%s': colocated mode needs the receivers' exports imported "
                                 "first (bcast_engine_coloc_export / bcast_engine_coloc_import)",
                                 p->id);
-  else if (p->mode != BCAST_MODE_HOST) rc = bcast__gpu_execute(e->gpu, p, e->o.rank, local, n, stats, err);
+  else if (p->mode != BCAST_MODE_HOST) rc = bcast__gpu_execute(e->gpu, p, e->o.rank, local, n, e->cancel_pipe[0], stats, err);
   else rc = execute_host(e, p, local, n, stale, stats, err);
   cancel_end(e);
   return rc;

@@ -14,6 +14,7 @@
  * or failed peer ends in an abort and an error, never a hang. */
 #ifdef RLORCH_HAVE_CUDA
 
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,7 @@ int bcast__gpu_open(const bcast_engine_opts *o, bcast_gpu **out, bcast_err *err)
   g->nslots = o->staging_buffers ? o->staging_buffers : 3;
   if (g->nslots < 2) g->nslots = 2;
   g->timeout_s = o->timeout_s > 0 ? o->timeout_s : 60;
+  g->cancel_fd = -1;
   g->wire = calloc(g->nslots, sizeof(void *));
   g->raw = calloc(g->nslots, sizeof(void *));
   g->bounce = calloc(g->nslots, sizeof(void *));
@@ -177,6 +179,13 @@ int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err) {
 #endif
 }
 
+/* The orchestrator aborted the execution in progress (bcast_engine_cancel). */
+static int gpu_cancelled(const bcast_gpu *g) {
+  if (g->cancel_fd < 0) return 0;
+  struct pollfd pf = {.fd = g->cancel_fd, .events = POLLIN};
+  return poll(&pf, 1, 0) == 1;
+}
+
 #ifdef RLORCH_HAVE_NCCL
 /* Polls a non-blocking communicator until its pending operation settles. */
 static int comm_settle(bcast_gpu *g, ncclResult_t r, double deadline, const char *what,
@@ -190,6 +199,11 @@ static int comm_settle(bcast_gpu *g, ncclResult_t r, double deadline, const char
       comm_drop(g, 1);
       return bcast__fail(err, BCAST_ETIMEDOUT, "%s: deadline passed (rank %u): communicator aborted",
                          what, g->rank);
+    }
+    if (gpu_cancelled(g)) {
+      comm_drop(g, 1);
+      return bcast__fail(err, BCAST_ECANCELED, "%s: cancelled (rank %u): communicator aborted", what,
+                         g->rank);
     }
     if (now - t0 > 1e-3) sleep_us(100);
     if (ncclCommGetAsyncError(g->comm, &r) != ncclSuccess) break;
@@ -228,6 +242,11 @@ static int comm_ensure(bcast_gpu *g, const bcast_plan *p, uint32_t rank, bcast_e
                          "NCCL communicator init: rank %u waited %.1f s for the other %u rank(s) "
                          "of the plan's world (%u) to join; aborted",
                          rank, bcast__now() - t0, p->world_size - 1, p->world_size);
+    }
+    if (gpu_cancelled(g)) {
+      comm_drop(g, 1);
+      return bcast__fail(err, BCAST_ECANCELED, "NCCL communicator init (rank %u of %u): cancelled "
+                         "after %.1f s; aborted", rank, p->world_size, bcast__now() - t0);
     }
     sleep_us(200);
     if (ncclCommGetAsyncError(g->comm, &r) != ncclSuccess) break;
@@ -433,6 +452,13 @@ static int wait_event(exec_ctx *x, cudaEvent_t e, const char *what, uint32_t buc
                          ncclGetErrorString(st), last && *last ? ": " : "", last ? last : "");
     }
 #endif
+    if (gpu_cancelled(x->g)) {
+#ifdef RLORCH_HAVE_NCCL
+      comm_drop(x->g, 1);
+#endif
+      return bcast__fail(err, BCAST_ECANCELED, "bucket %u: %s: cancelled on rank %u; communicator "
+                         "aborted", bucket, what, x->rank);
+    }
     if (bcast__now() > x->deadline_s) {
 #ifdef RLORCH_HAVE_NCCL
       comm_drop(x->g, 1);
@@ -778,7 +804,7 @@ static int prepare(exec_ctx *x, const bcast_tensor *local, size_t n, bcast_err *
 }
 
 int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank, const bcast_tensor *local,
-                       size_t n, bcast_stats *stats, bcast_err *err) {
+                       size_t n, int cancel_fd, bcast_stats *stats, bcast_err *err) {
   if (!g || !p || (!local && n))
     return bcast__fail(err, BCAST_EINVAL, "gpu execute: NULL argument");
   if (p->mode != BCAST_MODE_DIRECT && p->mode != BCAST_MODE_STAGED)
@@ -793,6 +819,7 @@ int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank, const b
   if (ce != cudaSuccess)
     return CUDA_FAIL(err, ce, "cudaSetDevice(%d): %s", g->device, cudaGetErrorString(ce));
   exec_ctx x = {.g = g, .p = p, .rank = rank};
+  g->cancel_fd = cancel_fd;
   x.deadline_s = deadline_from(g->timeout_s, p->deadline_unix_ms);
   x.loc = calloc(p->ntensors ? p->ntensors : 1, sizeof *x.loc);
   x.access = calloc(p->ntensors ? p->ntensors : 1, 1);
@@ -833,6 +860,7 @@ out:
   cudaStreamSynchronize(g->s_cast);
   cudaStreamSynchronize(g->s_comm);
   (void)cudaGetLastError();
+  g->cancel_fd = -1;
   free(x.loc);
   free(x.access);
   return rc;

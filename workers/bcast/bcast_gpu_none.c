@@ -27,7 +27,8 @@ int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err) {
 }
 
 int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank, const bcast_tensor *local,
-                       size_t n, bcast_stats *stats, bcast_err *err) {
+                       size_t n, int cancel_fd, bcast_stats *stats, bcast_err *err) {
+  (void)cancel_fd;
   (void)g;
   (void)p;
   (void)rank;

@@ -25,6 +25,7 @@ struct bcast_gpu {
   uint32_t rank;
   uint32_t nslots;
   double timeout_s;
+  int cancel_fd; /* during an execution: readable once the orchestrator aborted it; else -1 */
   cudaStream_t s_copy, s_cast, s_comm;
   void **wire;   /* nslots device buffers of wire_cap bytes */
   void **raw;    /* nslots device buffers of raw_cap bytes (sender staging) */

@@ -143,9 +143,12 @@ void bcast__host_id(char *out, size_t len);
 int bcast__gpu_open(const bcast_engine_opts *o, bcast_gpu **out, bcast_err *err);
 void bcast__gpu_close(bcast_gpu *g);
 int bcast__gpu_nccl_id(bcast_gpu *g, uint8_t id[128], bcast_err *err);
-/* Direct and staged modes; `rank` is the engine's rank. */
+/* Direct and staged modes; `rank` is the engine's rank. Every wait also ends
+ * when cancel_fd (-1: none) turns readable: the communicator is then aborted
+ * at once (BCAST_ECANCELED), not at the plan's deadline. */
 int bcast__gpu_execute(bcast_gpu *g, const bcast_plan *p, uint32_t rank,
-                       const bcast_tensor *local, size_t n, bcast_stats *stats, bcast_err *err);
+                       const bcast_tensor *local, size_t n, int cancel_fd, bcast_stats *stats,
+                       bcast_err *err);
 
 /* Colocated mode (bcast_coloc.c): the receivers' exports and the sender's
  * mappings of them, owned by one engine and freed before its GPU backend. */
