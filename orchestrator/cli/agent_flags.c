@@ -74,6 +74,14 @@ static const opt_field agent__trainer_fields[] = {
      .off = AF(opts.bf16_shadow, int), .names = agent__on_off, .metavar = "S",
      .help = "with --offload params+optimizer: send a bf16 copy the CPU optimizer writes in "
              "its update pass"},
+    {.name = "checkpoint_dir", .flag = "--checkpoint-dir", .type = OPT_PATH,
+     .off = AF(opts.checkpoint_dir, char *), .metavar = "DIR",
+     .help = "keep the trainer's own checkpoint (weights, optimizer state, version) here and "
+             "resume from it at start", .dflt = "none"},
+    {.name = "checkpoint_every", .flag = "--checkpoint-every", .type = OPT_U32,
+     .off = AF(opts.checkpoint_every, uint32_t), .min = 1, .max = 1000000, .metavar = "N",
+     .help = "write the checkpoint after every N-th optimizer step (1: the run resumes without "
+             "losing a step)"},
     {.name = "seed", .flag = "--seed", .type = OPT_U64, .off = AF(opts.seed, uint64_t),
      .metavar = "N", .help = "seed of the initial weights"},
     AGENT__TAIL,

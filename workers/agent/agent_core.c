@@ -88,6 +88,19 @@ void agent_hold_registration(agent *a, int hold) {
   pthread_mutex_unlock(&a->mu);
 }
 
+void agent_held_run(agent *a, char *run, size_t len) {
+  pthread_mutex_lock(&a->mu);
+  snprintf(run, len, "%s", a->run_id);
+  pthread_mutex_unlock(&a->mu);
+}
+
+void agent_set_holds(agent *a, const char *run, uint64_t v) {
+  pthread_mutex_lock(&a->mu);
+  snprintf(a->run_id, sizeof a->run_id, "%s", run ? run : "");
+  atomic_store(&a->policy_version, v);
+  pthread_mutex_unlock(&a->mu);
+}
+
 /* The run and the version of it held, read together (mu held by the caller). */
 static uint64_t agent__holds(agent *a, char *run, size_t len) {
   snprintf(run, len, "%s", a->run_id);

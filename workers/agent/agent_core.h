@@ -81,6 +81,11 @@ int agent_stopping(const agent *a);
  * are that run's starting point). */
 uint64_t agent_policy_version(const agent *a);
 void agent_set_policy_version(agent *a, uint64_t v);
+/* The run whose version the worker holds ("" before any command), and both
+ * set at once: a trainer restored from its checkpoint says so before
+ * agent_run, so its Register names what it holds. */
+void agent_held_run(agent *a, char *run, size_t len);
+void agent_set_holds(agent *a, const char *run, uint64_t v);
 /* While held, the agent does not register (again): a trainer holds it while
  * its optimizer step changes the version it holds, so that what it says at
  * registration is what it holds. */

@@ -22,6 +22,7 @@ void agent_opts_defaults(agent_role role, agent_opts *o) {
   o->device = -1;
   o->seed = 1;
   o->bf16_shadow = 1;
+  o->checkpoint_every = 1;
   agent_rollout_cfg_defaults(&o->rollout);
   o->concurrency = 8; /* the orchestrator's default max_requests_per_worker */
 }

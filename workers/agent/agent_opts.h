@@ -39,6 +39,10 @@ typedef struct agent_opts {
    * while sending: half the bytes to stage, the same bytes on the wire. The
    * fp32 master then stays in pageable memory. 0: send the fp32 master. */
   int bf16_shadow;
+  /* Trainer: a directory for its own checkpoint (agent_ckpt.h), written after
+   * every checkpoint_every-th optimizer step and read at start; NULL: none. */
+  const char *checkpoint_dir;
+  uint32_t checkpoint_every; /* >= 1; default 1 */
   uint64_t seed;            /* initial weights / rollout rng */
   int seed_set;
   agent_rollout_cfg rollout;

@@ -5,14 +5,23 @@
  * shadow on, the tensors the manifest describes, the engine sends and the
  * checksum covers are the shadow: bf16 storage (pinned when a GPU is used)
  * that the AdamW step writes as it updates each weight. The fp32 master and
- * the optimizer state are the optimizer's alone and stay in pageable memory. */
+ * the optimizer state are the optimizer's alone and stay in pageable memory.
+ *
+ * With --checkpoint-dir the trainer writes its checkpoint (agent_ckpt.h)
+ * after every --checkpoint-every-th step, before it reports the step, and
+ * starts from it when it finds one: the version it then registers with is
+ * the checkpoint's, so a resumed run carries on as after an orchestrator
+ * restart (docs/RELIABILITY.md says what each case gives). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "workers/agent/agent_log.h"
 #include "workers/agent/agent.h"
 #include "workers/agent/agent_adamw.h"
+#include "workers/agent/agent_ckpt.h"
 #include "workers/agent/agent_core.h"
 #include "workers/agent/agent_pb.h"
 #include "workers/agent/agent_weights.h"
@@ -42,6 +51,7 @@ typedef struct agent__trainer {
   agent_adamw_hparams hp;
   uint64_t checksum;
   agent_xfer xfer;
+  agent_ckpt ckpt; /* with --checkpoint-dir: what it reads and writes */
   Rlorch__V1__WeightManifest *manifest;
   Rlorch__V1__Capabilities caps_pb;
   Rlorch__V1__RegisterRequest reg;
@@ -178,6 +188,52 @@ static int trainer__done(void *ud, const bcast_plan *p, int ok, uint64_t *checks
   return 0;
 }
 
+/* With --checkpoint-dir: the checkpoint there, if any, replaces the seeded
+ * weights and the zero optimizer state (the shadow and the checksum are
+ * derived afterwards, as for fresh weights). */
+static int trainer__restore(agent__trainer *tr, char *err, size_t errlen) {
+  if (!tr->o.checkpoint_dir) return 0;
+  if (mkdir(tr->o.checkpoint_dir, 0700) != 0 && errno != EEXIST) {
+    snprintf(err, errlen, "--checkpoint-dir %s: %s", tr->o.checkpoint_dir, strerror(errno));
+    return -1;
+  }
+  tr->ckpt = (agent_ckpt){.preset = tr->o.preset, .layers = tr->o.max_layers, .t = tr->t, .n = tr->n,
+                          .m = tr->m, .v = tr->v, .state_on_gpu = tr->opt_gpu, .total = tr->total};
+  double t0 = agent_now();
+  int rc = agent_ckpt_load(tr->o.checkpoint_dir, &tr->ckpt, err, errlen);
+  if (rc < 0) return -1;
+  if (rc > 0) {
+    agent_log_info("checkpoint_none", "dir=%s msg=\"no checkpoint yet: starting from the seeded "
+                   "weights\"", tr->o.checkpoint_dir);
+    return 0;
+  }
+  tr->steps = tr->ckpt.steps;
+  agent_log_info("checkpoint_restored", "dir=%s run=%s policy_version=%llu optimizer_steps=%llu "
+                 "seconds=%.3f", tr->o.checkpoint_dir, tr->ckpt.run_id[0] ? tr->ckpt.run_id : "none",
+                 (unsigned long long)tr->ckpt.policy_version, (unsigned long long)tr->ckpt.steps,
+                 agent_now() - t0);
+  return 0;
+}
+
+/* After step `version - 1` of the run: the checkpoint, when one is due. A
+ * failure is fatal: a trainer that said it keeps checkpoints and cannot would
+ * otherwise lose the run at its next restart without anyone knowing. */
+static int trainer__checkpoint(agent__trainer *tr, agent *a, uint64_t version) {
+  if (!tr->o.checkpoint_dir || tr->steps % tr->o.checkpoint_every != 0) return 0;
+  tr->ckpt.steps = tr->steps;
+  tr->ckpt.policy_version = version;
+  agent_held_run(a, tr->ckpt.run_id, sizeof tr->ckpt.run_id);
+  char err[512];
+  double t0 = agent_now();
+  if (agent_ckpt_save(tr->o.checkpoint_dir, &tr->ckpt, err, sizeof err)) {
+    agent_log_error("fatal", "reason=\"%s\"", err);
+    return -1;
+  }
+  agent_log_info("checkpoint_saved", "policy_version=%llu optimizer_steps=%llu seconds=%.3f",
+                 (unsigned long long)version, (unsigned long long)tr->steps, agent_now() - t0);
+  return 0;
+}
+
 static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
   bcast_preset_opts po = {.storage_dtype = BCAST_DTYPE_FP32, .wire_dtype = BCAST_DTYPE_BF16,
                           .residency = tr->residency, .device = tr->device,
@@ -194,6 +250,7 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
   }
   if (trainer__alloc_shadow(tr, err, errlen)) return -1;
   if (trainer__alloc_optimizer(tr, err, errlen)) return -1;
+  if (trainer__restore(tr, err, errlen)) return -1;
   if (tr->shadow && agent_adamw_shadow_cpu(tr->spans, tr->n, tr->o.threads) != 0)
     agent_log_warn("adamw_threads", "msg=\"could not start every thread; the shadow was "
                    "written on fewer\"");
@@ -369,6 +426,10 @@ static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainS
                be.msg[0] ? be.msg : "no NCCL or no GPU here");
     }
   }
+  if (trainer__checkpoint(tr, a, ts->step + 1)) {
+    agent_hold_registration(a, 0);
+    return -1;
+  }
   agent_set_policy_version(a, ts->step + 1);
   agent_hold_registration(a, 0);
   agent_log_info("step_done", "step=%llu train_s=%.4f checksum_s=%.4f optimizer=%s checksum=%016llx",
@@ -435,6 +496,7 @@ int agent_trainer_run(const agent_opts *o) {
     goto out;
   }
   agent_set_abort_fn(a, agent_xfer_abort_hook, &tr.xfer);
+  if (tr.ckpt.policy_version || tr.ckpt.run_id[0]) agent_set_holds(a, tr.ckpt.run_id, tr.ckpt.policy_version);
   status = agent_run(a);
 out:
   agent_free(a);
