@@ -580,6 +580,7 @@ fi
 # ---- container images ---------------------------------------------------------------
 # Docker is not needed: each Dockerfile is read as Docker would read it and
 # checked against the tree, the Makefile and Debian 12's archive.
+#  - every RUN parses as a shell command line;
 #  - every COPY source exists and the Dockerfile's .dockerignore keeps it;
 #    every --from names an earlier stage;
 #  - every ARG a FROM uses has a default before the first FROM, and every ARG
@@ -665,6 +666,12 @@ for name, cuda in (("Dockerfile", False), ("Dockerfile.cuda", True)):
         for r in st["run"]:
             for a in set(re.findall(r"\$\{([A-Z_]+)\}", r)) & set(pre_args):
                 say(a in st["args"], f"{name}: {st['name'] or 'runtime'} stage: ARG {a} is declared in the stage that uses it")
+
+    # Every RUN is a command line /bin/sh can parse.
+    for st in stages:
+        for r in st["run"]:
+            chk = subprocess.run(["sh", "-n", "-c", r], capture_output=True, text=True)
+            say(chk.returncode == 0, f"{name}: RUN {' '.join(r.split())[:40]}...: sh parses it" + (f" ({chk.stderr.strip()})" if chk.returncode else ""))
 
     # COPY sources exist in the context and are not ignored.
     names = [s["name"] for s in stages if s["name"]]
