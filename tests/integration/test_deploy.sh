@@ -530,6 +530,10 @@ def check(docs, what):
     return by_kind, services
 
 default = load(default_path, "default")
+for d in default:
+    if d["kind"] == "Deployment" and d["metadata"]["name"] == "rlorch":
+        say(d["spec"]["replicas"] == 1 and d["spec"]["strategy"]["type"] == "Recreate",
+            "default: one rlorch serve replica, Recreate (one SQLite writer)")
 overlay = load(overlay_path, "prometheus-operator")
 kinds, _ = check(default, "default")
 say("Secret" not in kinds, "default: no Secret is applied (no known token ships)")
