@@ -2,8 +2,10 @@
 # The deployment files are valid and agree with the program: Prometheus rules
 # (syntax and alert unit tests), the example configuration (accepted by
 # `rlorch serve --print-config`), the dashboard (only metrics the daemon
-# exports), the systemd units, the Kubernetes manifests and the image's
-# runtime packages.
+# exports), the systemd units against the agents' observed exit statuses, the
+# agents' Kubernetes probe against a real daemon and agent, the Kubernetes
+# manifests as `kubectl kustomize` renders them, and both Dockerfiles, read
+# without Docker against the tree, the Makefile and Debian 12's archive.
 source "$(dirname "$0")/lib.sh"
 
 DEPLOY="$RLORCH_SOURCE_DIR/deploy"
@@ -290,7 +292,7 @@ chmod 600 "$TEST_TMP/agent-token"
 printf 'a-wrong-token\n' >"$TEST_TMP/wrong-token"
 declare -A agent_exit=()
 
-env -u RLORCH_ORCHESTRATOR "$RLORCH_BIN" inference >"$TEST_TMP/noaddr.log" 2>&1
+env -u RLORCH_ORCHESTRATOR timeout 30 "$RLORCH_BIN" inference >"$TEST_TMP/noaddr.log" 2>&1
 agent_exit[config]=$?
 assert_contains "$(cat "$TEST_TMP/noaddr.log")" "RLORCH_ORCHESTRATOR" "an agent without an orchestrator address says which setting is missing"
 PROBE_OUT="$(RLORCH_NAME= sh "$DEPLOY/agent-probe.sh" ready 2>&1)"
@@ -309,7 +311,7 @@ if serve_start --token-file "$TEST_TMP/agent-token"; then
   assert_eq 1 $? "probe alive: 1 while the orchestrator answers and lists no such worker"
 
   RLORCH_ORCHESTRATOR="$GRPC_ADDR" RLORCH_TOKEN_FILE="$TEST_TMP/wrong-token" \
-    "$RLORCH_BIN" inference --name "$name-refused" >"$TEST_TMP/refused.log" 2>&1
+    timeout 30 "$RLORCH_BIN" inference --name "$name-refused" >"$TEST_TMP/refused.log" 2>&1
   agent_exit[refused]=$?
 
   RLORCH_ORCHESTRATOR="$GRPC_ADDR" RLORCH_TOKEN_FILE="$TEST_TMP/agent-token" \
@@ -352,8 +354,14 @@ if serve_start --token-file "$TEST_TMP/agent-token"; then
     assert_eq 0 $? "after an orchestrator restart the agent is registered again by itself" || echo "$PROBE_OUT"
   fi
   kill -TERM "$agent_pid"
-  wait "$agent_pid"
-  agent_exit[sigterm]=$?
+  # Ended: gone, or a zombie waiting for the wait below.
+  ended="[ ! -e /proc/$agent_pid ] || grep -q '^State:.*Z' /proc/$agent_pid/status"
+  if ! wait_until 15 sh -c "$ended"; then
+    fail "the agent exits within 15 s of SIGTERM"
+  else
+    wait "$agent_pid"
+    agent_exit[sigterm]=$?
+  fi
   serve_stop
 fi
 unset RLORCH_HEARTBEAT_INTERVAL_MS RLORCH_WORKER_TIMEOUT_MS
