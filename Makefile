@@ -12,18 +12,26 @@ CMAKE_ARGS  ?=
 # Warnings as errors: off for a developer's `make build`, on in `make test`.
 WERROR      ?= OFF
 
-DEB_PKGS := build-essential cmake ninja-build pkg-config git ca-certificates \
+# What building rlorch needs (`make deps-build`; the container images' build
+# stages install these and nothing else of this list).
+DEB_BUILD_PKGS := build-essential cmake ninja-build pkg-config \
             libuv1-dev libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
-            libcriterion-dev libyaml-dev libhttp-parser-dev libsqlite3-dev \
-            libxxhash-dev libssl-dev libjansson-dev sqlite3 prometheus curl python3 clang-14 clang-tidy-14
+            libyaml-dev libhttp-parser-dev libsqlite3-dev libxxhash-dev libssl-dev libjansson-dev
+# Everything `make test` needs: the above, the test tools and the checkers;
+# PyYAML and kubectl (`kubectl kustomize`) for the deployment checks.
+DEB_PKGS := $(DEB_BUILD_PKGS) git ca-certificates libcriterion-dev sqlite3 prometheus curl python3 \
+            python3-yaml clang-14 clang-tidy-14
 
-.PHONY: all deps build run test test-unit test-asan test-clang test-fuzz test-gpu bench clean node-deps
+.PHONY: all deps deps-build build run test test-unit test-asan test-clang test-fuzz test-gpu bench clean node-deps
 
 all: build
 
-deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	if ! command -v npm >/dev/null 2>&1; then missing="$$missing nodejs npm"; fi; \
+# $(call deps_install,PACKAGES,EXTRA): installs the Debian packages of the list
+# that are missing, and EXTRA (shell words appended to $$missing) as root;
+# otherwise names them and fails.
+define deps_install
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	$(2) \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
@@ -32,6 +40,17 @@ deps:
 	    echo "missing Debian packages:$$missing (run as root to install them)"; exit 1; \
 	  fi; \
 	fi
+endef
+
+# npm and kubectl may come from elsewhere than Debian: any on PATH will do
+# (a kubectl that is not Debian's would clash with kubernetes-client's).
+deps:
+	$(call deps_install,$(DEB_PKGS),\
+	  if ! command -v npm >/dev/null 2>&1; then missing="$$missing nodejs npm"; fi; \
+	  if ! command -v kubectl >/dev/null 2>&1; then missing="$$missing kubernetes-client"; fi;)
+
+deps-build:
+	$(call deps_install,$(DEB_BUILD_PKGS),)
 
 $(BUILD)/build.ninja:
 	cmake -S . -B $(BUILD) -G Ninja -DRLORCH_WERROR=$(WERROR) $(CMAKE_ARGS)
