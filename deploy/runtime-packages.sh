@@ -7,6 +7,10 @@
 # (deploy/Dockerfile, deploy/Dockerfile.cuda). The CUDA driver (libcuda.so.1)
 # is not among them: the CUDA runtime loads it at run time, from the host.
 # Exit 1, naming the library, when one is not found or no package holds it.
+# UNPACKAGED, when set, is a path prefix whose libraries come from outside the
+# package manager on purpose (a CUDA toolkit unpacked under /usr/local/cuda on
+# a build machine, whose image gets them from its base): they are named on
+# stderr and not counted.
 set -eu
 if [ $# -ne 1 ]; then
   echo "usage: runtime-packages.sh BINARY" >&2
@@ -36,6 +40,8 @@ pkgs=""
 for path in $(printf '%s\n' "$libs" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'); do
   if pkg=$(owner "$path"); then
     pkgs="$pkgs $pkg"
+  elif [ -n "${UNPACKAGED:-}" ] && [ "${path#"$UNPACKAGED"}" != "$path" ]; then
+    echo "runtime-packages.sh: $1: $path is outside the package manager (UNPACKAGED=$UNPACKAGED)" >&2
   else
     echo "runtime-packages.sh: $1: $path belongs to no package" >&2
     status=1
