@@ -8,6 +8,10 @@
 #                  begins, for STOP_S (8 s): declared lost within the worker
 #                  timeout (4 s), the step re-planned without it, the run
 #                  succeeds; resumed, it registers again and is caught up.
+#   kill-sender    the trainer (100m, 2 layers, --checkpoint-dir) is killed as
+#                  its third broadcast begins: the receivers' broadcast ends in
+#                  a named error or a cancel, the trainer is declared lost,
+#                  and started again on its checkpoint the run resumes.
 #   double-buffer  the same run with both inference agents on two buffer
 #                  sets (--double-buffer on): every step colocated, verified.
 # Prints one row per scenario: detected in (s), recovered, steps lost, steps
@@ -61,9 +65,15 @@ scenario() {
     "$R" ctl --target "$addr" list-workers >/dev/null 2>&1 && break
     sleep 0.1
   done
-  "$R" trainer --orchestrator "$addr" --name trainer-0 --device "$DEVICE" --preset "$PRESET" --layers "$LAYERS" \
-    --offload params >"$dir/trainer.log" 2>&1 &
-  pids+=($!)
+  local preset=$PRESET layers=$LAYERS tflags=()
+  if [ "$name" = kill-sender ]; then
+    # Its checkpoint is written every step: a small model keeps that short.
+    preset=100m layers=2 tflags=(--checkpoint-dir "$dir/ckpt")
+  fi
+  "$R" trainer --orchestrator "$addr" --name trainer-0 --device "$DEVICE" --preset "$preset" --layers "$layers" \
+    --offload params "${tflags[@]}" >"$dir/trainer.log" 2>&1 &
+  local trainer=$!
+  pids+=($trainer)
   local inf=()
   for i in 0 1; do
     "$R" inference --orchestrator "$addr" --name "inference-$i" --device "$DEVICE" "$@" \
@@ -79,13 +89,36 @@ sys.exit(0 if sum(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for 
     sleep 0.2
   done
   local run
-  run=$("$R" ctl --target "$addr" --json start-run --name "$name" --preset "$PRESET" \
+  run=$("$R" ctl --target "$addr" --json start-run --name "$name" --preset "$preset" \
     --steps "$STEPS" --rollouts-per-step 2 | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
   local killed_at=0 sig=
   case $name in
     kill-receiver) sig=KILL ;;
     stop-receiver) sig=STOP ;;
   esac
+  if [ "$name" = kill-sender ]; then
+    # The trainer dies as its third colocated broadcast begins, writing into
+    # both receivers; started again on its checkpoint, the run resumes.
+    killed_at=$(timeout 120 python3 - "$dir/trainer.log" "$trainer" <<'PY'
+import os, signal, sys, time
+log, pid = sys.argv[1], int(sys.argv[2])
+seen = 0
+with open(log) as f:
+    while seen < 3:
+        line = f.readline()
+        if not line:
+            time.sleep(0.0005)
+            continue
+        seen += "event=broadcast_start" in line
+os.kill(pid, signal.SIGKILL)
+print(f"{time.time():.3f}", flush=True)
+PY
+)
+    sleep 1
+    "$R" trainer --orchestrator "$addr" --name trainer-0 --device "$DEVICE" --preset "$preset" --layers "$layers" \
+      --offload params "${tflags[@]}" >"$dir/trainer.2.log" 2>&1 &
+    pids+=($!)
+  fi
   if [ -n "$sig" ]; then
     # The third broadcast to inference-1: its plan acked, the trainer about to
     # write into it. A stopped one is resumed after STOP_S.
@@ -110,7 +143,7 @@ PY
   fi
   timeout 300 "$R" ctl --target "$addr" watch-run "$run" >/dev/null 2>&1
   "$R" ctl --target "$addr" --json get-run "$run" >"$dir/run.json"
-  WANT_MODE=$WANT_MODE python3 - "$name" "$dir/serve.log" "$dir/run.json" "$run" "$STEPS" "${killed_at:-0}" <<'PY' >>"$OUT/coloc_faults.rows"
+  WANT_MODE=$WANT_MODE RX_LOG="$dir/inference.0.log" python3 - "$name" "$dir/serve.log" "$dir/run.json" "$run" "$STEPS" "${killed_at:-0}" <<'PY' >>"$OUT/coloc_faults.rows"
 import datetime, json, os, re, sys
 name, log, runf, run, steps, killed = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), float(sys.argv[6] or 0)
 def ts(line):
@@ -119,8 +152,9 @@ def ts(line):
         tzinfo=datetime.timezone.utc).timestamp()
 state = json.load(open(runf)).get("state", "?")
 lost, recs, modes, verified = None, [], set(), True
+victim = "trainer-0" if name == "kill-sender" else "inference-1"
 for line in open(log):
-    if lost is None and "event=worker_lost" in line and "name=inference-1" in line:
+    if lost is None and "event=worker_lost" in line and f"name={victim}" in line:
         lost = ts(line)
     if "event=step " in line and f"run={run} " in line:
         m = re.search(r" step=(\d+) ", line)
@@ -128,12 +162,19 @@ for line in open(log):
         modes.add(re.search(r" mode=(\S+)", line).group(1))
         verified &= " verified=1" in line
 detect = f"{lost - killed:.2f}" if killed and lost else ("-" if not killed else "never")
+rx_err = "-"
+if name == "kill-sender":
+    # The surviving receiver's broadcast ends in a named error or a cancel.
+    for line in open(os.environ["RX_LOG"]):
+        if ("event=broadcast_failed" in line or "event=broadcast_cancelled" in line) and ts(line) >= killed:
+            rx_err = f"{ts(line) - killed:.2f} s ({'cancelled' if 'cancelled' in line else 'failed'})"
+            break
 catchup = sum("event=plan_built" in l and "-catchup" in l and f"run={run} " in l for l in open(log))
 lost_steps = len(set(range(steps)) - set(recs))
 dup = len(recs) - len(set(recs))
 ok = state == "RUN_STATE_SUCCEEDED" and lost_steps == 0 and dup == 0 and verified and modes == {os.environ["WANT_MODE"]}
 if killed and not lost: ok = False
-print(f"| {name} | {detect} | {'yes' if ok else 'no'} | {lost_steps} | {dup} | {state}, modes {'/'.join(sorted(modes))}, verified {verified}, catch-ups {catchup} | {'ok' if ok else 'FAIL'} |")
+print(f"| {name} | {detect} | {'yes' if ok else 'no'} | {lost_steps} | {dup} | {state}, modes {'/'.join(sorted(modes))}, verified {verified}, catch-ups {catchup}, receiver ended {rx_err} | {'ok' if ok else 'FAIL'} |")
 PY
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
@@ -144,6 +185,7 @@ PY
 : >"$OUT/coloc_faults.rows"
 scenario kill-receiver
 scenario stop-receiver
+scenario kill-sender
 scenario double-buffer --double-buffer on
 {
   echo "| scenario | detected in (s) | recovered | steps lost | steps duplicated | observed | result |"
