@@ -48,6 +48,28 @@ cleanup() {
 trap cleanup EXIT
 rows=() failed=0
 
+# signal_at LOG PID SIG: sends SIG to PID as LOG shows its third
+# broadcast_start (SIGSTOP: SIGCONT after STOP_S); prints the Unix time.
+signal_at() {
+  timeout 120 python3 - "$1" "$2" "$3" "$STOP_S" <<'PY'
+import os, signal, sys, time
+log, pid, sig, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+seen = 0
+with open(log) as f:
+    while seen < 3:
+        line = f.readline()
+        if not line:
+            time.sleep(0.0005)
+            continue
+        seen += "event=broadcast_start" in line
+os.kill(pid, getattr(signal, "SIG" + sig))
+print(f"{time.time():.3f}", flush=True)
+if sig == "STOP":
+    time.sleep(hold)
+    os.kill(pid, signal.SIGCONT)
+PY
+}
+
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # scenario NAME INFERENCE_FLAGS... : one daemon, its agents and one run.
@@ -99,47 +121,15 @@ sys.exit(0 if sum(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for 
   if [ "$name" = kill-sender ]; then
     # The trainer dies as its third colocated broadcast begins, writing into
     # both receivers; started again on its checkpoint, the run resumes.
-    killed_at=$(timeout 120 python3 - "$dir/trainer.log" "$trainer" <<'PY'
-import os, signal, sys, time
-log, pid = sys.argv[1], int(sys.argv[2])
-seen = 0
-with open(log) as f:
-    while seen < 3:
-        line = f.readline()
-        if not line:
-            time.sleep(0.0005)
-            continue
-        seen += "event=broadcast_start" in line
-os.kill(pid, signal.SIGKILL)
-print(f"{time.time():.3f}", flush=True)
-PY
-)
+    killed_at=$(signal_at "$dir/trainer.log" "$trainer" KILL)
     sleep 1
     "$R" trainer --orchestrator "$addr" --name trainer-0 --device "$DEVICE" --preset "$preset" --layers "$layers" \
       --offload params "${tflags[@]}" >"$dir/trainer.2.log" 2>&1 &
     pids+=($!)
-  fi
-  if [ -n "$sig" ]; then
+  elif [ -n "$sig" ]; then
     # The third broadcast to inference-1: its plan acked, the trainer about to
     # write into it. A stopped one is resumed after STOP_S.
-    killed_at=$(timeout 120 python3 - "$dir/inference.1.log" "${inf[1]}" "$sig" "$STOP_S" <<'PY'
-import os, signal, sys, time
-log, pid, sig, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-seen = 0
-with open(log) as f:
-    while seen < 3:
-        line = f.readline()
-        if not line:
-            time.sleep(0.0005)
-            continue
-        seen += "event=broadcast_start" in line
-os.kill(pid, getattr(signal, "SIG" + sig))
-print(f"{time.time():.3f}", flush=True)
-if sig == "STOP":
-    time.sleep(hold)
-    os.kill(pid, signal.SIGCONT)
-PY
-)
+    killed_at=$(signal_at "$dir/inference.1.log" "${inf[1]}" "$sig")
   fi
   timeout 300 "$R" ctl --target "$addr" watch-run "$run" >/dev/null 2>&1
   "$R" ctl --target "$addr" --json get-run "$run" >"$dir/run.json"
