@@ -35,6 +35,13 @@ typedef enum { RPC_UNARY = 1, RPC_SERVER_STREAM = 2 } rpc_kind;
 /* `req` is freed when the handler returns: copy what outlives it. */
 typedef void (*rpc_handler)(rpc_call *call, const ProtobufCMessage *req, void *ud);
 
+/* Looks at a request's bytes before they are decoded (with the method's ud),
+ * so that a message too costly to decode is refused for the price of reading
+ * it once: GRPC_STATUS_OK, or the status to answer with a message in err.
+ * Bytes it cannot make sense of are for the decoder to refuse: return OK. */
+typedef grpc_status_code (*rpc_precheck)(const uint8_t *data, size_t len, void *ud, char *err,
+                                         size_t errlen);
+
 typedef struct rpc_method {
   const char *name; /* full method name: "/rlorch.v1.Control/StartRun" */
   rpc_kind kind;
@@ -43,7 +50,16 @@ typedef struct rpc_method {
   int requires_auth; /* checked against the server's token when one is set */
   rpc_handler handler;
   void *ud;
+  rpc_precheck precheck; /* NULL: none */
 } rpc_method;
+
+/* Counts, in the encoded message `data`, the fields numbered path[depth - 1]
+ * of the sub-messages reached by the field numbers path[0..depth - 2] (every
+ * occurrence: a repeated field's entries, a sub-message sent in pieces).
+ * Reads the bytes once and allocates nothing. Returns 0, or -1 when the bytes
+ * are not a well-formed encoding along that path. */
+int rpc_wire_count(const uint8_t *data, size_t len, const uint32_t *path, size_t depth,
+                   uint64_t *count);
 
 typedef struct rpc_server_opts {
   const char *listen;          /* "127.0.0.1:0", "[::]:7070" */

@@ -196,7 +196,7 @@ Test(bcast_manifest, totals_and_counts) {
   accepted(t, 3, &lim);
   lim.max_manifest_bytes = 1199;
   refused(t, 3, &lim,
-          "manifest: the tensors' sizes summed pass the limit of 1199 bytes (max_manifest_bytes) at "
+          "the tensors' sizes summed pass the limit of 1199 bytes (max_manifest_bytes) at "
           "tensor #2 'c'");
   /* Without a total limit any sum of allowed sizes passes; with one, it is the sum that counts. */
   bcast_tensor big[5];
@@ -210,10 +210,10 @@ Test(bcast_manifest, totals_and_counts) {
   accepted(big, 5, &none);
   lim = (bcast_manifest_limits){.max_manifest_bytes = 4ull << 50};
   refused(big, 5, &lim,
-          "manifest: the tensors' sizes summed pass the limit of 4503599627370496 bytes "
+          "the tensors' sizes summed pass the limit of 4503599627370496 bytes "
           "(max_manifest_bytes) at tensor #4 't4'");
   lim = (bcast_manifest_limits){.max_manifest_tensors = 2};
-  refused(t, 3, &lim, "manifest: 3 tensors is over the limit of 2 (max_manifest_tensors)");
+  refused(t, 3, &lim, "3 tensors is over the limit of 2 (max_manifest_tensors)");
   lim.max_manifest_tensors = 3;
   accepted(t, 3, &lim);
 }
@@ -258,7 +258,7 @@ Test(bcast_manifest, plans_follow_the_same_rules) {
   bcast_manifest_limits lim = {.max_manifest_tensors = 1};
   o.limits = &lim;
   cr_assert_eq(bcast_plan_build(t, 2, &o, &p, &err), BCAST_EINVAL);
-  cr_assert_str_eq(err.msg, "manifest: 2 tensors is over the limit of 1 (max_manifest_tensors)");
+  cr_assert_str_eq(err.msg, "2 tensors is over the limit of 1 (max_manifest_tensors)");
   o.limits = NULL;
   cr_assert_eq(bcast_plan_build(t, 2, &o, &p, &err), BCAST_OK, "%s", err.msg);
   /* A plan whose tensors break a rule does not validate. */

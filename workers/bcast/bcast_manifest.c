@@ -155,11 +155,11 @@ static int check_all(const void *src, size_t n, view_fn view, const bcast_manife
   bcast_manifest_limits lim = limits_of(limits);
   /* First, before anything is allocated for it. */
   if (n > lim.max_manifest_tensors)
-    return bcast__fail(err, BCAST_EINVAL, "manifest: %zu tensors is over the limit of %llu (max_manifest_tensors)",
+    return bcast__fail(err, BCAST_EINVAL, "%zu tensors is over the limit of %llu (max_manifest_tensors)",
                        n, (unsigned long long)lim.max_manifest_tensors);
   name_set names;
   if (name_set_init(&names, n))
-    return bcast__fail(err, BCAST_ENOMEM, "manifest: out of memory checking %zu tensor names", n);
+    return bcast__fail(err, BCAST_ENOMEM, "out of memory checking %zu tensor names", n);
   int rc = BCAST_OK;
   uint64_t total = 0;
   for (size_t i = 0; i < n && !rc; i++) {
@@ -172,7 +172,7 @@ static int check_all(const void *src, size_t n, view_fn view, const bcast_manife
       rc = bcast__fail(err, BCAST_EINVAL, "tensors #%zu and #%zu: duplicate name '%s'", first, i, v.name);
     else if (__builtin_add_overflow(total, bytes, &total) || total > lim.max_manifest_bytes)
       rc = bcast__fail(err, BCAST_EINVAL,
-                       "manifest: the tensors' sizes summed pass the limit of %llu bytes "
+                       "the tensors' sizes summed pass the limit of %llu bytes "
                        "(max_manifest_bytes) at tensor #%zu '%s'",
                        (unsigned long long)lim.max_manifest_bytes, i, v.name);
   }
@@ -182,13 +182,13 @@ static int check_all(const void *src, size_t n, view_fn view, const bcast_manife
 
 int bcast_manifest_check(const bcast_tensor *t, size_t n, const bcast_manifest_limits *lim,
                          bcast_err *err) {
-  if (n && !t) return bcast__fail(err, BCAST_EINVAL, "manifest: NULL tensor array");
+  if (n && !t) return bcast__fail(err, BCAST_EINVAL, "NULL tensor array");
   return check_all(t, n, view_struct, lim, err);
 }
 
 int bcast__specs_check(Rlorch__V1__TensorSpec *const *specs, size_t n,
                        const bcast_manifest_limits *lim, bcast_err *err) {
-  if (n && !specs) return bcast__fail(err, BCAST_EINVAL, "manifest: NULL tensor array");
+  if (n && !specs) return bcast__fail(err, BCAST_EINVAL, "NULL tensor array");
   return check_all(specs, n, view_pb, lim, err);
 }
 
@@ -196,7 +196,7 @@ int bcast__specs_check(Rlorch__V1__TensorSpec *const *specs, size_t n,
 
 int bcast_manifest_check_pb(const Rlorch__V1__WeightManifest *m, const bcast_manifest_limits *lim,
                             bcast_err *err) {
-  if (!m) return bcast__fail(err, BCAST_EINVAL, "manifest: NULL");
+  if (!m) return bcast__fail(err, BCAST_EINVAL, "NULL manifest");
   if (m->preset && strlen(m->preset) >= BCAST_PRESET_MAX)
     return bcast__fail(err, BCAST_EINVAL, "preset: longer than %d bytes", BCAST_PRESET_MAX - 1);
   if (!protobuf_c_enum_descriptor_get_value(&rlorch__v1__offload__descriptor, m->offload))
