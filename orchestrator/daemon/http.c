@@ -2,7 +2,17 @@
  * uv_tcp_t + one uv_timer_t (the deadline) + an http_parser. Responses are
  * built whole and written with uv_write; libuv keeps them in order, which is
  * all pipelining needs. The deadline is armed at accept and re-armed only when
- * a request completes, so a client trickling bytes cannot keep it alive. */
+ * a request completes, so a client trickling bytes cannot keep it alive.
+ *
+ * Probes must get through a full server: at the connection cap, the
+ * connection that has waited longest for its next request is closed to make
+ * room (answered 408 when it holds part of one), provided it has waited at
+ * least HTTP__EVICT_AFTER_MS and nothing is still being written to it. The
+ * connections are kept in the order they started waiting (accept, or their
+ * last request), so the candidate is found from the tail. A client that
+ * holds connections open without finishing a request (slowloris) therefore
+ * delays a probe by nothing, and a flood of new connections cannot push out
+ * one that arrived less than HTTP__EVICT_AFTER_MS ago: they get 503. */
 #include <errno.h>
 #include <http_parser.h>
 #include <stdarg.h>
@@ -16,6 +26,11 @@
 #define HTTP__MAX_URL 2048
 #define HTTP__MAX_BODY 65536
 #define HTTP__MAX_WRITE_QUEUE (8u << 20) /* a client that never reads is dropped */
+/* Longer than a request takes to arrive after its connection on any network
+ * a probe comes from (a round trip), so a probe is never evicted before it
+ * could send its request; short against the request deadline, so a stalled
+ * connection makes room long before it times out. */
+#define HTTP__EVICT_AFTER_MS 250
 
 typedef struct http__conn {
   uv_tcp_t tcp;
@@ -27,6 +42,7 @@ typedef struct http__conn {
   size_t url_len;
   size_t header_bytes, body_bytes;
   uint64_t t0; /* uv_hrtime at the first byte of the request */
+  uint64_t wait_ms; /* uv_now when it began waiting for its next request */
   int handles; /* open handles; freed at 0 */
   int in_message;
   int oversized;  /* header limit hit: answer 431 */
@@ -37,7 +53,8 @@ struct http_server {
   uv_loop_t *loop;
   uv_tcp_t listener;
   http_server_opts o;
-  http__conn *conns;
+  http__conn *conns; /* most recently waiting first */
+  http__conn *tail;  /* waiting longest */
   size_t nconns;
   int port;
   int closing;
@@ -48,6 +65,26 @@ struct http_server {
 };
 
 static void http__conn_close(http__conn *c);
+
+static void http__unlink(http__conn *c) {
+  http_server *s = c->srv;
+  if (c->prev) c->prev->next = c->next;
+  else s->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  else s->tail = c->prev;
+  c->prev = c->next = NULL;
+}
+
+/* At the head: the connection that began waiting last. */
+static void http__push(http__conn *c) {
+  http_server *s = c->srv;
+  c->wait_ms = uv_now(s->loop);
+  c->prev = NULL;
+  c->next = s->conns;
+  if (s->conns) s->conns->prev = c;
+  else s->tail = c;
+  s->conns = c;
+}
 
 /* ---- responses -------------------------------------------------------------- */
 
@@ -211,6 +248,8 @@ static int http__on_complete(http_parser *p) {
     return 1;
   }
   uv_timer_again(&c->timer); /* next request gets a fresh deadline */
+  http__unlink(c);
+  http__push(c); /* and waits again from now */
   return 0;
 }
 
@@ -246,9 +285,7 @@ static void http__conn_close(http__conn *c) {
   if (c->closing) return;
   c->closing = 1;
   http_server *s = c->srv;
-  if (c->prev) c->prev->next = c->next;
-  else s->conns = c->next;
-  if (c->next) c->next->prev = c->prev;
+  http__unlink(c);
   s->nconns--;
   s->pending++;
   uv_read_stop((uv_stream_t *)&c->tcp);
@@ -258,7 +295,26 @@ static void http__conn_close(http__conn *c) {
   uv_close((uv_handle_t *)&c->tcp, http__on_conn_handle_closed);
 }
 
-static void http__on_deadline(uv_timer_t *t) { http__conn_close(t->data); }
+/* Closes a connection that did not send its request in time or had to make
+ * room: one that holds part of a request is told so. */
+static void http__drop(http__conn *c) {
+  if (c->in_message) http__fail(c, 408, "request timeout\n");
+  else http__conn_close(c);
+}
+
+static void http__on_deadline(uv_timer_t *t) { http__drop(t->data); }
+
+/* Makes room at the cap (see the top of the file); 0 when nothing may go. */
+static int http__evict(http_server *s) {
+  uint64_t now = uv_now(s->loop);
+  for (http__conn *c = s->tail; c; c = c->prev) {
+    if (now - c->wait_ms < HTTP__EVICT_AFTER_MS) return 0; /* the rest waited less */
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > 0) continue;
+    http__drop(c);
+    return 1;
+  }
+  return 0;
+}
 
 /* Every read lands in the server's one buffer: it is consumed before the
  * read callback returns, and all connections run on the one loop thread. */
@@ -320,7 +376,7 @@ static void http__reject(http_server *s) {
 static void http__on_connection(uv_stream_t *l, int status) {
   http_server *s = l->data;
   if (status < 0 || s->closing) return;
-  if (s->nconns >= s->o.max_connections) {
+  if (s->nconns >= s->o.max_connections && !http__evict(s)) {
     http__reject(s);
     return;
   }
@@ -333,9 +389,7 @@ static void http__on_connection(uv_stream_t *l, int status) {
   c->handles = 2;
   c->parser.data = c;
   http_parser_init(&c->parser, HTTP_REQUEST);
-  c->next = s->conns;
-  if (s->conns) s->conns->prev = c;
-  s->conns = c;
+  http__push(c);
   s->nconns++;
   if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0) {
     http__conn_close(c);
