@@ -32,7 +32,12 @@ typedef struct rpc_client rpc_client;
 
 typedef enum { RPC_UNARY = 1, RPC_SERVER_STREAM = 2 } rpc_kind;
 
-/* `req` is freed when the handler returns: copy what outlives it. */
+/* `req` is freed when the handler returns (protobuf_c_message_free_unpacked,
+ * the default allocator): copy what outlives it, or take a sub-message out
+ * of it, setting its field in req to NULL (the handler may change req until
+ * it returns), and free it later with protobuf_c_message_free_unpacked(m,
+ * NULL). Taking costs nothing where a copy of a large message would cost its
+ * size again. */
 typedef void (*rpc_handler)(rpc_call *call, const ProtobufCMessage *req, void *ud);
 
 /* Looks at a request's bytes before they are decoded (with the method's ud),

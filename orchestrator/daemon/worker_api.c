@@ -55,7 +55,8 @@ static int manifest_ok(rpc_call *call, orch *o, const Rlorch__V1__WeightManifest
 
 static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   orch *o = ud;
-  const Rlorch__V1__RegisterRequest *q = (const void *)req;
+  /* Not const: the worker table takes the manifest out of it (rpc.h). */
+  Rlorch__V1__RegisterRequest *q = (void *)req;
   if (o->shutting_down) {
     rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
     return;
@@ -88,7 +89,9 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   char addr[WORKERS_ADDRESS_MAX];
   resolve_data_address(call, q->data_address, addr, sizeof addr);
   workers_entry *w = NULL;
-  int rc = workers_add(o->workers, q->role, q->name, addr, q->capabilities, q->manifest, &w);
+  Rlorch__V1__WeightManifest *manifest = q->manifest;
+  q->manifest = NULL;
+  int rc = workers_add(o->workers, q->role, q->name, addr, q->capabilities, manifest, &w);
   if (rc != 0) {
     /* A full table or no memory: try later; no id (the store failed): the
      * daemon's trouble, not the worker's. */
@@ -159,7 +162,7 @@ static int report_status(rpc_call *call, orch *o, int rc) {
 static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   orch *o = ud;
   runner *r = o->runner;
-  const Rlorch__V1__ReportRequest *q = (const void *)req;
+  Rlorch__V1__ReportRequest *q = (void *)req; /* a step's manifest is taken out of it (rpc.h) */
   Rlorch__V1__ReportResponse resp = RLORCH__V1__REPORT_RESPONSE__INIT;
   workers_entry *w = workers_by_api_id(o->workers, q->worker_id);
   if (!w || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) {
@@ -215,13 +218,13 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     break;
   }
   case RLORCH__V1__REPORT_REQUEST__KIND_STEP_DONE: {
-    const Rlorch__V1__StepDone *sd = q->step_done;
+    Rlorch__V1__StepDone *sd = q->step_done;
     /* A manifest that breaks a rule refuses the whole report: nothing of it
-     * is taken. Out of memory keeps the previous manifest: the plan is then
-     * built from it, and a mismatch shows as a refused ack naming the tensor. */
+     * is taken. One that passes replaces the worker's. */
     if (sd->manifest && sd->manifest->n_tensors) {
       if (!manifest_ok(call, o, sd->manifest, "step_done.manifest")) return;
       workers_set_manifest(w, sd->manifest);
+      sd->manifest = NULL;
     }
     w->policy_version = sd->step + 1;
     rc = runner_step_done(r, w, sd->step, sd->train_seconds, sd->nccl_unique_id.data,

@@ -13,6 +13,20 @@ source "$(dirname "$0")/lib.sh"
 need_cmd node || finish
 need_cmd curl || finish
 W=/rlorch.v1.Worker
+# Under the sanitizers everything is several times slower, and freed memory
+# waits in ASan's quarantine (256 MiB) before it is reused or returned: the
+# time bounds are ten times wider and the memory figures only printed.
+SLOW=1
+MEMORY_CHECKED=1
+if [[ "$("$RLORCH_BIN" version | head -n 1)" == *sanitize=* ]]; then
+  SLOW=10
+  MEMORY_CHECKED=0
+fi
+
+# memory_bound OK WHAT: asserts OK (1 or 0) where memory figures are checked.
+memory_bound() {
+  if ((MEMORY_CHECKED)); then assert_eq 1 "$1" "$2"; else skip "$2 (sanitizer build: printed only)"; fi
+}
 
 # ---- helpers -------------------------------------------------------------------------
 
@@ -190,9 +204,9 @@ assert_status_details INVALID_ARGUMENT "manifest: 1000000 tensors is over the li
 # then as one buffer) and nothing is decoded. The kernel's and gRPC's own
 # buffers make the peak a few times the message; what remains after is near
 # nothing.
-assert_eq 1 $((MS < 5000)) "refused within 5 s ($MS ms)"
-assert_eq 1 $((RSS1 - RSS0 < 32 * 1024)) "the daemon's RSS did not grow (by $(((RSS1 - RSS0) / 1024)) MiB)"
-assert_eq 1 $((HWM1 - RSS0 < 4 * MSG_KB + 32 * 1024)) \
+assert_eq 1 $((MS < 5000 * SLOW)) "refused within $((5 * SLOW)) s ($MS ms)"
+memory_bound $((RSS1 - RSS0 < 32 * 1024)) "the daemon's RSS did not grow (by $(((RSS1 - RSS0) / 1024)) MiB)"
+memory_bound $((HWM1 - RSS0 < 4 * MSG_KB + 32 * 1024)) \
   "its peak stayed within a few times the message ($(((HWM1 - RSS0) / 1024)) MiB over the start)"
 assert_eq 0 "$PROBE_FAILED" "/healthz answered throughout"
 serve_stop
@@ -204,17 +218,18 @@ big_register "$TEST_TMP/big-dup.bin" "10^6 tensors, a duplicate name at the end"
 assert_status_details INVALID_ARGUMENT \
   "manifest: tensors #0 and #999999: duplicate name 'layers.0.t0.weight'" "$OUT" \
   "the duplicate at the end of 10^6 tensors is found"
-assert_eq 1 $((MS < 10000)) "found within 10 s ($MS ms)"
+assert_eq 1 $((MS < 10000 * SLOW)) "found within $((10 * SLOW)) s ($MS ms)"
 big_register "$TEST_TMP/big.bin" "10^6 tensors, limits raised"
 assert_status OK "$OUT" "a manifest of 10^6 tensors registers with the limits raised"
-assert_eq 1 $((MS < 10000)) "registered within 10 s ($MS ms)"
-# The decoded manifest is kept (a tree of 10^6 specs): about 170 bytes a
-# tensor; anything near the 1 GB the daemon once took is a regression.
-assert_eq 1 $((HWM1 < 600 * 1024)) "the daemon's peak RSS stayed under 600 MiB ($((HWM1 / 1024)) MiB)"
+assert_eq 1 $((MS < 10000 * SLOW)) "registered within $((10 * SLOW)) s ($MS ms)"
+# The decoded manifest is kept as it was decoded (a tree of 10^6 specs, about
+# 100 bytes a tensor), not copied: anything near the 1 GB the daemon once
+# took is a regression.
+memory_bound $((HWM1 < 400 * 1024)) "the daemon's peak RSS stayed under 400 MiB ($((HWM1 / 1024)) MiB)"
 assert_eq 0 "$PROBE_FAILED" "/healthz answered throughout"
 out="$(grpc_call --method /rlorch.v1.Control/ListWorkers --json '{}' --timing)"
 assert_eq big-trainer "$(json_get message.workers.0.name "$out")" "the big trainer is listed"
-assert_eq 1 "$(($(json_get elapsed_ms "$out" | cut -d. -f1) < 2000))" "and the daemon answers promptly after"
+assert_eq 1 "$(($(json_get elapsed_ms "$out" | cut -d. -f1) < 2000 * SLOW))" "and the daemon answers promptly after"
 serve_stop
 
 finish
