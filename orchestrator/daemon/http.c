@@ -6,13 +6,17 @@
  *
  * Probes must get through a full server: at the connection cap, the
  * connection that has waited longest for its next request is closed to make
- * room (answered 408 when it holds part of one), provided it has waited at
- * least HTTP__EVICT_AFTER_MS and nothing is still being written to it. The
- * connections are kept in the order they started waiting (accept, or their
- * last request), so the candidate is found from the tail. A client that
- * holds connections open without finishing a request (slowloris) therefore
- * delays a probe by nothing, and a flood of new connections cannot push out
- * one that arrived less than HTTP__EVICT_AFTER_MS ago: they get 503. */
+ * room (answered 408 when it holds part of one) unless a response is still
+ * being written to it; only when every connection is being written to does a
+ * newcomer get 503. The connections are kept in the order they began waiting
+ * (accept, or their last request), so the candidate is found from the tail.
+ * A client holding connections open without finishing a request (slowloris)
+ * therefore costs a probe nothing: the probe takes the place of the oldest,
+ * and is itself pushed out only after as many newer connections as the cap,
+ * long after its request arrived. No minimum age protects a newcomer: an
+ * attacker that reconnects whenever it is closed would keep every connection
+ * younger than it and shut probes out; without one, its reconnections push
+ * out its own older connections. */
 #include <errno.h>
 #include <http_parser.h>
 #include <stdarg.h>
@@ -26,12 +30,6 @@
 #define HTTP__MAX_URL 2048
 #define HTTP__MAX_BODY 65536
 #define HTTP__MAX_WRITE_QUEUE (8u << 20) /* a client that never reads is dropped */
-/* Longer than a request takes to arrive after its connection on any network
- * a probe comes from (a round trip), so a probe is never evicted before it
- * could send its request; short against the request deadline, so a stalled
- * connection makes room long before it times out. */
-#define HTTP__EVICT_AFTER_MS 250
-
 typedef struct http__conn {
   uv_tcp_t tcp;
   uv_timer_t timer;
@@ -42,7 +40,6 @@ typedef struct http__conn {
   size_t url_len;
   size_t header_bytes, body_bytes;
   uint64_t t0; /* uv_hrtime at the first byte of the request */
-  uint64_t wait_ms; /* uv_now when it began waiting for its next request */
   int handles; /* open handles; freed at 0 */
   int in_message;
   int oversized;  /* header limit hit: answer 431 */
@@ -78,7 +75,6 @@ static void http__unlink(http__conn *c) {
 /* At the head: the connection that began waiting last. */
 static void http__push(http__conn *c) {
   http_server *s = c->srv;
-  c->wait_ms = uv_now(s->loop);
   c->prev = NULL;
   c->next = s->conns;
   if (s->conns) s->conns->prev = c;
@@ -306,9 +302,7 @@ static void http__on_deadline(uv_timer_t *t) { http__drop(t->data); }
 
 /* Makes room at the cap (see the top of the file); 0 when nothing may go. */
 static int http__evict(http_server *s) {
-  uint64_t now = uv_now(s->loop);
   for (http__conn *c = s->tail; c; c = c->prev) {
-    if (now - c->wait_ms < HTTP__EVICT_AFTER_MS) return 0; /* the rest waited less */
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > 0) continue;
     http__drop(c);
     return 1;

@@ -12,10 +12,10 @@
  * its accept or its previous request and not extended by bytes that trickle
  * in, so a slow or stalled client is closed without affecting others (408
  * when it holds part of a request). At max_connections a new connection
- * takes the place of the one that has waited longest for its request, if
- * that one waited 250 ms or more and has no response still being written
- * (also 408 when it held part of a request); otherwise it gets 503 and is
- * closed. So /healthz and /readyz answer while slow clients hold every
+ * takes the place of the one that has waited longest for its request and has
+ * no response still being written (408 to it when it held part of a
+ * request); when every connection is being written to, the newcomer gets 503
+ * and is closed. So /healthz and /readyz answer while slow clients hold every
  * connection. All calls and callbacks happen on the loop thread. */
 #ifndef RLORCH_HTTP_H
 #define RLORCH_HTTP_H
