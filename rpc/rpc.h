@@ -60,7 +60,8 @@ typedef struct rpc_method {
 
 /* Counts, in the encoded message `data`, the fields numbered path[depth - 1]
  * of the sub-messages reached by the field numbers path[0..depth - 2] (every
- * occurrence: a repeated field's entries, a sub-message sent in pieces).
+ * occurrence: each entry of a repeated message field, each piece of a
+ * sub-message sent in pieces; a packed repeated scalar is one).
  * Reads the bytes once and allocates nothing. Returns 0, or -1 when the bytes
  * are not a well-formed encoding along that path. */
 int rpc_wire_count(const uint8_t *data, size_t len, const uint32_t *path, size_t depth,
