@@ -95,10 +95,13 @@ static const opt_field config__fields[] = {
      .metavar = "SECONDS", .help = "a lost worker is listed this long, then removed"},
     {.name = "http_timeout_ms", .type = OPT_U32, .off = CONFIG__OFF(http_timeout_ms, uint32_t),
      .min = 10, .max = 3600000, .metavar = "MS",
-     .help = "deadline of one HTTP request; slower clients are closed"},
+     .help = "time an HTTP connection has to send its whole request, from its accept or its "
+             "previous request (trickled bytes do not extend it); then it is closed, with 408 "
+             "when it held part of one"},
     {.name = "http_max_connections", .type = OPT_U32,
      .off = CONFIG__OFF(http_max_connections, uint32_t), .min = 1, .max = 65536, .metavar = "N",
-     .help = "open HTTP connections at most"},
+     .help = "open HTTP connections at most; at the cap a new one takes the place of the one "
+             "that waited longest for its request (503 only when every one is being written to)"},
     {.name = "default_policy", .type = OPT_ENUM, .off = CONFIG__OFF(default_policy, int),
      .names = config__policies, .metavar = "MODE", .help = "broadcast mode of a run that sets none"},
     {.name = "max_async_level", .type = OPT_U32, .off = CONFIG__OFF(max_async_level, uint32_t),
