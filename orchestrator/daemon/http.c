@@ -30,6 +30,7 @@
 #define HTTP__MAX_URL 2048
 #define HTTP__MAX_BODY 65536
 #define HTTP__MAX_WRITE_QUEUE (8u << 20) /* a client that never reads is dropped */
+
 typedef struct http__conn {
   uv_tcp_t tcp;
   uv_timer_t timer;

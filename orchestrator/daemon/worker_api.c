@@ -420,15 +420,24 @@ static grpc_status_code manifest_precheck(const uint8_t *data, size_t len, void 
   return GRPC_STATUS_INVALID_ARGUMENT;
 }
 
+/* The number of field `name` of message d, from the schema itself. */
+static uint32_t field_id(const ProtobufCMessageDescriptor *d, const char *name) {
+  const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, name);
+  return f ? f->id : 0; /* 0 is no field: nothing is counted */
+}
+
 static grpc_status_code register_precheck(const uint8_t *data, size_t len, void *ud, char *err,
                                           size_t errlen) {
-  static const uint32_t path[] = {4, 1}; /* RegisterRequest.manifest, WeightManifest.tensors */
+  const uint32_t path[] = {field_id(&rlorch__v1__register_request__descriptor, "manifest"),
+                           field_id(&rlorch__v1__weight_manifest__descriptor, "tensors")};
   return manifest_precheck(data, len, ud, path, 2, "manifest", err, errlen);
 }
 
 static grpc_status_code report_precheck(const uint8_t *data, size_t len, void *ud, char *err,
                                         size_t errlen) {
-  static const uint32_t path[] = {4, 3, 1}; /* ReportRequest.step_done, StepDone.manifest, .tensors */
+  const uint32_t path[] = {field_id(&rlorch__v1__report_request__descriptor, "step_done"),
+                           field_id(&rlorch__v1__step_done__descriptor, "manifest"),
+                           field_id(&rlorch__v1__weight_manifest__descriptor, "tensors")};
   return manifest_precheck(data, len, ud, path, 3, "step_done.manifest", err, errlen);
 }
 

@@ -232,4 +232,18 @@ assert_eq big-trainer "$(json_get message.workers.0.name "$out")" "the big train
 assert_eq 1 "$(($(json_get elapsed_ms "$out" | cut -d. -f1) < 2000 * SLOW))" "and the daemon answers promptly after"
 serve_stop
 
+# ---- the count limit, at Register and in step reports ----------------------------------------
+
+RLORCH_MAX_MANIFEST_TENSORS=2 serve_start || finish
+out="$(register "{\"role\":\"WORKER_ROLE_TRAINER\",\"name\":\"t\",\"manifest\":{\"tensors\":[$(tj a),$(tj b),$(tj c)]}}")"
+assert_status_details INVALID_ARGUMENT "manifest: 3 tensors is over the limit of 2 (max_manifest_tensors)" "$out" \
+  "Register over a lowered max_manifest_tensors"
+out="$(register "{\"role\":\"WORKER_ROLE_TRAINER\",\"name\":\"t\",\"manifest\":{\"tensors\":[$(tj a),$(tj b)]}}")"
+assert_status OK "$out" "Register at max_manifest_tensors"
+TRAINER="$(json_get message.worker_id "$out")"
+out="$(grpc_call --method $W/Report --json "{\"worker_id\":\"$TRAINER\",\"step_done\":{\"step\":0,\"manifest\":{\"tensors\":[$(tj a),$(tj b),$(tj c)]}}}")"
+assert_status_details INVALID_ARGUMENT "step_done.manifest: 3 tensors is over the limit of 2 (max_manifest_tensors)" \
+  "$out" "a step report over max_manifest_tensors"
+serve_stop
+
 finish
