@@ -73,8 +73,8 @@ static size_t name_set_add(name_set *s, const void *src, view_fn view, size_t i,
       return SIZE_MAX;
     }
     tensor_view o;
-    view(src, e - 1, &o);
-    if (o.name_len == v->name_len && !memcmp(o.name, v->name, v->name_len)) return e - 1;
+    view(src, e - 1, &o); /* a tensor whose name passed: never a missing entry */
+    if (o.name && o.name_len == v->name_len && !memcmp(o.name, v->name, v->name_len)) return e - 1;
   }
 }
 
