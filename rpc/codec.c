@@ -79,6 +79,50 @@ ProtobufCMessage *rpc_unpack(const ProtobufCMessageDescriptor *desc, const uint8
   return m;
 }
 
+static int rpc__varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  *v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (*p >= end) return -1;
+    uint8_t b = *(*p)++;
+    *v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) return 0;
+  }
+  return -1;
+}
+
+int rpc_wire_count(const uint8_t *data, size_t len, const uint32_t *path, size_t depth,
+                   uint64_t *count) {
+  if (depth == 0) return -1;
+  const uint8_t *p = data, *end = data + len;
+  while (p < end) {
+    uint64_t tag, v;
+    if (rpc__varint(&p, end, &tag)) return -1;
+    uint64_t field = tag >> 3;
+    const uint8_t *body = p;
+    size_t blen = 0;
+    switch (tag & 7) {
+    case 0: if (rpc__varint(&p, end, &v)) return -1; break;
+    case 1: if (end - p < 8) return -1; p += 8; break;
+    case 5: if (end - p < 4) return -1; p += 4; break;
+    case 2:
+      if (rpc__varint(&p, end, &v) || v > (uint64_t)(end - p)) return -1;
+      body = p;
+      blen = (size_t)v;
+      p += v;
+      break;
+    default: return -1; /* groups are not proto3 */
+    }
+    if (field != path[0]) continue;
+    if (depth == 1) {
+      (*count)++;
+    } else {
+      if ((tag & 7) != 2) return -1;
+      if (rpc_wire_count(body, blen, path + 1, depth - 1, count)) return -1;
+    }
+  }
+  return 0;
+}
+
 ProtobufCMessage *rpc__decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc) {
   uint8_t *p;
   size_t n;

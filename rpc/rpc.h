@@ -32,8 +32,20 @@ typedef struct rpc_client rpc_client;
 
 typedef enum { RPC_UNARY = 1, RPC_SERVER_STREAM = 2 } rpc_kind;
 
-/* `req` is freed when the handler returns: copy what outlives it. */
+/* `req` is freed when the handler returns (protobuf_c_message_free_unpacked,
+ * the default allocator): copy what outlives it, or take a sub-message out
+ * of it, setting its field in req to NULL (the handler may change req until
+ * it returns), and free it later with protobuf_c_message_free_unpacked(m,
+ * NULL). Taking costs nothing where a copy of a large message would cost its
+ * size again. */
 typedef void (*rpc_handler)(rpc_call *call, const ProtobufCMessage *req, void *ud);
+
+/* Looks at a request's bytes before they are decoded (with the method's ud),
+ * so that a message too costly to decode is refused for the price of reading
+ * it once: GRPC_STATUS_OK, or the status to answer with a message in err.
+ * Bytes it cannot make sense of are for the decoder to refuse: return OK. */
+typedef grpc_status_code (*rpc_precheck)(const uint8_t *data, size_t len, void *ud, char *err,
+                                         size_t errlen);
 
 typedef struct rpc_method {
   const char *name; /* full method name: "/rlorch.v1.Control/StartRun" */
@@ -43,7 +55,17 @@ typedef struct rpc_method {
   int requires_auth; /* checked against the server's token when one is set */
   rpc_handler handler;
   void *ud;
+  rpc_precheck precheck; /* NULL: none */
 } rpc_method;
+
+/* Counts, in the encoded message `data`, the fields numbered path[depth - 1]
+ * of the sub-messages reached by the field numbers path[0..depth - 2] (every
+ * occurrence: each entry of a repeated message field, each piece of a
+ * sub-message sent in pieces; a packed repeated scalar is one).
+ * Reads the bytes once and allocates nothing. Returns 0, or -1 when the bytes
+ * are not a well-formed encoding along that path. */
+int rpc_wire_count(const uint8_t *data, size_t len, const uint32_t *path, size_t depth,
+                   uint64_t *count);
 
 typedef struct rpc_server_opts {
   const char *listen;          /* "127.0.0.1:0", "[::]:7070" */

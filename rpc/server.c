@@ -421,9 +421,22 @@ static void rpc__dispatch(rpc_call *c) {
                   "request of %zu bytes is over the limit of %zu bytes", len, max);
     return;
   }
-  ProtobufCMessage *req = rpc__decode(c->payload, m->request);
+  uint8_t *bytes = NULL;
+  size_t nbytes = 0;
+  int flat = rpc__flatten(c->payload, &bytes, &nbytes);
   grpc_byte_buffer_destroy(c->payload);
   c->payload = NULL;
+  if (flat == 0 && m->precheck) {
+    char why[512] = "";
+    grpc_status_code st = m->precheck(bytes, nbytes, m->ud, why, sizeof why);
+    if (st != GRPC_STATUS_OK) {
+      free(bytes);
+      rpc__fail_now(c, st, "%s", why);
+      return;
+    }
+  }
+  ProtobufCMessage *req = flat == 0 ? rpc_unpack(m->request, bytes, nbytes) : NULL;
+  free(bytes);
   if (!req) {
     rpc__fail_now(c, GRPC_STATUS_INVALID_ARGUMENT, "cannot decode %s", m->request->name);
     return;

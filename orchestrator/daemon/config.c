@@ -66,6 +66,19 @@ static const opt_field config__fields[] = {
      .metavar = "BYTES",
      .help = "rollouts kept per run (buffered, and the batch being trained) before dispatch is "
              "held back"},
+    {.name = "max_manifest_tensors", .type = OPT_U32,
+     .off = CONFIG__OFF(max_manifest_tensors, uint32_t), .min = 1, .max = 4294967295.0,
+     .metavar = "N",
+     .help = "tensors a worker's manifest may hold; more get INVALID_ARGUMENT at Register (the "
+             "largest models have well under 100,000 named tensors: the default fits them with "
+             "room, and bounds what one registration costs)"},
+    {.name = "max_tensor_bytes", .type = OPT_BYTES, .off = CONFIG__OFF(max_tensor_bytes, uint64_t),
+     .min = 1, .max = 1125899906842624.0, .metavar = "BYTES",
+     .help = "largest tensor of a manifest: elements times the larger of its storage and wire "
+             "element sizes (at most 2^50)"},
+    {.name = "max_manifest_bytes", .type = OPT_BYTES,
+     .off = CONFIG__OFF(max_manifest_bytes, uint64_t), .min = 1, .max = 1152921504606846976.0,
+     .metavar = "BYTES", .help = "the tensors of one manifest together, sized as for max_tensor_bytes"},
     {.name = "shutdown_grace_s", .type = OPT_DOUBLE, .off = CONFIG__OFF(shutdown_grace_s, double),
      .min = 0, .max = 3600, .flags = OPT_GT_MIN, .metavar = "SECONDS",
      .help = "time given to in-flight work on shutdown"},
@@ -84,10 +97,13 @@ static const opt_field config__fields[] = {
      .metavar = "SECONDS", .help = "a lost worker is listed this long, then removed"},
     {.name = "http_timeout_ms", .type = OPT_U32, .off = CONFIG__OFF(http_timeout_ms, uint32_t),
      .min = 10, .max = 3600000, .metavar = "MS",
-     .help = "deadline of one HTTP request; slower clients are closed"},
+     .help = "time an HTTP connection has to send its whole request, from its accept or its "
+             "previous request (trickled bytes do not extend it); then it is closed, with 408 "
+             "when it held part of one"},
     {.name = "http_max_connections", .type = OPT_U32,
      .off = CONFIG__OFF(http_max_connections, uint32_t), .min = 1, .max = 65536, .metavar = "N",
-     .help = "open HTTP connections at most"},
+     .help = "open HTTP connections at most; at the cap a new one takes the place of the one "
+             "that waited longest for its request (503 only when every one is being written to)"},
     {.name = "default_policy", .type = OPT_ENUM, .off = CONFIG__OFF(default_policy, int),
      .names = config__policies, .metavar = "MODE", .help = "broadcast mode of a run that sets none"},
     {.name = "max_async_level", .type = OPT_U32, .off = CONFIG__OFF(max_async_level, uint32_t),
@@ -162,6 +178,9 @@ void config_defaults(config *c) {
   c->batch_chunk_bytes = 4u << 20;
   c->rollout_buffer_bytes = 256u << 20;
   c->rollout_log = true;
+  c->max_manifest_tensors = 131072;
+  c->max_tensor_bytes = 1ull << 40;
+  c->max_manifest_bytes = 1ull << 44;
   c->shutdown_grace_s = 5.0;
   c->heartbeat_interval_ms = 1000;
   c->worker_timeout_ms = 5000;
@@ -194,6 +213,12 @@ void config_free(config *c) {
   free(c->token);
   c->token = NULL;
   c->config_file = NULL;
+}
+
+bcast_manifest_limits config_manifest_limits(const config *c) {
+  return (bcast_manifest_limits){.max_manifest_tensors = c->max_manifest_tensors,
+                                 .max_tensor_bytes = c->max_tensor_bytes,
+                                 .max_manifest_bytes = c->max_manifest_bytes};
 }
 
 int config_policy_parse(const char *s, Rlorch__V1__BroadcastMode *out) {

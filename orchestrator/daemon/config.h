@@ -28,6 +28,7 @@
 #include "orchestrator/common/log.h"
 #include "orchestrator/common/opt.h"
 #include "rlorch/v1/broadcast.pb-c.h"
+#include "workers/bcast/bcast.h"
 
 typedef struct config {
   char *config_file;      /* --config FILE, or NULL: not a YAML key */
@@ -51,6 +52,11 @@ typedef struct config {
                                      above it */
   uint64_t rollout_buffer_bytes;  /* buffered per run before dispatch holds, default 256 MiB */
   bool rollout_log;               /* each step's batch as JSONL under data_dir, default on */
+  /* What a worker's manifest may hold (bcast_manifest_check): tensors, bytes a
+   * tensor, bytes in all; defaults 131072, 1 TiB, 16 TiB. */
+  uint32_t max_manifest_tensors;
+  uint64_t max_tensor_bytes;
+  uint64_t max_manifest_bytes;
   double shutdown_grace_s;        /* drain time on SIGTERM, default 5.0 */
   uint32_t heartbeat_interval_ms; /* default 1000 */
   uint32_t worker_timeout_ms;     /* worker lost after this, default 5000 */
@@ -105,6 +111,9 @@ void config_print(const config *c, FILE *f);
 /* Frees the strings; c may be reused after config_defaults. */
 void config_free(config *c);
 
+
+/* The manifest limits of the configuration, for bcast_manifest_check. */
+bcast_manifest_limits config_manifest_limits(const config *c);
 
 /* "auto", "direct", "staged", "host", "colocated" <-> enum; parse returns 0 or -1. */
 int config_policy_parse(const char *s, Rlorch__V1__BroadcastMode *out);

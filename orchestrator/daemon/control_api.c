@@ -20,6 +20,8 @@
 #define MAX_ROLLOUTS_PER_STEP 65536u
 #define MAX_REQUESTS_PER_WORKER 1024u
 #define MIN_STAGING_BUDGET (1u << 20)
+#define MAX_STAGING_BUDGET (1ull << 40) /* staging_budget_bytes' own bound in the configuration */
+#define MAX_REQUEST_TIMEOUT_MS 86400000u /* request_timeout_ms' own bound: a day */
 #define MAX_GROUP_SIZE 4096u
 #define MAX_STOP_TOKENS 64u
 #define MAX_PATH_BYTES 4096u
@@ -138,6 +140,10 @@ static int spec_validate(const config *c, Rlorch__V1__RunSpec *s, spec_fill *fil
                     s->rollouts_per_step, s->group_size),
            -1;
   if (s->request_timeout_ms == 0) s->request_timeout_ms = c->request_timeout_ms;
+  if (s->request_timeout_ms > MAX_REQUEST_TIMEOUT_MS)
+    return snprintf(err, len, "request_timeout_ms: %u is over the limit of %u (a day)",
+                    s->request_timeout_ms, MAX_REQUEST_TIMEOUT_MS),
+           -1;
   if (sampling_validate(c, s, fill, err, len) || prompts_validate(c, s, fill, err, len))
     return -1;
   if (s->max_requests_per_worker == 0) s->max_requests_per_worker = c->max_requests_per_worker;
@@ -155,6 +161,10 @@ static int spec_validate(const config *c, Rlorch__V1__RunSpec *s, spec_fill *fil
   if (s->staging_budget_bytes < MIN_STAGING_BUDGET)
     return snprintf(err, len, "staging_budget_bytes: %llu is below the minimum of 1 MiB",
                     (unsigned long long)s->staging_budget_bytes),
+           -1;
+  if (s->staging_budget_bytes > MAX_STAGING_BUDGET)
+    return snprintf(err, len, "staging_budget_bytes: %llu is over the limit of %llu (1 TiB)",
+                    (unsigned long long)s->staging_budget_bytes, MAX_STAGING_BUDGET),
            -1;
   return 0;
 }

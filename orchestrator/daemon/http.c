@@ -2,7 +2,21 @@
  * uv_tcp_t + one uv_timer_t (the deadline) + an http_parser. Responses are
  * built whole and written with uv_write; libuv keeps them in order, which is
  * all pipelining needs. The deadline is armed at accept and re-armed only when
- * a request completes, so a client trickling bytes cannot keep it alive. */
+ * a request completes, so a client trickling bytes cannot keep it alive.
+ *
+ * Probes must get through a full server: at the connection cap, the
+ * connection that has waited longest for its next request is closed to make
+ * room (answered 408 when it holds part of one) unless a response is still
+ * being written to it; only when every connection is being written to does a
+ * newcomer get 503. The connections are kept in the order they began waiting
+ * (accept, or their last request), so the candidate is found from the tail.
+ * A client holding connections open without finishing a request (slowloris)
+ * therefore costs a probe nothing: the probe takes the place of the oldest,
+ * and is itself pushed out only after as many newer connections as the cap,
+ * long after its request arrived. No minimum age protects a newcomer: an
+ * attacker that reconnects whenever it is closed would keep every connection
+ * younger than it and shut probes out; without one, its reconnections push
+ * out its own older connections. */
 #include <errno.h>
 #include <http_parser.h>
 #include <stdarg.h>
@@ -37,7 +51,8 @@ struct http_server {
   uv_loop_t *loop;
   uv_tcp_t listener;
   http_server_opts o;
-  http__conn *conns;
+  http__conn *conns; /* most recently waiting first */
+  http__conn *tail;  /* waiting longest */
   size_t nconns;
   int port;
   int closing;
@@ -48,6 +63,25 @@ struct http_server {
 };
 
 static void http__conn_close(http__conn *c);
+
+static void http__unlink(http__conn *c) {
+  http_server *s = c->srv;
+  if (c->prev) c->prev->next = c->next;
+  else s->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  else s->tail = c->prev;
+  c->prev = c->next = NULL;
+}
+
+/* At the head: the connection that began waiting last. */
+static void http__push(http__conn *c) {
+  http_server *s = c->srv;
+  c->prev = NULL;
+  c->next = s->conns;
+  if (s->conns) s->conns->prev = c;
+  else s->tail = c;
+  s->conns = c;
+}
 
 /* ---- responses -------------------------------------------------------------- */
 
@@ -211,6 +245,8 @@ static int http__on_complete(http_parser *p) {
     return 1;
   }
   uv_timer_again(&c->timer); /* next request gets a fresh deadline */
+  http__unlink(c);
+  http__push(c); /* and waits again from now */
   return 0;
 }
 
@@ -246,9 +282,7 @@ static void http__conn_close(http__conn *c) {
   if (c->closing) return;
   c->closing = 1;
   http_server *s = c->srv;
-  if (c->prev) c->prev->next = c->next;
-  else s->conns = c->next;
-  if (c->next) c->next->prev = c->prev;
+  http__unlink(c);
   s->nconns--;
   s->pending++;
   uv_read_stop((uv_stream_t *)&c->tcp);
@@ -258,7 +292,24 @@ static void http__conn_close(http__conn *c) {
   uv_close((uv_handle_t *)&c->tcp, http__on_conn_handle_closed);
 }
 
-static void http__on_deadline(uv_timer_t *t) { http__conn_close(t->data); }
+/* Closes a connection that did not send its request in time or had to make
+ * room: one that holds part of a request is told so. */
+static void http__drop(http__conn *c) {
+  if (c->in_message) http__fail(c, 408, "request timeout\n");
+  else http__conn_close(c);
+}
+
+static void http__on_deadline(uv_timer_t *t) { http__drop(t->data); }
+
+/* Makes room at the cap (see the top of the file); 0 when nothing may go. */
+static int http__evict(http_server *s) {
+  for (http__conn *c = s->tail; c; c = c->prev) {
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > 0) continue;
+    http__drop(c);
+    return 1;
+  }
+  return 0;
+}
 
 /* Every read lands in the server's one buffer: it is consumed before the
  * read callback returns, and all connections run on the one loop thread. */
@@ -320,7 +371,7 @@ static void http__reject(http_server *s) {
 static void http__on_connection(uv_stream_t *l, int status) {
   http_server *s = l->data;
   if (status < 0 || s->closing) return;
-  if (s->nconns >= s->o.max_connections) {
+  if (s->nconns >= s->o.max_connections && !http__evict(s)) {
     http__reject(s);
     return;
   }
@@ -333,9 +384,7 @@ static void http__on_connection(uv_stream_t *l, int status) {
   c->handles = 2;
   c->parser.data = c;
   http_parser_init(&c->parser, HTTP_REQUEST);
-  c->next = s->conns;
-  if (s->conns) s->conns->prev = c;
-  s->conns = c;
+  http__push(c);
   s->nconns++;
   if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0) {
     http__conn_close(c);

@@ -8,9 +8,15 @@
  *   malformed requests 400; headers over max_header_bytes 431.
  *
  * Keep-alive is supported. Everything is non-blocking; each connection has a
- * deadline (timeout_ms) that is re-armed per request, so a slow or stalled
- * client is closed without affecting others; connections over max_connections
- * get 503 and are closed. All calls and callbacks happen on the loop thread. */
+ * deadline (timeout_ms) for its next request, header and body, counted from
+ * its accept or its previous request and not extended by bytes that trickle
+ * in, so a slow or stalled client is closed without affecting others (408
+ * when it holds part of a request). At max_connections a new connection
+ * takes the place of the one that has waited longest for its request and has
+ * no response still being written (408 to it when it held part of a
+ * request); when every connection is being written to, the newcomer gets 503
+ * and is closed. So /healthz and /readyz answer while slow clients hold every
+ * connection. All calls and callbacks happen on the loop thread. */
 #ifndef RLORCH_HTTP_H
 #define RLORCH_HTTP_H
 

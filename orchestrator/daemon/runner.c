@@ -492,6 +492,8 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bou
                     "the trainer's NCCL id was made for another set of participants"),
            -1;
   }
+  /* The rules Register applied: a manifest kept is one that passed them. */
+  bcast_manifest_limits lim = config_manifest_limits(r->o->cfg);
   bcast_plan_opts po = {.id = a->plan_id,
                         .mode = mode,
                         .staging_budget = r->run->spec->staging_budget_bytes,
@@ -500,7 +502,8 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bou
                         .policy_version = a->policy_version,
                         .host_endpoint = t->data_address,
                         .checksum = BCAST_CHECKSUM_XXH3_64,
-                        .tls = mode == BCAST_MODE_HOST && r->o->cfg->data_channel_tls};
+                        .tls = mode == BCAST_MODE_HOST && r->o->cfg->data_channel_tls,
+                        .limits = &lim};
   bcast_plan *plan = NULL;
   int rc = bcast_plan_build(tensors, nt, &po, &plan, &be);
   free(tensors);

@@ -39,9 +39,24 @@ static void resolve_data_address(rpc_call *call, const char *adv, char *out, siz
   snprintf(out, len, "%.*s%s", (int)(pcolon - host), host, colon);
 }
 
+/* The manifest's rules with the configured limits, before anything keeps
+ * it: a refusal answers INVALID_ARGUMENT naming the field, the tensor and
+ * the rule. Returns 1 when it passed. */
+static int manifest_ok(rpc_call *call, orch *o, const Rlorch__V1__WeightManifest *m,
+                       const char *field) {
+  bcast_manifest_limits lim = config_manifest_limits(o->cfg);
+  bcast_err be = {0};
+  if (bcast_manifest_check_pb(m, &lim, &be) == 0) return 1;
+  rpc_call_fail(call, be.code == BCAST_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                              : GRPC_STATUS_INVALID_ARGUMENT,
+                "%s: %s", field, be.msg);
+  return 0;
+}
+
 static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   orch *o = ud;
-  const Rlorch__V1__RegisterRequest *q = (const void *)req;
+  /* Not const: the worker table takes the manifest out of it (rpc.h). */
+  Rlorch__V1__RegisterRequest *q = (void *)req;
   if (o->shutting_down) {
     rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
     return;
@@ -65,24 +80,18 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
                   WORKERS_RUN_ID_MAX - 1);
     return;
   }
-  if (q->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER) {
-    if (!q->manifest || q->manifest->n_tensors == 0) {
-      rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "manifest: a trainer must send one");
-      return;
-    }
-    bcast_tensor *t = NULL;
-    size_t nt = 0;
-    bcast_err be = {0};
-    if (bcast_manifest_from_pb(q->manifest, &t, &nt, &be) != 0) {
-      rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "manifest: %s", be.msg);
-      return;
-    }
-    free(t);
+  if (q->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER &&
+      (!q->manifest || q->manifest->n_tensors == 0)) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "manifest: a trainer must send one");
+    return;
   }
+  if (q->manifest && !manifest_ok(call, o, q->manifest, "manifest")) return;
   char addr[WORKERS_ADDRESS_MAX];
   resolve_data_address(call, q->data_address, addr, sizeof addr);
   workers_entry *w = NULL;
-  int rc = workers_add(o->workers, q->role, q->name, addr, q->capabilities, q->manifest, &w);
+  Rlorch__V1__WeightManifest *manifest = q->manifest;
+  q->manifest = NULL;
+  int rc = workers_add(o->workers, q->role, q->name, addr, q->capabilities, manifest, &w);
   if (rc != 0) {
     /* A full table or no memory: try later; no id (the store failed): the
      * daemon's trouble, not the worker's. */
@@ -153,7 +162,7 @@ static int report_status(rpc_call *call, orch *o, int rc) {
 static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   orch *o = ud;
   runner *r = o->runner;
-  const Rlorch__V1__ReportRequest *q = (const void *)req;
+  Rlorch__V1__ReportRequest *q = (void *)req; /* a step's manifest is taken out of it (rpc.h) */
   Rlorch__V1__ReportResponse resp = RLORCH__V1__REPORT_RESPONSE__INIT;
   workers_entry *w = workers_by_api_id(o->workers, q->worker_id);
   if (!w || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) {
@@ -209,10 +218,14 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     break;
   }
   case RLORCH__V1__REPORT_REQUEST__KIND_STEP_DONE: {
-    const Rlorch__V1__StepDone *sd = q->step_done;
-    /* Out of memory keeps the previous manifest: the plan is then built from
-     * it, and a mismatch shows as a refused ack naming the tensor. */
-    if (sd->manifest && sd->manifest->n_tensors) workers_set_manifest(w, sd->manifest);
+    Rlorch__V1__StepDone *sd = q->step_done;
+    /* A manifest that breaks a rule refuses the whole report: nothing of it
+     * is taken. One that passes replaces the worker's. */
+    if (sd->manifest && sd->manifest->n_tensors) {
+      if (!manifest_ok(call, o, sd->manifest, "step_done.manifest")) return;
+      workers_set_manifest(w, sd->manifest);
+      sd->manifest = NULL;
+    }
     w->policy_version = sd->step + 1;
     rc = runner_step_done(r, w, sd->step, sd->train_seconds, sd->nccl_unique_id.data,
                           sd->nccl_unique_id.len);
@@ -389,16 +402,56 @@ static void h_fetch_batch(rpc_call *call, const ProtobufCMessage *req, void *ud)
   fetch_send_next(call, st);
 }
 
-#define M(name, kind, req, resp, fn) {"/rlorch.v1.Worker/" name, kind, &req, &resp, 1, fn, NULL}
+/* ---- bounds checked before decoding ---------------------------------------------------------- */
+
+/* A manifest's tensors are counted in the encoded request, before it is
+ * decoded: one over max_manifest_tensors costs the daemon a read of its
+ * bytes, not a decoded tree of every tensor (three allocations each) that
+ * the handler would refuse. The message is the same as the handler's. */
+static grpc_status_code manifest_precheck(const uint8_t *data, size_t len, void *ud,
+                                          const uint32_t *path, size_t depth, const char *field,
+                                          char *err, size_t errlen) {
+  const orch *o = ud;
+  uint64_t n = 0;
+  if (rpc_wire_count(data, len, path, depth, &n) != 0) return GRPC_STATUS_OK; /* the decoder's */
+  if (n <= o->cfg->max_manifest_tensors) return GRPC_STATUS_OK;
+  snprintf(err, errlen, "%s: %" PRIu64 " tensors is over the limit of %u (max_manifest_tensors)",
+           field, n, o->cfg->max_manifest_tensors);
+  return GRPC_STATUS_INVALID_ARGUMENT;
+}
+
+/* The number of field `name` of message d, from the schema itself. */
+static uint32_t field_id(const ProtobufCMessageDescriptor *d, const char *name) {
+  const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, name);
+  return f ? f->id : 0; /* 0 is no field: nothing is counted */
+}
+
+static grpc_status_code register_precheck(const uint8_t *data, size_t len, void *ud, char *err,
+                                          size_t errlen) {
+  const uint32_t path[] = {field_id(&rlorch__v1__register_request__descriptor, "manifest"),
+                           field_id(&rlorch__v1__weight_manifest__descriptor, "tensors")};
+  return manifest_precheck(data, len, ud, path, 2, "manifest", err, errlen);
+}
+
+static grpc_status_code report_precheck(const uint8_t *data, size_t len, void *ud, char *err,
+                                        size_t errlen) {
+  const uint32_t path[] = {field_id(&rlorch__v1__report_request__descriptor, "step_done"),
+                           field_id(&rlorch__v1__step_done__descriptor, "manifest"),
+                           field_id(&rlorch__v1__weight_manifest__descriptor, "tensors")};
+  return manifest_precheck(data, len, ud, path, 3, "step_done.manifest", err, errlen);
+}
+
+#define M(name, kind, req, resp, fn, pre)                                                        \
+  {"/rlorch.v1.Worker/" name, kind, &req, &resp, 1, fn, NULL, pre}
 const rpc_method worker_api_methods[] = {
     M("Register", RPC_UNARY, rlorch__v1__register_request__descriptor,
-      rlorch__v1__register_response__descriptor, h_register),
+      rlorch__v1__register_response__descriptor, h_register, register_precheck),
     M("Attach", RPC_SERVER_STREAM, rlorch__v1__attach_request__descriptor,
-      rlorch__v1__command__descriptor, h_attach),
+      rlorch__v1__command__descriptor, h_attach, NULL),
     M("Report", RPC_UNARY, rlorch__v1__report_request__descriptor,
-      rlorch__v1__report_response__descriptor, h_report),
+      rlorch__v1__report_response__descriptor, h_report, report_precheck),
     M("FetchBatch", RPC_SERVER_STREAM, rlorch__v1__fetch_batch_request__descriptor,
-      rlorch__v1__batch_chunk__descriptor, h_fetch_batch),
+      rlorch__v1__batch_chunk__descriptor, h_fetch_batch, NULL),
 };
 const size_t worker_api_nmethods = sizeof worker_api_methods / sizeof worker_api_methods[0];
 #undef M

@@ -41,9 +41,13 @@ void workers_on_remove(workers_table *t, workers_removed_fn fn, void *ud) {
   t->on_remove_ud = ud;
 }
 
+static void workers__manifest_free(Rlorch__V1__WeightManifest *m) {
+  if (m) protobuf_c_message_free_unpacked(&m->base, NULL);
+}
+
 static void workers__entry_free(workers_entry *w) {
   if (w->caps) protobuf_c_message_free_unpacked(&w->caps->base, NULL);
-  if (w->manifest) protobuf_c_message_free_unpacked(&w->manifest->base, NULL);
+  workers__manifest_free(w->manifest);
   free(w->coloc_export);
   free(w);
 }
@@ -134,9 +138,22 @@ static ProtobufCMessage *workers__pb_copy(const ProtobufCMessage *m) {
   return c;
 }
 
+static int workers__add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
+                        const char *data_address, const Rlorch__V1__Capabilities *caps,
+                        workers_entry **out);
+
 int workers_add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
                 const char *data_address, const Rlorch__V1__Capabilities *caps,
-                const Rlorch__V1__WeightManifest *manifest, workers_entry **out) {
+                Rlorch__V1__WeightManifest *manifest, workers_entry **out) {
+  int rc = workers__add(t, role, name, data_address, caps, out);
+  if (rc == 0) (*out)->manifest = manifest;
+  else workers__manifest_free(manifest);
+  return rc;
+}
+
+static int workers__add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
+                        const char *data_address, const Rlorch__V1__Capabilities *caps,
+                        workers_entry **out) {
   *out = NULL;
   t->err[0] = '\0';
   if (workers_live(t) >= t->lim.max_workers) {
@@ -181,19 +198,15 @@ int workers_add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
   /* A failed copy leaves the worker without capabilities: it then plans as
    * one without CUDA or NCCL, which is safe. */
   if (caps) w->caps = (Rlorch__V1__Capabilities *)workers__pb_copy(&caps->base);
-  if (manifest) w->manifest = (Rlorch__V1__WeightManifest *)workers__pb_copy(&manifest->base);
   workers_seen(w);
   t->v[t->n++] = w;
   *out = w;
   return 0;
 }
 
-int workers_set_manifest(workers_entry *w, const Rlorch__V1__WeightManifest *m) {
-  Rlorch__V1__WeightManifest *c = (Rlorch__V1__WeightManifest *)workers__pb_copy(&m->base);
-  if (!c) return -1;
-  if (w->manifest) protobuf_c_message_free_unpacked(&w->manifest->base, NULL);
-  w->manifest = c;
-  return 0;
+void workers_set_manifest(workers_entry *w, Rlorch__V1__WeightManifest *m) {
+  workers__manifest_free(w->manifest);
+  w->manifest = m;
 }
 
 int workers_set_coloc_export(workers_entry *w, const char *plan_id, const uint8_t *b, size_t len) {

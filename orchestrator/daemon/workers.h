@@ -39,7 +39,7 @@ typedef struct workers_entry {
   Rlorch__V1__WorkerState state;           /* the runner sets it from the scheduler */
   char name[WORKERS_NAME_MAX];
   Rlorch__V1__Capabilities *caps;          /* owned copy, or NULL */
-  Rlorch__V1__WeightManifest *manifest;    /* trainer: owned copy */
+  Rlorch__V1__WeightManifest *manifest;    /* owned (trainer: always one), or NULL */
   char data_address[WORKERS_ADDRESS_MAX];
   rpc_call *attach;                        /* open command stream, or NULL */
   uint64_t cmd_seq;
@@ -97,18 +97,22 @@ workers_entry *workers_by_api_id(workers_table *t, const char *api_id);
 workers_entry *workers_by_stream(workers_table *t, const rpc_call *attach);
 
 /* Adds a REGISTERED worker with the next id from the store, copying caps and
- * manifest (either may be NULL); an empty name becomes the API id. Room for
+ * taking manifest (see workers_set_manifest; either may be NULL, and the
+ * manifest is freed when the worker is not added); an empty name becomes the
+ * API id. Room for
  * it is made by removing the longest-lost worker if the table holds twice
  * max_workers. 0; -1 when max_workers live workers are registered; -2 out of
  * memory; -3 no id (the store failed, its message in store_errmsg, or the
  * data_dir's ids ran out). */
 int workers_add(workers_table *t, Rlorch__V1__WorkerRole role, const char *name,
                 const char *data_address, const Rlorch__V1__Capabilities *caps,
-                const Rlorch__V1__WeightManifest *manifest, workers_entry **out);
+                Rlorch__V1__WeightManifest *manifest, workers_entry **out);
 /* Why the last workers_add failed, for the caller's answer. */
 const char *workers_last_error(const workers_table *t);
-/* Replaces the manifest with a copy of `m`; 0, or -1 (out of memory, old kept). */
-int workers_set_manifest(workers_entry *w, const Rlorch__V1__WeightManifest *m);
+/* Replaces the manifest with `m`, which the entry takes (a message decoded
+ * with protobuf-c's default allocator, taken out of a request: a manifest
+ * can be large, and is never copied). */
+void workers_set_manifest(workers_entry *w, Rlorch__V1__WeightManifest *m);
 /* Keeps a copy of the colocated export acked for plan_id (len 0: drops it); 0 or
  * -1 out of memory (the old one is dropped either way). */
 int workers_set_coloc_export(workers_entry *w, const char *plan_id, const uint8_t *b, size_t len);

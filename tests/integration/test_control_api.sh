@@ -47,6 +47,17 @@ bad_spec '{"max_requests_per_worker":1025}' "max_requests_per_worker: 1025 is ov
 bad_spec '{"policy":99}' "policy: unknown value 99"
 bad_spec '{"offload":42}' "offload: unknown value 42"
 bad_spec '{"staging_budget_bytes":"1000"}' "staging_budget_bytes: 1000 is below the minimum"
+bad_spec '{"staging_budget_bytes":"18446744073709551615"}' \
+  "staging_budget_bytes: 18446744073709551615 is over the limit of 1099511627776 (1 TiB)"
+bad_spec '{"staging_budget_bytes":"1099511627777"}' "staging_budget_bytes: 1099511627777 is over the limit"
+bad_spec '{"request_timeout_ms":4294967295}' "request_timeout_ms: 4294967295 is over the limit of 86400000 (a day)"
+bad_spec '{"steps":4294967295}' "steps: 4294967295 is over the limit of 10000000"
+bad_spec '{"max_async_level":4294967295}' "max_async_level: 4294967295 is over the limit of 64"
+bad_spec '{"group_size":4294967295}' "group_size: 4294967295 is over the limit of 4096"
+bad_spec '{"sampling":{"max_tokens":4294967295}}' "sampling.max_tokens: 4294967295 is over the limit"
+bad_spec '{"sampling":{"stop_token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65]}}' \
+  "sampling.stop_token_ids: 65 ids, more than 64"
+bad_spec '{"prompts":{"synthetic":{"prompt_tokens":4294967295}}}' "prompts.synthetic.prompt_tokens: 4294967295 is more than max_prompt_tokens"
 bad_spec "{\"name\":\"$(printf 'n%.0s' {1..129})\"}" "name: longer than 128 bytes"
 
 assert_exit 1 ctl start-run --preset 3t
@@ -114,6 +125,11 @@ assert_status_details INVALID_ARGUMENT "policy: want auto, direct, staged, host 
   "SetBroadcastPolicy UNSPECIFIED"
 out="$(grpc_call --method $C/SetBroadcastPolicy --json "{\"run_id\":\"$RUN1\",\"policy\":31}")"
 assert_status_details INVALID_ARGUMENT "(got 31)" "$out" "SetBroadcastPolicy with an unknown enum number"
+out="$(grpc_call --method $C/SetBroadcastPolicy --json "{\"run_id\":\"$RUN1\",\"policy\":2147483647}")"
+assert_status_details INVALID_ARGUMENT "policy: want auto, direct, staged, host or colocated (got 2147483647)" "$out" \
+  "SetBroadcastPolicy with the largest enum number"
+out="$(grpc_call --method $C/SetBroadcastPolicy --json "{\"run_id\":\"$RUN1\",\"policy\":-1}")"
+assert_status_details INVALID_ARGUMENT "(got -1)" "$out" "SetBroadcastPolicy with a negative enum number"
 out="$(grpc_call --method $C/SetBroadcastPolicy --json '{"run_id":"run-nope","policy":"BROADCAST_MODE_HOST"}')"
 assert_status_details NOT_FOUND "run 'run-nope' not found" "$out" "SetBroadcastPolicy of an unknown run"
 out="$(ctl set-policy "$RUN1" host)"

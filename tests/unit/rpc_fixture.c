@@ -53,6 +53,19 @@ static void h_startrun(rpc_call *c, const ProtobufCMessage *req, void *ud) {
   rpc_call_reply(c, &run.base);
 }
 
+/* StartRun's precheck: a spec whose encoding carries synthetic prompts
+ * (RunSpec.prompts = 11, PromptSource.synthetic = 2) is refused before it is
+ * decoded, naming the count and whether the method's ud came along. */
+static grpc_status_code pre_startrun(const uint8_t *data, size_t len, void *ud, char *err,
+                                     size_t errlen) {
+  static const uint32_t path[] = {11, 2};
+  uint64_t n = 0;
+  if (rpc_wire_count(data, len, path, 2, &n) != 0 || n == 0) return GRPC_STATUS_OK;
+  snprintf(err, errlen, "precheck: %llu synthetic sources (ud %s)", (unsigned long long)n,
+           ud == &F ? "ok" : "wrong");
+  return GRPC_STATUS_RESOURCE_EXHAUSTED;
+}
+
 static void on_cancel_stream(rpc_call *c, void *ud) {
   fx *f = ud;
   pthread_mutex_lock(&f->mu);
@@ -234,7 +247,7 @@ void fx_start_opts(rpc_server_opts o) {
       {GETRUN, RPC_UNARY, &rlorch__v1__get_run_request__descriptor, &rlorch__v1__run__descriptor,
        1, h_getrun, &F},
       {STARTRUN, RPC_UNARY, &rlorch__v1__run_spec__descriptor, &rlorch__v1__run__descriptor, 1,
-       h_startrun, &F},
+       h_startrun, &F, pre_startrun},
       {WATCHRUN, RPC_SERVER_STREAM, &rlorch__v1__watch_run_request__descriptor,
        &rlorch__v1__run_event__descriptor, 1, h_watchrun, &F},
   };

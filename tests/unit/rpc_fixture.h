@@ -4,7 +4,8 @@
  *   GetRun:   run ids "r..." answer a Run; "hold" waits until cancelled (then
  *             counts the cancel); "precondition" fails FAILED_PRECONDITION;
  *             anything else is NOT_FOUND.
- *   StartRun: echoes the spec in a Run "run-1".
+ *   StartRun: echoes the spec in a Run "run-1"; its precheck refuses a spec
+ *             with synthetic prompts before decoding (RESOURCE_EXHAUSTED).
  *   WatchRun: sends events 1..from_step (seq i, unix_ms 10 i), stopping at
  *             a refused send (counted); run "open" then stays open until
  *             cancelled, any other run ends OK. Runs "paced", "paced-big"

@@ -159,46 +159,46 @@ Test(bcast_plan, invalid_manifests_are_refused_by_name) {
   bcast_tensor t[2];
   t[0] = T("a", 0, F32, BF16, 4, 0, PAGE);
   t[1] = T("a", 1, F32, BF16, 4, 0, PAGE);
-  expect_refused(t, 2, "'a': duplicate name");
+  expect_refused(t, 2, "tensors #0 and #1: duplicate name 'a'");
 
   t[0] = T("zero", 0, F32, BF16, 4, 0, PAGE);
   t[0].shape[0] = 0;
-  expect_refused(t, 1, "'zero': dimension 0 is 0");
+  expect_refused(t, 1, "tensor #0 'zero': shape[0]: 0");
 
   t[0] = T("nodims", 0, F32, BF16, 4, 0, PAGE);
   t[0].ndim = 0;
-  expect_refused(t, 1, "'nodims': ndim 0");
+  expect_refused(t, 1, "tensor #0 'nodims': shape: 0 dimensions");
 
   t[0] = T("ninedims", 0, F32, BF16, 4, 0, PAGE);
   t[0].ndim = 9;
-  expect_refused(t, 1, "'ninedims': ndim 9");
+  expect_refused(t, 1, "tensor #0 'ninedims': shape: 9 dimensions");
 
   t[0] = T("overflow", 0, F32, BF16, 1ull << 40, 1ull << 40, PAGE);
-  expect_refused(t, 1, "'overflow': element count overflows");
+  expect_refused(t, 1, "tensor #0 'overflow': shape: the element count overflows");
 
   t[0] = T("absurd", 0, F32, BF16, 1ull << 25, 1ull << 24, PAGE); /* 2^49 elems * 4 bytes = 2^51 */
-  expect_refused(t, 1, "'absurd'");
+  expect_refused(t, 1, "tensor #0 'absurd': size: 2251799813685248 bytes is over the limit");
   cr_assert_eq(T("", 0, F32, BF16, 1, 0, PAGE).name[0], 0);
 
   t[0] = T("ids", 0, U16, BF16, 4, 0, PAGE);
-  expect_refused(t, 1, "'ids': no cast from u16 to bf16");
+  expect_refused(t, 1, "'ids': wire_dtype: no cast from u16 to bf16");
   t[0] = T("toids", 0, F32, U16, 4, 0, PAGE);
-  expect_refused(t, 1, "'toids': no cast from fp32 to u16");
+  expect_refused(t, 1, "'toids': wire_dtype: no cast from fp32 to u16");
   t[0] = T("widen", 0, BF16, F32, 4, 0, PAGE);
-  expect_refused(t, 1, "'widen': no cast from bf16 to fp32");
+  expect_refused(t, 1, "'widen': wire_dtype: no cast from bf16 to fp32");
   t[0] = T("twice", 0, BF16, FP16, 4, 0, PAGE);
-  expect_refused(t, 1, "'twice': no cast");
+  expect_refused(t, 1, "'twice': wire_dtype: no cast");
 
   t[0] = T("where", 0, F32, BF16, 4, 0, (bcast_residency)7);
-  expect_refused(t, 1, "'where': unknown residency 7");
+  expect_refused(t, 1, "'where': residency: unknown value 7");
   t[0] = T("what", 0, (bcast_dtype)9, BF16, 4, 0, PAGE);
-  expect_refused(t, 1, "'what': unknown storage dtype 9");
+  expect_refused(t, 1, "'what': storage_dtype: unknown value 9");
 
   t[0] = T("", 0, F32, BF16, 4, 0, PAGE);
-  expect_refused(t, 1, "tensor #0: name is empty");
+  expect_refused(t, 1, "tensor #0: name: empty");
   t[0] = T("x", 0, F32, BF16, 4, 0, PAGE);
   memset(t[0].name, 'x', sizeof t[0].name);
-  expect_refused(t, 1, "tensor #0: name");
+  expect_refused(t, 1, "name: not terminated within 128 bytes");
 }
 
 Test(bcast_plan, invalid_options_are_refused) {
@@ -324,7 +324,7 @@ Test(bcast_plan, validate_catches_overlaps_gaps_and_bad_fields) {
   expect_invalid(c, "bucket 0: index");
   c = bcast_plan_dup(p);
   snprintf(c->tensors[1].name, sizeof c->tensors[1].name, "a");
-  expect_invalid(c, "'a': duplicate");
+  expect_invalid(c, "duplicate name 'a'");
   c = bcast_plan_dup(p);
   c->tensors[3].layer = 0;
   expect_invalid(c, "tensor 'd'");

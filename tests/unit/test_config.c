@@ -94,6 +94,13 @@ Test(config, defaults) {
   cr_assert_float_eq(c.lost_worker_retention_s, 60.0, 1e-12);
   cr_assert_eq(c.http_timeout_ms, 5000);
   cr_assert_eq(c.http_max_connections, 256);
+  cr_assert_eq(c.max_manifest_tensors, 131072);
+  cr_assert_eq(c.max_tensor_bytes, 1ull << 40);
+  cr_assert_eq(c.max_manifest_bytes, 1ull << 44);
+  bcast_manifest_limits lim = config_manifest_limits(&c);
+  cr_assert_eq(lim.max_manifest_tensors, 131072);
+  cr_assert_eq(lim.max_tensor_bytes, 1ull << 40);
+  cr_assert_eq(lim.max_manifest_bytes, 1ull << 44);
   cr_assert_eq(c.default_policy, RLORCH__V1__BROADCAST_MODE__BROADCAST_MODE_AUTO);
   cr_assert_eq(c.max_async_level, 1);
   cr_assert_eq(c.rollouts_per_step, 8);
@@ -351,6 +358,11 @@ Test(config, file_errors_name_file_line_and_field) {
        "rlorch.yaml:2: batch_chunk_bytes: 8388608 exceeds max_message_bytes (4194304), the "
        "largest gRPC message the server uses"},
       {"staging_budget_bytes: 12XB\n", "staging_budget_bytes: not a byte count: \"12XB\""},
+      {"max_manifest_tensors: 0\n", "rlorch.yaml:1: max_manifest_tensors: 0 out of range [1, "},
+      {"max_manifest_tensors: 4294967296\n", "rlorch.yaml:1: max_manifest_tensors: 4294967296 out of range"},
+      {"max_tensor_bytes: 0\n", "rlorch.yaml:1: max_tensor_bytes: 0 out of range"},
+      {"max_tensor_bytes: 1125899906842625\n", "rlorch.yaml:1: max_tensor_bytes: 1125899906842625 out of range"},
+      {"max_manifest_bytes: 0\n", "rlorch.yaml:1: max_manifest_bytes: 0 out of range"},
       {"staging_budget_bytes: 2048GiB\n", "staging_budget_bytes: 2048GiB out of range"},
       {"shutdown_grace_s: 0\n", "rlorch.yaml:1: shutdown_grace_s: 0 out of range"},
       {"shutdown_grace_s: soon\n", "shutdown_grace_s: not a number: \"soon\""},

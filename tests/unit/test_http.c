@@ -317,24 +317,125 @@ Test(http, many_connections_and_cap) {
   }
   stop();
 
-  start(5000, 3);
-  int held[3];
-  response r;
-  for (int i = 0; i < 3; i++) {
-    held[i] = dial();
-    send_all(held[i], "GET /healthz HTTP/1.1\r\n\r\n");
-    cr_assert_eq(read_response(held[i], &r, 0), 0); /* accepted and counted */
+  /* At the cap, a connection that is still being written to is not pushed
+   * out: with nothing else to close, a newcomer gets 503. The writer
+   * pipelines requests and reads nothing, through a small receive buffer. */
+  start(5000, 1);
+  int writer = socket(AF_INET, SOCK_STREAM, 0);
+  int small = 4096;
+  setsockopt(writer, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)F.port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  cr_assert_eq(connect(writer, (struct sockaddr *)&a, sizeof a), 0);
+  static const char req[] = "GET /healthz HTTP/1.1\r\n\r\n";
+  enum { PIPELINED = 40000 };
+  char *many = malloc(PIPELINED * (sizeof req - 1) + 1);
+  for (int i = 0; i < PIPELINED; i++) memcpy(many + i * (sizeof req - 1), req, sizeof req - 1);
+  size_t total = PIPELINED * (sizeof req - 1), sent = 0;
+  struct timeval tv = {.tv_sec = 2};
+  setsockopt(writer, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  while (sent < total) { /* until the server stops reading: its answers are stuck */
+    ssize_t k = send(writer, many + sent, total - sent, MSG_NOSIGNAL);
+    if (k <= 0) break;
+    sent += (size_t)k;
   }
+  free(many);
+  usleep(200000);
+  response r;
   int extra = dial();
   cr_assert_eq(read_response(extra, &r, 0), 0);
-  cr_assert_eq(r.status, 503, "over the cap");
+  cr_assert_eq(r.status, 503, "over the cap, nothing to push out");
+  cr_assert_str_eq(r.body, "too many clients\n");
   cr_assert(closed_within(extra, 2000));
   close(extra);
-  close(held[0]);
+  close(writer);
   usleep(100000);
   r = get("GET /healthz HTTP/1.1\r\n\r\n");
   cr_assert_eq(r.status, 200, "a slot freed");
-  for (int i = 1; i < 3; i++) close(held[i]);
+  stop();
+}
+
+/* A connection holding part of a request: the start of a header, no end. */
+static int dial_slow(void) {
+  int fd = dial();
+  send_all(fd, "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+  return fd;
+}
+
+Test(http, slow_clients_at_the_cap_make_room_for_probes) {
+  enum { CAP = 8 };
+  start(3000, CAP);
+  int slow[CAP];
+  for (int i = 0; i < CAP; i++) slow[i] = dial_slow();
+  usleep(100000);
+  cr_assert_eq(http_server_connections(F.srv), CAP);
+  /* Each probe takes the place of the one that waited longest. */
+  response r;
+  for (int i = 0; i < CAP; i++) {
+    r = get(i % 2 ? "GET /readyz HTTP/1.1\r\n\r\n" : "GET /healthz HTTP/1.1\r\n\r\n");
+    cr_assert(r.status == 200 || (i % 2 && r.status == 503 && strstr(r.body, "not ready")),
+              "probe %d: %d %s", i, r.status, r.body);
+    response e;
+    cr_assert_eq(read_response(slow[i], &e, 0), 0, "slow connection %d was told", i);
+    cr_assert_eq(e.status, 408, "slow connection %d", i);
+    cr_assert(closed_within(slow[i], 2000), "slow connection %d closed", i);
+    close(slow[i]);
+  }
+  /* /metrics is served the same way. */
+  for (int i = 0; i < CAP; i++) slow[i] = dial_slow();
+  usleep(100000);
+  r = get("GET /metrics HTTP/1.1\r\n\r\n");
+  cr_assert_eq(r.status, 200);
+  cr_assert(strstr(r.body, "rlorch_test_requests_total"), "%s", r.body);
+  for (int i = 0; i < CAP; i++) close(slow[i]);
+  stop();
+}
+
+Test(http, idle_connections_make_room_too) {
+  start(5000, 2);
+  int idle[2];
+  response r;
+  for (int i = 0; i < 2; i++) {
+    idle[i] = dial();
+    send_all(idle[i], "GET /healthz HTTP/1.1\r\n\r\n");
+    cr_assert_eq(read_response(idle[i], &r, 0), 0);
+    cr_assert_eq(r.status, 200);
+  }
+  usleep(50000);
+  /* idle[1] asks again: it is now the one that waited least. */
+  send_all(idle[1], "GET /healthz HTTP/1.1\r\n\r\n");
+  cr_assert_eq(read_response(idle[1], &r, 0), 0);
+  usleep(50000);
+  r = get("GET /healthz HTTP/1.1\r\n\r\n");
+  cr_assert_eq(r.status, 200);
+  /* The idle one is closed without an answer: it held no request. */
+  cr_assert(closed_within(idle[0], 2000), "the longest idle connection made room");
+  char b;
+  cr_assert_eq(recv(idle[0], &b, 1, MSG_DONTWAIT), 0, "closed with nothing sent");
+  send_all(idle[1], "GET /healthz HTTP/1.1\r\n\r\n");
+  cr_assert_eq(read_response(idle[1], &r, 0), 0, "the other one stays");
+  cr_assert_eq(r.status, 200);
+  close(idle[0]);
+  close(idle[1]);
+  stop();
+}
+
+Test(http, partial_requests_get_408_at_the_deadline) {
+  start(400, 64);
+  int slow[3];
+  for (int i = 0; i < 3; i++) slow[i] = dial_slow();
+  double t0 = now_s();
+  for (int i = 0; i < 3; i++) {
+    response r;
+    cr_assert_eq(read_response(slow[i], &r, 0), 0, "slow connection %d answered", i);
+    cr_assert_eq(r.status, 408);
+    cr_assert_str_eq(r.body, "request timeout\n");
+    cr_assert(strstr(r.head, "Connection: close"), "%s", r.head);
+    cr_assert(closed_within(slow[i], 2000));
+    close(slow[i]);
+  }
+  double took = now_s() - t0;
+  cr_assert(took >= 0.35 && took < 1.5, "closed after %.3fs, deadline 0.4s", took);
   stop();
 }
 

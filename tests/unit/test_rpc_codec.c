@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "rlorch/v1/control.pb-c.h"
+#include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc_internal.h"
 
 static void noop_handler(rpc_call *c, const ProtobufCMessage *req, void *ud) {}
@@ -87,6 +88,67 @@ Test(rpc_codec, field_number_zero_does_not_decode) {
 
 #define M(name, kind) \
   { name, kind, &rlorch__v1__get_run_request__descriptor, &rlorch__v1__run__descriptor, 0, noop_handler, NULL }
+
+/* Counting a manifest's tensors in an encoded RegisterRequest, as the
+ * Worker API does before decoding one. */
+Test(rpc_codec, wire_count_follows_a_path) {
+  Rlorch__V1__TensorSpec t[3];
+  Rlorch__V1__TensorSpec *tp[3];
+  uint64_t shape[] = {4, 4};
+  for (int i = 0; i < 3; i++) {
+    rlorch__v1__tensor_spec__init(&t[i]);
+    t[i].name = "w";
+    t[i].shape = shape;
+    t[i].n_shape = 2;
+    tp[i] = &t[i];
+  }
+  Rlorch__V1__WeightManifest m = RLORCH__V1__WEIGHT_MANIFEST__INIT;
+  m.tensors = tp;
+  m.n_tensors = 3;
+  m.preset = "1b";
+  Rlorch__V1__RegisterRequest q = RLORCH__V1__REGISTER_REQUEST__INIT;
+  q.role = RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER;
+  q.name = "t";
+  q.manifest = &m;
+  uint8_t buf[512];
+  size_t n = rlorch__v1__register_request__pack(&q, buf);
+  static const uint32_t tensors[] = {4, 1}, shapes[] = {4, 1, 5}, names[] = {2};
+  uint64_t c = 0;
+  cr_assert_eq(rpc_wire_count(buf, n, tensors, 2, &c), 0);
+  cr_assert_eq(c, 3, "three tensors");
+  c = 0;
+  cr_assert_eq(rpc_wire_count(buf, n, names, 1, &c), 0);
+  cr_assert_eq(c, 1, "one name");
+  c = 0;
+  cr_assert_eq(rpc_wire_count(buf, n, shapes, 3, &c), 0);
+  cr_assert_eq(c, 3, "a packed shape is one field");
+  /* A sub-message sent twice is merged by decoders: its entries add up. */
+  uint8_t twice[1024];
+  memcpy(twice, buf, n);
+  memcpy(twice + n, buf, n);
+  c = 0;
+  cr_assert_eq(rpc_wire_count(twice, 2 * n, tensors, 2, &c), 0);
+  cr_assert_eq(c, 6);
+  /* No manifest: none. */
+  q.manifest = NULL;
+  size_t n0 = rlorch__v1__register_request__pack(&q, buf);
+  c = 0;
+  cr_assert_eq(rpc_wire_count(buf, n0, tensors, 2, &c), 0);
+  cr_assert_eq(c, 0);
+  /* What is not a well-formed encoding along the path is refused. */
+  q.manifest = &m;
+  n = rlorch__v1__register_request__pack(&q, buf);
+  c = 0;
+  cr_assert_eq(rpc_wire_count(buf, n - 1, tensors, 2, &c), -1, "truncated");
+  static const uint8_t group[] = {0x0b}, varint_manifest[] = {0x20, 0x01}, long_varint[] = {
+      0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+  cr_assert_eq(rpc_wire_count(group, sizeof group, tensors, 2, &c), -1, "a group");
+  cr_assert_eq(rpc_wire_count(varint_manifest, sizeof varint_manifest, tensors, 2, &c), -1,
+               "field 4 as a varint where a message is expected");
+  cr_assert_eq(rpc_wire_count(long_varint, sizeof long_varint, tensors, 2, &c), -1,
+               "a varint longer than 10 bytes");
+  cr_assert_eq(rpc_wire_count(buf, n, tensors, 0, &c), -1, "an empty path");
+}
 
 Test(rpc_table, lookup_finds_exact_names_only) {
   rpc_method ms[] = {M("/rlorch.v1.Control/StopRun", RPC_UNARY),

@@ -60,6 +60,40 @@ Test(rpc_unary, undecodable_request_is_invalid_argument) {
   cr_assert_eq(fx_hook_count(STARTRUN, GRPC_STATUS_INVALID_ARGUMENT), 1);
 }
 
+Test(rpc_unary, precheck_refuses_before_decoding) {
+  fx_start();
+  rpc_client *c = fx_client(NULL);
+  rpc_status st;
+  Rlorch__V1__RunSpec spec = RLORCH__V1__RUN_SPEC__INIT;
+  spec.name = "plain";
+  ProtobufCMessage *resp = NULL;
+  cr_assert_eq(rpc_client_call(c, STARTRUN, &spec.base, &rlorch__v1__run__descriptor, 5, &resp, &st),
+               GRPC_STATUS_OK, "%s", st.message);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  resp = NULL;
+  Rlorch__V1__SyntheticPrompts syn = RLORCH__V1__SYNTHETIC_PROMPTS__INIT;
+  Rlorch__V1__PromptSource ps = RLORCH__V1__PROMPT_SOURCE__INIT;
+  ps.source_case = RLORCH__V1__PROMPT_SOURCE__SOURCE_SYNTHETIC;
+  ps.synthetic = &syn;
+  spec.prompts = &ps;
+  cr_assert_eq(rpc_client_call(c, STARTRUN, &spec.base, &rlorch__v1__run__descriptor, 5, &resp, &st),
+               GRPC_STATUS_RESOURCE_EXHAUSTED);
+  cr_assert_null(resp, "the handler did not answer");
+  cr_assert_str_eq(st.message, "precheck: 1 synthetic sources (ud ok)");
+  /* Bytes the precheck cannot follow are the decoder's to refuse. */
+  static const uint8_t junk[] = {0x5a, 0x40, 0x01};
+  uint8_t *out = NULL;
+  size_t len = 0;
+  cr_assert_eq(rpc_client_call_raw(c, STARTRUN, junk, sizeof junk, 5, &out, &len, &st),
+               GRPC_STATUS_INVALID_ARGUMENT);
+  cr_assert(strstr(st.message, "cannot decode rlorch.v1.RunSpec"), "%s", st.message);
+  free(out);
+  rpc_client_free(c);
+  fx_stop();
+  cr_assert_eq(fx_hook_count(STARTRUN, GRPC_STATUS_OK), 1);
+  cr_assert_eq(fx_hook_count(STARTRUN, GRPC_STATUS_RESOURCE_EXHAUSTED), 1);
+}
+
 Test(rpc_unary, oversized_message_is_resource_exhausted) {
   fx_start_opts((rpc_server_opts){.max_message_bytes = 1024});
   rpc_client *c = fx_client(NULL);

@@ -91,6 +91,33 @@ typedef struct bcast_tensor {
 
 uint64_t bcast_tensor_elems(const bcast_tensor *t);
 
+/* ---- the rules of a manifest (bcast_manifest.c) --------------------------
+ * One set of rules for every list of tensors: what a trainer registers, what
+ * its step reports carry, what a plan is built from and what a received plan
+ * describes.  Refused, naming the tensor by index and name and the field:
+ *   - more than max_manifest_tensors tensors (checked before anything else);
+ *   - a name that is empty, holds a control character, or is longer than
+ *     BCAST_NAME_MAX - 1 bytes; a name two tensors share (both indices named);
+ *   - a shape of no or more than BCAST_MAX_DIMS dimensions, a dimension of 0,
+ *     an element count that overflows 64 bits;
+ *   - an unknown storage or wire dtype, a pair with no cast
+ *     (bcast_cast_supported), an unknown residency;
+ *   - a size (elements times the larger of the two element sizes) that
+ *     overflows or exceeds max_tensor_bytes; sizes summed over max_manifest_bytes.
+ * A limit of 0 is the engine's own bound: BCAST_MAX_TENSORS tensors (plans
+ * index them with 32 bits), BCAST_MAX_TENSOR_BYTES a tensor, no total. Larger
+ * limits are clamped to those bounds. */
+#define BCAST_MAX_TENSORS 0xffffffffull
+typedef struct bcast_manifest_limits {
+  uint64_t max_manifest_tensors;
+  uint64_t max_tensor_bytes;
+  uint64_t max_manifest_bytes;
+} bcast_manifest_limits;
+
+/* BCAST_OK, BCAST_EINVAL with the first rule broken, BCAST_ENOMEM. */
+int bcast_manifest_check(const bcast_tensor *t, size_t n, const bcast_manifest_limits *lim,
+                         bcast_err *err);
+
 /* ---- plans -------------------------------------------------------------- */
 typedef struct bcast_slice {
   uint32_t tensor;       /* index into plan->tensors */
@@ -188,6 +215,8 @@ typedef struct bcast_plan_opts {
   const uint8_t *secret;    /* BCAST_SECRET_BYTES, or NULL: fresh from getrandom */
   double min_gbps;          /* see bcast_plan.min_gbps; 0: none */
   int tls;                  /* see bcast_plan.tls */
+  const bcast_manifest_limits *limits; /* the manifest's (bcast_manifest_check); NULL: the
+                                          engine's own bounds */
 } bcast_plan_opts;
 
 /* Buckets per layer and per wire dtype, slices concatenated at fixed offsets,

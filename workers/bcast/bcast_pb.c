@@ -36,24 +36,17 @@ static Rlorch__V1__TensorSpec *spec_new(const bcast_tensor *t) {
   return s;
 }
 
-/* Structural checks only; dtypes, sizes and names are validated by the plan. */
-static int spec_to_tensor(const Rlorch__V1__TensorSpec *s, size_t i, bcast_tensor *t, bcast_err *err) {
+/* A conversion: the specs were checked by the manifest's rules first
+ * (bcast__specs_check), so the shape fits and the name is terminated. */
+static void spec_to_tensor(const Rlorch__V1__TensorSpec *s, bcast_tensor *t) {
   memset(t, 0, sizeof *t);
-  if (!s) return bcast__fail(err, BCAST_EINVAL, "tensor #%zu: missing", i);
-  const char *nm = s->name ? s->name : "";
-  if (strlen(nm) >= BCAST_NAME_MAX)
-    return bcast__fail(err, BCAST_EINVAL, "tensor #%zu '%.64s...': name longer than %d bytes", i, nm,
-                       BCAST_NAME_MAX - 1);
-  if (s->n_shape == 0 || s->n_shape > BCAST_MAX_DIMS)
-    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': ndim %zu is outside 1..%d", nm, s->n_shape, BCAST_MAX_DIMS);
-  memcpy(t->name, nm, strlen(nm) + 1);
+  snprintf(t->name, sizeof t->name, "%s", s->name);
   t->layer = s->layer;
   t->storage_dtype = (bcast_dtype)s->storage_dtype;
   t->wire_dtype = (bcast_dtype)s->wire_dtype;
   t->ndim = (uint32_t)s->n_shape;
   memcpy(t->shape, s->shape, s->n_shape * sizeof *t->shape);
   t->residency = (bcast_residency)s->residency;
-  return BCAST_OK;
 }
 
 /* ---- plan ------------------------------------------------------------------------ */
@@ -225,11 +218,12 @@ int bcast_plan_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan **out, bca
   bcast_plan *p = calloc(1, sizeof *p);
   if (!p) return bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
   int rc = plan_fields_from_pb(m, p, err);
+  if (!rc) rc = bcast__specs_check(m->tensors, m->n_tensors, NULL, err);
   if (!rc && (!(p->tensors = calloc(m->n_tensors ? m->n_tensors : 1, sizeof *p->tensors)) ||
               !(p->buckets = calloc(m->n_buckets ? m->n_buckets : 1, sizeof *p->buckets))))
     rc = bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
   for (size_t i = 0; !rc && i < m->n_tensors; i++) {
-    rc = spec_to_tensor(m->tensors[i], i, &p->tensors[i], err);
+    spec_to_tensor(m->tensors[i], &p->tensors[i]);
     p->ntensors = i + 1;
   }
   for (size_t b = 0; !rc && b < m->n_buckets; b++) {
@@ -303,15 +297,11 @@ int bcast_manifest_from_pb(const Rlorch__V1__WeightManifest *m, bcast_tensor **o
   if (!m || !out || !n) return bcast__fail(err, BCAST_EINVAL, "manifest_from_pb: NULL argument");
   *out = NULL;
   *n = 0;
+  int rc = bcast_manifest_check_pb(m, NULL, err);
+  if (rc) return rc;
   bcast_tensor *t = calloc(m->n_tensors ? m->n_tensors : 1, sizeof *t);
   if (!t) return bcast__fail(err, BCAST_ENOMEM, "manifest_from_pb: out of memory");
-  for (size_t i = 0; i < m->n_tensors; i++) {
-    int rc = spec_to_tensor(m->tensors[i], i, &t[i], err);
-    if (rc) {
-      free(t);
-      return rc;
-    }
-  }
+  for (size_t i = 0; i < m->n_tensors; i++) spec_to_tensor(m->tensors[i], &t[i]);
   *out = t;
   *n = m->n_tensors;
   return BCAST_OK;

@@ -25,6 +25,14 @@ int bcast_manifest_to_pb(const bcast_tensor *t, size_t n, Rlorch__V1__WeightMani
                          bcast_err *err);
 int bcast_manifest_from_pb(const Rlorch__V1__WeightManifest *m, bcast_tensor **out, size_t *n,
                            bcast_err *err);
+/* The manifest's rules (bcast_manifest_check) on the message itself, without
+ * converting it, plus its own fields: a preset longer than 63 bytes or an
+ * unknown offload is refused.  from_pb applies them with the engine's bounds. */
+int bcast_manifest_check_pb(const Rlorch__V1__WeightManifest *m, const bcast_manifest_limits *lim,
+                            bcast_err *err);
+/* The same rules on a list of specs (a plan's tensors). */
+int bcast__specs_check(Rlorch__V1__TensorSpec *const *specs, size_t n,
+                       const bcast_manifest_limits *lim, bcast_err *err);
 
 /* Fills the broadcast fields of a step record (mode, transport, bytes,
  * seconds, exposed staging, GB/s, buckets, bucket_timings) and leaves the

@@ -29,38 +29,6 @@ static int name_ok(const char *name) {
   return len > 0 && len < BCAST_NAME_MAX;
 }
 
-/* Checks what a manifest entry and a plan tensor share: name, dtypes, shape,
- * size, residency.  `i` is the tensor's index, for messages. */
-static int tensor_check(const bcast_tensor *t, size_t i, bcast_err *err) {
-  if (!name_ok(t->name))
-    return bcast__fail(err, BCAST_EINVAL, "tensor #%zu: name is empty or not terminated within %d bytes",
-                       i, BCAST_NAME_MAX);
-  const char *nm = t->name;
-  if (t->ndim == 0 || t->ndim > BCAST_MAX_DIMS)
-    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': ndim %u is outside 1..%d", nm, t->ndim,
-                       BCAST_MAX_DIMS);
-  uint64_t elems = 1;
-  for (uint32_t d = 0; d < t->ndim; d++) {
-    if (t->shape[d] == 0)
-      return bcast__fail(err, BCAST_EINVAL, "tensor '%s': dimension %u is 0 (zero elements)", nm, d);
-    if (__builtin_mul_overflow(elems, t->shape[d], &elems))
-      return bcast__fail(err, BCAST_EINVAL, "tensor '%s': element count overflows 64 bits", nm);
-  }
-  size_t ss = bcast_dtype_size(t->storage_dtype), ws = bcast_dtype_size(t->wire_dtype);
-  if (!ss) return bcast__fail(err, BCAST_EINVAL, "tensor '%s': unknown storage dtype %d", nm, (int)t->storage_dtype);
-  if (!ws) return bcast__fail(err, BCAST_EINVAL, "tensor '%s': unknown wire dtype %d", nm, (int)t->wire_dtype);
-  if (!bcast_cast_supported(t->storage_dtype, t->wire_dtype))
-    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': no cast from %s to %s", nm,
-                       bcast_dtype_name(t->storage_dtype), bcast_dtype_name(t->wire_dtype));
-  uint64_t bytes;
-  if (__builtin_mul_overflow(elems, (uint64_t)(ss > ws ? ss : ws), &bytes) || bytes > BCAST_MAX_TENSOR_BYTES)
-    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': %llu elements exceed the 2^50-byte limit", nm,
-                       (unsigned long long)elems);
-  if (t->residency < BCAST_RES_GPU || t->residency > BCAST_RES_HOST_PAGEABLE)
-    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': unknown residency %d", nm, (int)t->residency);
-  return BCAST_OK;
-}
-
 static int name_cmp(const void *a, const void *b) {
   const bcast_tensor *x = *(const bcast_tensor *const *)a, *y = *(const bcast_tensor *const *)b;
   return strncmp(x->name, y->name, BCAST_NAME_MAX);
@@ -73,21 +41,6 @@ static const bcast_tensor **sorted_by_name(const bcast_tensor *t, size_t n) {
   for (size_t i = 0; i < n; i++) v[i] = &t[i];
   qsort(v, n, sizeof *v, name_cmp);
   return v;
-}
-
-static int tensors_check(const bcast_tensor *t, size_t n, const char *what, bcast_err *err) {
-  for (size_t i = 0; i < n; i++) {
-    int rc = tensor_check(&t[i], i, err);
-    if (rc) return rc;
-  }
-  const bcast_tensor **v = sorted_by_name(t, n);
-  if (!v) return bcast__fail(err, BCAST_ENOMEM, "out of memory checking %zu tensor names", n);
-  int rc = BCAST_OK;
-  for (size_t i = 1; i < n && !rc; i++)
-    if (name_cmp(&v[i - 1], &v[i]) == 0)
-      rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': duplicate name in the %s", v[i]->name, what);
-  free(v);
-  return rc;
 }
 
 /* ---- building ------------------------------------------------------------- */
@@ -218,8 +171,7 @@ int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opt
   uint64_t budget = o->staging_budget ? o->staging_budget : PLAN_DEFAULT_BUDGET;
   int rc = opts_check(o, budget, err);
   if (rc) return rc;
-  if (n > UINT32_MAX) return bcast__fail(err, BCAST_EINVAL, "manifest: %zu tensors is too many", n);
-  if ((rc = tensors_check(tensors, n, "manifest", err))) return rc;
+  if ((rc = bcast_manifest_check(tensors, n, o->limits, err))) return rc;
 
   bcast_plan *p = calloc(1, sizeof *p);
   if (!p || !(p->tensors = calloc(n ? n : 1, sizeof *p->tensors))) {
@@ -319,9 +271,9 @@ int bcast_plan_validate(const bcast_plan *p, bcast_err *err) {
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': unknown checksum kind %d", p->id, (int)p->checksum);
   if ((p->ntensors && !p->tensors) || (p->nbuckets && !p->buckets))
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': NULL tensor or bucket array", p->id);
-  if (p->ntensors > UINT32_MAX || p->nbuckets > UINT32_MAX)
-    return bcast__fail(err, BCAST_EINVAL, "plan '%s': too many tensors or buckets", p->id);
-  if ((rc = tensors_check(p->tensors, p->ntensors, "plan", err))) return rc;
+  if (p->nbuckets > UINT32_MAX)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': too many buckets", p->id);
+  if ((rc = bcast_manifest_check(p->tensors, p->ntensors, NULL, err))) return rc;
   uint64_t *next = calloc(p->ntensors ? p->ntensors : 1, sizeof *next);
   if (!next) return bcast__fail(err, BCAST_ENOMEM, "out of memory validating plan '%s'", p->id);
   for (size_t b = 0; b < p->nbuckets && !rc; b++) rc = bucket_check(p, &p->buckets[b], b, next, err);

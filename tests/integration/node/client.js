@@ -5,7 +5,7 @@
 //   node client.js --target HOST:PORT --method /pkg.Service/Method [--json '{...}']
 //                  [--token T] [--deadline-ms N] [--raw-hex HEX] [--max-send BYTES]
 //                  [--stream [--max-messages N] [--cancel-after-ms N] [--read-delay-ms N]]
-//                  [--pad-bytes N]
+//                  [--pad-bytes N] [--raw-file FILE] [--timing]
 //   node client.js --target HOST:PORT --health SERVICE | --health-watch SERVICE
 //
 // Output: one JSON line per response message ({"message": {...}}), then one final
@@ -42,9 +42,12 @@ const USAGE = `usage: node client.js --target HOST:PORT (--method /pkg.Service/M
   --metadata K=V        extra request metadata (repeatable)
   --deadline-ms N       call deadline (unary default ${DEFAULT_UNARY_DEADLINE_MS} ms; streams: none)
   --raw-hex HEX         send these bytes as the request, bypassing the codec
+  --raw-file FILE       the same, the bytes of FILE (a request too large for a command line)
   --pad-bytes N         append N bytes to a string field of the request
   --pad-field NAME      the field --pad-bytes stuffs (default: first string field)
   --max-send BYTES      client-side limit on the request size
+  --timing              print {"elapsed_ms": N} before the status: the call alone, from
+                        sending the request to its status (encoding and start-up left out)
   --stream              server-streaming call (implied for known streaming methods)
   --max-messages N      cancel the stream after N messages
   --cancel-after-ms N   cancel the call after N ms
@@ -61,6 +64,7 @@ const FLAGS = {
   '--max-messages': 'int', '--cancel-after-ms': 'int', '--read-delay-ms': 'int', '--pad-bytes': 'int',
   '--pad-field': 'str', '--health': 'str', '--health-watch': 'str', '--tls-ca': 'str',
   '--schemas': 'str', '--metadata': 'list', '--list': 'bool', '--help': 'bool',
+  '--raw-file': 'str', '--timing': 'bool',
 };
 
 function parseArgs(argv) {
@@ -104,6 +108,9 @@ function checkArgs(o) {
   if (modes.length !== 1) throw new UsageError('give exactly one of --method, --health, --health-watch');
   if (o.method !== undefined && !/^\/[^/\s]+\/[^/\s]+$/.test(o.method)) {
     throw new UsageError(`--method "${o.method}" is not of the form /package.Service/Method`);
+  }
+  if (o.rawFile !== undefined && (o.rawHex !== undefined || o.json !== undefined || o.padBytes !== undefined)) {
+    throw new UsageError('--raw-file excludes --raw-hex, --json and --pad-bytes');
   }
   if (o.rawHex !== undefined && (o.json !== undefined || o.padBytes !== undefined)) {
     throw new UsageError('--raw-hex excludes --json and --pad-bytes');
@@ -237,6 +244,13 @@ function pad(type, obj, n, fieldName) {
 // ---- the call ------------------------------------------------------------------
 
 function buildRequest(o, entry) {
+  if (o.rawFile !== undefined) {
+    try {
+      return fs.readFileSync(o.rawFile);
+    } catch (e) {
+      throw new UsageError(`--raw-file: ${e.message}`);
+    }
+  }
   if (o.rawHex !== undefined) return Buffer.from(o.rawHex.replace(/\s+/g, ''), 'hex');
   let obj = {};
   if (o.json !== undefined) {
@@ -274,7 +288,13 @@ function printLine(obj) {
   process.stdout.write(`${JSON.stringify(obj)}\n`);
 }
 
+let callStart = null; // set when the call is made, for --timing
+let timing = false;
+
 function finish(code, details) {
+  if (timing && callStart !== null) {
+    printLine({ elapsed_ms: Number(process.hrtime.bigint() - callStart) / 1e6 });
+  }
   printLine({ status: { code, name: STATUS_NAMES[code] || 'UNKNOWN', details: details || '' } });
   process.exit(0);
 }
@@ -319,6 +339,8 @@ function call(o, methods) {
   if (deadlineMs !== undefined) callOpts.deadline = new Date(Date.now() + deadlineMs);
 
   const ident = (b) => b;
+  timing = Boolean(o.timing);
+  callStart = process.hrtime.bigint();
   let c;
   if (streaming) {
     let seen = 0;
