@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# An inference worker stops answering: SIGSTOP as a broadcast to it begins
+# (its process and sockets stay, nothing answers), SIGCONT after SECONDS.
+#
+#   inference_stop.sh 7    a heartbeat gap
+#   inference_stop.sh 45   a hung worker
+#
+# It must be declared lost within the worker timeout, the run must go on
+# without it (steps keep being committed while it is stopped), and once it
+# resumes it must register again, re-attach and be caught up with the
+# committed weights before it takes part again. The run is long and stopped
+# (stop-run) a few steps after that; every step it committed is recorded
+# once. Detected: from the stop to the daemon's worker_lost.
+source "$(dirname "$0")/lib.sh"
+
+STOP_S=${1:?usage: inference_stop.sh SECONDS}
+TIMEOUT_S=$((RLORCH_WORKER_TIMEOUT_MS / 1000))
+
+serve_start || { finish; exit 1; }
+start_agents 2
+VICTIM=${INF_PIDS[1]}
+# Never leave a stopped process behind, whatever happens to the script.
+on_exit 'kill -CONT "$VICTIM" 2>/dev/null'
+start_run 100000
+__third_broadcast() { (($(grep -c "event=broadcast_start" "$TEST_TMP/inference.1.log") >= 3)); }
+wait_until 60 __third_broadcast
+t_stop="$(now)"
+kill -STOP "$VICTIM"
+sleep "$STOP_S"
+during="$(commits_after "$t_stop")"
+t_cont="$(now)"
+kill -CONT "$VICTIM"
+
+recovered=yes
+lost_at="$(log_time "$SERVE_LOG" " event=worker_lost .*name=inference-1 " "$t_stop")"
+assert_ne "" "$lost_at" "the stopped worker is declared lost" || recovered=no
+detect="$(elapsed "$t_stop" "$lost_at")"
+within "$detect" $((TIMEOUT_S + 2))
+assert_eq 0 "$?" "within the worker timeout (${detect} s, timeout ${TIMEOUT_S} s)" || recovered=no
+assert_eq 1 "$((during >= 1))" "the run went on while it was stopped ($during commits in ${STOP_S} s)" ||
+  recovered=no
+back_at="$(log_time "$SERVE_LOG" " event=step run=$RUN " "$lost_at")"
+
+# Back: registered again, attached, and given the committed weights by the
+# first plan that includes it (a catch-up plan when no step can start, else
+# the next step's own plan: either moves the whole weights), verified, before
+# it serves rollouts (the scheduler's rule; docs/ARCHITECTURE.md).
+__synced() {
+  local id
+  id="$(awk -v t="ts=$(date -u -d "@$t_cont" +%Y-%m-%dT%H:%M:%S)" '$1 >= t' "$TEST_TMP/inference.1.log" |
+    sed -n 's/.* event=broadcast_done plan_id=\([^ ]*\) .*/\1/p' | head -n 1)"
+  [[ -n "$id" ]] || return 1
+  SYNC_PLAN=$id
+  if [[ "$id" == *-catchup* ]]; then
+    SYNC_AT="$(log_time "$SERVE_LOG" " event=caught_up run=$RUN plan=$id .*verified=1 ")"
+  else
+    id=${id#"$RUN"/step-}
+    SYNC_AT="$(log_time "$SERVE_LOG" " event=step run=$RUN step=${id%%-*} .*verified=1")"
+  fi
+  [[ -n "$SYNC_AT" ]]
+}
+wait_until 60 __synced
+__synced
+assert_eq 0 "$?" "after SIGCONT it is given the committed weights (${SYNC_PLAN:-no plan}), verified" ||
+  recovered=no
+assert_eq 1 "$(live_workers inference-1)" "it is attached again" || recovered=no
+reg_at="$(log_time "$SERVE_LOG" " event=worker_registered .*name=inference-1 " "$t_cont")"
+assert_ne "" "$reg_at" "under a new registration" || recovered=no
+wait_commits 3 60 "${SYNC_AT:-$t_cont}"
+assert_eq 0 "$?" "steps go on after it rejoined" || recovered=no
+how="a catch-up plan"
+[[ "${SYNC_PLAN:-}" == *-catchup* ]] || how="the next step's plan (${SYNC_PLAN:-none})"
+
+ctl stop-run "$RUN" >/dev/null
+wait_run_end 60
+assert_eq RUN_STATE_STOPPED "$(ctl --json get-run "$RUN" | json_get state)" "the run stops when told to" ||
+  recovered=no
+read -r lost dup <<<"$(step_audit)"
+name="inference worker SIGSTOP ${STOP_S} s, SIGCONT"
+fault_row "$name" "$detect" "$recovered" "$lost" "$dup" "$(elapsed "$t_stop" "$back_at")" \
+  "$during commits while stopped; synced by $how $(elapsed "$t_cont" "${SYNC_AT:-}") s after SIGCONT"
