@@ -47,8 +47,10 @@ back_at="$(log_time "$SERVE_LOG" " event=step run=$RUN " "$lost_at")"
 # it serves rollouts (the scheduler's rule; docs/ARCHITECTURE.md).
 __synced() {
   local id
-  id="$(awk -v t="ts=$(date -u -d "@$t_cont" +%Y-%m-%dT%H:%M:%S)" '$1 >= t' "$TEST_TMP/inference.1.log" |
-    sed -n 's/.* event=broadcast_done plan_id=\([^ ]*\) .*/\1/p' | head -n 1)"
+  # The first broadcast it completes after its last registration (one that
+  # ended after SIGCONT was a plan from before its loss, already re-planned).
+  id="$(awk '/ event=registered /{n = NR} {l[NR] = $0} END {for (i = n + 1; i <= NR; i++) print l[i]}' \
+    "$TEST_TMP/inference.1.log" | sed -n 's/.* event=broadcast_done plan_id=\([^ ]*\) .*/\1/p' | head -n 1)"
   [[ -n "$id" ]] || return 1
   SYNC_PLAN=$id
   if [[ "$id" == *-catchup* ]]; then
@@ -59,6 +61,9 @@ __synced() {
   fi
   [[ -n "$SYNC_AT" ]]
 }
+__reregistered() { (($(grep -c " event=registered " "$TEST_TMP/inference.1.log") >= 2)); }
+wait_until 60 __reregistered
+assert_eq 0 "$?" "after SIGCONT it registers again" || recovered=no
 wait_until 60 __synced
 __synced
 assert_eq 0 "$?" "after SIGCONT it is given the committed weights (${SYNC_PLAN:-no plan}), verified" ||

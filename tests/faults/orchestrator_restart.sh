@@ -43,6 +43,12 @@ assert_not_contains "$(cat "$TEST_TMP"/inference.*.log "$TEST_TMP/trainer.log")"
   "the agents re-attached by themselves" || recovered=no
 back="$(log_time "$SERVE_LOG" " event=step run=$RUN ")"
 before="$(grep -c " event=step run=$RUN " "$FIRST_LOG")"
+# The step in progress goes out again under the resume's name (the trainer
+# trained it: planned again), or, when its broadcast committed just before
+# the daemon went, the workers are caught up first.
+first="$(grep -m 1 -o " event=plan_built run=$RUN plan=[^ ]*" "$SERVE_LOG")"
+assert_contains "$first" "plan=$RUN/step-$before-resume1" "the first plan after the restart is the resume's (${first##*=})" ||
+  recovered=no
 read -r lost dup <<<"$(step_audit $STEPS)"
 fault_row "$name" "$(elapsed "$t_fault" "$resumed")" "$recovered" "$lost" "$dup" \
-  "$(elapsed "$t_fault" "$back")" "resumed at step $before of $STEPS"
+  "$(elapsed "$t_fault" "$back")" "resumed at step $before of $STEPS, first plan ${first##*/}"
