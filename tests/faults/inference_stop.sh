@@ -42,15 +42,33 @@ assert_eq 1 "$((during >= 1))" "the run went on while it was stopped ($during co
 back_at="$(log_time "$SERVE_LOG" " event=step run=$RUN " "$lost_at")"
 
 # Back: registered again, attached, and given the committed weights by the
-# first plan that includes it (a catch-up plan when no step can start, else
+# first plan after that which includes it (a catch-up plan when no step can start, else
 # the next step's own plan: either moves the whole weights), verified, before
 # it serves rollouts (the scheduler's rule; docs/ARCHITECTURE.md).
 __synced() {
-  local id
-  # The first broadcast it completes after its last registration (one that
-  # ended after SIGCONT was a plan from before its loss, already re-planned).
-  id="$(awk '/ event=registered /{n = NR} {l[NR] = $0} END {for (i = n + 1; i <= NR; i++) print l[i]}' \
-    "$TEST_TMP/inference.1.log" | sed -n 's/.* event=broadcast_done plan_id=\([^ ]*\) .*/\1/p' | head -n 1)"
+  local reg id
+  reg="$(log_time_last "$SERVE_LOG" " event=worker_registered .*name=inference-1 ")" || return 1
+  # The first plan built after its registration that it completed (one that
+  # ended after SIGCONT may be a plan from before its loss, re-planned since).
+  id="$(python3 - "$SERVE_LOG" "$TEST_TMP/inference.1.log" "$reg" <<'PY'
+import datetime, re, sys
+def ts(line):
+    m = re.match(r"ts=(\S+)Z ", line)
+    return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
+        tzinfo=datetime.timezone.utc).timestamp() if m else 0
+serve, agent, reg = sys.argv[1], sys.argv[2], float(sys.argv[3])
+built = {}
+for line in open(serve, errors="replace"):
+    m = re.search(r" event=plan_built run=\S+ plan=(\S+) ", line)
+    if m and ts(line) > reg:
+        built.setdefault(m.group(1), ts(line))
+for line in open(agent, errors="replace"):
+    m = re.search(r" event=broadcast_done plan_id=(\S+) ", line)
+    if m and m.group(1) in built:
+        print(m.group(1))
+        break
+PY
+)"
   [[ -n "$id" ]] || return 1
   SYNC_PLAN=$id
   if [[ "$id" == *-catchup* ]]; then
