@@ -137,10 +137,11 @@ wait_run_end() {
 # step_audit [STEPS]: prints "LOST DUPLICATED" for RUN, measured: its step
 # records as the store replays them (ctl watch-run on the ended run) against
 # the steps every daemon log of this scenario says it committed, and against
-# 0..STEPS-1 (default: the run's steps_done). Lost: a step committed (logged,
-# or below steps_done) with no record, or a policy version skipped.
-# Duplicated: a step with two records, a step committed twice (in one log or
-# across restarts), or a policy version published twice.
+# 0..STEPS-1 (default: the run's steps_done). Lost: steps committed (logged,
+# or below steps_done) with no record, or policy versions skipped.
+# Duplicated: steps with two records, steps committed twice (in one log or
+# across restarts), or policy versions published twice. Each is the largest
+# of its counts.
 step_audit() {
   local steps=${1:-$(ctl --json get-run "$RUN" | json_get steps_done)}
   ctl --json watch-run "$RUN" >"$TEST_TMP/replay.jsonl" 2>&1
@@ -164,11 +165,12 @@ for log in logs:
 have = collections.Counter(s for s, _ in records)
 versions = collections.Counter(v for _, v in records)
 committed = set(logged) | set(range(want))
-lost = len(committed - set(have))
-if versions:
-    lost += len(set(range(1, max(versions) + 1)) - set(versions))
-dup = sum(c - 1 for c in have.values()) + sum(c - 1 for c in logged.values())
-dup += sum(c - 1 for c in versions.values())
+# Each kind of evidence counts steps; a step missing from the records is also
+# a version missing, so the largest count is the number of steps.
+lost = max(len(committed - set(have)),
+           len(set(range(1, max(versions) + 1)) - set(versions)) if versions else 0)
+dup = max(sum(c - 1 for c in have.values()), sum(c - 1 for c in logged.values()),
+          sum(c - 1 for c in versions.values()))
 print(lost, dup)
 PY
 }

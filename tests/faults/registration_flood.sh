@@ -7,6 +7,7 @@
 # registrations are removed after lost_worker_retention_s. Detected: from
 # the flood's first call to the daemon's loss of the last of its workers.
 source "$(dirname "$0")/lib.sh"
+need_cmd node || { finish; exit 1; }
 
 N=4200
 STEPS=5
