@@ -42,20 +42,7 @@ assert_eq RUN_STATE_SUCCEEDED "$(json_get state "$res")" "the run succeeds: $(js
   recovered=no
 assert_not_contains "$(cat "$SERVE_LOG")" "event=broadcast_aborted" "no broadcast was aborted" || recovered=no
 # The run's pace: commit gaps while the stranger was at it against before.
-gaps="$(python3 - "$SERVE_LOG" "$RUN" "$t_fault" "$t_end" <<'PY'
-import datetime, re, sys
-log, run, t0, t1 = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-ts = []
-for line in open(log):
-    m = re.match(r"ts=(\S+)Z ", line)
-    if m and " event=step " in line and f" run={run} " in line:
-        ts.append(datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
-            tzinfo=datetime.timezone.utc).timestamp())
-before = sorted(b - a for a, b in zip(ts, ts[1:]) if b <= t0)
-during = [b - a for a, b in zip(ts, ts[1:]) if b > t0 and a < t1]
-print(f"{before[len(before) // 2] if before else -1:.2f} {max(during) if during else -1:.2f} {len(during)}")
-PY
-)"
+gaps="$(commit_gaps "$t_fault" "$t_end")"
 read -r median longest ndur <<<"$gaps"
 python3 -c "import sys; m, l = map(float, sys.argv[1:]); sys.exit(0 if 0 < l <= 3 * m + 1 else 1)" "$median" "$longest"
 assert_eq 0 "$?" "the run kept its pace (longest gap ${longest} s while the stranger was at it, ${ndur} gaps; median ${median} s before)" ||

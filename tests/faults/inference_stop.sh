@@ -40,6 +40,13 @@ assert_eq 0 "$?" "within the worker timeout (${detect} s, timeout ${TIMEOUT_S} s
 assert_eq 1 "$((during >= 1))" "the run went on while it was stopped ($during commits in ${STOP_S} s)" ||
   recovered=no
 back_at="$(log_time "$SERVE_LOG" " event=step run=$RUN " "$lost_at")"
+# Beyond the detection, the step in progress and its re-plan, each about a
+# step's time, and a few seconds (test_hung_worker's bound).
+read -r median longest _ <<<"$(commit_gaps "$t_stop" "$t_cont")"
+python3 -c "import sys; d, m, l = map(float, sys.argv[1:]); sys.exit(0 if 0 < l <= d + 3 * m + 3 else 1)" \
+  "$detect" "$median" "$longest"
+assert_eq 0 "$?" "no gap between commits much longer than the detection (${longest} s, steps of ${median} s)" ||
+  recovered=no
 
 # Back: registered again, attached, and given the committed weights by the
 # first plan after that which includes it (a catch-up plan when no step can start, else
@@ -101,4 +108,4 @@ assert_eq RUN_STATE_STOPPED "$(ctl --json get-run "$RUN" | json_get state)" "the
 read -r lost dup <<<"$(step_audit)"
 name="inference worker SIGSTOP ${STOP_S} s, SIGCONT"
 fault_row "$name" "$detect" "$recovered" "$lost" "$dup" "$(elapsed "$t_stop" "$back_at")" \
-  "$during commits while stopped; synced by $how $(elapsed "$t_cont" "${SYNC_AT:-}") s after SIGCONT"
+  "$during commits while stopped (longest gap ${longest} s); synced by $how $(elapsed "$t_cont" "${SYNC_AT:-}") s after SIGCONT"

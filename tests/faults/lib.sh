@@ -128,6 +128,26 @@ print(n)
 PY
 }
 
+# commit_gaps FROM TO: prints "MEDIAN LONGEST N" for RUN's commits in the
+# daemon's current log: the median gap between consecutive commits before
+# the Unix time FROM, and the longest and the number of the gaps that overlap
+# FROM..TO (-1 where there is none).
+commit_gaps() {
+  python3 - "$SERVE_LOG" "$RUN" "$1" "$2" <<'PY'
+import datetime, re, sys
+log, run, t0, t1 = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+ts = []
+for line in open(log, errors="replace"):
+    m = re.match(r"ts=(\S+)Z ", line)
+    if m and " event=step " in line and f" run={run} " in line:
+        ts.append(datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
+            tzinfo=datetime.timezone.utc).timestamp())
+before = sorted(b - a for a, b in zip(ts, ts[1:]) if b <= t0)
+during = [b - a for a, b in zip(ts, ts[1:]) if b > t0 and a < t1]
+print(f"{before[len(before) // 2] if before else -1:.2f} {max(during) if during else -1:.2f} {len(during)}")
+PY
+}
+
 # wait_run_end SECONDS: waits until RUN has ended (watch-run returns); prints
 # nothing, 1 on timeout.
 wait_run_end() {
