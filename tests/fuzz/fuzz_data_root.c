@@ -142,9 +142,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(st.wire_bytes == bcast_plan_wire_bytes(plan), "stats: %llu wire bytes",
                (unsigned long long)st.wire_bytes);
     /* Only a receiver that presented this very plan gets it. */
-    FUZZ_CHECK(size >= 24 + strlen(DATA_PLAN_ID) && data_get32(data) == DATA_MAGIC_HELLO &&
+    FUZZ_CHECK(size >= DATA_HELLO_FIXED + strlen(DATA_PLAN_ID) && data_get32(data) == DATA_MAGIC_HELLO &&
                    data_get64(data + 16) == plan->hash &&
-                   !memcmp(data + 24, DATA_PLAN_ID, strlen(DATA_PLAN_ID)),
+                   !memcmp(data + DATA_HELLO_FIXED, DATA_PLAN_ID, strlen(DATA_PLAN_ID)),
                "plan sent to a peer that did not present it");
     bcast_stats_free(&st);
   } else {

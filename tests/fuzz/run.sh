@@ -19,10 +19,7 @@ build=${1:?usage: tests/fuzz/run.sh BUILD_DIR SECONDS [TARGET...]}
 seconds=${2:?usage: tests/fuzz/run.sh BUILD_DIR SECONDS [TARGET...]}
 shift 2
 targets=("$@")
-# data_receiver plays a root of the first handshake; the data channel's
-# challenge-response (protocol 2) needs it rewritten, so it runs only when
-# named until then (docs/RELIABILITY.md).
-[ ${#targets[@]} -gt 0 ] || targets=(rpc plan http config prompts data_root)
+[ ${#targets[@]} -gt 0 ] || targets=(rpc plan http config prompts data_root data_receiver)
 jobs=${JOBS:-$(nproc)}
 out="$build/fuzz"
 mkdir -p "$out/artifacts" "$out/logs"

@@ -371,10 +371,10 @@ static void plan_seeds(void) {
 
 /* ---- data channel --------------------------------------------------------------------------- */
 
-/* The root's bytes for an accepted receiver: REPLY 0 and every bucket of p,
- * cast from the storage the root harness holds. */
-static size_t root_stream(const bcast_plan *p, int with_sums, uint8_t *b) {
-  size_t n = data_status(b, DATA_MAGIC_REPLY, 0, "");
+/* The root's framing after the handshake: every bucket of p, cast from the
+ * storage the root harness holds. */
+static size_t root_buckets(const bcast_plan *p, int with_sums, uint8_t *b) {
+  size_t n = 0;
   for (size_t k = 0; k < p->nbuckets; k++) {
     const bcast_bucket *bk = &p->buckets[k];
     uint8_t *payload = b + n + 24;
@@ -388,46 +388,71 @@ static size_t root_stream(const bcast_plan *p, int with_sums, uint8_t *b) {
 
 static void data_seeds(void) {
   bcast_plan *p = plan_or_die("", BCAST_CHECKSUM_XXH3_64);
-  uint8_t b[8192];
+  uint8_t b[8192], nonce[DATA_NONCE], zero[DATA_MAC] = {0};
   size_t n;
+  for (size_t i = 0; i < DATA_NONCE; i++) nonce[i] = (uint8_t)(0xa5 ^ i);
 
-  /* data_root: what a receiver, or anyone else, sends the root. */
-  n = data_hello(b, 1, DATA_PLAN_ID, p->hash);
+  /* data_root: what a receiver, or anyone else, sends the root. A stranger
+   * cannot answer the root's fresh nonce: its HELLOs carry a guessed proof. */
+  n = data_hello(b, 1, DATA_PLAN_ID, p->hash, nonce, nonce, zero);
   n += data_status(b + n, DATA_MAGIC_ACK, 0, "");
   write_seed("data_root", "hello_ack", b, n);
-  n = data_hello(b, 1, DATA_PLAN_ID, p->hash);
+  n = data_hello(b, 1, DATA_PLAN_ID, p->hash, nonce, nonce, zero);
   n += data_status(b + n, DATA_MAGIC_ACK, BCAST_ECHECKSUM, "bucket 1 (layer 1): checksum mismatch");
   write_seed("data_root", "hello_ack_failed", b, n);
-  n = data_hello(b, 1, DATA_PLAN_ID, p->hash);
+  n = data_hello(b, 1, DATA_PLAN_ID, p->hash, nonce, nonce, zero);
   write_seed("data_root", "hello_no_ack", b, n);
-  n = data_hello(b, 1, DATA_PLAN_ID, p->hash ^ 1);
+  n = data_hello(b, 1, DATA_PLAN_ID, p->hash ^ 1, nonce, nonce, zero);
   write_seed("data_root", "hello_wrong_hash", b, n);
-  n = data_hello(b, 1, "run-1/step-6", p->hash);
+  n = data_hello(b, 1, "run-1/step-6", p->hash, nonce, nonce, zero);
   write_seed("data_root", "hello_wrong_plan", b, n);
-  n = data_hello(b, 1, DATA_STALE_ID, 7);
+  n = data_hello(b, 1, DATA_STALE_ID, 7, nonce, nonce, zero);
   write_seed("data_root", "hello_stale_plan", b, n);
-  n = data_hello(b, 0, DATA_PLAN_ID, p->hash);
+  n = data_hello(b, 0, DATA_PLAN_ID, p->hash, nonce, nonce, zero);
   write_seed("data_root", "hello_root_rank", b, n);
-  n = data_hello(b, 1, DATA_PLAN_ID, p->hash);
+  n = data_hello(b, 1, DATA_PLAN_ID, p->hash, nonce, nonce, zero);
   write_seed("data_root", "hello_cut", b, n - 3);
+  n = data_hello(b, 1, DATA_PLAN_ID, p->hash, nonce, nonce, NULL);
+  write_seed("data_root", "hello_other_nonce", b, n);
 
-  /* data_receiver: the checksum byte (0: XXH3, 1: none), then what the root sends. */
+  /* data_receiver: the flags byte (bit 0: no checksum; bit 1: the bytes are
+   * the root's handshake), then what the root sends. Mode 0: the framing
+   * after an authenticated handshake. */
   b[0] = 0;
-  n = 1 + root_stream(p, 1, b + 1);
+  n = 1 + root_buckets(p, 1, b + 1);
   write_seed("data_receiver", "xxh3_all_buckets", b, n);
   b[0] = 1;
-  n = 1 + root_stream(p, 0, b + 1);
+  n = 1 + root_buckets(p, 0, b + 1);
   write_seed("data_receiver", "none_all_buckets", b, n);
   b[0] = 0;
-  n = 1 + root_stream(p, 0, b + 1);
+  n = 1 + root_buckets(p, 0, b + 1);
   write_seed("data_receiver", "xxh3_bad_sum", b, n);
-  b[0] = 0;
-  n = 1 + data_status(b + 1, DATA_MAGIC_REPLY, BCAST_EMISMATCH, "receiver rank 1 holds another plan");
-  write_seed("data_receiver", "refused", b, n);
   b[0] = 1;
-  n = 1 + data_status(b + 1, DATA_MAGIC_REPLY, 0, "");
-  n += data_bucket_header(b + n, 1, p->buckets[0].bytes, 0);
+  n = 1 + data_bucket_header(b + 1, 1, p->buckets[0].bytes, 0);
   write_seed("data_receiver", "wrong_bucket", b, n);
+  b[0] = 0;
+  n = 1 + root_buckets(p, 1, b + 1);
+  write_seed("data_receiver", "xxh3_cut_short", b, n - 5);
+  /* Mode 1: the root's handshake. */
+  b[0] = 2;
+  n = 1 + data_challenge(b + 1, nonce);
+  write_seed("data_receiver", "handshake_challenge_only", b, n);
+  b[0] = 2;
+  n = 1 + data_challenge(b + 1, nonce);
+  n += data_reply_ok(b + n, 1, DATA_PLAN_ID, p->hash, nonce, zero); /* for another rx nonce */
+  n += root_buckets(p, 1, b + n);
+  write_seed("data_receiver", "handshake_forged_proof", b, n);
+  b[0] = 2;
+  n = 1 + data_challenge(b + 1, nonce);
+  n += data_status(b + n, DATA_MAGIC_REPLY, BCAST_EMISMATCH, "receiver rank 1 holds another plan");
+  write_seed("data_receiver", "handshake_refused", b, n);
+  b[0] = 2;
+  n = 1 + data_challenge(b + 1, nonce);
+  write_seed("data_receiver", "handshake_cut_challenge", b, n - 7);
+  b[0] = 3; /* a root of the first handshake: REPLY 0 and the buckets at once */
+  n = 1 + data_status(b + 1, DATA_MAGIC_REPLY, 0, "");
+  n += root_buckets(p, 0, b + n);
+  write_seed("data_receiver", "handshake_protocol_1", b, n);
   bcast_plan_free(p);
 }
 

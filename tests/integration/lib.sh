@@ -425,3 +425,41 @@ serve_kill() {
   wait "$SERVE_PID" 2>/dev/null
   SERVE_PID=
 }
+
+# ---- helpers for the tests that run agents ------------------------------------------
+
+# wait_log SECONDS PATTERN [LOG]: polls LOG (default: the daemon's, SERVE_LOG)
+# every 20 ms until a line matches PATTERN (grep -E): the moment to inject a
+# fault is an event, not a guess. 1 on timeout.
+wait_log() {
+  local deadline=$((SECONDS + $1)) log=${3:-$SERVE_LOG}
+  while ((SECONDS < deadline)); do
+    grep -Eq "$2" "$log" 2>/dev/null && return 0
+    sleep 0.02
+  done
+  return 1
+}
+
+# live_workers [NAME]: how many workers (named NAME, or all) the daemon lists
+# as attached and alive (READY or BUSY).
+live_workers() {
+  ctl --json list-workers | python3 -c '
+import json, sys
+ws = json.load(sys.stdin).get("workers", [])
+print(sum(1 for w in ws if (len(sys.argv) < 2 or w.get("name") == sys.argv[1])
+          and w.get("state") in ("WORKER_STATE_READY", "WORKER_STATE_BUSY")))' "$@"
+}
+
+# agent_logs_on_failure [LINES]: after a failure, the last LINES (default 60)
+# of every daemon and agent log in TEST_TMP (serve.*.log, trainer.log,
+# inference.*.log); for on_exit.
+agent_logs_on_failure() {
+  ((FAIL_COUNT > 0)) || return 0
+  local f
+  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/trainer.log "$TEST_TMP"/inference.*.log; do
+    [[ -f "$f" ]] || continue
+    echo "---- $(basename "$f") (last ${1:-60} lines)"
+    tail -n "${1:-60}" "$f"
+  done
+  echo "----"
+}

@@ -16,17 +16,7 @@ STEPS=${HUNG_STEPS:-30}
 # 3 s here), so the trainer's error comes first and must be held until the loss.
 WORKER_TIMEOUT_MS=8000
 
-dump_logs_on_failure() {
-  ((FAIL_COUNT > 0)) || return 0
-  local f
-  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/trainer.log "$TEST_TMP"/inference.*.log; do
-    [[ -f "$f" ]] || continue
-    echo "---- $(basename "$f") (last 80 lines)"
-    tail -n 80 "$f"
-  done
-  echo "----"
-}
-on_exit dump_logs_on_failure
+on_exit agent_logs_on_failure 80
 # Never leave a stopped process behind, whatever happens to the script.
 on_exit 'kill -CONT "${VICTIM:-0}" 2>/dev/null'
 
@@ -43,12 +33,7 @@ for i in 0 1; do
 done
 VICTIM=${PIDS[1]}
 
-ready() {
-  ctl --json list-workers | python3 -c '
-import json, sys
-ws = json.load(sys.stdin).get("workers", [])
-sys.exit(0 if sum(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for w in ws) == 3 else 1)'
-}
+ready() { [[ "$(live_workers)" == 3 ]]; }
 wait_until 30 ready
 assert_eq 0 "$?" "trainer and both inference workers attached"
 
@@ -137,12 +122,7 @@ ok "0 < ${bounds:-0} < 30000"
 assert_eq 0 "$?" "the plan's broadcast bound comes from its bytes (${bounds} ms), not a fixed 300 s"
 
 # The resumed worker registers again and receives the weights it missed.
-back() {
-  ctl --json list-workers | python3 -c '
-import json, sys
-ws = [w for w in json.load(sys.stdin).get("workers", []) if w.get("name") == "inference-1"]
-sys.exit(0 if any(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for w in ws) else 1)'
-}
+back() { (($(live_workers inference-1) >= 1)); }
 wait_until 20 back
 assert_eq 0 "$?" "the resumed worker is attached again"
 

@@ -11,17 +11,9 @@ RLORCH_HEARTBEAT_INTERVAL_MS=100 RLORCH_WORKER_TIMEOUT_MS=600 serve_start || { f
 inf=$!
 track_pid "$inf"
 
-# ready_workers NAME: how many of NAME's registrations are attached and alive.
-ready_workers() {
-  ctl --json list-workers | python3 -c '
-import json, sys
-ws = json.load(sys.stdin).get("workers", [])
-print(sum(1 for w in ws if w.get("name") == sys.argv[1]
-          and w.get("state") in ("WORKER_STATE_READY", "WORKER_STATE_BUSY")))' "$1"
-}
-is_one() { [[ "$(ready_workers inf-a)" == 1 ]]; }
+is_one() { [[ "$(live_workers inf-a)" == 1 ]]; }
 wait_until 20 is_one
-assert_eq 1 "$(ready_workers inf-a)" "the agent registers and attaches"
+assert_eq 1 "$(live_workers inf-a)" "the agent registers and attaches"
 
 kill -STOP "$inf"
 sleep 1.5

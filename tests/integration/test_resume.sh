@@ -20,29 +20,9 @@ STEPS=20
 declare -a RESUME_LOGS RESUME_STEP
 export RLORCH_HEARTBEAT_INTERVAL_MS=200 RLORCH_WORKER_TIMEOUT_MS=3000
 
-dump_logs_on_failure() {
-  ((FAIL_COUNT > 0)) || return 0
-  local f
-  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/trainer.log "$TEST_TMP"/inference.*.log; do
-    [[ -f "$f" ]] || continue
-    echo "---- $(basename "$f") (last 60 lines)"
-    tail -n 60 "$f"
-  done
-  echo "----"
-}
-on_exit dump_logs_on_failure
+on_exit agent_logs_on_failure 60
 
 db() { sqlite3 "$SERVE_DATA_DIR/rlorch.db" "$@"; }
-# wait_log SECONDS PATTERN: polls the daemon's log every 20 ms until a line
-# matches PATTERN (grep -E): the moment to crash is an event, not a guess.
-wait_log() {
-  local deadline=$((SECONDS + $1))
-  while ((SECONDS < deadline)); do
-    grep -Eq "$2" "$SERVE_LOG" && return 0
-    sleep 0.02
-  done
-  return 1
-}
 
 serve_start || { finish; exit 1; }
 "$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --name trainer-0 --preset 100m --layers 2 \
