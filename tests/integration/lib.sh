@@ -451,15 +451,35 @@ print(sum(1 for w in ws if (len(sys.argv) < 2 or w.get("name") == sys.argv[1])
 }
 
 # agent_logs_on_failure [LINES]: after a failure, the last LINES (default 60)
-# of every daemon and agent log in TEST_TMP (serve.*.log, trainer.log,
+# of every daemon and agent log in TEST_TMP (serve.*.log, trainer*.log,
 # inference.*.log); for on_exit.
 agent_logs_on_failure() {
   ((FAIL_COUNT > 0)) || return 0
   local f
-  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/trainer.log "$TEST_TMP"/inference.*.log; do
+  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/trainer*.log "$TEST_TMP"/inference.*.log; do
     [[ -f "$f" ]] || continue
     echo "---- $(basename "$f") (last ${1:-60} lines)"
     tail -n "${1:-60}" "$f"
   done
   echo "----"
+}
+
+# steps_once RUN STEPS: "ok" when the finished run RUN recorded steps
+# 0..STEPS-1 exactly once each, in order, step k publishing version k + 1,
+# every broadcast verified (the stored records, as WatchRun replays them);
+# else what is wrong.
+steps_once() {
+  ctl --json watch-run "$1" | python3 -c '
+import json, sys
+steps = [json.loads(l)["step"] for l in sys.stdin if "\"step\":{" in l]
+want = int(sys.argv[1])
+bad = []
+if [int(s["step"]) for s in steps] != list(range(want)):
+    bad.append("steps recorded: %s" % [s["step"] for s in steps])
+for s in steps:
+    if int(s["policy_version"]) != int(s["step"]) + 1:
+        bad.append("step %s publishes version %s" % (s["step"], s["policy_version"]))
+    if not s.get("weights_verified"):
+        bad.append("step %s not verified" % s["step"])
+print("; ".join(bad) if bad else "ok")' "$2"
 }

@@ -81,22 +81,7 @@ assert_eq 1 "$(kill -0 $TRAINER_PID 2>/dev/null && echo 1)" \
 
 # Every step exactly once, versions continuous, every broadcast verified: the
 # stored records, as WatchRun replays them for the finished run.
-ctl --json watch-run "$RUN" >"$TEST_TMP/replay.jsonl"
-got="$(python3 - "$TEST_TMP/replay.jsonl" "$STEPS" <<'PY'
-import json, sys
-steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"step":{' in l]
-want = int(sys.argv[2])
-bad = []
-if [int(s["step"]) for s in steps] != list(range(want)):
-    bad.append("steps recorded: %s" % [s["step"] for s in steps])
-for s in steps:
-    if int(s["policy_version"]) != int(s["step"]) + 1:
-        bad.append("step %s publishes version %s" % (s["step"], s["policy_version"]))
-    if not s.get("weights_verified"):
-        bad.append("step %s not verified" % s["step"])
-print("; ".join(bad) if bad else "ok")
-PY
-)"
+got="$(steps_once "$RUN" "$STEPS")"
 assert_eq ok "$got" "steps 0..$((STEPS - 1)) recorded once each, versions 1..$STEPS, all verified"
 assert_eq "$STEPS" "$(db "SELECT count(DISTINCT step) FROM steps WHERE run_id='$RUN'")" \
   "no step recorded twice"

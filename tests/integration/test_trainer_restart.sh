@@ -16,28 +16,9 @@ STEPS=12
 CKPT="$TEST_TMP/ckpt"
 export RLORCH_HEARTBEAT_INTERVAL_MS=200 RLORCH_WORKER_TIMEOUT_MS=2000
 
-dump_logs_on_failure() {
-  ((FAIL_COUNT > 0)) || return 0
-  local f
-  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/trainer.*.log "$TEST_TMP"/inference.*.log; do
-    [[ -f "$f" ]] || continue
-    echo "---- $(basename "$f") (last 60 lines)"
-    tail -n 60 "$f"
-  done
-  echo "----"
-}
-on_exit dump_logs_on_failure
+on_exit agent_logs_on_failure
 
 db() { sqlite3 "$SERVE_DATA_DIR/rlorch.db" "$@"; }
-# log_wait SECONDS FILE PATTERN: until a line of FILE matches (grep -E).
-log_wait() {
-  local deadline=$((SECONDS + $1))
-  while ((SECONDS < deadline)); do
-    grep -Eq "$3" "$2" 2>/dev/null && return 0
-    sleep 0.02
-  done
-  return 1
-}
 
 start_trainer() { # N [FLAGS...]: trainer.N.log
   local n=$1
@@ -55,7 +36,7 @@ for i in 0 1; do
     --latency-ms-mean 300 --latency-ms-std 10 >"$TEST_TMP/inference.$i.log" 2>&1 &
   track_pid $!
 done
-assert_eq 0 "$(log_wait 30 "$TEST_TMP/trainer.0.log" "event=checkpoint_none" && echo 0)" \
+assert_eq 0 "$(wait_log 30 "event=checkpoint_none" "$TEST_TMP/trainer.0.log" && echo 0)" \
   "a trainer with an empty checkpoint directory starts from its seeded weights"
 RUN="$(ctl --json start-run --name restarted --preset 100m --steps $STEPS --rollouts-per-step 4 \
   --max-async-level 0 | json_get id)"
@@ -63,18 +44,18 @@ assert_ne "" "$RUN" "the run starts"
 
 KILL_AT=("" "event=step run=$RUN step=3 " "event=plan_built run=$RUN plan=$RUN/step-7 ")
 for k in 1 2; do
-  log_wait 120 "$SERVE_LOG" "${KILL_AT[k]}"
+  wait_log 120 "${KILL_AT[k]}"
   assert_eq 0 "$?" "kill $k: the daemon logged ${KILL_AT[k]}"
   kill -KILL "$TRAINER_PID"
   wait "$TRAINER_PID" 2>/dev/null
   saved="$(grep -o 'event=checkpoint_saved policy_version=[0-9]*' "$TEST_TMP/trainer.$((k - 1)).log" | tail -1)"
   start_trainer "$k"
-  log_wait 60 "$TEST_TMP/trainer.$k.log" "event=checkpoint_restored"
+  wait_log 60 "event=checkpoint_restored" "$TEST_TMP/trainer.$k.log"
   assert_eq 0 "$?" "kill $k: the new trainer restores the checkpoint"
   restored="$(grep -o 'event=checkpoint_restored dir=[^ ]* run=[^ ]* policy_version=[0-9]*' "$TEST_TMP/trainer.$k.log")"
   assert_contains "$restored" "run=$RUN policy_version=${saved##*=}" \
     "kill $k: at the version its predecessor saved last (${saved##*=})"
-  log_wait 60 "$TEST_TMP/trainer.$k.log" "event=registered .* policy_version=${saved##*=} run=$RUN"
+  wait_log 60 "event=registered .* policy_version=${saved##*=} run=$RUN" "$TEST_TMP/trainer.$k.log"
   assert_eq 0 "$?" "kill $k: and registers saying so"
 done
 
@@ -82,22 +63,7 @@ timeout 240 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" watch-run "$RUN" >/dev/null
 out="$(ctl --json get-run "$RUN")"
 assert_eq RUN_STATE_SUCCEEDED "$(json_get state "$out")" "the run succeeds: $(json_get message "$out")"
 assert_eq "$STEPS" "$(json_get steps_done "$out")" "all $STEPS steps done"
-ctl --json watch-run "$RUN" >"$TEST_TMP/replay.jsonl"
-got="$(python3 - "$TEST_TMP/replay.jsonl" "$STEPS" <<'PY'
-import json, sys
-steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"step":{' in l]
-want = int(sys.argv[2])
-bad = []
-if [int(s["step"]) for s in steps] != list(range(want)):
-    bad.append("steps recorded: %s" % [s["step"] for s in steps])
-for s in steps:
-    if int(s["policy_version"]) != int(s["step"]) + 1:
-        bad.append("step %s publishes version %s" % (s["step"], s["policy_version"]))
-    if not s.get("weights_verified"):
-        bad.append("step %s not verified" % s["step"])
-print("; ".join(bad) if bad else "ok")
-PY
-)"
+got="$(steps_once "$RUN" "$STEPS")"
 assert_eq ok "$got" "steps 0..$((STEPS - 1)) recorded once each, versions 1..$STEPS, all verified"
 assert_eq "$STEPS" "$(db "SELECT count(DISTINCT step) FROM steps WHERE run_id='$RUN'")" \
   "no step recorded twice"
