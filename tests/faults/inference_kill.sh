@@ -11,10 +11,8 @@ serve_start || { finish; exit 1; }
 start_agents 2
 start_run $STEPS
 VICTIM=${INF_PIDS[1]}
-__third_broadcast() { (($(grep -c "event=broadcast_start" "$TEST_TMP/inference.1.log") >= 3)); }
-wait_until 60 __third_broadcast
-t_kill="$(now)" # before the signal: the daemon may hear of it within a millisecond
-kill -KILL "$VICTIM"
+# Before the signal: the daemon may hear of it within a millisecond.
+t_kill="$(signal_at_nth "$TEST_TMP/inference.1.log" "event=broadcast_start" 3 "$VICTIM" KILL)"
 wait "$VICTIM" 2>/dev/null
 
 recovered=yes

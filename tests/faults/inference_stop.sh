@@ -22,10 +22,7 @@ VICTIM=${INF_PIDS[1]}
 # Never leave a stopped process behind, whatever happens to the script.
 on_exit 'kill -CONT "$VICTIM" 2>/dev/null'
 start_run 100000
-__third_broadcast() { (($(grep -c "event=broadcast_start" "$TEST_TMP/inference.1.log") >= 3)); }
-wait_until 60 __third_broadcast
-t_stop="$(now)"
-kill -STOP "$VICTIM"
+t_stop="$(signal_at_nth "$TEST_TMP/inference.1.log" "event=broadcast_start" 3 "$VICTIM" STOP)"
 sleep "$STOP_S"
 during="$(commits_after "$t_stop")"
 t_cont="$(now)"

@@ -29,6 +29,30 @@ now() {
   printf '%s\n' "${t:0:14}"
 }
 
+# signal_at_nth LOG PATTERN N PID SIG: sends SIG to PID the moment LOG holds
+# its N-th line containing PATTERN (a fixed string), polling every 0.5 ms: a
+# broadcast lasts a tenth of a second here, so a coarser wait would signal
+# after it. Prints the Unix time taken just before the signal.
+signal_at_nth() {
+  timeout 120 python3 - "$@" <<'PY'
+import os, signal, sys, time
+log, pat, n, pid, sig = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+seen = 0
+while not os.path.exists(log):
+    time.sleep(0.0005)
+with open(log) as f:
+    while seen < n:
+        line = f.readline()
+        if not line:
+            time.sleep(0.0005)
+            continue
+        seen += pat in line
+t = time.time()
+os.kill(pid, getattr(signal, "SIG" + sig))
+print(f"{t:.3f}", flush=True)
+PY
+}
+
 # log_time LOG PATTERN [AFTER]: the Unix time of the first line of LOG that
 # matches PATTERN (a Python regular expression) and was logged after AFTER
 # (a Unix time, default 0); 1 when there is none. log_time_last: the last.
