@@ -283,8 +283,8 @@ static void sdk__stats(Rlorch__V1__WorkerStats *s, void *ud) {
 SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker **out,
                                         rlorch_error *err) {
   if (err) err->code = 0, err->message[0] = 0;
+  if (out) *out = NULL;
   if (!o || !out) return sdk_fail(err, RLORCH_E_INVALID, "rlorch_create: %s is NULL", o ? "out" : "options");
-  *out = NULL;
   rlorch_worker *w = calloc(1, sizeof *w);
   if (!w) return sdk_fail(err, RLORCH_E_NOMEM, "no memory for a worker");
   pthread_mutex_init(&w->mu, NULL);
@@ -474,7 +474,7 @@ SDK__EXPORT rlorch_status rlorch_next(rlorch_worker *w, double timeout_s, rlorch
       break;
     }
     if (timeout_s == 0) {
-      rc = RLORCH_TIMEOUT;
+      rc = sdk_fail(err, RLORCH_TIMEOUT, "no command queued");
       break;
     }
     /* Wake at least every 100 ms: a stop from the orchestrator's side ends
@@ -488,7 +488,7 @@ SDK__EXPORT rlorch_status rlorch_next(rlorch_worker *w, double timeout_s, rlorch
                                  (until.tv_sec == step.tv_sec && until.tv_nsec <= step.tv_nsec));
     if (timeout_s > 0 && (now.tv_sec > until.tv_sec ||
                           (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec))) {
-      rc = RLORCH_TIMEOUT;
+      rc = sdk_fail(err, RLORCH_TIMEOUT, "no command within %g s", timeout_s);
       break;
     }
     pthread_cond_timedwait(&w->cond, &w->mu, last ? &until : &step);

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The embedding SDK end to end, on the host transport: a real `rlorch serve`,
+# one trainer and two inference workers that are programs of their own using
+# nothing but rlorch.h and librlorch.so (tests/sdk). Over a run of a few steps
+# every step must be verified (the orchestrator compares the receivers'
+# checksums with the trainer's), every receiver's own bf16 buffers must hold
+# the trainer's fp32 weights of that version cast to bf16 (the program checks
+# each element), the trainer's batches must hold the rollouts the inference
+# programs made (token ids, logprobs, rewards), and all three must stop cleanly
+# on SIGTERM. Then the bad-input paths (tests/sdk/sdk_errors.c), each code and
+# message.
+source "$(dirname "$0")/lib.sh"
+need_cmd python3 node
+
+BIN="$RLORCH_BUILD_DIR/tests"
+for p in sdk_trainer sdk_inference sdk_errors; do
+  [[ -x "$BIN/$p" ]] || { fail "$BIN/$p is not built"; finish; }
+done
+STEPS=3
+PER_STEP=8
+
+dump_logs_on_failure() {
+  ((FAIL_COUNT > 0)) || return 0
+  local f
+  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/sdk-*.out "$TEST_TMP"/sdk-*.err; do
+    [[ -f "$f" ]] || continue
+    echo "---- $(basename "$f") (last 60 lines)"
+    tail -n 60 "$f"
+  done
+  echo "----"
+}
+on_exit dump_logs_on_failure
+
+serve_start || finish
+
+"$BIN/sdk_trainer" "$GRPC_ADDR" sdk-trainer 127.0.0.1:0 \
+  >"$TEST_TMP/sdk-trainer.out" 2>"$TEST_TMP/sdk-trainer.err" &
+TRAINER_PID=$!
+track_pid $TRAINER_PID
+"$BIN/sdk_inference" "$GRPC_ADDR" sdk-inference-0 --bad-reports \
+  >"$TEST_TMP/sdk-inference-0.out" 2>"$TEST_TMP/sdk-inference-0.err" &
+INF0=$!
+track_pid $INF0
+"$BIN/sdk_inference" "$GRPC_ADDR" sdk-inference-1 \
+  >"$TEST_TMP/sdk-inference-1.out" 2>"$TEST_TMP/sdk-inference-1.err" &
+INF1=$!
+track_pid $INF1
+
+attached() {
+  "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json list-workers | python3 -c '
+import json, sys
+ws = json.load(sys.stdin).get("workers", [])
+print(sum(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for w in ws))' | grep -qx 3
+}
+wait_until 30 attached
+assert_eq 0 "$?" "the SDK trainer and both SDK inference workers attach"
+
+# Groups of two, so every request is a group the trainer can recognise.
+out="$(grpc_call --method /rlorch.v1.Control/StartRun \
+  --json "{\"name\":\"sdk\",\"steps\":$STEPS,\"rollouts_per_step\":$PER_STEP,\"group_size\":2,\"max_async_level\":1}")"
+assert_status OK "$out" "a run on the SDK workers starts"
+run="$(json_get message.id "$out")"
+events="$(timeout 180 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json watch-run "$run")"
+assert_eq 0 "$?" "WatchRun ends with OK when the run ends"
+printf '%s\n' "$events" >"$TEST_TMP/events.jsonl"
+assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run" | json_get state)" "the run succeeds"
+
+verdict="$(python3 - "$TEST_TMP/events.jsonl" "$STEPS" "$PER_STEP" <<'PY'
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"step":{' in l]
+want, per = int(sys.argv[2]), int(sys.argv[3])
+bad = []
+for i, s in enumerate(steps):
+    if not s.get("weights_verified"): bad.append(f"step {i} not verified")
+    if s.get("receivers") != 2: bad.append(f"step {i}: {s.get('receivers')} receivers")
+    if s.get("mode") != "BROADCAST_MODE_HOST": bad.append(f"step {i}: mode {s.get('mode')}")
+    if s.get("rollouts_used") != per: bad.append(f"step {i}: {s.get('rollouts_used')} rollouts")
+    if int(s.get("policy_version", 0)) != i + 1: bad.append(f"step {i}: version {s.get('policy_version')}")
+if len(steps) != want: bad.append(f"{len(steps)} steps")
+print("; ".join(bad) or "ok")
+PY
+)"
+assert_eq ok "$verdict" "all $STEPS steps verified: 2 receivers, host transport, $PER_STEP rollouts, versions 1..$STEPS"
+
+# What the programs checked themselves.
+tr="$(cat "$TEST_TMP/sdk-trainer.out")"
+assert_eq "$STEPS" "$(grep -c '^step=[0-9]* done' <<<"$tr")" "the trainer reported $STEPS steps"
+assert_eq "$STEPS" "$(grep -Ec "^batch step=[0-9]+ rollouts=$PER_STEP checked=$PER_STEP bad=0" <<<"$tr")" \
+  "every batch held the $PER_STEP rollouts the inference programs made, token ids, logprobs and rewards"
+assert_contains "$tr" "first=g=" "batch rollouts carry their inference worker's metadata"
+
+for i in 0 1; do
+  o="$(cat "$TEST_TMP/sdk-inference-$i.out")"
+  # Version 0 reaches a receiver that joins; then one broadcast a step.
+  n="$(grep -Ec '^broadcast ok=1 version=[0-9]+ elements=[0-9]+ bad=0$' <<<"$o")"
+  assert_eq 1 "$(( n >= STEPS ))" "inference-$i: $n broadcasts, each buffer element equal to the trainer's weights in bf16"
+  assert_contains "$o" "broadcast ok=1 version=$STEPS elements=8185 bad=0" \
+    "inference-$i holds version $STEPS, all 8185 elements checked"
+  assert_not_contains "$o" "FAIL" "inference-$i found nothing wrong"
+done
+o0="$(cat "$TEST_TMP/sdk-inference-0.out")"
+for what in "one rollout short" "a positive logprob" "a NaN reward" "no reward" "an empty completion" \
+  "a version the worker does not hold" "report_step on an inference worker" "fetch_batch on an inference worker"; do
+  assert_contains "$o0" "ok $what: RLORCH_E_" "bad report refused with its code and message: $what"
+done
+assert_not_contains "$tr" "FAIL" "the trainer found nothing wrong"
+grep -h "by=" "$TEST_TMP"/sdk-*.out >/dev/null || true
+batch_from="$(grep -c 'by=' "$TEST_TMP/sdk-trainer.out")"
+assert_ne 0 "$batch_from" "the trainer's batch lines name their inference worker"
+
+# Clean shutdown: SIGTERM, each program stops its worker, drains and exits 0.
+for pid in $TRAINER_PID $INF0 $INF1; do kill -TERM "$pid"; done
+for name in trainer:$TRAINER_PID inference-0:$INF0 inference-1:$INF1; do
+  pid=${name#*:}
+  timeout 20 tail --pid="$pid" -f /dev/null
+  wait "$pid"
+  assert_eq 0 "$?" "sdk ${name%%:*} exits 0 after SIGTERM"
+done
+assert_contains "$(cat "$TEST_TMP/sdk-trainer.out")" "stopped failures=0" "the trainer stopped cleanly"
+for i in 0 1; do
+  assert_contains "$(cat "$TEST_TMP/sdk-inference-$i.out")" "broadcasts_failed=0 failures=0" \
+    "inference-$i stopped cleanly, no broadcast failed"
+done
+assert_not_contains "$(cat "$TEST_TMP"/sdk-*.err)" "level=3" "no library error was logged"
+serve_stop
+
+# ---- bad input: every failure a code and a message -------------------------------
+printf 'sdk-test-token\n' >"$TEST_TMP/token"
+serve_start --token-file "$TEST_TMP/token" || finish
+dead="127.0.0.1:$(free_port)"
+out="$("$BIN/sdk_errors" "$GRPC_ADDR" "$dead" "$TEST_TMP/token" 2>&1)"
+rc=$?
+printf '%s\n' "$out" | grep -E '^(ok|FAIL)' | sed 's/^/  sdk_errors: /'
+assert_eq 0 "$rc" "sdk_errors: every bad input refused with its code and message"
+assert_contains "$out" " 0 failed" "sdk_errors reports no failure"
+serve_stop
+finish
