@@ -335,10 +335,14 @@ rlorch_status rlorch_report_step(rlorch_worker *w, const rlorch_command *train,
 /* The caller could not serve `cmd`; `message` says why (logged).
  * - GENERATE: the request is answered with no rollout, which frees its slot
  *   (the orchestrator sends the group elsewhere or again).
- * - TRAIN: the step is not reported; a trainer cannot take it, so the worker
- *   stops (as rlorch's own trainer exits): the orchestrator sees the trainer
- *   lost and redoes the step when a trainer attaches. A skipped step (the
- *   batch was refused) is reported the same way. */
+ * - TRAIN after rlorch_fetch_batch returned RLORCH_E_REFUSED: the step is
+ *   skipped (the orchestrator redoes or drops it itself) and the worker goes
+ *   on, as rlorch's own trainer does.
+ * - TRAIN otherwise: the trainer cannot take the step, so the worker stops
+ *   (as rlorch's own trainer exits): the orchestrator sees the trainer lost
+ *   and redoes the step when a trainer attaches.
+ * Commands must come from rlorch_next (the library reads what it attached to
+ * them). */
 rlorch_status rlorch_report_error(rlorch_worker *w, const rlorch_command *cmd, const char *message,
                                   rlorch_error *err);
 

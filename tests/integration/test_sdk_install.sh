@@ -29,6 +29,10 @@ assert_not_contains "$(grep -i '#include' "$prefix/include/rlorch/rlorch.h")" "g
 
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 flags="$(pkg-config --cflags --libs rlorch)"
+# A sanitized build's library needs its runtime loaded first: programs built
+# against it here are sanitized alike.
+san=()
+[[ -n "${RLORCH_SANITIZE:-}" ]] && san=("-fsanitize=$RLORCH_SANITIZE")
 # rlorch.pc finds its prefix from where it lies (${pcfiledir}): the paths
 # it gives lead to this prefix, wherever that is.
 inc="$(pkg-config --cflags-only-I rlorch | sed 's/^ *-I//; s/ *$//')"
@@ -41,13 +45,13 @@ assert_eq "$(grep -o 'project(rlorch VERSION [0-9.]*' "$RLORCH_SOURCE_DIR/CMakeL
 # The header alone compiles, strictly, as C and as C++.
 printf '#include <rlorch/rlorch.h>\nint main(void) { return rlorch_version(0) >= RLORCH_API_VERSION ? 0 : 1; }\n' \
   >"$TEST_TMP/alone.c"
-out="$(cc -std=c99 -Wall -Wextra -Wpedantic -Werror "$TEST_TMP/alone.c" -o "$TEST_TMP/alone" $flags 2>&1)"
+out="$(cc -std=c99 -Wall -Wextra -Wpedantic -Werror "$TEST_TMP/alone.c" -o "$TEST_TMP/alone" "${san[@]}" $flags 2>&1)"
 assert_eq 0 "$?" "a C99 program with -Wpedantic -Werror builds against the installed copy" || echo "$out"
 LD_LIBRARY_PATH="$libdir" "$TEST_TMP/alone"
 assert_eq 0 "$?" "it runs: the library's API version is at least the header's"
 if command -v c++ >/dev/null 2>&1; then
   cp "$TEST_TMP/alone.c" "$TEST_TMP/alone.cc"
-  out="$(c++ -Wall -Wextra -Werror "$TEST_TMP/alone.cc" -o "$TEST_TMP/alone-cxx" $flags 2>&1)"
+  out="$(c++ -Wall -Wextra -Werror "$TEST_TMP/alone.cc" -o "$TEST_TMP/alone-cxx" "${san[@]}" $flags 2>&1)"
   assert_eq 0 "$?" "the header compiles as C++" || echo "$out"
 else
   skip "no C++ compiler: the header's C++ guard is not compiled"
@@ -57,7 +61,7 @@ fi
 mkdir -p "$TEST_TMP/src"
 cp "$RLORCH_SOURCE_DIR/tests/sdk/sdk_errors.c" "$RLORCH_SOURCE_DIR/tests/sdk/sdk_model.h" "$TEST_TMP/src/"
 out="$(cc -std=gnu11 -Wall -Wextra -Werror "$TEST_TMP/src/sdk_errors.c" -o "$TEST_TMP/sdk_errors" \
-  $(pkg-config --cflags --libs rlorch) -lm 2>&1)"
+  "${san[@]}" $(pkg-config --cflags --libs rlorch) -lm 2>&1)"
 assert_eq 0 "$?" "sdk_errors builds with \`pkg-config --cflags --libs rlorch\`" || { echo "$out"; finish; }
 assert_contains "$(LD_LIBRARY_PATH="$libdir" ldd "$TEST_TMP/sdk_errors")" "$libdir/librlorch.so.1" \
   "it loads the installed librlorch.so.1"
