@@ -88,7 +88,6 @@ assert_eq "$STEPS" "$(grep -c '^step=[0-9]* done' <<<"$tr")" "the trainer report
 assert_eq "$STEPS" "$(grep -Ec "^batch step=[0-9]+ rollouts=$PER_STEP checked=$PER_STEP bad=0" <<<"$tr")" \
   "every batch held the $PER_STEP rollouts the inference programs made, token ids, logprobs and rewards"
 assert_contains "$tr" "first=g=" "batch rollouts carry their inference worker's metadata"
-
 for i in 0 1; do
   o="$(cat "$TEST_TMP/sdk-inference-$i.out")"
   # Version 0 reaches a receiver that joins; then one broadcast a step.
@@ -104,9 +103,22 @@ for what in "one rollout short" "a positive logprob" "a NaN reward" "no reward" 
   assert_contains "$o0" "ok $what: RLORCH_E_" "bad report refused with its code and message: $what"
 done
 assert_not_contains "$tr" "FAIL" "the trainer found nothing wrong"
-grep -h "by=" "$TEST_TMP"/sdk-*.out >/dev/null || true
 batch_from="$(grep -c 'by=' "$TEST_TMP/sdk-trainer.out")"
 assert_ne 0 "$batch_from" "the trainer's batch lines name their inference worker"
+
+# The orchestrator dies and comes back: the library reconnects and registers
+# again by itself, and the same programs serve a second run.
+serve_kill
+serve_restart || finish
+wait_until 60 attached
+assert_eq 0 "$?" "after an orchestrator restart all three SDK workers are attached again"
+out="$(ctl --json start-run --name sdk-2 --steps 2 --rollouts-per-step 4)"
+run2="$(json_get id "$out")"
+timeout 180 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json watch-run "$run2" >"$TEST_TMP/events2.jsonl"
+assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run2" | json_get state)" "the second run succeeds"
+assert_eq 2 "$(grep -c '"weights_verified":true' "$TEST_TMP/events2.jsonl")" "both of its steps are verified"
+assert_eq "$((STEPS + 2))" "$(grep -c '^step=[0-9]* done' "$TEST_TMP/sdk-trainer.out")" \
+  "the trainer reported $((STEPS + 2)) steps in all"
 
 # Clean shutdown: SIGTERM, each program stops its worker, drains and exits 0.
 for pid in $TRAINER_PID $INF0 $INF1; do kill -TERM "$pid"; done
