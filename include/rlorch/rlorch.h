@@ -188,8 +188,10 @@ rlorch_status rlorch_start(rlorch_worker *w, rlorch_error *err);
 void rlorch_stop(rlorch_worker *w);
 
 /* Stops the worker if needed, waits for its threads (a broadcast executing
- * is cancelled), and frees it. Commands not freed yet stay valid until
- * rlorch_command_free. NULL is fine. */
+ * is cancelled), and frees it. No other call on this worker may be running
+ * (rlorch_stop first, then let rlorch_next and the reports return) or come
+ * after. Commands not freed yet stay valid until rlorch_command_free. NULL
+ * is fine. */
 void rlorch_free(rlorch_worker *w);
 
 /* The policy version of the caller's tensors as the library knows it: a

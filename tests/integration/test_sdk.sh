@@ -90,7 +90,7 @@ assert_eq "$STEPS" "$(grep -Ec "^batch step=[0-9]+ rollouts=$PER_STEP checked=$P
 assert_contains "$tr" "first=g=" "batch rollouts carry their inference worker's metadata"
 for i in 0 1; do
   o="$(cat "$TEST_TMP/sdk-inference-$i.out")"
-  # Version 0 reaches a receiver that joins; then one broadcast a step.
+  # One broadcast a step: a receiver joins holding version 0.
   n="$(grep -Ec '^broadcast ok=1 version=[0-9]+ elements=[0-9]+ bad=0$' <<<"$o")"
   assert_eq 1 "$(( n >= STEPS ))" "inference-$i: $n broadcasts, each buffer element equal to the trainer's weights in bf16"
   assert_contains "$o" "broadcast ok=1 version=$STEPS elements=8185 bad=0" \

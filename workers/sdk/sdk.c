@@ -668,6 +668,19 @@ SDK__EXPORT rlorch_status rlorch_report_step(rlorch_worker *w, const rlorch_comm
   d.train_seconds = train_seconds;
   d.manifest = w->manifest;
   d.weights_checksum = sum;
+  /* The root of an NCCL broadcast makes the unique id its receivers join by. */
+  uint8_t id[128];
+  if (((const sdk_cmd *)train)->msg->train->want_nccl_id) {
+    bcast_err be = {0};
+    if (w->caps.nccl_built && w->device >= 0 &&
+        bcast_engine_nccl_id(agent_xfer_engine(&w->xfer), id, &be) == 0) {
+      d.nccl_unique_id.data = id;
+      d.nccl_unique_id.len = sizeof id;
+    } else {
+      agent_log_warn("nccl_id_unavailable", "step=%llu reason=\"%s\"", (unsigned long long)step,
+                     be.msg[0] ? be.msg : "no NCCL or no GPU here");
+    }
+  }
   agent_set_policy_version(w->a, step + 1);
   sdk__step_over(w, 0);
   agent_log_info("step_done", "step=%llu train_s=%.4f checksum=%016llx", (unsigned long long)step,

@@ -19,13 +19,12 @@ _Static_assert(RLORCH_NAME_MAX + 1 == BCAST_NAME_MAX, "name length");
 _Static_assert(RLORCH_MAX_DIMS == BCAST_MAX_DIMS, "dimensions");
 
 rlorch_status sdk_fail(rlorch_error *err, rlorch_status code, const char *fmt, ...) {
-  if (err) {
-    err->code = code;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-  }
+  if (!err) return code;
+  err->code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err->message, sizeof err->message, fmt, ap);
+  va_end(ap);
   return code;
 }
 
