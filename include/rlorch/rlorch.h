@@ -323,7 +323,10 @@ typedef struct rlorch_rollout {
  * count), generated from the weights of policy `version` (rlorch_policy_version
  * when generation began). Blocks until the orchestrator has it (retrying
  * while it is unreachable). RLORCH_E_INVALID names a bad rollout before
- * anything is sent; RLORCH_E_REFUSED carries the orchestrator's reason. */
+ * anything is sent; RLORCH_E_REFUSED carries the orchestrator's reason;
+ * RLORCH_E_STOPPED also when the request came before the worker registered
+ * again (the orchestrator restarted or forgot it): the request is gone and
+ * nothing is sent. */
 rlorch_status rlorch_report_rollouts(rlorch_worker *w, const rlorch_command *gen, uint64_t version,
                                      const rlorch_rollout *rollouts, size_t n, rlorch_error *err);
 

@@ -5,10 +5,14 @@
  * would; after each successful one the program checks that its buffers hold
  * the trainer's weights of that version cast to bf16, element for element.
  *
- *   sdk_inference ORCHESTRATOR NAME [--bad-reports]
+ *   sdk_inference ORCHESTRATOR NAME [--bad-reports | --delay-ms N]
  *
  * --bad-reports: before answering the first request, tries reports that
- * must be refused (each code and message checked) and an error report.
+ * must be refused (each code and message checked).
+ * --delay-ms N: a slow engine: each request is answered N ms after it came,
+ * unless an RLORCH_CMD_ABORT for it came first (then nothing is sent). A
+ * request held across an orchestrator restart is refused by the library
+ * when answered ("stale ..." is printed, not a failure).
  * Prints one line per event, "FAIL ..." for anything wrong; exits 0 after
  * SIGTERM with nothing wrong. */
 #include <pthread.h>
@@ -16,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "sdk_model.h"
 
@@ -139,12 +144,75 @@ static size_t generate(const rlorch_command *cmd, const char *name, uint64_t ver
   return n;
 }
 
+/* Requests held by --delay-ms, in arrival order. */
+#define HELD_MAX 64
+static rlorch_command *held[HELD_MAX];
+static double held_due[HELD_MAX];
+static size_t nheld;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* An abort drops the request it names, if it is still held; 1 when it was. */
+static int drop_held(uint64_t request_id) {
+  for (size_t i = 0; i < nheld; i++)
+    if (held[i]->generate.request_id == request_id) {
+      rlorch_command_free(held[i]);
+      memmove(&held[i], &held[i + 1], (nheld - i - 1) * sizeof *held);
+      memmove(&held_due[i], &held_due[i + 1], (nheld - i - 1) * sizeof *held_due);
+      nheld--;
+      return 1;
+    }
+  return 0;
+}
+
+/* Generates and reports one request from the weights held now. */
+static unsigned serve(rlorch_worker *w, const rlorch_command *cmd, const char *name, int *want_bad) {
+  static uint32_t tok[64][SDK_MODEL_MAX_TOKENS];
+  static float lp[64][SDK_MODEL_MAX_TOKENS];
+  static double rw[64][2];
+  static char meta[64][96];
+  rlorch_rollout r[64];
+  rlorch_error err;
+  rlorch_status rc;
+  if (cmd->generate.count == 0 || cmd->generate.count > 64) {
+    rlorch_report_error(w, cmd, "this engine makes 1..64 completions a request", &err);
+    FAIL("request of count %u", cmd->generate.count);
+    return 0;
+  }
+  pthread_rwlock_rdlock(&weights_lock);
+  int ok = !torn;
+  uint64_t version = rlorch_policy_version(w);
+  size_t n = ok ? generate(cmd, name, version, tok, lp, rw, meta, r) : 0;
+  pthread_rwlock_unlock(&weights_lock);
+  if (!ok) {
+    rc = rlorch_report_error(w, cmd, "the weights are torn by a failed broadcast", &err);
+    n = 0;
+  } else {
+    if (*want_bad) bad_reports(w, cmd, r, n), *want_bad = 0;
+    rc = rlorch_report_rollouts(w, cmd, version, r, n, &err);
+  }
+  if (rc == RLORCH_E_STOPPED && strstr(err.message, "came before the worker registered again")) {
+    /* Held across an orchestrator restart: the request is gone, and the
+     * library sent nothing. */
+    printf("stale request_id=%llu: %s\n", (unsigned long long)cmd->generate.request_id, err.message);
+    fflush(stdout);
+    return 0;
+  }
+  if (rc) FAIL("report: %s: %s", rlorch_status_name(err.code), err.message);
+  return rc ? 0 : (unsigned)n;
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: sdk_inference ORCHESTRATOR NAME [--bad-reports]\n");
+    fprintf(stderr, "usage: sdk_inference ORCHESTRATOR NAME [--bad-reports | --delay-ms N]\n");
     return 2;
   }
   int want_bad = argc > 3 && !strcmp(argv[3], "--bad-reports");
+  double delay_s = argc > 4 && !strcmp(argv[3], "--delay-ms") ? atof(argv[4]) / 1000.0 : 0;
   signal(SIGTERM, on_term);
   signal(SIGINT, on_term);
   rlorch_tensor t[SDK_MODEL_N];
@@ -176,10 +244,17 @@ int main(int argc, char **argv) {
   }
   printf("started\n");
   fflush(stdout);
-  unsigned requests = 0, rollouts = 0, aborts = 0;
+  unsigned requests = 0, rollouts = 0, aborts = 0, aborted_held = 0;
   while (!stop_asked) {
+    while (nheld && held_due[0] <= now_s()) {
+      rollouts += serve(w, held[0], argv[2], &want_bad);
+      rlorch_command_free(held[0]);
+      memmove(&held[0], &held[1], (nheld - 1) * sizeof *held);
+      memmove(&held_due[0], &held_due[1], (nheld - 1) * sizeof *held_due);
+      nheld--;
+    }
     rlorch_command *cmd = NULL;
-    rlorch_status rc = rlorch_next(w, 0.2, &cmd, &err);
+    rlorch_status rc = rlorch_next(w, nheld ? 0.01 : 0.2, &cmd, &err);
     if (rc == RLORCH_TIMEOUT) continue;
     if (rc == RLORCH_E_STOPPED) break;
     if (rc != RLORCH_OK) {
@@ -187,32 +262,22 @@ int main(int argc, char **argv) {
       break;
     }
     if (cmd->kind == RLORCH_CMD_GENERATE) {
-      static uint32_t tok[64][SDK_MODEL_MAX_TOKENS];
-      static float lp[64][SDK_MODEL_MAX_TOKENS];
-      static double rw[64][2];
-      static char meta[64][96];
-      rlorch_rollout r[64];
-      if (cmd->generate.count == 0 || cmd->generate.count > 64) {
-        rlorch_report_error(w, cmd, "this engine makes 1..64 completions a request", &err);
-        FAIL("request of count %u", cmd->generate.count);
-      } else {
-        pthread_rwlock_rdlock(&weights_lock);
-        int serve = !torn;
-        uint64_t version = rlorch_policy_version(w);
-        size_t n = serve ? generate(cmd, argv[2], version, tok, lp, rw, meta, r) : 0;
-        pthread_rwlock_unlock(&weights_lock);
-        if (!serve) {
-          rc = rlorch_report_error(w, cmd, "the weights are torn by a failed broadcast", &err);
-        } else {
-          if (want_bad) bad_reports(w, cmd, r, n), want_bad = 0;
-          rc = rlorch_report_rollouts(w, cmd, version, r, n, &err);
-          if (!rc) rollouts += (unsigned)n;
-        }
-        if (rc) FAIL("report: %s: %s", rlorch_status_name(err.code), err.message);
-      }
       requests++;
+      if (delay_s > 0 && nheld < HELD_MAX) {
+        held[nheld] = cmd;
+        held_due[nheld++] = now_s() + delay_s;
+        printf("held request_id=%llu\n", (unsigned long long)cmd->generate.request_id);
+        fflush(stdout);
+        continue; /* freed once answered or aborted */
+      }
+      rollouts += serve(w, cmd, argv[2], &want_bad);
     } else if (cmd->kind == RLORCH_CMD_ABORT) {
-      aborts++; /* requests are answered at once here: nothing in flight to stop */
+      aborts++;
+      int was = drop_held(cmd->abort.request_id);
+      aborted_held += (unsigned)was;
+      printf("abort request_id=%llu held=%d reason=\"%s\"\n",
+             (unsigned long long)cmd->abort.request_id, was, cmd->abort.reason);
+      fflush(stdout);
     } else if (cmd->kind == RLORCH_CMD_SHUTDOWN) {
       printf("shutdown reason=\"%s\"\n", cmd->shutdown_reason);
     } else {
@@ -220,6 +285,7 @@ int main(int argc, char **argv) {
     }
     rlorch_command_free(cmd);
   }
+  while (nheld) rlorch_command_free(held[--nheld]);
   rlorch_stop(w);
   rlorch_command *cmd = NULL;
   rlorch_status rc;
@@ -227,7 +293,8 @@ int main(int argc, char **argv) {
   if (rc != RLORCH_E_STOPPED) FAIL("after stop, next says %s", rlorch_status_name(rc));
   rlorch_free(w);
   for (size_t k = 0; k < SDK_MODEL_N; k++) free(buf[k]);
-  printf("stopped requests=%u rollouts=%u aborts=%u broadcasts_ok=%u broadcasts_failed=%u "
-         "failures=%d\n", requests, rollouts, aborts, broadcasts_ok, broadcasts_failed, failures);
+  printf("stopped requests=%u rollouts=%u aborts=%u aborted_held=%u broadcasts_ok=%u "
+         "broadcasts_failed=%u failures=%d\n", requests, rollouts, aborts, aborted_held,
+         broadcasts_ok, broadcasts_failed, failures);
   return failures ? 1 : 0;
 }

@@ -192,6 +192,14 @@ int agent_registered(const agent *a) {
   return r;
 }
 
+uint64_t agent_registration(const agent *a) {
+  agent *m = (agent *)a;
+  pthread_mutex_lock(&m->mu);
+  uint64_t g = m->gen;
+  pthread_mutex_unlock(&m->mu);
+  return g;
+}
+
 grpc_status_code agent_refusal(const agent *a, char *msg, size_t len) {
   agent *m = (agent *)a;
   pthread_mutex_lock(&m->mu);

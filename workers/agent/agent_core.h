@@ -82,6 +82,11 @@ int agent_stopping(const agent *a);
 void agent_stop(agent *a);
 /* Any thread: 1 once a registration succeeded; 0 while none has. */
 int agent_registered(const agent *a);
+/* Any thread: the count of successful registrations so far. A command
+ * queued under one count belongs to that registration: after the next one
+ * the orchestrator has forgotten it (its request ids may name other
+ * requests by then). */
+uint64_t agent_registration(const agent *a);
 /* The orchestrator refused the registration for good (agent_run then stops):
  * its status code, with its message in msg; GRPC_STATUS_OK when it did not. */
 grpc_status_code agent_refusal(const agent *a, char *msg, size_t len);

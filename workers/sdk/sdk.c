@@ -140,6 +140,7 @@ static int sdk__queue(rlorch_worker *w, const Rlorch__V1__Command *m, rlorch_com
     return -1;
   }
   c->t0 = agent_now();
+  c->registration = agent_registration(w->a);
   pthread_mutex_lock(&w->mu);
   if (w->tail) w->tail->next = c;
   else w->head = c;
@@ -723,6 +724,16 @@ static rlorch_status sdk__check_rollout(const rlorch_rollout *r, size_t i, rlorc
   return RLORCH_OK;
 }
 
+/* A generation request is no longer in flight here (the worker's figures). */
+static void sdk__settle(rlorch_worker *w, const rlorch_command *gen) {
+  sdk_cmd *c = (sdk_cmd *)gen;
+  pthread_mutex_lock(&w->mu);
+  int was = c->settled;
+  c->settled = 1;
+  pthread_mutex_unlock(&w->mu);
+  if (!was) atomic_fetch_sub(&w->requests_active, 1);
+}
+
 static rlorch_status sdk__check_generate(rlorch_worker *w, const rlorch_command *gen,
                                          const char *fn, rlorch_error *err) {
   if (!w || !gen) return sdk_fail(err, RLORCH_E_INVALID, "%s: %s is NULL", fn, w ? "command" : "worker");
@@ -731,6 +742,15 @@ static rlorch_status sdk__check_generate(rlorch_worker *w, const rlorch_command 
   if (gen->kind != RLORCH_CMD_GENERATE)
     return sdk_fail(err, RLORCH_E_INVALID, "%s: command kind %d is not RLORCH_CMD_GENERATE", fn,
                     (int)gen->kind);
+  /* Request ids are the orchestrator's per registration: an answer under a
+   * later one could be taken for another request's. */
+  if (((const sdk_cmd *)gen)->registration != agent_registration(w->a)) {
+    sdk__settle(w, gen);
+    return sdk_fail(err, RLORCH_E_STOPPED,
+                    "%s: request %llu came before the worker registered again (the orchestrator "
+                    "restarted or forgot it): the request is gone, nothing was sent", fn,
+                    (unsigned long long)gen->generate.request_id);
+  }
   return RLORCH_OK;
 }
 
@@ -742,7 +762,7 @@ static rlorch_status sdk__send_result(rlorch_worker *w, const rlorch_command *ge
   req.rollouts = res;
   rpc_status st;
   int rc = agent_report_status(w->a, &req, &st);
-  atomic_fetch_sub(&w->requests_active, 1);
+  sdk__settle(w, gen);
   atomic_fetch_add(&w->generate_ns,
                    (uint_fast64_t)((agent_now() - ((const sdk_cmd *)gen)->t0) * 1e9));
   return rc ? sdk__refused(err, "RolloutResult", &st) : RLORCH_OK;

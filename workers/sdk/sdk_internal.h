@@ -20,6 +20,8 @@ typedef struct sdk_cmd {
   rlorch_command pub;
   Rlorch__V1__Command *msg;
   double t0; /* when it was queued, for the worker's figures */
+  uint64_t registration; /* agent_registration when it came */
+  int settled; /* GENERATE: answered or found stale (no longer counted active); under mu */
   struct sdk_cmd *next;
 } sdk_cmd;
 
