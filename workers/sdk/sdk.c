@@ -374,16 +374,22 @@ SDK__EXPORT rlorch_status rlorch_start(rlorch_worker *w, rlorch_error *err) {
   pthread_mutex_unlock(&w->mu);
   if (again) return sdk_fail(err, RLORCH_E_STATE, "rlorch_start: the worker was started already");
   char msg[1024];
+  /* A start that fails leaves the worker stopped: rlorch_next says so. */
   if (w->ao.role == AGENT_ROLE_TRAINER &&
-      agent_weights_checksum(w->t, w->n, AGENT_WEIGHTS_STORAGE, &w->checksum, msg, sizeof msg))
+      agent_weights_checksum(w->t, w->n, AGENT_WEIGHTS_STORAGE, &w->checksum, msg, sizeof msg)) {
+    agent_stop(w->a);
     return sdk_fail(err, RLORCH_E_INVALID, "tensors: %s", msg);
+  }
   /* The library's threads take no SIGINT or SIGTERM: those stay the host's. */
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &old);
   int rc = pthread_create(&w->cmd_tid, NULL, sdk__command_main, w);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (rc) return sdk_fail(err, RLORCH_E_NOMEM, "rlorch_start: cannot start a thread: %s", strerror(rc));
+  if (rc) {
+    agent_stop(w->a);
+    return sdk_fail(err, RLORCH_E_NOMEM, "rlorch_start: cannot start a thread: %s", strerror(rc));
+  }
   pthread_mutex_lock(&w->mu);
   w->thread_started = 1;
   pthread_mutex_unlock(&w->mu);
