@@ -87,19 +87,19 @@ int main(int argc, char **argv) {
   create_fails(&o, RLORCH_E_INVALID, "options.orchestrator: required", "no orchestrator");
   RESET(RLORCH_ROLE_TRAINER);
   t[2].storage_dtype = (rlorch_dtype)9;
-  create_fails(&o, RLORCH_E_INVALID, "options.tensors[2] 'c': unknown storage dtype 9",
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #2 'c': storage_dtype: unknown value 9",
                "an unknown tensor dtype");
   RESET(RLORCH_ROLE_TRAINER);
   t[1].wire_dtype = (rlorch_dtype)0;
-  create_fails(&o, RLORCH_E_INVALID, "options.tensors[1] 'b': unknown wire dtype 0",
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #1 'b': wire_dtype: unknown value 0",
                "an unknown wire dtype");
   RESET(RLORCH_ROLE_TRAINER);
   t[3].name = "b";
-  create_fails(&o, RLORCH_E_INVALID, "options.tensors[3] 'b': duplicate name (also options.tensors[1])",
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensors #1 and #3: duplicate name 'b'",
                "a duplicate tensor name");
   RESET(RLORCH_ROLE_TRAINER);
   t[0].storage_dtype = RLORCH_DTYPE_FP16;
-  create_fails(&o, RLORCH_E_INVALID, "options.tensors[0] 'a': no cast from storage dtype fp16 to wire dtype bf16",
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #0 'a': wire_dtype: no cast from fp16 to bf16",
                "a cast the broadcast cannot make");
   RESET(RLORCH_ROLE_INFERENCE);
   t[1].storage_dtype = RLORCH_DTYPE_FP32;
@@ -107,7 +107,7 @@ int main(int argc, char **argv) {
                "inference buffers not in the wire dtype");
   RESET(RLORCH_ROLE_TRAINER);
   t[2].shape = shape0;
-  create_fails(&o, RLORCH_E_INVALID, "options.tensors[2] 'c': shape[1] is 0", "an empty dimension");
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #2 'c': shape[1]: 0, every dimension is at least 1", "an empty dimension");
   RESET(RLORCH_ROLE_TRAINER);
   t[0].ndim = 9;
   create_fails(&o, RLORCH_E_INVALID, "options.tensors[0] 'a': ndim 9 is outside 1..8", "too many dimensions");
@@ -116,7 +116,15 @@ int main(int argc, char **argv) {
   create_fails(&o, RLORCH_E_INVALID, "options.tensors[1] 'b': data is NULL", "a NULL data pointer");
   RESET(RLORCH_ROLE_TRAINER);
   t[0].name = "";
-  create_fails(&o, RLORCH_E_INVALID, "options.tensors[0].name: empty", "an empty name");
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #0: name: empty", "an empty name");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[1].name = "b\nc";
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #1: name: control character 0x0a at byte 1",
+               "a control character in a name");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[2].residency = (rlorch_residency)0;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #2 'c': residency: unknown value 0",
+               "an unknown residency");
   RESET(RLORCH_ROLE_TRAINER);
   t[0].residency = RLORCH_RES_GPU;
   create_fails(&o, RLORCH_E_INVALID, "options.tensors[0] 'a': GPU-resident, but options.device is -1",

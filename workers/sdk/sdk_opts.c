@@ -51,41 +51,27 @@ static const char *sdk__dtype(int d) {
   return n ? n : "?";
 }
 
-/* One tensor of the caller's, checked and converted; i is its index. */
+/* One tensor of the caller's, converted; i is its index. Checked here: what
+ * the conversion needs (pointers, the name's length, ndim before the shape
+ * is copied) and the SDK's own rules (an engine's buffers hold the wire
+ * dtype, GPU tensors on the worker's device); every rule of a manifest is
+ * bcast_manifest_check's, the orchestrator's own, afterwards. */
 static rlorch_status sdk__tensor(const rlorch_worker *w, const rlorch_tensor *in, size_t i,
                                  bcast_tensor *out, rlorch_error *err) {
-  if (!in->name || !in->name[0])
-    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu].name: empty", i);
+  if (!in->name) return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu].name: NULL", i);
   const char *nm = in->name;
   if (strlen(nm) > RLORCH_NAME_MAX)
     return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu].name: %zu bytes, more than %d", i,
                     strlen(nm), RLORCH_NAME_MAX);
-  if (!bcast_dtype_size((bcast_dtype)in->storage_dtype))
-    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu] '%s': unknown storage dtype %d", i,
-                    nm, (int)in->storage_dtype);
-  if (!bcast_dtype_size((bcast_dtype)in->wire_dtype))
-    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu] '%s': unknown wire dtype %d", i, nm,
-                    (int)in->wire_dtype);
-  if (w->ao.role == AGENT_ROLE_TRAINER &&
-      !bcast_cast_supported((bcast_dtype)in->storage_dtype, (bcast_dtype)in->wire_dtype))
-    return sdk_fail(err, RLORCH_E_INVALID,
-                    "options.tensors[%zu] '%s': no cast from storage dtype %s to wire dtype %s", i,
-                    nm, sdk__dtype(in->storage_dtype), sdk__dtype(in->wire_dtype));
-  if (w->ao.role == AGENT_ROLE_INFERENCE && in->storage_dtype != in->wire_dtype)
-    return sdk_fail(err, RLORCH_E_INVALID,
-                    "options.tensors[%zu] '%s': an inference worker's buffers hold the wire dtype "
-                    "(%s), not %s", i, nm, sdk__dtype(in->wire_dtype), sdk__dtype(in->storage_dtype));
   if (in->ndim < 1 || in->ndim > RLORCH_MAX_DIMS)
     return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu] '%s': ndim %u is outside 1..%d", i,
                     nm, in->ndim, RLORCH_MAX_DIMS);
   if (!in->shape)
     return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu] '%s': shape is NULL", i, nm);
-  for (uint32_t d = 0; d < in->ndim; d++)
-    if (in->shape[d] == 0)
-      return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu] '%s': shape[%u] is 0", i, nm, d);
-  if (in->residency < RLORCH_RES_GPU || in->residency > RLORCH_RES_HOST_PAGEABLE)
-    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu] '%s': unknown residency %d", i, nm,
-                    (int)in->residency);
+  if (w->ao.role == AGENT_ROLE_INFERENCE && in->storage_dtype != in->wire_dtype)
+    return sdk_fail(err, RLORCH_E_INVALID,
+                    "options.tensors[%zu] '%s': an inference worker's buffers hold the wire dtype "
+                    "(%s), not %s", i, nm, sdk__dtype(in->wire_dtype), sdk__dtype(in->storage_dtype));
   if (in->residency == RLORCH_RES_GPU && w->device < 0)
     return sdk_fail(err, RLORCH_E_INVALID,
                     "options.tensors[%zu] '%s': GPU-resident, but options.device is -1 (none)", i,
@@ -106,16 +92,7 @@ static rlorch_status sdk__tensor(const rlorch_worker *w, const rlorch_tensor *in
   out->residency = (bcast_residency)in->residency;
   out->device = in->residency == RLORCH_RES_GPU ? in->device : -1;
   out->data = in->data;
-  uint64_t bytes = bcast_tensor_elems(out);
-  if (!bytes || __builtin_mul_overflow(bytes, 4, &bytes))
-    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu] '%s': element count overflows", i,
-                    nm);
   return RLORCH_OK;
-}
-
-static int sdk__name_cmp(const void *x, const void *y) {
-  const bcast_tensor *a = *(const bcast_tensor *const *)x, *b = *(const bcast_tensor *const *)y;
-  return strcmp(a->name, b->name);
 }
 
 static rlorch_status sdk__tensors(rlorch_worker *w, const rlorch_options *o, rlorch_error *err) {
@@ -124,29 +101,21 @@ static rlorch_status sdk__tensors(rlorch_worker *w, const rlorch_options *o, rlo
   if (o->ntensors == 0 && w->ao.role == AGENT_ROLE_TRAINER)
     return sdk_fail(err, RLORCH_E_INVALID, "options.tensors: a trainer needs at least one tensor");
   w->t = calloc(o->ntensors ? o->ntensors : 1, sizeof *w->t);
-  const bcast_tensor **v = calloc(o->ntensors ? o->ntensors : 1, sizeof *v);
-  if (!w->t || !v) {
-    free(v);
-    return sdk_fail(err, RLORCH_E_NOMEM, "no memory for %zu tensors", o->ntensors);
-  }
+  if (!w->t) return sdk_fail(err, RLORCH_E_NOMEM, "no memory for %zu tensors", o->ntensors);
   w->n = o->ntensors;
-  rlorch_status rc = RLORCH_OK;
-  for (size_t i = 0; i < w->n && !rc; i++) {
-    rc = sdk__tensor(w, &o->tensors[i], i, &w->t[i], err);
-    v[i] = &w->t[i];
+  for (size_t i = 0; i < w->n; i++) {
+    rlorch_status rc = sdk__tensor(w, &o->tensors[i], i, &w->t[i], err);
+    if (rc) return rc;
   }
-  if (!rc) {
-    qsort(v, w->n, sizeof *v, sdk__name_cmp);
-    for (size_t i = 1; i < w->n && !rc; i++)
-      if (!strcmp(v[i - 1]->name, v[i]->name)) {
-        size_t a = (size_t)(v[i - 1] - w->t), b = (size_t)(v[i] - w->t);
-        rc = sdk_fail(err, RLORCH_E_INVALID,
-                      "options.tensors[%zu] '%s': duplicate name (also options.tensors[%zu])",
-                      a > b ? a : b, v[i]->name, a > b ? b : a);
-      }
-  }
-  free(v);
-  return rc;
+  /* The orchestrator's rules, with its default limits (it may be configured
+   * tighter: then Register says so). Its messages number tensors #i, as
+   * options.tensors[i]. */
+  bcast_err be = {0};
+  int rc = bcast_manifest_check(w->t, w->n, NULL, &be);
+  if (rc)
+    return sdk_fail(err, rc == BCAST_ENOMEM ? RLORCH_E_NOMEM : RLORCH_E_INVALID, "options.tensors: %s",
+                    be.msg);
+  return RLORCH_OK;
 }
 
 rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_error *err) {
