@@ -7,8 +7,10 @@
 # the trainer's fp32 weights of that version cast to bf16 (the program checks
 # each element), the trainer's batches must hold the rollouts the inference
 # programs made (token ids, logprobs, rewards), and all three must stop cleanly
-# on SIGTERM. Then the bad-input paths (tests/sdk/sdk_errors.c), each code and
-# message.
+# on SIGTERM. The workers re-register by themselves after an orchestrator
+# restart; an answer held across one is not sent; an abort reaches the engine
+# that holds the request. Then the bad-input paths (tests/sdk/sdk_errors.c),
+# each code and message.
 source "$(dirname "$0")/lib.sh"
 need_cmd python3 node
 
@@ -167,6 +169,42 @@ for pid in $T3 $SLOW; do
   wait "$pid"
   assert_eq 0 "$?" "an SDK program exits 0 after SIGTERM (pid $pid)"
 done
+serve_stop
+
+# ---- an abort reaches the engine ---------------------------------------------------
+# A slow engine alone gets the run's request and holds it; a fast one joins.
+# Past request_timeout_ms the orchestrator sends the request to the fast one
+# too, keeps its answer and aborts the slow one's: the library hands the
+# abort to the engine (RLORCH_CMD_ABORT), which then sends nothing.
+serve_start || finish
+"$BIN/sdk_trainer" "$GRPC_ADDR" sdk-trainer-4 127.0.0.1:0 \
+  >"$TEST_TMP/sdk-trainer-4.out" 2>"$TEST_TMP/sdk-trainer-4.err" &
+T4=$!
+track_pid $T4
+"$BIN/sdk_inference" "$GRPC_ADDR" sdk-slow-4 --delay-ms 20000 \
+  >"$TEST_TMP/sdk-slow-4.out" 2>"$TEST_TMP/sdk-slow-4.err" &
+SLOW4=$!
+track_pid $SLOW4
+out="$(grpc_call --method /rlorch.v1.Control/StartRun \
+  --json '{"name":"sdk-4","steps":1,"rollouts_per_step":2,"group_size":2,"request_timeout_ms":300}')"
+run4="$(json_get message.id "$out")"
+wait_until 30 grep -q '^held request_id=' "$TEST_TMP/sdk-slow-4.out"
+assert_eq 0 "$?" "the slow engine holds the run's request"
+"$BIN/sdk_inference" "$GRPC_ADDR" sdk-fast-4 >"$TEST_TMP/sdk-fast-4.out" 2>"$TEST_TMP/sdk-fast-4.err" &
+FAST4=$!
+track_pid $FAST4
+timeout 60 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" watch-run "$run4" >/dev/null
+assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run4" | json_get state)" \
+  "the run succeeds on the fast engine's answer"
+wait_until 10 grep -q '^abort request_id=[0-9]* held=1' "$TEST_TMP/sdk-slow-4.out"
+assert_eq 0 "$?" "the slow engine got RLORCH_CMD_ABORT for the request it held"
+kill -TERM $T4 $SLOW4 $FAST4
+for pid in $T4 $SLOW4 $FAST4; do
+  timeout 20 tail --pid="$pid" -f /dev/null
+  wait "$pid"
+  assert_eq 0 "$?" "an SDK program exits 0 after SIGTERM (pid $pid)"
+done
+assert_contains "$(cat "$TEST_TMP/sdk-slow-4.out")" "aborted_held=1 " "the aborted request was never answered"
 serve_stop
 
 # ---- bad input: every failure a code and a message -------------------------------
