@@ -141,14 +141,14 @@ serve_stop
 # ---- a request held across an orchestrator restart --------------------------------
 # The orchestrator numbers requests per registration: an answer to a request
 # of the previous one must not reach the new one, where its id may name
-# another request. A slow engine (6 s a request) holds its requests while the
+# another request. A slow engine (10 s a request) holds its requests while the
 # orchestrator restarts; the library refuses to send them afterwards.
 serve_start || finish
 "$BIN/sdk_trainer" "$GRPC_ADDR" sdk-trainer-3 127.0.0.1:0 \
   >"$TEST_TMP/sdk-trainer-3.out" 2>"$TEST_TMP/sdk-trainer-3.err" &
 T3=$!
 track_pid $T3
-"$BIN/sdk_inference" "$GRPC_ADDR" sdk-slow --delay-ms 6000 \
+"$BIN/sdk_inference" "$GRPC_ADDR" sdk-slow --delay-ms 10000 \
   >"$TEST_TMP/sdk-slow.out" 2>"$TEST_TMP/sdk-slow.err" &
 SLOW=$!
 track_pid $SLOW
@@ -157,7 +157,7 @@ wait_until 30 grep -q '^held request_id=' "$TEST_TMP/sdk-slow.out"
 assert_eq 0 "$?" "the slow engine holds a request"
 serve_kill
 serve_restart || finish
-wait_until 30 grep -q '^stale request_id=' "$TEST_TMP/sdk-slow.out"
+wait_until 40 grep -q "^stale request_id=" "$TEST_TMP/sdk-slow.out"
 assert_eq 0 "$?" "its answer after the restart is refused by the library, not sent"
 assert_contains "$(cat "$TEST_TMP/sdk-slow.out")" "the request is gone, nothing was sent" \
   "the refusal says why"
