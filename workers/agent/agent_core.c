@@ -63,6 +63,7 @@ struct agent {
   atomic_uint_fast64_t policy_version;
   int signo;   /* the signal that stopped the agent, 0 if none */
   int refused; /* registration refused for good: exit 1 */
+  rpc_status refusal; /* what the refusal said */
 
   pthread_t attach_tid, hb_tid, sig_tid;
   int attach_started, hb_started, sig_started;
@@ -181,6 +182,33 @@ static void agent__request_stop(agent *a) {
   agent__wake(a);
 }
 
+void agent_stop(agent *a) { agent__request_stop(a); }
+
+int agent_registered(const agent *a) {
+  agent *m = (agent *)a;
+  pthread_mutex_lock(&m->mu);
+  int r = m->gen > 0;
+  pthread_mutex_unlock(&m->mu);
+  return r;
+}
+
+uint64_t agent_registration(const agent *a) {
+  agent *m = (agent *)a;
+  pthread_mutex_lock(&m->mu);
+  uint64_t g = m->gen;
+  pthread_mutex_unlock(&m->mu);
+  return g;
+}
+
+grpc_status_code agent_refusal(const agent *a, char *msg, size_t len) {
+  agent *m = (agent *)a;
+  pthread_mutex_lock(&m->mu);
+  grpc_status_code c = m->refused ? m->refusal.code : GRPC_STATUS_OK;
+  if (len) snprintf(msg, len, "%s", m->refused ? m->refusal.message : "");
+  pthread_mutex_unlock(&m->mu);
+  return c;
+}
+
 /* Logs connectivity once per change, not once per attempt. */
 static void agent__set_conn(agent *a, agent__conn c, const rpc_status *st) {
   pthread_mutex_lock(&a->mu);
@@ -260,6 +288,7 @@ static int agent__register(agent *a, uint64_t seen) {
       pthread_mutex_unlock(&a->reg_mu);
       pthread_mutex_lock(&a->mu);
       a->refused = 1;
+      a->refusal = st;
       pthread_mutex_unlock(&a->mu);
       agent__request_stop(a);
       return -1;
@@ -421,13 +450,21 @@ static void *agent__heartbeat_main(void *arg) {
 }
 
 int agent_report(agent *a, Rlorch__V1__ReportRequest *req) {
+  rpc_status st;
+  return agent_report_status(a, req, &st);
+}
+
+int agent_report_status(agent *a, Rlorch__V1__ReportRequest *req, rpc_status *out) {
   double backoff = AGENT__BACKOFF_MIN_S, start = agent_now();
+  rpc_status st = {.code = GRPC_STATUS_CANCELLED};
+  snprintf(st.message, sizeof st.message, "the worker is stopping");
+  *out = st;
   while (!atomic_load(&a->stop)) {
     char id[128];
     uint64_t gen;
     int known;
-    rpc_status st;
     grpc_status_code code = agent__report_once(a, req, id, &gen, &known, &st);
+    *out = st;
     req->worker_id = NULL;
     if (!known) {
       agent_log_warn("report_dropped", "kind=%d reason=\"orchestrator forgot the worker\"",
@@ -604,7 +641,8 @@ static void agent__join(agent *a) {
 }
 
 int agent_run(agent *a) {
-  a->sig_started = pthread_create(&a->sig_tid, NULL, agent__signal_main, a) == 0;
+  if (!a->opts.no_signal_thread)
+    a->sig_started = pthread_create(&a->sig_tid, NULL, agent__signal_main, a) == 0;
   int status = 0;
   if (agent__register(a, 0) < 0) goto out;
   a->attach_started = pthread_create(&a->attach_tid, NULL, agent__attach_main, a) == 0;

@@ -62,6 +62,9 @@ void agent_set_stats_fn(agent *a, agent_stats_fn fn, void *ud);
  * orchestrator is unreachable. 0 when delivered; -1 when dropped (stopping, or
  * the orchestrator forgot the worker: the report is then stale anyway). */
 int agent_report(agent *a, Rlorch__V1__ReportRequest *req);
+/* agent_report, and when it returns -1 what the last attempt got in st (the
+ * orchestrator's refusal, say; CANCELLED when the agent is stopping). */
+int agent_report_status(agent *a, Rlorch__V1__ReportRequest *req, rpc_status *st);
 
 /* Streams this trainer's share `rank` of `ranks` of step's batch (FetchBatch)
  * under the current worker id: on_chunk gets each message in order (it is
@@ -74,6 +77,19 @@ grpc_status_code agent_fetch_batch(agent *a, uint64_t step, uint32_t rank, uint3
                                    void *ud, rpc_status *st);
 
 int agent_stopping(const agent *a);
+/* Any thread: makes agent_run return after the command executing now (a
+ * blocked stream or sleep wakes at once). */
+void agent_stop(agent *a);
+/* Any thread: 1 once a registration succeeded; 0 while none has. */
+int agent_registered(const agent *a);
+/* Any thread: the count of successful registrations so far. A command
+ * queued under one count belongs to that registration: after the next one
+ * the orchestrator has forgotten it (its request ids may name other
+ * requests by then). */
+uint64_t agent_registration(const agent *a);
+/* The orchestrator refused the registration for good (agent_run then stops):
+ * its status code, with its message in msg; GRPC_STATUS_OK when it did not. */
+grpc_status_code agent_refusal(const agent *a, char *msg, size_t len);
 /* The policy version this worker holds of the run of the last command it
  * executed: Register and every heartbeat say both, so that an orchestrator
  * that restarted, or had declared the worker lost, knows what it kept. A

@@ -21,6 +21,7 @@
 #include "workers/agent/agent_log.h"
 #include "workers/agent/agent.h"
 #include "workers/agent/agent_adamw.h"
+#include "workers/agent/agent_batch.h"
 #include "workers/agent/agent_ckpt.h"
 #include "workers/agent/agent_core.h"
 #include "workers/agent/agent_pb.h"
@@ -276,109 +277,12 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
   return 0;
 }
 
-/* ---- the batch ------------------------------------------------------------------ */
-
-#define TRAINER__FETCH_ATTEMPTS 3
-/* A fetch's deadline: this much, plus the batch at the slowest rate worth
- * waiting for, so a large batch is not cut short and a stuck one is. */
-#define TRAINER__FETCH_BASE_S 30.0
-#define TRAINER__FETCH_MIN_BYTES_PER_S 10e6
-/* An orchestrator that cannot be reached is waited for this long (it may be
- * restarting: then it answers that it does not know this worker, and the
- * step is skipped), before the fetch counts as failed. */
-#define TRAINER__FETCH_UNREACHABLE_S 120.0
-
-/* What one fetch received, checked against the train step as it arrives. */
-typedef struct trainer__batch {
-  const Rlorch__V1__TrainStep *ts;
-  size_t got; /* rollouts received, each the one the step names next */
-  uint64_t completion_tokens;
-  uint64_t messages;
-  char err[256]; /* set when the stream was cancelled here: what was wrong */
-} trainer__batch;
-
-static int trainer__on_chunk(const Rlorch__V1__BatchChunk *c, void *ud) {
-  trainer__batch *b = ud;
-  const Rlorch__V1__TrainStep *ts = b->ts;
-  if (b->messages++ == 0 && (c->share_rollouts != ts->n_rollout_ids || c->share_groups != ts->groups)) {
-    snprintf(b->err, sizeof b->err,
-             "the batch holds %u rollouts in %u groups, the train step %zu in %u",
-             c->share_rollouts, c->share_groups, ts->n_rollout_ids, ts->groups);
-    return 1;
-  }
-  for (size_t i = 0; i < c->n_rollouts; i++, b->got++) {
-    if (b->got == ts->n_rollout_ids) {
-      snprintf(b->err, sizeof b->err, "more rollouts than the train step's %zu", ts->n_rollout_ids);
-      return 1;
-    }
-    if (c->rollouts[i]->id != ts->rollout_ids[b->got]) {
-      snprintf(b->err, sizeof b->err, "rollout %zu of the batch is %llu, the train step says %llu",
-               b->got, (unsigned long long)c->rollouts[i]->id,
-               (unsigned long long)ts->rollout_ids[b->got]);
-      return 1;
-    }
-    b->completion_tokens += c->rollouts[i]->n_completion_token_ids;
-  }
-  return 0;
-}
-
-/* Fetches the step's whole batch (rank 0 of 1) and checks that it holds the
- * train step's rollouts in its order. 0: fetched; 1: not, and the step is
- * skipped (the orchestrator no longer holds that batch, which it redoes or
- * drops itself, or the agent is stopping); -1: not, fatally (refused
- * credentials, or still failing after TRAINER__FETCH_ATTEMPTS: exiting makes
- * the trainer lost, and its step is redone with a fresh batch when a trainer
- * attaches). Every failure is logged with the status and its message. */
-static int trainer__fetch(agent *a, const Rlorch__V1__TrainStep *ts, trainer__batch *b) {
-  double timeout = TRAINER__FETCH_BASE_S + (double)ts->batch_bytes / TRAINER__FETCH_MIN_BYTES_PER_S;
-  double backoff = 0.2, unreachable_since = -1;
-  for (int attempt = 1;; attempt++) {
-    *b = (trainer__batch){.ts = ts};
-    rpc_status st = {0};
-    double t0 = agent_now();
-    grpc_status_code code = agent_fetch_batch(a, ts->step, 0, 1, timeout, trainer__on_chunk, b, &st);
-    if (agent_stopping(a)) return 1;
-    if (code == GRPC_STATUS_OK && !b->err[0] && b->got != ts->n_rollout_ids)
-      snprintf(b->err, sizeof b->err, "%zu of the train step's %zu rollouts arrived", b->got,
-               ts->n_rollout_ids);
-    if (code == GRPC_STATUS_OK && !b->err[0]) {
-      agent_log_debug("batch", "step=%llu rollouts=%zu groups=%u completion_tokens=%llu bytes=%llu "
-                      "messages=%llu fetch_s=%.4f", (unsigned long long)ts->step, b->got, ts->groups,
-                      (unsigned long long)b->completion_tokens,
-                      (unsigned long long)ts->batch_bytes, (unsigned long long)b->messages,
-                      agent_now() - t0);
-      return 0;
-    }
-    if (b->err[0]) { /* cancelled here: the batch is not the step's */
-      code = GRPC_STATUS_DATA_LOSS;
-      snprintf(st.message, sizeof st.message, "%s", b->err);
-    }
-    int refused = code == GRPC_STATUS_FAILED_PRECONDITION || code == GRPC_STATUS_NOT_FOUND ||
-                code == GRPC_STATUS_ABORTED || code == GRPC_STATUS_INVALID_ARGUMENT;
-    int unreachable = code == GRPC_STATUS_UNAVAILABLE;
-    if (!unreachable) unreachable_since = -1;
-    else if (unreachable_since < 0) unreachable_since = t0;
-    int fatal = code == GRPC_STATUS_UNAUTHENTICATED || code == GRPC_STATUS_PERMISSION_DENIED ||
-                (unreachable ? agent_now() - unreachable_since > TRAINER__FETCH_UNREACHABLE_S
-                             : !refused && attempt >= TRAINER__FETCH_ATTEMPTS);
-    agent_log_error("batch_fetch_failed", "step=%llu attempt=%d of %d code=%s msg=\"%s\" action=%s",
-                    (unsigned long long)ts->step, attempt, TRAINER__FETCH_ATTEMPTS,
-                    rpc_status_name(code), st.message,
-                    refused ? "skip_step" : fatal ? "exit" : "retry");
-    if (refused) return 1;
-    if (fatal) return -1;
-    agent_sleep(a, backoff);
-    backoff = backoff * 2 > 5.0 ? 5.0 : backoff * 2;
-  }
-}
-
 static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainStep *ts) {
   char err[512];
   agent_adamw_coef c;
   /* The synthetic gradient comes from the seed; the batch is still fetched
    * and checked, so what a real trainer would get is tested end to end. */
-  trainer__batch b;
-  int fetched = trainer__fetch(a, ts, &b);
+  int fetched = agent_batch_fetch(a, ts, NULL, err, sizeof err);
   if (fetched != 0) return fetched < 0 ? -1 : 0;
   /* From here the version held changes: a registration (after an orchestrator
    * restart) waits until it says the new one, or the orchestrator would plan

@@ -1,0 +1,206 @@
+/* The SDK's bad-input paths through rlorch.h alone: every call that must fail
+ * returns its code and fills rlorch_error with a message naming what was
+ * wrong, and the process goes on.
+ *
+ *   sdk_errors ORCHESTRATOR DEAD_ADDRESS TOKEN_FILE
+ *
+ * ORCHESTRATOR requires the bearer token in TOKEN_FILE; nothing listens on
+ * DEAD_ADDRESS. Prints "ok ..." or "FAIL ..." per check; exits 1 on any FAIL. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdk_model.h"
+
+static int failures, passes;
+
+static void expect(rlorch_status got, rlorch_status want, const rlorch_error *err, const char *msg,
+                   const char *what) {
+  if (got == want && (int)err->code == (int)want && strstr(err->message, msg)) {
+    passes++;
+    printf("ok   %s: %s: %s\n", what, rlorch_status_name(got), err->message);
+  } else {
+    failures++;
+    printf("FAIL %s: got %s (err.code %s) \"%s\", want %s with \"%s\"\n", what,
+           rlorch_status_name(got), rlorch_status_name(err->code), err->message,
+           rlorch_status_name(want), msg);
+  }
+}
+
+static float data[4][64];
+static uint64_t shape2[2] = {8, 8}, shape0[2] = {8, 0};
+
+static void tensors(rlorch_tensor *t, rlorch_dtype storage, rlorch_dtype wire) {
+  const char *names[4] = {"a", "b", "c", "d"};
+  for (int k = 0; k < 4; k++)
+    t[k] = (rlorch_tensor){.name = names[k], .layer = (uint32_t)k, .storage_dtype = storage,
+                           .wire_dtype = wire, .ndim = 2, .shape = shape2,
+                           .residency = RLORCH_RES_HOST_PAGEABLE, .data = data[k]};
+}
+
+/* rlorch_create with o; expects a failure and that *w stays NULL. */
+static void create_fails(const rlorch_options *o, rlorch_status want, const char *msg,
+                         const char *what) {
+  rlorch_worker *w = (rlorch_worker *)&passes; /* must be reset to NULL */
+  rlorch_error err = {0, ""};
+  expect(rlorch_create(o, &w, &err), want, &err, msg, what);
+  if (w) {
+    failures++;
+    printf("FAIL %s: the worker pointer was not reset to NULL\n", what);
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: sdk_errors ORCHESTRATOR DEAD_ADDRESS TOKEN_FILE\n");
+    return 2;
+  }
+  const char *orch = argv[1], *dead = argv[2], *token = argv[3];
+  rlorch_tensor t[4];
+  rlorch_options o;
+  rlorch_error err;
+
+#define RESET(role)                   \
+  do {                                \
+    rlorch_options_init(&o, role);    \
+    o.orchestrator = orch;            \
+    o.token_file = token;             \
+    o.connect_timeout_s = 10;         \
+    tensors(t, (role) == RLORCH_ROLE_TRAINER ? RLORCH_DTYPE_FP32 : RLORCH_DTYPE_BF16, \
+            RLORCH_DTYPE_BF16);       \
+    o.tensors = t;                    \
+    o.ntensors = 4;                   \
+  } while (0)
+
+  RESET(RLORCH_ROLE_TRAINER);
+  o.api_version = 0;
+  create_fails(&o, RLORCH_E_VERSION, "options.api_version: 0 (fill the options with rlorch_options_init)",
+               "options not initialised");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.api_version = RLORCH_API_VERSION + 1;
+  create_fails(&o, RLORCH_E_VERSION, "is newer than this library's API version", "a newer API version");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.role = (rlorch_role)7;
+  create_fails(&o, RLORCH_E_INVALID, "options.role: 7 is neither", "an unknown role");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.orchestrator = NULL;
+  create_fails(&o, RLORCH_E_INVALID, "options.orchestrator: required", "no orchestrator");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[2].storage_dtype = (rlorch_dtype)9;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #2 'c': storage_dtype: unknown value 9",
+               "an unknown tensor dtype");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[1].wire_dtype = (rlorch_dtype)0;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #1 'b': wire_dtype: unknown value 0",
+               "an unknown wire dtype");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[3].name = "b";
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensors #1 and #3: duplicate name 'b'",
+               "a duplicate tensor name");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[0].storage_dtype = RLORCH_DTYPE_FP16;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #0 'a': wire_dtype: no cast from fp16 to bf16",
+               "a cast the broadcast cannot make");
+  RESET(RLORCH_ROLE_INFERENCE);
+  t[1].storage_dtype = RLORCH_DTYPE_FP32;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors[1] 'b': an inference worker's buffers hold the wire dtype",
+               "inference buffers not in the wire dtype");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[2].shape = shape0;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #2 'c': shape[1]: 0, every dimension is at least 1", "an empty dimension");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[0].ndim = 9;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors[0] 'a': ndim 9 is outside 1..8", "too many dimensions");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[1].data = NULL;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors[1] 'b': data is NULL", "a NULL data pointer");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[0].name = "";
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #0: name: empty", "an empty name");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[1].name = "b\nc";
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #1: name: control character 0x0a at byte 1",
+               "a control character in a name");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[2].residency = (rlorch_residency)0;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: tensor #2 'c': residency: unknown value 0",
+               "an unknown residency");
+  RESET(RLORCH_ROLE_TRAINER);
+  t[0].residency = RLORCH_RES_GPU;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors[0] 'a': GPU-resident, but options.device is -1",
+               "a GPU tensor without a device");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.ntensors = 0;
+  create_fails(&o, RLORCH_E_INVALID, "options.tensors: a trainer needs at least one tensor",
+               "a trainer without tensors");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.device = 64;
+  create_fails(&o, RLORCH_E_INVALID, "options.device: 64: no such CUDA device", "a device that is not there");
+  RESET(RLORCH_ROLE_INFERENCE);
+  o.max_concurrent_requests = 0;
+  create_fails(&o, RLORCH_E_INVALID, "options.max_concurrent_requests: 0 is outside 1..1024",
+               "no concurrency");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.tls_cert_file = "cert.pem";
+  create_fails(&o, RLORCH_E_INVALID, "options.tls_cert_file is set without options.tls_key_file",
+               "a client certificate without its key");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.token_file = "/nonexistent/rlorch-token";
+  create_fails(&o, RLORCH_E_IO, "/nonexistent/rlorch-token", "a token file that is not there");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.data_listen = "256.1.1.1:http";
+  create_fails(&o, RLORCH_E_IO, "options.data_listen", "a data address that cannot be listened on");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.connect_timeout_s = 0;
+  create_fails(&o, RLORCH_E_INVALID, "options.connect_timeout_s: 0 is not a positive number",
+               "no connect timeout");
+  create_fails(NULL, RLORCH_E_INVALID, "rlorch_create: options is NULL", "NULL options");
+
+  /* A worker that exists but is not started. */
+  RESET(RLORCH_ROLE_TRAINER);
+  rlorch_worker *w = NULL;
+  expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "a good trainer is created");
+  rlorch_command *cmd = NULL;
+  expect(rlorch_next(w, 0, &cmd, &err), RLORCH_E_STATE, &err, "the worker is not started",
+         "next before start");
+  rlorch_free(w);
+
+  /* Nothing listens: start gives up after connect_timeout_s. */
+  RESET(RLORCH_ROLE_INFERENCE);
+  o.orchestrator = dead;
+  o.connect_timeout_s = 1.5;
+  w = NULL;
+  expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "an inference worker for a dead address");
+  expect(rlorch_start(w, &err), RLORCH_E_UNAVAILABLE, &err, "within 1.5 s (options.connect_timeout_s)",
+         "start with no orchestrator");
+  expect(rlorch_next(w, 0, &cmd, &err), RLORCH_E_STOPPED, &err, "the worker stopped",
+         "next after a failed start");
+  rlorch_free(w);
+
+  /* The orchestrator refuses a wrong token: its status text comes back. */
+  RESET(RLORCH_ROLE_TRAINER);
+  o.token_file = NULL;
+  w = NULL;
+  expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "a trainer without the token");
+  expect(rlorch_start(w, &err), RLORCH_E_REFUSED, &err,
+         "the orchestrator refused the registration: UNAUTHENTICATED", "start without the token");
+  rlorch_free(w);
+
+  /* With the token it registers; a second start is refused here. */
+  RESET(RLORCH_ROLE_TRAINER);
+  w = NULL;
+  expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "a trainer with the token");
+  expect(rlorch_start(w, &err), RLORCH_OK, &err, "", "start with the token");
+  expect(rlorch_start(w, &err), RLORCH_E_STATE, &err, "was started already", "a second start");
+  expect(rlorch_next(w, 0, &cmd, &err), RLORCH_TIMEOUT, &err, "", "next with nothing queued");
+  expect(rlorch_next(w, 0.0 / 0.0, &cmd, &err), RLORCH_E_INVALID, &err, "timeout_s is NaN", "a NaN timeout");
+  rlorch_stop(w);
+  expect(rlorch_next(w, 5, &cmd, &err), RLORCH_E_STOPPED, &err, "the worker stopped", "next after stop");
+  rlorch_free(w);
+  rlorch_free(NULL);
+
+  expect(rlorch_next(NULL, 0, &cmd, &err), RLORCH_E_INVALID, &err, "rlorch_next: worker is NULL",
+         "next on NULL");
+  printf("%d passed, %d failed\n", passes, failures);
+  return failures || !passes ? 1 : 0;
+}

@@ -1,0 +1,202 @@
+/* The SDK's options and tensors: every check the caller's input gets before
+ * a worker exists, each failure naming the field. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "workers/sdk/sdk_internal.h"
+
+_Static_assert((int)RLORCH_DTYPE_FP32 == (int)BCAST_DTYPE_FP32, "dtype values");
+_Static_assert((int)RLORCH_DTYPE_BF16 == (int)BCAST_DTYPE_BF16, "dtype values");
+_Static_assert((int)RLORCH_DTYPE_FP16 == (int)BCAST_DTYPE_FP16, "dtype values");
+_Static_assert((int)RLORCH_DTYPE_U16 == (int)BCAST_DTYPE_U16, "dtype values");
+_Static_assert((int)RLORCH_RES_GPU == (int)BCAST_RES_GPU, "residency values");
+_Static_assert((int)RLORCH_RES_HOST_PINNED == (int)BCAST_RES_HOST_PINNED, "residency values");
+_Static_assert((int)RLORCH_RES_HOST_PAGEABLE == (int)BCAST_RES_HOST_PAGEABLE, "residency values");
+_Static_assert(RLORCH_NAME_MAX + 1 == BCAST_NAME_MAX, "name length");
+_Static_assert(RLORCH_MAX_DIMS == BCAST_MAX_DIMS, "dimensions");
+
+rlorch_status sdk_fail(rlorch_error *err, rlorch_status code, const char *fmt, ...) {
+  if (!err) return code;
+  err->code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  /* The analyser, inlining this into its callers, loses the va_start above. */
+  vsnprintf(err->message, sizeof err->message, fmt, ap); /* NOLINT(clang-analyzer-valist.Uninitialized) */
+  va_end(ap);
+  return code;
+}
+
+SDK__EXPORT void rlorch_options_init(rlorch_options *o, rlorch_role role) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->api_version = RLORCH_API_VERSION;
+  o->role = role;
+  o->device = -1;
+  o->max_concurrent_requests = 8; /* the orchestrator's default max_requests_per_worker */
+  o->connect_timeout_s = 30;
+  o->log_level = RLORCH_LOG_INFO;
+}
+
+static int sdk__dup(const char *s, char **out) {
+  *out = NULL;
+  if (!s) return 0;
+  *out = strdup(s);
+  return *out ? 0 : -1;
+}
+
+static const char *sdk__dtype(int d) {
+  const char *n = bcast_dtype_name((bcast_dtype)d);
+  return n ? n : "?";
+}
+
+/* One tensor of the caller's, converted; i is its index. Checked here: what
+ * the conversion needs (pointers, the name's length, ndim before the shape
+ * is copied) and the SDK's own rules (an engine's buffers hold the wire
+ * dtype, GPU tensors on the worker's device); every rule of a manifest is
+ * bcast_manifest_check's, the orchestrator's own, afterwards. */
+static rlorch_status sdk__tensor(const rlorch_worker *w, const rlorch_tensor *in, size_t i,
+                                 bcast_tensor *out, rlorch_error *err) {
+  if (!in->name) return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu].name: NULL", i);
+  const char *nm = in->name;
+  if (strlen(nm) > RLORCH_NAME_MAX)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu].name: %zu bytes, more than %d", i,
+                    strlen(nm), RLORCH_NAME_MAX);
+  if (in->ndim < 1 || in->ndim > RLORCH_MAX_DIMS)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu] '%s': ndim %u is outside 1..%d", i,
+                    nm, in->ndim, RLORCH_MAX_DIMS);
+  if (!in->shape)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu] '%s': shape is NULL", i, nm);
+  if (w->ao.role == AGENT_ROLE_INFERENCE && in->storage_dtype != in->wire_dtype)
+    return sdk_fail(err, RLORCH_E_INVALID,
+                    "options.tensors[%zu] '%s': an inference worker's buffers hold the wire dtype "
+                    "(%s), not %s", i, nm, sdk__dtype(in->wire_dtype), sdk__dtype(in->storage_dtype));
+  if (in->residency == RLORCH_RES_GPU && w->device < 0)
+    return sdk_fail(err, RLORCH_E_INVALID,
+                    "options.tensors[%zu] '%s': GPU-resident, but options.device is -1 (none)", i,
+                    nm);
+  if (in->residency == RLORCH_RES_GPU && in->device != w->device)
+    return sdk_fail(err, RLORCH_E_INVALID,
+                    "options.tensors[%zu] '%s': on GPU %d, but the worker uses options.device %d",
+                    i, nm, in->device, w->device);
+  if (!in->data)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors[%zu] '%s': data is NULL", i, nm);
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%s", nm);
+  out->layer = in->layer;
+  out->storage_dtype = (bcast_dtype)in->storage_dtype;
+  out->wire_dtype = (bcast_dtype)in->wire_dtype;
+  out->ndim = in->ndim;
+  memcpy(out->shape, in->shape, in->ndim * sizeof *in->shape);
+  out->residency = (bcast_residency)in->residency;
+  out->device = in->residency == RLORCH_RES_GPU ? in->device : -1;
+  out->data = in->data;
+  return RLORCH_OK;
+}
+
+static rlorch_status sdk__tensors(rlorch_worker *w, const rlorch_options *o, rlorch_error *err) {
+  if (o->ntensors && !o->tensors)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors: NULL with ntensors %zu", o->ntensors);
+  if (o->ntensors == 0 && w->ao.role == AGENT_ROLE_TRAINER)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.tensors: a trainer needs at least one tensor");
+  w->t = calloc(o->ntensors ? o->ntensors : 1, sizeof *w->t);
+  if (!w->t) return sdk_fail(err, RLORCH_E_NOMEM, "no memory for %zu tensors", o->ntensors);
+  w->n = o->ntensors;
+  for (size_t i = 0; i < w->n; i++) {
+    rlorch_status rc = sdk__tensor(w, &o->tensors[i], i, &w->t[i], err);
+    if (rc) return rc;
+  }
+  /* The orchestrator's rules, with its default limits (it may be configured
+   * tighter: then Register says so). Its messages number tensors #i, as
+   * options.tensors[i]. */
+  bcast_err be = {0};
+  int rc = bcast_manifest_check(w->t, w->n, NULL, &be);
+  if (rc)
+    return sdk_fail(err, rc == BCAST_ENOMEM ? RLORCH_E_NOMEM : RLORCH_E_INVALID, "options.tensors: %s",
+                    be.msg);
+  return RLORCH_OK;
+}
+
+rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_error *err) {
+  if (o->api_version == 0)
+    return sdk_fail(err, RLORCH_E_VERSION,
+                    "options.api_version: 0 (fill the options with rlorch_options_init)");
+  if (o->api_version > RLORCH_API_VERSION)
+    return sdk_fail(err, RLORCH_E_VERSION,
+                    "options.api_version: %u is newer than this library's API version %d",
+                    o->api_version, RLORCH_API_VERSION);
+  /* API version 1 is the only layout so far: later versions copy only the
+   * fields of o->api_version and default the rest. */
+  w->so.o = *o;
+  if (o->role != RLORCH_ROLE_TRAINER && o->role != RLORCH_ROLE_INFERENCE)
+    return sdk_fail(err, RLORCH_E_INVALID,
+                    "options.role: %d is neither RLORCH_ROLE_TRAINER (1) nor RLORCH_ROLE_INFERENCE (2)",
+                    (int)o->role);
+  if (!o->orchestrator || !o->orchestrator[0])
+    return sdk_fail(err, RLORCH_E_INVALID, "options.orchestrator: required (host:port)");
+  if (!o->tls_cert_file != !o->tls_key_file)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.%s is set without options.%s (both or neither)",
+                    o->tls_cert_file ? "tls_cert_file" : "tls_key_file",
+                    o->tls_cert_file ? "tls_key_file" : "tls_cert_file");
+  if (o->role == RLORCH_ROLE_INFERENCE &&
+      (o->max_concurrent_requests < 1 || o->max_concurrent_requests > 1024))
+    return sdk_fail(err, RLORCH_E_INVALID,
+                    "options.max_concurrent_requests: %u is outside 1..1024", o->max_concurrent_requests);
+  if (!(o->connect_timeout_s > 0) || !isfinite(o->connect_timeout_s))
+    return sdk_fail(err, RLORCH_E_INVALID, "options.connect_timeout_s: %g is not a positive number",
+                    o->connect_timeout_s);
+  if (o->log_level < RLORCH_LOG_DEBUG || o->log_level > RLORCH_LOG_ERROR)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.log_level: %d is outside 0..3", (int)o->log_level);
+  if (o->device < -1)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.device: %d (a CUDA device index, or -1)",
+                    o->device);
+  if (o->role == RLORCH_ROLE_INFERENCE && o->data_listen)
+    return sdk_fail(err, RLORCH_E_INVALID,
+                    "options.data_listen: only a trainer listens (receivers connect to it)");
+  sdk_opts *so = &w->so;
+  if (sdk__dup(o->orchestrator, &so->orchestrator) || sdk__dup(o->name, &so->name) ||
+      sdk__dup(o->token_file, &so->token_file) || sdk__dup(o->tls_ca_file, &so->tls_ca_file) ||
+      sdk__dup(o->tls_cert_file, &so->tls_cert_file) ||
+      sdk__dup(o->tls_key_file, &so->tls_key_file) || sdk__dup(o->data_listen, &so->data_listen))
+    return sdk_fail(err, RLORCH_E_NOMEM, "no memory for the options");
+  so->o.tensors = NULL; /* converted into w->t below; the caller's array may go */
+  agent_role role = o->role == RLORCH_ROLE_TRAINER ? AGENT_ROLE_TRAINER : AGENT_ROLE_INFERENCE;
+  agent_opts_defaults(role, &w->ao);
+  w->ao.orchestrator = so->orchestrator;
+  w->ao.name = so->name;
+  w->ao.token_file = so->token_file;
+  w->ao.tls_ca_file = so->tls_ca_file;
+  w->ao.tls_client_cert_file = so->tls_cert_file;
+  w->ao.tls_client_key_file = so->tls_key_file;
+  w->ao.data_listen = so->data_listen;
+  w->ao.device = o->device;
+  w->ao.device_set = 1;
+  w->ao.concurrency = o->max_concurrent_requests;
+  w->ao.no_signal_thread = 1; /* the embedding process keeps its own signals */
+  char msg[512];
+  if (agent_opts_check(&w->ao, msg, sizeof msg))
+    return sdk_fail(err, RLORCH_E_INVALID, "options: %s", msg);
+  bcast_caps_probe(&w->caps);
+  if (o->device >= 0 && o->device >= w->caps.cuda_devices)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.device: %d: no such CUDA device (%d visible%s)",
+                    o->device, w->caps.cuda_devices,
+                    w->caps.cuda_built ? "" : "; this library is built without CUDA");
+  w->device = o->device;
+  bcast_caps_select_device(&w->caps, w->device);
+  return sdk__tensors(w, o, err);
+}
+
+void sdk_opts_free(rlorch_worker *w) {
+  sdk_opts *so = &w->so;
+  free(so->orchestrator);
+  free(so->name);
+  free(so->token_file);
+  free(so->tls_ca_file);
+  free(so->tls_cert_file);
+  free(so->tls_key_file);
+  free(so->data_listen);
+  free(w->t);
+  w->t = NULL;
+}
