@@ -406,6 +406,8 @@ static int hb_of_run(void *arg) {
 
 static int registered_twice(void *arg) { return K.registered >= 2; }
 
+static int log_has_cb(void *arg) { return strstr(K.log, arg) != NULL; }
+
 /* What the worker holds goes with it: heartbeats say the run their version
  * counts, and a registration after the orchestrator forgot the worker (it
  * restarted) says the run and the version held, for it to compare. */
@@ -431,6 +433,38 @@ Test(agent_inference, heartbeats_and_registrations_say_what_it_holds) {
   cr_assert_eq(K.reg_version[1], 0);
   pthread_mutex_unlock(&K.mu);
   cr_assert(wait_until(is_attached, NULL), "and attaches again");
+  fake_stop();
+}
+
+/* Request ids are the orchestrator's per registration: a request being
+ * generated when the worker registers again (the orchestrator restarted and
+ * forgot it) is gone there, and its id may name another request by then, so
+ * its answer is dropped, not sent; requests of the new registration are
+ * answered. */
+Test(agent_inference, an_answer_from_before_a_new_registration_is_dropped) {
+  fake_start();
+  K.opts.concurrency = 1;
+  K.opts.rollout.latency_ms_mean = 400; /* a request of 2 takes 0.8 s */
+  agent_start();
+  Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;
+  rq.request_id = 7;
+  rq.count = 2;
+  send_rollout(&rq);
+  uint32_t one = 1, zero = 0;
+  cr_assert(wait_until(stats_active, &one), "request 7 is being generated");
+  pthread_mutex_lock(&K.mu);
+  K.forget = 1;
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(wait_until(registered_twice, NULL), "the worker registers again meanwhile");
+  cr_assert(wait_until(stats_active, &zero), "request 7's generation ends");
+  cr_assert(wait_until(log_has_cb, "stale_answer_dropped request_id=7 count=2"), "%s", K.log);
+  pthread_mutex_lock(&K.mu);
+  cr_assert_null(result_of(7), "the stale answer is not sent");
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(wait_until(is_attached, NULL));
+  rq.request_id = 8;
+  send_rollout(&rq);
+  cr_assert_eq(wait_result(8)->n_rollouts, 2u, "a request of the new registration is answered");
   fake_stop();
 }
 
@@ -646,7 +680,6 @@ static void sender_free(sender *s) {
   free(s->t[0].data);
 }
 
-static int log_has_cb(void *arg) { return strstr(K.log, arg) != NULL; }
 
 static void request(uint64_t id) {
   Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;

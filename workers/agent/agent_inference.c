@@ -96,6 +96,7 @@ typedef struct agent__inference {
 typedef struct inference__job {
   Rlorch__V1__RolloutRequest *msg; /* a copy: the command is freed once queued */
   agent_request rq;                /* points into msg */
+  uint64_t registration;           /* agent_registration when it was queued */
   int aborted;
   struct inference__job *next;
 } inference__job;
@@ -219,9 +220,19 @@ static int inference__done(void *ud, const bcast_plan *p, int ok, uint64_t *chec
 }
 
 /* Reports res (no rollout at all is a valid answer: it frees the
- * orchestrator's slot) for request `request_id`. */
+ * orchestrator's slot) for request `request_id`, received under registration
+ * `registration`. Request ids are the orchestrator's per registration: after
+ * the worker registered again (the orchestrator restarted or forgot it) the
+ * request is gone there, and its id may name another one, so the answer is
+ * dropped rather than sent. */
 static void inference__send(agent__inference *in, Rlorch__V1__RolloutResult *res, uint64_t tokens,
-                            uint64_t version) {
+                            uint64_t version, uint64_t registration) {
+  if (registration != agent_registration(in->a)) {
+    agent_log_info("stale_answer_dropped", "request_id=%llu count=%zu reason=\"the request came "
+                   "before the worker registered again\"", (unsigned long long)res->request_id,
+                   res->n_rollouts);
+    return;
+  }
   Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
   req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS;
   req.rollouts = res;
@@ -231,10 +242,10 @@ static void inference__send(agent__inference *in, Rlorch__V1__RolloutResult *res
   agent_report(in->a, &req);
 }
 
-static void inference__send_none(agent__inference *in, uint64_t request_id) {
+static void inference__send_none(agent__inference *in, uint64_t request_id, uint64_t registration) {
   Rlorch__V1__RolloutResult res = RLORCH__V1__ROLLOUT_RESULT__INIT;
   res.request_id = request_id;
-  inference__send(in, &res, 0, agent_policy_version(in->a));
+  inference__send(in, &res, 0, agent_policy_version(in->a), registration);
 }
 
 static int inference__aborted(agent__inference *in, const inference__job *j) {
@@ -261,7 +272,7 @@ static void inference__serve(agent__inference *in, inference__job *j) {
     agent_log_warn("rollouts_refused", "request_id=%llu group_id=%llu reason=\"the weights are torn "
                    "by a failed broadcast\" action=\"answer with no rollout\"",
                    (unsigned long long)rq->request_id, (unsigned long long)rq->group_id);
-    inference__send_none(in, rq->request_id);
+    inference__send_none(in, rq->request_id, j->registration);
     goto done;
   }
   if (agent_group_generate(&in->gen, rq, agent_id_tag(in->a), version, &g, err, sizeof err)) {
@@ -269,7 +280,7 @@ static void inference__serve(agent__inference *in, inference__job *j) {
     agent_log_error("rollouts_failed", "request_id=%llu group_id=%llu reason=\"%s\" action=\"answer "
                     "with no rollout\"", (unsigned long long)rq->request_id,
                     (unsigned long long)rq->group_id, err);
-    inference__send_none(in, rq->request_id);
+    inference__send_none(in, rq->request_id, j->registration);
     goto done;
   }
   uint32_t made = 0;
@@ -297,16 +308,16 @@ static void inference__serve(agent__inference *in, inference__job *j) {
     agent_log_error("reward_failed", "request_id=%llu group_id=%llu reason=\"%s\" action=\"answer "
                     "with no rollout\"", (unsigned long long)rq->request_id,
                     (unsigned long long)rq->group_id, err);
-    inference__send_none(in, rq->request_id);
+    inference__send_none(in, rq->request_id, j->registration);
   } else {
     Rlorch__V1__RolloutResult *res = agent_pb_rollout_result(&g);
     if (res) {
-      inference__send(in, res, tokens, version);
+      inference__send(in, res, tokens, version, j->registration);
       agent_pb_rollout_result_free(res);
     } else {
       agent_log_error("rollouts_failed", "request_id=%llu reason=\"no memory for the report\" "
                       "action=\"answer with no rollout\"", (unsigned long long)rq->request_id);
-      inference__send_none(in, rq->request_id);
+      inference__send_none(in, rq->request_id, j->registration);
     }
   }
   agent_group_free(&g);
@@ -433,6 +444,7 @@ static int inference__rollout(agent__inference *in, const Rlorch__V1__RolloutReq
     return -1;
   }
   agent_pb_request(j->msg, &j->rq);
+  j->registration = agent_registration(in->a);
   pthread_mutex_lock(&in->mu);
   if (in->tail) in->tail->next = j;
   else in->head = j;
