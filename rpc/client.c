@@ -63,11 +63,24 @@ int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t
   uv_mutex_init(&c->mu);
   size_t max = o->max_message_bytes ? o->max_message_bytes : RPC__CLIENT_MAX_MSG;
   if (max > 0x7fffffff) max = 0x7fffffff;
-  grpc_arg args[1];
+  /* The callers retry with backoffs of their own (at most a few seconds):
+   * gRPC's own reconnect backoff (1 s, then growing to 120 s) would hold a
+   * channel down long after its server came back, a restarted orchestrator
+   * waiting for agents that only wait for their channel. */
+  grpc_arg args[4];
   args[0].type = GRPC_ARG_INTEGER;
   args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
   args[0].value.integer = (int)max;
-  grpc_channel_args ca = {1, args};
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS;
+  args[1].value.integer = 100;
+  args[2].type = GRPC_ARG_INTEGER;
+  args[2].key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS;
+  args[2].value.integer = 100;
+  args[3].type = GRPC_ARG_INTEGER;
+  args[3].key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
+  args[3].value.integer = 1000;
+  grpc_channel_args ca = {4, args};
   grpc_ssl_pem_key_cert_pair pair = {key, cert};
   grpc_channel_credentials *cr =
       roots || cert ? grpc_ssl_credentials_create(roots, cert ? &pair : NULL, NULL, NULL)

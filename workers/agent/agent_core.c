@@ -164,6 +164,17 @@ void agent_sleep(agent *a, double s) {
   pthread_mutex_unlock(&a->mu);
 }
 
+/* agent_sleep that also ends when the worker registers again (generation
+ * `gen` is left): the attach thread's backoff must not hold a stream shut
+ * once there is an id to open it under. */
+static void agent__sleep_gen(agent *a, double s, uint64_t gen) {
+  double end = agent_now() + s;
+  pthread_mutex_lock(&a->mu);
+  for (double left = s; left > 0 && !atomic_load(&a->stop) && a->gen == gen; left = end - agent_now())
+    agent__timedwait(a, left);
+  pthread_mutex_unlock(&a->mu);
+}
+
 static double agent__backoff_next(double b) {
   b *= 2;
   return b > AGENT__BACKOFF_MAX_S ? AGENT__BACKOFF_MAX_S : b;
@@ -380,7 +391,7 @@ static void *agent__attach_main(void *arg) {
       agent_log_debug("attach_failed", "code=%s msg=\"%s\"", rpc_status_name(code), st.message);
       if (code != GRPC_STATUS_CANCELLED) agent__set_conn(a, AGENT__CONN_DOWN, &st);
     }
-    agent_sleep(a, backoff);
+    agent__sleep_gen(a, backoff, gen);
     backoff = agent__backoff_next(backoff);
   }
   return NULL;
