@@ -331,71 +331,70 @@ Test(gpu_bcast, staging_pipeline_alone_world_one) {
   free(t);
 }
 
-Test(gpu_bcast, missing_peer_times_out_with_clear_error) {
-  NEED_GPUS(1);
-  size_t n = 0;
-  bcast_tensor *t = preset(BCAST_DTYPE_BF16, BCAST_RES_GPU, 0, &n);
-  bcast_storage *ss = NULL;
-  bcast_err err = {0};
-  cr_assert_eq(bcast_storage_alloc(t, n, BCAST_FILL_SENDER, 1, &ss, &err), 0, "%s", err.msg);
-  bcast_gpu *g = open_gpu(0, 0, 3, 2);
-  bcast_plan *p = make_plan(t, n, BCAST_MODE_DIRECT, 2, 8u << 20, g);
-  double t0 = bcast__now();
-  int rc = bcast__gpu_execute(g, p, 0, t, n, -1, NULL, &err);
-  double took = bcast__now() - t0;
-  cr_assert_eq(rc, BCAST_ETIMEDOUT, "rc %d: %s", rc, err.msg);
-  cr_assert_not_null(strstr(err.msg, "join"), "message does not say what was waited for: %s",
-                     err.msg);
-  cr_assert_lt(took, 20, "took %.1f s for a 3 s deadline", took);
-  /* The engine stays usable: a world of one on a new id works. */
-  bcast_plan *p1 = make_plan(t, n, BCAST_MODE_DIRECT, 1, 8u << 20, g);
-  cr_assert_eq(bcast__gpu_execute(g, p1, 0, t, n, -1, NULL, &err), BCAST_OK, "%s", err.msg);
-  bcast__gpu_close(g);
-  bcast_plan_free(p);
-  bcast_plan_free(p1);
-  bcast_storage_free(ss);
-  free(t);
-}
-
 static void *cancel_after(void *arg) {
   usleep(500 * 1000);
   if (write(*(int *)arg, "x", 1) != 1) perror("cancel pipe");
   return NULL;
 }
 
-/* The orchestrator aborts a plan whose peer never joins: the NCCL wait ends
- * at once with the communicator aborted, not at the (here 30 s) deadline,
- * and the engine runs the next plan. */
-Test(gpu_bcast, a_cancelled_wait_for_a_peer_aborts_the_communicator_at_once) {
-  NEED_GPUS(1);
+/* A world of two whose second rank never joins, on an engine with a
+ * `timeout_s` deadline; cancelled after 0.5 s when `cancel` is set. Returns
+ * the code and the seconds taken; the engine then runs a world of one. */
+static int missing_peer(double timeout_s, int cancel, double *took, bcast_err *err) {
   size_t n = 0;
   bcast_tensor *t = preset(BCAST_DTYPE_BF16, BCAST_RES_GPU, 0, &n);
   bcast_storage *ss = NULL;
-  bcast_err err = {0};
-  cr_assert_eq(bcast_storage_alloc(t, n, BCAST_FILL_SENDER, 1, &ss, &err), 0, "%s", err.msg);
-  bcast_gpu *g = open_gpu(0, 0, 30, 2);
+  cr_assert_eq(bcast_storage_alloc(t, n, BCAST_FILL_SENDER, 1, &ss, err), 0, "%s", err->msg);
+  bcast_gpu *g = open_gpu(0, 0, timeout_s, 2);
   bcast_plan *p = make_plan(t, n, BCAST_MODE_DIRECT, 2, 8u << 20, g);
-  int fds[2];
-  cr_assert_eq(pipe(fds), 0);
+  int fds[2] = {-1, -1};
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, cancel_after, &fds[1]), 0);
+  if (cancel) {
+    cr_assert_eq(pipe(fds), 0);
+    cr_assert_eq(pthread_create(&th, NULL, cancel_after, &fds[1]), 0);
+  }
   double t0 = bcast__now();
-  int rc = bcast__gpu_execute(g, p, 0, t, n, fds[0], NULL, &err);
-  double took = bcast__now() - t0;
-  pthread_join(th, NULL);
-  cr_assert_eq(rc, BCAST_ECANCELED, "rc %d: %s", rc, err.msg);
-  cr_assert_not_null(strstr(err.msg, "cancelled"), "%s", err.msg);
-  cr_assert_not_null(strstr(err.msg, "aborted"), "%s", err.msg);
-  cr_assert_lt(took, 5, "took %.1f s to honour a cancel sent after 0.5 s", took);
-  close(fds[0]);
-  close(fds[1]);
+  int rc = bcast__gpu_execute(g, p, 0, t, n, fds[0], NULL, err);
+  *took = bcast__now() - t0;
+  if (cancel) {
+    pthread_join(th, NULL);
+    close(fds[0]);
+    close(fds[1]);
+  }
+  /* The engine stays usable: a world of one on a new id works. */
+  bcast_err e1 = {0};
   bcast_plan *p1 = make_plan(t, n, BCAST_MODE_DIRECT, 1, 8u << 20, g);
-  cr_assert_eq(bcast__gpu_execute(g, p1, 0, t, n, -1, NULL, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(bcast__gpu_execute(g, p1, 0, t, n, -1, NULL, &e1), BCAST_OK, "%s", e1.msg);
   bcast__gpu_close(g);
   bcast_plan_free(p);
   bcast_plan_free(p1);
   bcast_storage_free(ss);
   free(t);
+  return rc;
+}
+
+Test(gpu_bcast, missing_peer_times_out_with_clear_error) {
+  NEED_GPUS(1);
+  bcast_err err = {0};
+  double took = 0;
+  int rc = missing_peer(3, 0, &took, &err);
+  cr_assert_eq(rc, BCAST_ETIMEDOUT, "rc %d: %s", rc, err.msg);
+  cr_assert_not_null(strstr(err.msg, "join"), "message does not say what was waited for: %s",
+                     err.msg);
+  cr_assert_lt(took, 20, "took %.1f s for a 3 s deadline", took);
+}
+
+/* The orchestrator aborts a plan whose peer never joins: the NCCL wait ends
+ * at once with the communicator aborted, not at the (here 30 s) deadline. */
+Test(gpu_bcast, a_cancelled_wait_for_a_peer_aborts_the_communicator_at_once) {
+  NEED_GPUS(1);
+  bcast_err err = {0};
+  double took = 0;
+  int rc = missing_peer(30, 1, &took, &err);
+  cr_assert_eq(rc, BCAST_ECANCELED, "rc %d: %s", rc, err.msg);
+  cr_assert_not_null(strstr(err.msg, "cancelled"), "%s", err.msg);
+  cr_assert_not_null(strstr(err.msg, "aborted"), "%s", err.msg);
+  cr_assert_lt(took, 5, "took %.1f s to honour a cancel sent after 0.5 s", took);
 }
 
 Test(gpu_bcast, bad_local_tensors_named_in_errors) {
