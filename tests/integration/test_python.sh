@@ -193,6 +193,24 @@ assert_not_contains "$(cat "$TEST_TMP/py-lora-trainer.out")" "FAIL" "the LoRA tr
 stop_all $TR $I0 $I1
 serve_stop
 
+# ---- installed: the package finds the library of its own prefix --------------------
+prefix="$TEST_TMP/prefix"
+out="$(cmake --install "$RLORCH_BUILD_DIR" --prefix "$prefix" 2>&1)"
+assert_eq 0 "$?" "cmake --install into a temporary prefix" || echo "$out"
+assert_eq 0 "$(find "$prefix" -name __pycache__ | wc -l)" "no bytecode cache is installed"
+out="$(cd "$TEST_TMP" && env -u RLORCH_LIBRARY PYTHONPATH="$prefix/lib/python3/dist-packages" "$PY" -c '
+import rlorch, sys
+print(rlorch.__file__)
+print(rlorch.library_path())
+try:
+    rlorch.Worker("inference", "127.0.0.1:1", max_concurrent_requests=2000)
+except rlorch.RlorchError as e:
+    print(e)' 2>&1)"
+assert_contains "$(sed -n 1p <<<"$out")" "$prefix/lib/python3/dist-packages/rlorch/" "the installed package is the one imported"
+assert_contains "$(sed -n 2p <<<"$out")" "$prefix/lib" "it loads the installed librlorch.so.1, not the build tree's"
+assert_contains "$out" "RLORCH_E_INVALID: options.max_concurrent_requests: 2000 is outside 1..1024" \
+  "and calls into it"
+
 # ---- bad input: every failure an RlorchError with its message -----------------------
 printf 'py-test-token\n' >"$TEST_TMP/token"
 serve_start --token-file "$TEST_TMP/token" || finish
