@@ -220,5 +220,7 @@ rc=$?
 printf '%s\n' "$out" | grep -E '^(ok|FAIL)' | sed 's/^/  py_errors: /'
 assert_eq 0 "$rc" "py_errors: every bad input raised RlorchError with its code and message"
 assert_contains "$out" " 0 failed" "py_errors reports no failure"
+assert_eq 1 "$(awk '/registered .*name=py-errors-left-running/ {r = 1} r && /worker_stopped status=0/ {n++} END {print n + 0}' \
+  "$TEST_TMP/py-errors.err")" "a worker left running is stopped and freed by the package at exit"
 serve_stop
 finish

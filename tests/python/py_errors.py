@@ -141,6 +141,9 @@ def main():
     # A trainer of numpy buffers joins (the manifest is accepted) and leaves.
     with T(name="py-errors-trainer") as t:
         report(t.policy_version == 0, "a numpy trainer registers", f"policy_version={t.policy_version}")
+    # One left running: the package stops and frees it at exit (the test
+    # sees the interpreter exit 0, the library's stop logged).
+    rlorch.Worker("inference", orch, token_file=token, name="py-errors-left-running").start()
     print(f"{results['ok']} ok, {results['failed']} failed", flush=True)
     return 1 if results["failed"] else 0
 
