@@ -20,7 +20,9 @@ DEB_BUILD_PKGS := build-essential cmake ninja-build pkg-config \
 # Everything `make test` needs: the above, the test tools and the checkers;
 # PyYAML and kubectl (`kubectl kustomize`) for the deployment checks; cffi,
 # numpy and CPU PyTorch for the Python package's test (python3-torch brings
-# about 300 packages, some 215 MB to download and 900 MB installed).
+# about 300 packages, 215 MB to download and 900 MB installed: on one Debian
+# 12 machine the download took 5 s and unpacking 25 s, a minute or two of
+# apt-get install in all).
 DEB_PKGS := $(DEB_BUILD_PKGS) git ca-certificates libcriterion-dev sqlite3 prometheus curl python3 \
             python3-yaml clang-14 clang-tidy-14 python3-cffi python3-numpy python3-torch
 

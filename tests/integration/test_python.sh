@@ -27,7 +27,8 @@ export PYTHONDONTWRITEBYTECODE=1
 # A sanitized library needs its runtime loaded before the interpreter's own
 # allocations; the interpreter's leaks at exit are not the library's.
 if [[ "${RLORCH_SANITIZE:-}" == *address* ]]; then
-  export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+  LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+  export LD_PRELOAD
   export ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 fi
 STEPS=3
