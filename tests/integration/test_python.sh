@@ -11,6 +11,8 @@
 # engines made (token ids, logprobs, rewards). Then a run of a LoRA subset
 # (only the adapters are sent, the rest stays as it was), and the bad-input
 # paths (tests/python/py_errors.py): each an RlorchError with its message.
+# First, the package's declarations against the header (tests/python/py_abi.py),
+# and last, the installed package finding the library of its prefix.
 #
 # Python: Debian's python3 with python3-cffi, python3-numpy and python3-torch
 # (RLORCH_PYTHON, from CMake, says which; `make deps` installs them).
@@ -93,6 +95,13 @@ stop_all() {
     assert_eq 0 "$?" "a Python SDK program exits 0 after SIGTERM (pid $pid)"
   done
 }
+
+# ---- the declarations: cffi's ABI mode compiles nothing against the header --------
+if need_cmd cc; then
+  out="$("$PY" "$RLORCH_SOURCE_DIR/tests/python/py_abi.py" "$RLORCH_SOURCE_DIR/include" cc 2>&1)"
+  assert_eq 0 "$?" "the package's declarations are rlorch.h's: functions, struct layouts, constants" ||
+    echo "$out"
+fi
 
 # ---- a full run: a trainer, a plain engine and a fused, renamed one -----------------
 serve_start || finish
