@@ -14,7 +14,7 @@ import numpy as np
 
 from ._ffi import LIBRARY_PATH, ffi, lib
 
-API_VERSION = 1
+API_VERSION = lib.RLORCH_API_VERSION  # the API the declarations in _ffi describe
 log = logging.getLogger("rlorch")
 
 _FINISH = {
@@ -441,9 +441,16 @@ class Worker:
         self._lock = threading.Lock()
         self._tensors = list(tensors or ())
         self._before_fn, self._after_fn = on_broadcast_before, on_broadcast_after
-        o = ffi.new("rlorch_options *")
+        # rlorch_options_init fills the struct of the library's own API
+        # version, which a later library makes longer than the one declared
+        # here: it gets room to spare, and api_version then says which
+        # fields this package filled (the library reads only those).
+        keep = []  # the options, and the C strings and arrays they point at, for the create call
+        room = ffi.new("uint64_t[]", 512)
+        keep.append(room)
+        o = ffi.cast("rlorch_options *", room)
         lib.rlorch_options_init(o, _ROLE[role])
-        keep = []  # C strings and arrays the options point at, for the create call
+        o.api_version = API_VERSION
 
         def cstr(field, v):
             if v is None:
