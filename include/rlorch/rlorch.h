@@ -17,7 +17,7 @@
  *   code and a message naming what was wrong. Nothing here aborts the
  *   process or exits.
  * - Options structs start with the API version the caller was compiled
- *   against (set by rlorch_options_init): a library of a later version reads
+ *   against (set by rlorch_options_init, told the struct's size): a library of a later version reads
  *   only the fields that version had, so a program built against an older
  *   header keeps working.
  * - Strings and arrays passed in are borrowed for the duration of the call
@@ -161,8 +161,12 @@ typedef struct rlorch_options {
   void *broadcast_ud;
 } rlorch_options;
 
-/* Fills every field with its default for `role`, api_version included. */
-void rlorch_options_init(rlorch_options *o, rlorch_role role);
+/* Fills every field with its default for `role`, api_version included.
+ * `size` is sizeof *o as the caller was compiled: the library writes no
+ * byte past it, so a program built against an older, shorter struct is safe
+ * with a later library (it gets that older version's fields and number).
+ * Call it as rlorch_options_init(&o, sizeof o, RLORCH_ROLE_TRAINER). */
+void rlorch_options_init(rlorch_options *o, size_t size, rlorch_role role);
 
 /* ---- the worker -------------------------------------------------------------- */
 

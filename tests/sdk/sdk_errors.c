@@ -6,6 +6,7 @@
  *
  * ORCHESTRATOR requires the bearer token in TOKEN_FILE; nothing listens on
  * DEAD_ADDRESS. Prints "ok ..." or "FAIL ..." per check; exits 1 on any FAIL. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,7 @@ int main(int argc, char **argv) {
 
 #define RESET(role)                   \
   do {                                \
-    rlorch_options_init(&o, role);    \
+    rlorch_options_init(&o, sizeof o, role); \
     o.orchestrator = orch;            \
     o.token_file = token;             \
     o.connect_timeout_s = 10;         \
@@ -76,6 +77,27 @@ int main(int argc, char **argv) {
   o.api_version = 0;
   create_fails(&o, RLORCH_E_VERSION, "options.api_version: 0 (fill the options with rlorch_options_init)",
                "options not initialised");
+  {
+    /* A caller whose struct is shorter than this library's (an older header):
+     * nothing is written past the size it gives, and the options it got are
+     * refused as not filled in, not read beyond it. */
+    unsigned char room[sizeof(rlorch_options) + 16];
+    memset(room, 0xA5, sizeof room);
+    size_t short_size = offsetof(rlorch_options, tensors);
+    rlorch_options_init((rlorch_options *)room, short_size, RLORCH_ROLE_TRAINER);
+    int spill = 0;
+    for (size_t k = short_size; k < sizeof room; k++) spill |= room[k] != 0xA5;
+    int zeroed = 1;
+    for (size_t k = 0; k < short_size; k++) zeroed &= room[k] == 0;
+    if (spill || !zeroed) {
+      failures++;
+      printf("FAIL rlorch_options_init with a short size: %s\n",
+             spill ? "wrote past the size" : "left the struct unset");
+    } else {
+      passes++;
+      printf("ok rlorch_options_init writes no byte past the size it is given\n");
+    }
+  }
   RESET(RLORCH_ROLE_TRAINER);
   o.api_version = RLORCH_API_VERSION + 1;
   create_fails(&o, RLORCH_E_VERSION, "is newer than this library's API version", "a newer API version");

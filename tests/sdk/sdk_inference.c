@@ -225,7 +225,7 @@ int main(int argc, char **argv) {
                            .residency = RLORCH_RES_HOST_PAGEABLE, .data = buf[k]};
   }
   rlorch_options o;
-  rlorch_options_init(&o, RLORCH_ROLE_INFERENCE);
+  rlorch_options_init(&o, sizeof o, RLORCH_ROLE_INFERENCE);
   o.orchestrator = argv[1];
   o.name = argv[2];
   o.tensors = t;

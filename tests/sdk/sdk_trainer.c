@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
   set_version(0);
 
   rlorch_options o;
-  rlorch_options_init(&o, RLORCH_ROLE_TRAINER);
+  rlorch_options_init(&o, sizeof o, RLORCH_ROLE_TRAINER);
   o.orchestrator = argv[1];
   o.name = argv[2];
   o.data_listen = argv[3];

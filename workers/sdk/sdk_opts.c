@@ -29,9 +29,13 @@ rlorch_status sdk_fail(rlorch_error *err, rlorch_status code, const char *fmt, .
   return code;
 }
 
-SDK__EXPORT void rlorch_options_init(rlorch_options *o, rlorch_role role) {
+SDK__EXPORT void rlorch_options_init(rlorch_options *o, size_t size, rlorch_role role) {
   if (!o) return;
-  memset(o, 0, sizeof *o);
+  /* Version 1 is the first layout: a caller's struct is at least that long,
+   * or it is not one (then api_version stays 0 and rlorch_create says so).
+   * A later version fills only the fields that fit in `size`. */
+  memset(o, 0, size < sizeof *o ? size : sizeof *o);
+  if (size < sizeof *o) return;
   o->api_version = RLORCH_API_VERSION;
   o->role = role;
   o->device = -1;

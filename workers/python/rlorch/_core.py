@@ -441,16 +441,12 @@ class Worker:
         self._lock = threading.Lock()
         self._tensors = list(tensors or ())
         self._before_fn, self._after_fn = on_broadcast_before, on_broadcast_after
-        # rlorch_options_init fills the struct of the library's own API
-        # version, which a later library makes longer than the one declared
-        # here: it gets room to spare, and api_version then says which
-        # fields this package filled (the library reads only those).
+        # The options of the API version declared here, however long a later
+        # library's are: it is told the size, and writes nothing past it.
         keep = []  # the options, and the C strings and arrays they point at, for the create call
-        room = ffi.new("uint64_t[]", 512)
-        keep.append(room)
-        o = ffi.cast("rlorch_options *", room)
-        lib.rlorch_options_init(o, _ROLE[role])
-        o.api_version = API_VERSION
+        o = ffi.new("rlorch_options *")
+        keep.append(o)
+        lib.rlorch_options_init(o, ffi.sizeof("rlorch_options"), _ROLE[role])
 
         def cstr(field, v):
             if v is None:

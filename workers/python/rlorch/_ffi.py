@@ -100,7 +100,7 @@ typedef struct rlorch_options {
   void *broadcast_ud;
 } rlorch_options;
 
-void rlorch_options_init(rlorch_options *o, rlorch_role role);
+void rlorch_options_init(rlorch_options *o, size_t size, rlorch_role role);
 
 typedef struct rlorch_worker rlorch_worker;
 
