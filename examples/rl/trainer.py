@@ -1,0 +1,164 @@
+"""The example's trainer: one rlorch trainer worker whose manifest is the
+policy's own fp32 parameters. Each train step fetches its batch (the
+completions the inference workers sampled, with their logprobs and rewards),
+takes one AdamW step on the GRPO loss and reports it; the library then
+broadcasts the updated parameters, cast to bf16, straight from their memory.
+
+It also checks the data it trains on: for every rollout it recomputes the
+logprobs of the sampled tokens with the weights of the version that produced
+them, exactly as the inference workers held them (this version's fp32
+weights cast to bf16, the bytes the broadcast sent), and reports the largest
+gap from the logprobs the inference workers reported. One line of JSON per
+step goes to --metrics.
+"""
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+
+import torch
+
+import rlorch
+import rlorch.torch
+
+import policy as P
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--orchestrator", default="127.0.0.1:7070")
+    ap.add_argument("--name", default="rl-trainer")
+    ap.add_argument("--data-listen", default="127.0.0.1:0",
+                    help="where the inference workers connect for the weights")
+    ap.add_argument("--metrics", required=True, help="JSONL file: one line per step")
+    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="the run's sampling temperature: logprobs are of logits / T")
+    ap.add_argument("--seed", type=int, default=0, help="the policy's initial weights")
+    ap.add_argument("--keep-versions", type=int, default=4,
+                    help="bf16 snapshots kept for the logprob check (the off-policy bound + 2 is enough)")
+    return ap.parse_args()
+
+
+def bf16_snapshot(model):
+    return {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
+
+
+def recompute_gap(snapshots, template, t, temperature):
+    """Largest |recomputed - reported| logprob over the batch's completion
+    tokens, each rollout at its own version; None for a version no longer
+    held."""
+    gap, missing = 0.0, []
+    for v in t["versions"].unique().tolist():
+        if v not in snapshots:
+            missing.append(v)
+            continue
+        template.load_state_dict(snapshots[v])
+        rows = t["versions"] == v
+        with torch.no_grad():
+            lp = template.token_logprobs(t["prompt_ids"][rows], t["completion_ids"][rows], temperature)
+        mask = t["completion_mask"][rows].bool()
+        d = (lp - t["logprobs"][rows].float()).abs()[mask]
+        if d.numel():
+            gap = max(gap, d.max().item())
+    return gap, missing
+
+
+def train_step(model, opt, t, temperature):
+    rewards = t["rewards"].float()
+    if rewards.dim() == 2:                    # one column per reward: the task has one
+        rewards = rewards[:, 0]
+    adv = P.group_advantages(rewards, t["group_ids"])
+    mask = t["completion_mask"].float()
+    new = model.token_logprobs(t["prompt_ids"], t["completion_ids"], temperature)
+    ratio = (new - t["logprobs"].float()).exp()
+    a = adv.unsqueeze(-1)
+    surrogate = torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a)
+    loss = -(surrogate * mask).sum() / mask.sum().clamp(min=1.0)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()                                # in place: the manifest's memory
+    return rewards, loss.item()
+
+
+def check_batch(t):
+    """The shapes this trainer relies on; a batch that breaks them is reported
+    as the step's error rather than trained on."""
+    n = t["prompt_ids"].shape[0]
+    if n == 0:
+        raise ValueError("empty batch")
+    for k in ("completion_ids", "completion_mask", "logprobs", "rewards", "group_ids", "versions"):
+        if t[k].shape[0] != n:
+            raise ValueError(f"batch: {k} has {t[k].shape[0]} rows, prompt_ids {n}")
+    if t["prompt_ids"].shape[1] != P.PROMPT_LEN:
+        raise ValueError(f"batch: prompts of {t['prompt_ids'].shape[1]} tokens, the task's are {P.PROMPT_LEN}")
+
+
+def main():
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
+    torch.set_num_threads(1)
+    model = P.Policy(seed=args.seed)
+    template = P.Policy(seed=args.seed).to(torch.bfloat16)   # the inference side's model
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    snapshots = {0: bf16_snapshot(model)}
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+
+    w = rlorch.Worker(role="trainer", orchestrator=args.orchestrator, name=args.name,
+                      tensors=rlorch.torch.manifest(model), data_listen=args.data_listen)
+    steps = 0
+    with w, open(args.metrics, "a", buffering=1) as out:
+        logging.info("attached, %d parameters", sum(p.numel() for p in model.parameters()))
+        while not stopping:
+            try:
+                cmd = w.next(timeout=1.0)
+            except rlorch.Stopped:
+                break
+            if cmd is None:
+                continue
+            if cmd.kind == "shutdown":
+                logging.info("shutdown: %s", cmd.reason)
+                break
+            if cmd.kind != "train":
+                continue
+            t0 = time.monotonic()
+            try:
+                batch = w.fetch_batch(cmd)
+                t = batch.to_torch()
+                check_batch(t)
+                gap, missing = recompute_gap(snapshots, template, t, args.temperature)
+                rewards, loss = train_step(model, opt, t, args.temperature)
+            except (rlorch.RlorchError, ValueError, KeyError) as e:
+                logging.error("step %d: %s", cmd.step, e)
+                w.report_error(cmd, f"step {cmd.step}: {e}")
+                continue
+            seconds = time.monotonic() - t0
+            # The snapshot and the step's line before the report: the step
+            # commits (and the launcher reads the line) once it is sent.
+            snapshots[cmd.step + 1] = bf16_snapshot(model)
+            for v in [v for v in snapshots if v <= cmd.step + 1 - args.keep_versions]:
+                del snapshots[v]
+            out.write(json.dumps({
+                "run_id": cmd.run_id, "step": cmd.step, "rollouts": int(rewards.numel()),
+                "groups": int(t["group_ids"].unique().numel()),
+                "reward_mean": rewards.mean().item(),
+                "versions": sorted(int(v) for v in t["versions"].unique()),
+                "logprob_gap_max": gap, "versions_missing": missing,
+                "loss": loss, "train_seconds": seconds}) + "\n")
+            try:
+                w.report_step(cmd, seconds)
+            except rlorch.RlorchError as e:
+                logging.error("step %d not reported: %s", cmd.step, e)
+                continue
+            steps += 1
+    logging.info("stopped after %d steps", steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
