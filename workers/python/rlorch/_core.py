@@ -1,0 +1,634 @@
+"""The Worker and its values: a thin, owning layer over librlorch's C API.
+
+Ownership follows rlorch.h: the library keeps the tensors' data pointers
+(never a copy), so a Worker keeps every Tensor (and what it points into)
+alive until close(); commands and batches are copied into Python objects
+when they arrive, and the C command stays attached (freed by the garbage
+collector) because reports must name it. Callbacks run on the library's
+threads: an exception in one is logged and goes no further, never into C."""
+import logging
+import threading
+
+import numpy as np
+
+from ._ffi import LIBRARY_PATH, ffi, lib
+
+API_VERSION = 1
+log = logging.getLogger("rlorch")
+
+_FINISH = {
+    "unspecified": lib.RLORCH_FINISH_UNSPECIFIED,
+    "stop": lib.RLORCH_FINISH_STOP,
+    "length": lib.RLORCH_FINISH_LENGTH,
+    "abort": lib.RLORCH_FINISH_ABORT,
+}
+_FINISH_NAME = {v: k for k, v in _FINISH.items()}
+_KIND = {
+    lib.RLORCH_CMD_GENERATE: "generate",
+    lib.RLORCH_CMD_TRAIN: "train",
+    lib.RLORCH_CMD_ABORT: "abort",
+    lib.RLORCH_CMD_SHUTDOWN: "shutdown",
+}
+_ROLE = {"trainer": lib.RLORCH_ROLE_TRAINER, "inference": lib.RLORCH_ROLE_INFERENCE}
+_DTYPE = {
+    "fp32": lib.RLORCH_DTYPE_FP32,
+    "float32": lib.RLORCH_DTYPE_FP32,
+    "bf16": lib.RLORCH_DTYPE_BF16,
+    "bfloat16": lib.RLORCH_DTYPE_BF16,
+    "fp16": lib.RLORCH_DTYPE_FP16,
+    "float16": lib.RLORCH_DTYPE_FP16,
+    "u16": lib.RLORCH_DTYPE_U16,
+    "uint16": lib.RLORCH_DTYPE_U16,
+}
+_DTYPE_SIZE = {lib.RLORCH_DTYPE_FP32: 4, lib.RLORCH_DTYPE_BF16: 2, lib.RLORCH_DTYPE_FP16: 2,
+               lib.RLORCH_DTYPE_U16: 2}
+_RESIDENCY = {
+    "gpu": lib.RLORCH_RES_GPU,
+    "host_pinned": lib.RLORCH_RES_HOST_PINNED,
+    "pinned": lib.RLORCH_RES_HOST_PINNED,
+    "host_pageable": lib.RLORCH_RES_HOST_PAGEABLE,
+    "host": lib.RLORCH_RES_HOST_PAGEABLE,
+}
+_LOG_LEVEL = {
+    "debug": lib.RLORCH_LOG_DEBUG,
+    "info": lib.RLORCH_LOG_INFO,
+    "warn": lib.RLORCH_LOG_WARN,
+    "warning": lib.RLORCH_LOG_WARN,
+    "error": lib.RLORCH_LOG_ERROR,
+}
+_PY_LEVEL = {
+    lib.RLORCH_LOG_DEBUG: logging.DEBUG,
+    lib.RLORCH_LOG_INFO: logging.INFO,
+    lib.RLORCH_LOG_WARN: logging.WARNING,
+    lib.RLORCH_LOG_ERROR: logging.ERROR,
+}
+
+
+def version():
+    """(API version of the loaded library, its release string)."""
+    rel = ffi.new("const char **")
+    v = lib.rlorch_version(rel)
+    return int(v), ffi.string(rel[0]).decode()
+
+
+def library_path():
+    """The librlorch file this package loaded."""
+    return LIBRARY_PATH
+
+
+class RlorchError(Exception):
+    """A failure of the library: `code` (an rlorch_status, negative),
+    `code_name` ("RLORCH_E_INVALID", ...) and the library's `message`."""
+
+    def __init__(self, code, message):
+        super().__init__(code, message)
+        self.code = int(code)
+        self.message = message
+
+    @property
+    def code_name(self):
+        return ffi.string(lib.rlorch_status_name(self.code)).decode()
+
+    def __str__(self):
+        return f"{self.code_name}: {self.message}"
+
+
+class Stopped(RlorchError):
+    """The worker stopped (shutdown, stop(), a fatal error): nothing more comes."""
+
+
+def _raise(rc, err):
+    msg = ffi.string(err.message).decode("utf-8", "replace") if err is not None else ""
+    cls = Stopped if rc == lib.RLORCH_E_STOPPED else RlorchError
+    raise cls(rc, msg)
+
+
+def _invalid(what):
+    return RlorchError(lib.RLORCH_E_INVALID, what)
+
+
+def _enum(table, value, what):
+    # An int goes to the library as it is, which names a bad one itself.
+    if isinstance(value, int):
+        return value
+    key = str(value).lower()
+    if key.startswith("torch."):
+        key = key[len("torch."):]
+    if key not in table:
+        raise _invalid(f"{what}: unknown value {value!r} (one of {', '.join(sorted(table))})")
+    return table[key]
+
+
+_NP_DTYPE = {"float32": "fp32", "float16": "fp16", "uint16": "u16"}
+
+
+class Tensor:
+    """One of the caller's tensors, by address: the library reads (trainer) or
+    writes (inference) `data` in place until the worker is closed.
+
+    data: an address (int) with `shape` and `dtype`, or a C-contiguous numpy
+    array (shape and dtype from it; a uint16 array holds bf16 when dtype="bf16").
+    dtype/wire_dtype: "fp32" | "bf16" | "fp16" | "u16" (or the torch dtype);
+    wire_dtype defaults to dtype. `owner` is kept alive with the tensor
+    (rlorch.torch puts the torch tensor there)."""
+
+    __slots__ = ("name", "data", "shape", "dtype", "wire_dtype", "layer", "residency", "device",
+                 "owner")
+
+    def __init__(self, name, data, shape=None, dtype=None, wire_dtype=None, layer=0,
+                 residency="host_pageable", device=-1, owner=None):
+        if hasattr(data, "__array_interface__"):
+            arr = data
+            ai = arr.__array_interface__
+            if not arr.flags["C_CONTIGUOUS"]:
+                raise _invalid(f"tensor {name!r}: the array is not C-contiguous (the library "
+                               "reads and writes its memory in place; pass np.ascontiguousarray "
+                               "of it and keep that one)")
+            if shape is None:
+                shape = arr.shape
+            if dtype is None:
+                dtype = _NP_DTYPE.get(str(arr.dtype))
+                if dtype is None:
+                    raise _invalid(f"tensor {name!r}: numpy dtype {arr.dtype} has no rlorch dtype")
+            elif arr.dtype.itemsize != _DTYPE_SIZE.get(_enum(_DTYPE, dtype, "dtype"), -1):
+                raise _invalid(f"tensor {name!r}: dtype {dtype} does not fit numpy {arr.dtype}")
+            if owner is None:
+                owner = arr
+            data = ai["data"][0]
+        if shape is None or dtype is None:
+            raise _invalid(f"tensor {name!r}: an address needs shape and dtype")
+        self.name = name
+        self.data = int(data)
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.wire_dtype = dtype if wire_dtype is None else wire_dtype
+        self.layer = int(layer)
+        self.residency = residency
+        self.device = int(device)
+        self.owner = owner
+
+    def __repr__(self):
+        return (f"rlorch.Tensor({self.name!r}, shape={self.shape}, dtype={self.dtype}, "
+                f"wire_dtype={self.wire_dtype}, layer={self.layer}, residency={self.residency})")
+
+
+class Sampling:
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "seed")
+
+    def __init__(self, s):
+        self.temperature = s.temperature
+        self.top_p = s.top_p
+        self.top_k = s.top_k
+        self.max_tokens = s.max_tokens
+        self.stop_token_ids = _u32_list(s.stop_token_ids, s.n_stop_token_ids)
+        self.seed = s.seed
+
+    def __repr__(self):
+        return "Sampling(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")"
+
+
+def _u32_list(ptr, n):
+    return list(ffi.unpack(ptr, n)) if n else []
+
+
+def _str(p):
+    return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else ""
+
+
+class Command:
+    """A command from the orchestrator, copied out of the library's. Fields
+    that do not belong to the kind are None."""
+
+    def __init__(self, ptr):
+        self._ptr = ptr  # freed by the collector; reports pass it back
+        c = ptr[0]
+        self.kind = _KIND.get(c.kind, f"unknown-{int(c.kind)}")
+        self.run_id = _str(c.run_id)
+        self.request_id = self.group_id = self.count = None
+        self.prompt_token_ids = self.prompt_metadata = self.sampling = None
+        self.step = self.seed = self.n_rollouts = self.groups = self.group_size = None
+        self.reason = None
+        if self.kind == "generate":
+            g = c.generate
+            self.request_id, self.group_id, self.count = g.request_id, g.group_id, g.count
+            self.prompt_token_ids = _u32_list(g.prompt_token_ids, g.n_prompt_token_ids)
+            self.prompt_metadata = (bytes(ffi.buffer(g.prompt_metadata, g.n_prompt_metadata))
+                                    if g.n_prompt_metadata else b"")
+            self.sampling = Sampling(g.sampling)
+        elif self.kind == "train":
+            t = c.train
+            self.step, self.seed, self.n_rollouts = t.step, t.seed, t.n_rollouts
+            self.groups, self.group_size = t.groups, t.group_size
+        elif self.kind == "abort":
+            self.request_id, self.reason = c.abort.request_id, _str(c.abort.reason)
+        elif self.kind == "shutdown":
+            self.reason = _str(c.shutdown_reason)
+
+    def __repr__(self):
+        keys = {"generate": ("request_id", "group_id", "count"), "train": ("step", "n_rollouts"),
+                "abort": ("request_id", "reason"), "shutdown": ("reason",)}.get(self.kind, ())
+        return f"Command({self.kind}, " + ", ".join(f"{k}={getattr(self, k)!r}" for k in keys) + ")"
+
+
+def _np(ptr, n, dtype, size):
+    if not n:
+        return np.empty(0, dtype=dtype)
+    return np.frombuffer(ffi.buffer(ptr, n * size), dtype=dtype).copy()
+
+
+class BatchRollout:
+    """One rollout of a trainer's batch: token ids (uint32), logprobs (float32,
+    or None when the engine sent none) and rewards (float64) as numpy arrays."""
+
+    __slots__ = ("id", "group_id", "policy_version", "prompt_token_ids", "completion_token_ids",
+                 "logprobs", "rewards", "finish_reason", "metadata")
+
+    def __init__(self, r):
+        self.id, self.group_id, self.policy_version = r.id, r.group_id, r.policy_version
+        self.prompt_token_ids = _np(r.prompt_token_ids, r.n_prompt_token_ids, np.uint32, 4)
+        self.completion_token_ids = _np(r.completion_token_ids, r.n_completion_token_ids,
+                                        np.uint32, 4)
+        self.logprobs = (None if r.completion_logprobs == ffi.NULL else
+                         _np(r.completion_logprobs, r.n_completion_token_ids, np.float32, 4))
+        self.rewards = _np(r.rewards, r.n_rewards, np.float64, 8)
+        self.finish_reason = _FINISH_NAME.get(r.finish_reason, "unspecified")
+        self.metadata = bytes(ffi.buffer(r.metadata, r.n_metadata)) if r.n_metadata else b""
+
+    def __repr__(self):
+        return (f"BatchRollout(id={self.id}, group_id={self.group_id}, "
+                f"version={self.policy_version}, tokens={len(self.completion_token_ids)})")
+
+
+class Batch:
+    """A train step's batch, in the step's order."""
+
+    def __init__(self, step, rollouts):
+        self.step = step
+        self.rollouts = rollouts
+
+    def __len__(self):
+        return len(self.rollouts)
+
+    def __iter__(self):
+        return iter(self.rollouts)
+
+    def to_numpy(self, pad_id=0):
+        """Padded arrays (rows in rollout order): prompt_ids, prompt_mask,
+        completion_ids, completion_mask, logprobs (0 where missing), rewards
+        (n x the most rewards a rollout has, 0-padded), group_ids, versions."""
+        n = len(self.rollouts)
+        p = max((len(r.prompt_token_ids) for r in self.rollouts), default=0)
+        c = max((len(r.completion_token_ids) for r in self.rollouts), default=0)
+        k = max((len(r.rewards) for r in self.rollouts), default=0)
+        out = {
+            "prompt_ids": np.full((n, p), pad_id, dtype=np.int64),
+            "prompt_mask": np.zeros((n, p), dtype=bool),
+            "completion_ids": np.full((n, c), pad_id, dtype=np.int64),
+            "completion_mask": np.zeros((n, c), dtype=bool),
+            "logprobs": np.zeros((n, c), dtype=np.float32),
+            "rewards": np.zeros((n, k), dtype=np.float32),
+            "group_ids": np.array([r.group_id for r in self.rollouts], dtype=np.int64),
+            "versions": np.array([r.policy_version for r in self.rollouts], dtype=np.int64),
+        }
+        for i, r in enumerate(self.rollouts):
+            lp, lc = len(r.prompt_token_ids), len(r.completion_token_ids)
+            out["prompt_ids"][i, :lp] = r.prompt_token_ids
+            out["prompt_mask"][i, :lp] = True
+            out["completion_ids"][i, :lc] = r.completion_token_ids
+            out["completion_mask"][i, :lc] = True
+            if r.logprobs is not None:
+                out["logprobs"][i, :lc] = r.logprobs
+            out["rewards"][i, :len(r.rewards)] = r.rewards
+        return out
+
+    def to_torch(self, pad_id=0):
+        """to_numpy() as torch tensors (rlorch.torch; imports torch)."""
+        from .torch import batch_to_torch
+
+        return batch_to_torch(self, pad_id=pad_id)
+
+    def __repr__(self):
+        return f"Batch(step={self.step}, rollouts={len(self.rollouts)})"
+
+
+class Completion:
+    """One completion of a generate command, for Worker.report_rollouts.
+    token_ids/logprobs/rewards: sequences, numpy arrays or torch tensors."""
+
+    __slots__ = ("token_ids", "logprobs", "rewards", "finish_reason", "metadata", "seconds")
+
+    def __init__(self, token_ids, logprobs=None, rewards=None, finish_reason="stop", metadata=b"",
+                 seconds=0.0):
+        self.token_ids = token_ids
+        self.logprobs = logprobs
+        self.rewards = rewards
+        self.finish_reason = finish_reason
+        self.metadata = metadata
+        self.seconds = seconds
+
+
+def _seq(x):
+    if x is None:
+        return []
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    if isinstance(x, (int, float)):
+        return [x]
+    return list(x)
+
+
+# The log callback is process-wide in the library (the last worker created
+# with one gets every worker's events): one callback, for the module's life.
+def _on_log(ud, level, event, fields):
+    lg = log
+    pylevel = _PY_LEVEL.get(level, logging.INFO)
+    if lg.isEnabledFor(pylevel):
+        lg.log(pylevel, "%s %s", _str(event), _str(fields))
+
+
+def _callback_failed(exc_type, exc, tb):
+    # Only reached if logging itself failed: say so on stderr, never raise into C.
+    import traceback
+
+    traceback.print_exception(exc_type, exc, tb)
+
+
+_log_cb = ffi.callback("rlorch_log_fn", _on_log, onerror=_callback_failed)
+
+
+class Worker:
+    """One trainer rank or inference engine joined to an orchestrator.
+
+    Created (options and tensors checked by the library; RlorchError if bad),
+    then start() registers. As a context manager: start on enter, stop and
+    close on exit. Iterating yields commands until the worker stops.
+    next() is for one thread at a time; the reports may come from any
+    thread; stop() from any thread but the callbacks; close() once nothing
+    else runs on the worker."""
+
+    def __init__(self, role, orchestrator, tensors=(), name=None, token_file=None,
+                 tls_ca_file=None, tls_cert_file=None, tls_key_file=None, device=-1,
+                 data_listen=None, max_concurrent_requests=8, connect_timeout_s=30.0,
+                 on_broadcast_before=None, on_broadcast_after=None, log_level="info"):
+        if role not in _ROLE:
+            raise _invalid(f"role: {role!r} is neither 'trainer' nor 'inference'")
+        self.role = role
+        self._w = None
+        self._started = False
+        self._lock = threading.Lock()
+        self._tensors = list(tensors or ())
+        self._before_fn, self._after_fn = on_broadcast_before, on_broadcast_after
+        o = ffi.new("rlorch_options *")
+        lib.rlorch_options_init(o, _ROLE[role])
+        keep = []  # C strings and arrays the options point at, for the create call
+
+        def cstr(field, v):
+            if v is None:
+                return ffi.NULL
+            if not isinstance(v, (str, bytes)):
+                v = str(v)  # a pathlib.Path
+            b = v.encode() if isinstance(v, str) else v
+            if b"\0" in b:
+                raise _invalid(f"options.{field}: contains a NUL byte")
+            s = ffi.new("char[]", b)
+            keep.append(s)
+            return s
+
+        def setnum(field, v):
+            try:
+                setattr(o, field, v)
+            except (OverflowError, TypeError) as e:
+                raise _invalid(f"options.{field}: {v!r}: {e}") from None
+
+        o.orchestrator = cstr("orchestrator", orchestrator)
+        o.name = cstr("name", name)
+        o.token_file = cstr("token_file", token_file)
+        o.tls_ca_file = cstr("tls_ca_file", tls_ca_file)
+        o.tls_cert_file = cstr("tls_cert_file", tls_cert_file)
+        o.tls_key_file = cstr("tls_key_file", tls_key_file)
+        o.data_listen = cstr("data_listen", data_listen)
+        setnum("device", device)
+        setnum("max_concurrent_requests", max_concurrent_requests)
+        setnum("connect_timeout_s", connect_timeout_s)
+        o.log = _log_cb
+        o.log_level = _enum(_LOG_LEVEL, log_level, "options.log_level")
+
+        # Kept until close(): the library calls them on its own threads.
+        self._before_cb = self._after_cb = None
+        if on_broadcast_before is not None:
+            self._before_cb = ffi.callback("rlorch_broadcast_before_fn", self._before,
+                                           onerror=_callback_failed)
+            o.on_broadcast_before = self._before_cb
+        if on_broadcast_after is not None:
+            self._after_cb = ffi.callback("rlorch_broadcast_after_fn", self._after,
+                                          onerror=_callback_failed)
+            o.on_broadcast_after = self._after_cb
+
+        n = len(self._tensors)
+        arr = ffi.new("rlorch_tensor[]", max(n, 1))
+        keep.append(arr)
+        for i, t in enumerate(self._tensors):
+            if not isinstance(t, Tensor):
+                raise _invalid(f"options.tensors: #{i} is a {type(t).__name__}, not an rlorch.Tensor")
+            what = f"options.tensors: tensor #{i} {t.name!r}"
+            c = arr[i]
+            c.name = cstr(f"tensors[{i}].name", t.name)
+            c.storage_dtype = _enum(_DTYPE, t.dtype, f"{what}: storage_dtype")
+            c.wire_dtype = _enum(_DTYPE, t.wire_dtype, f"{what}: wire_dtype")
+            c.residency = _enum(_RESIDENCY, t.residency, f"{what}: residency")
+            try:
+                c.layer = t.layer
+                c.device = t.device
+                shape = ffi.new("uint64_t[]", list(t.shape) or [0])
+            except (OverflowError, TypeError) as e:
+                raise _invalid(f"{what}: {e}") from None
+            keep.append(shape)
+            c.ndim = len(t.shape)
+            c.shape = shape
+            c.data = ffi.cast("void *", t.data)
+        o.tensors = arr if n else ffi.NULL
+        o.ntensors = n
+
+        wp = ffi.new("rlorch_worker **")
+        err = ffi.new("rlorch_error *")
+        rc = lib.rlorch_create(o, wp, err)
+        if rc != lib.RLORCH_OK:
+            _raise(rc, err)
+        self._w = wp[0]
+
+    # ---- callbacks, on the library's command thread --------------------------------
+
+    def _before(self, ud, version):
+        try:
+            self._before_fn(int(version))
+        except BaseException:
+            log.exception("on_broadcast_before(version=%d) raised; the broadcast goes on", version)
+
+    def _after(self, ud, ok, version):
+        try:
+            self._after_fn(bool(ok), int(version))
+        except BaseException:
+            log.exception("on_broadcast_after(ok=%d, version=%d) raised", ok, version)
+
+    # ---- life --------------------------------------------------------------------
+
+    def _handle(self):
+        if self._w is None:
+            raise RlorchError(lib.RLORCH_E_STATE, "the worker is closed")
+        return self._w
+
+    def start(self):
+        """Registers and starts the library's threads; blocks until the first
+        registration (RlorchError: REFUSED, UNAVAILABLE after connect_timeout_s)."""
+        err = ffi.new("rlorch_error *")
+        rc = lib.rlorch_start(self._handle(), err)
+        if rc != lib.RLORCH_OK:
+            _raise(rc, err)
+        self._started = True
+
+    def stop(self):
+        """Asks the worker to stop: next() drains what is queued, then raises Stopped."""
+        if self._w is not None:
+            lib.rlorch_stop(self._w)
+
+    def close(self):
+        """Stops, waits for the library's threads and frees the worker (and
+        lets go of the tensors). Idempotent."""
+        with self._lock:
+            w, self._w = self._w, None
+        if w is not None:
+            lib.rlorch_free(w)
+        self._before_cb = self._after_cb = None
+        self._tensors = []
+
+    def __enter__(self):
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        self.close()
+        return False
+
+    @property
+    def policy_version(self):
+        return int(lib.rlorch_policy_version(self._handle()))
+
+    @property
+    def tensors(self):
+        return list(self._tensors)
+
+    # ---- commands ----------------------------------------------------------------
+
+    def next(self, timeout=1.0):
+        """The next command, or None when none came within `timeout` seconds
+        (None: wait without a limit). Raises Stopped once the worker stopped
+        and nothing is left."""
+        cp = ffi.new("rlorch_command **")
+        err = ffi.new("rlorch_error *")
+        t = -1.0 if timeout is None else float(timeout)
+        rc = lib.rlorch_next(self._handle(), t, cp, err)
+        if rc == lib.RLORCH_TIMEOUT:
+            return None
+        if rc != lib.RLORCH_OK:
+            _raise(rc, err)
+        return Command(ffi.gc(cp[0], lib.rlorch_command_free))
+
+    def __iter__(self):
+        while True:
+            try:
+                c = self.next(1.0)
+            except Stopped:
+                return
+            if c is not None:
+                yield c
+
+    def fetch_batch(self, cmd):
+        """Trainer: the batch of train command `cmd` (blocks while it streams).
+        RlorchError REFUSED when the orchestrator no longer holds it: then
+        report_error(cmd, ...) skips the step."""
+        bp = ffi.new("rlorch_batch **")
+        err = ffi.new("rlorch_error *")
+        rc = lib.rlorch_fetch_batch(self._handle(), _cmd_ptr(cmd), bp, err)
+        if rc != lib.RLORCH_OK:
+            _raise(rc, err)
+        b = bp[0]
+        try:
+            return Batch(int(b.step), [BatchRollout(b.rollouts[i]) for i in range(b.n_rollouts)])
+        finally:
+            lib.rlorch_batch_free(b)
+
+    # ---- reports -----------------------------------------------------------------
+
+    def report_rollouts(self, cmd, version, completions):
+        """Inference: the cmd.count completions of generate command `cmd`, made
+        from the weights of policy `version` (policy_version when generation began)."""
+        completions = list(completions)
+        n = len(completions)
+        arr = ffi.new("rlorch_rollout[]", max(n, 1))
+        keep = []
+        for i, c in enumerate(completions):
+            what = f"completions[{i}]"
+            if not isinstance(c, Completion):
+                raise _invalid(f"{what}: a {type(c).__name__}, not an rlorch.Completion")
+            r = arr[i]
+            try:
+                toks = _seq(c.token_ids)
+                t = ffi.new("uint32_t[]", toks or [0])
+                r.token_ids, r.n_tokens = t, len(toks)
+                keep.append(t)
+                if c.logprobs is not None:
+                    lps = _seq(c.logprobs)
+                    if len(lps) != len(toks):
+                        raise _invalid(f"{what}.logprobs: {len(lps)} values for {len(toks)} tokens")
+                    lp = ffi.new("float[]", lps or [0.0])
+                    r.logprobs = lp
+                    keep.append(lp)
+                rw = [float(x) for x in _seq(c.rewards)]
+                if rw:
+                    rp = ffi.new("double[]", rw)
+                    r.rewards, r.n_rewards = rp, len(rw)
+                    keep.append(rp)
+                meta = c.metadata.encode() if isinstance(c.metadata, str) else bytes(c.metadata or b"")
+                if meta:
+                    mp = ffi.new("uint8_t[]", meta)
+                    r.metadata, r.n_metadata = mp, len(meta)
+                    keep.append(mp)
+                r.finish_reason = _enum(_FINISH, c.finish_reason, f"{what}.finish_reason")
+                r.seconds = float(c.seconds)
+            except (OverflowError, TypeError, ValueError) as e:
+                raise _invalid(f"{what}: {e}") from None
+        err = ffi.new("rlorch_error *")
+        try:
+            v = int(version)
+            if v < 0:
+                raise ValueError("negative")
+        except (TypeError, ValueError):
+            raise _invalid(f"version: {version!r} is not a policy version") from None
+        rc = lib.rlorch_report_rollouts(self._handle(), _cmd_ptr(cmd), v, arr, n, err)
+        if rc != lib.RLORCH_OK:
+            _raise(rc, err)
+
+    def report_step(self, cmd, train_seconds=0.0):
+        """Trainer: the optimizer step of `cmd` is done and the tensors hold
+        the new weights (version cmd.step + 1); the broadcast follows."""
+        err = ffi.new("rlorch_error *")
+        rc = lib.rlorch_report_step(self._handle(), _cmd_ptr(cmd), float(train_seconds), err)
+        if rc != lib.RLORCH_OK:
+            _raise(rc, err)
+
+    def report_error(self, cmd, message):
+        """`cmd` could not be served, because of `message` (see rlorch.h:
+        a generate request is freed, a refused batch's step skipped, any
+        other train step stops the worker)."""
+        err = ffi.new("rlorch_error *")
+        rc = lib.rlorch_report_error(self._handle(), _cmd_ptr(cmd), str(message).encode(), err)
+        if rc != lib.RLORCH_OK:
+            _raise(rc, err)
+
+
+def _cmd_ptr(cmd):
+    if not isinstance(cmd, Command):
+        raise _invalid(f"cmd: a {type(cmd).__name__}, not an rlorch.Command from next()")
+    return cmd._ptr
