@@ -133,6 +133,10 @@ class Launcher:
         return {name: p.returncode for name, p in self.procs}
 
 
+def _num(x):
+    return float("nan") if x is None else x
+
+
 def read_metrics(path):
     out = {}
     if os.path.exists(path):
@@ -177,7 +181,7 @@ def run(args, data):
             "--policy", "host"))["id"]
         print(f"run {run_id}: {args.steps} steps of {args.rollouts_per_step} rollouts "
               f"({args.group_size} a prompt), {'CONTROL: inference ignores the weight updates' if args.control else 'weights broadcast every step'}")
-        print(f"{'step':>4} {'reward':>7} {'verified':>8} {'rcv':>3} {'versions':>9} {'lp_gap':>8} {'step_s':>6}  curve")
+        print(f"{'step':>4} {'reward':>7} {'verified':>8} {'rcv':>3} {'versions':>9} {'gap_bf16':>8} {'gap_fp32':>8} {'step_s':>6}  curve")
         watch = subprocess.Popen([args.rlorch, "ctl", "--target", L.target, "--json", "watch-run", run_id],
                                  stdout=subprocess.PIPE, text=True, env=L.env)
         deadline = time.monotonic() + args.timeout
@@ -196,13 +200,15 @@ def run(args, data):
             rec = {"step": n, "reward_mean": m.get("reward_mean"), "weights_verified": bool(s.get("weights_verified")),
                    "receivers": s.get("receivers", 0), "policy_version": int(s.get("policy_version", 0)),
                    "rollouts_used": s.get("rollouts_used", 0), "versions": m.get("versions"),
-                   "logprob_gap_max": m.get("logprob_gap_max"), "step_seconds": s.get("step_seconds", 0.0)}
+                   "logprob_gap_max": m.get("logprob_gap_max"),
+                   "logprob_gap_fp32_max": m.get("logprob_gap_fp32_max"),
+                   "versions_missing": m.get("versions_missing", []), "step_seconds": s.get("step_seconds", 0.0)}
             result["steps"].append(rec)
             r = rec["reward_mean"]
             bar = "#" * int(round((r or 0) * 50))
-            print(f"{n:>4} {r if r is not None else float('nan'):>7.3f} {str(rec['weights_verified']):>8} "
+            print(f"{n:>4} {_num(r):>7.3f} {str(rec['weights_verified']):>8} "
                   f"{rec['receivers']:>3} {','.join(map(str, rec['versions'] or [])):>9} "
-                  f"{rec['logprob_gap_max'] if rec['logprob_gap_max'] is not None else float('nan'):>8.5f} "
+                  f"{_num(rec['logprob_gap_max']):>8.5f} {_num(rec['logprob_gap_fp32_max']):>8.5f} "
                   f"{rec['step_seconds']:>6.3f}  {bar}", flush=True)
             if time.monotonic() > deadline:
                 watch.kill()
@@ -226,7 +232,8 @@ def summarise(args, result):
         last_mean=sum(rewards[-k:]) / k if rewards else None,
         window=k,
         all_verified=bool(steps) and all(s["weights_verified"] and s["receivers"] == 2 for s in steps),
-        logprob_gap_max=max((s["logprob_gap_max"] or 0.0) for s in steps) if steps else None)
+        logprob_gap_max=max((s["logprob_gap_max"] or 0.0) for s in steps) if steps else None,
+        logprob_gap_fp32_max=max((s["logprob_gap_fp32_max"] or 0.0) for s in steps) if steps else None)
     problems = []
     if result.get("state") != "RUN_STATE_SUCCEEDED":
         problems.append(f"run state {result.get('state')}")
@@ -236,13 +243,17 @@ def summarise(args, result):
         problems.append("a step's broadcast was not verified by both receivers")
     if not args.control and result["logprob_gap_max"] is not None and result["logprob_gap_max"] > args.logprob_tolerance:
         problems.append(f"logprob gap {result['logprob_gap_max']:.5f} > {args.logprob_tolerance}")
+    unchecked = [s["step"] for s in steps if s["versions_missing"]]
+    if unchecked:
+        problems.append(f"steps {unchecked}: rollouts of versions the trainer no longer held, logprobs unchecked")
     if any(rc != 0 for rc in result["exit"].values()):
         problems.append(f"exit statuses {result['exit']}")
     result["problems"] = problems
     result["ok"] = not problems
-    print(f"reward: first {k} steps {result['first_mean']:.3f}, last {k} steps {result['last_mean']:.3f} "
+    print(f"reward: first {k} steps {_num(result['first_mean']):.3f}, last {k} steps {_num(result['last_mean']):.3f} "
           f"(chance {P.CHANCE:.3f}); all {len(steps)} steps verified: {result['all_verified']}; "
-          f"largest logprob gap {result['logprob_gap_max']:.6f}; run {result.get('run_seconds', 0):.1f} s, "
+          f"largest logprob gap {_num(result['logprob_gap_max']):.6f} "
+          f"(with the fp32 weights {_num(result['logprob_gap_fp32_max']):.6f}); run {result.get('run_seconds', 0):.1f} s, "
           f"all {result['total_seconds']:.1f} s")
     for p in problems:
         print("PROBLEM:", p)

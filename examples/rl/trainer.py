@@ -6,10 +6,11 @@ broadcasts the updated parameters, cast to bf16, straight from their memory.
 
 It also checks the data it trains on: for every rollout it recomputes the
 logprobs of the sampled tokens with the weights of the version that produced
-them, exactly as the inference workers held them (this version's fp32
-weights cast to bf16, the bytes the broadcast sent), and reports the largest
-gap from the logprobs the inference workers reported. One line of JSON per
-step goes to --metrics.
+them, exactly as the inference workers held them (that version's fp32
+weights, kept for the last few versions, cast to bf16: the bytes the
+broadcast sent), and reports the largest gap from the logprobs the inference
+workers reported; and, for scale, the gap with the fp32 weights themselves.
+One line of JSON per step goes to --metrics.
 """
 
 import argparse
@@ -39,32 +40,35 @@ def parse_args():
                     help="the run's sampling temperature: logprobs are of logits / T")
     ap.add_argument("--seed", type=int, default=0, help="the policy's initial weights")
     ap.add_argument("--keep-versions", type=int, default=4,
-                    help="bf16 snapshots kept for the logprob check (the off-policy bound + 2 is enough)")
+                    help="versions kept for the logprob check (more than the off-policy bound + 1)")
     return ap.parse_args()
 
 
-def bf16_snapshot(model):
-    return {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
+def snapshot(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def recompute_gap(snapshots, template, t, temperature):
+def recompute_gaps(snapshots, bf16, fp32, t, temperature):
     """Largest |recomputed - reported| logprob over the batch's completion
-    tokens, each rollout at its own version; None for a version no longer
-    held."""
-    gap, missing = 0.0, []
+    tokens, each rollout at its own version: with that version's weights
+    cast to bf16 (what the inference workers hold: the check) and with its
+    fp32 weights (what bf16 rounding alone moves them by, for scale). The
+    versions no longer held are listed."""
+    gaps, missing = {"bf16": 0.0, "fp32": 0.0}, []
+    mask = t["completion_mask"]
     for v in t["versions"].unique().tolist():
         if v not in snapshots:
             missing.append(v)
             continue
-        template.load_state_dict(snapshots[v])
         rows = t["versions"] == v
-        with torch.no_grad():
-            lp = template.token_logprobs(t["prompt_ids"][rows], t["completion_ids"][rows], temperature)
-        mask = t["completion_mask"][rows].bool()
-        d = (lp - t["logprobs"][rows].float()).abs()[mask]
-        if d.numel():
-            gap = max(gap, d.max().item())
-    return gap, missing
+        for key, model in (("bf16", bf16), ("fp32", fp32)):
+            model.load_state_dict(snapshots[v])    # copy_ casts fp32 -> bf16 as the wire does
+            with torch.no_grad():
+                lp = model.token_logprobs(t["prompt_ids"][rows], t["completion_ids"][rows], temperature)
+            d = (lp - t["logprobs"][rows]).abs()[mask[rows]]
+            if d.numel():
+                gaps[key] = max(gaps[key], d.max().item())
+    return gaps, missing
 
 
 def train_step(model, opt, t, temperature):
@@ -102,9 +106,11 @@ def main():
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
     torch.set_num_threads(1)
     model = P.Policy(seed=args.seed)
-    template = P.Policy(seed=args.seed).to(torch.bfloat16)   # the inference side's model
+    # Models to recompute logprobs with: the inference side's (bf16) and fp32.
+    check_bf16 = P.Policy(seed=args.seed).to(torch.bfloat16)
+    check_fp32 = P.Policy(seed=args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    snapshots = {0: bf16_snapshot(model)}
+    snapshots = {0: snapshot(model)}
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
@@ -131,7 +137,7 @@ def main():
                 batch = w.fetch_batch(cmd)
                 t = batch.to_torch()
                 check_batch(t)
-                gap, missing = recompute_gap(snapshots, template, t, args.temperature)
+                gaps, missing = recompute_gaps(snapshots, check_bf16, check_fp32, t, args.temperature)
                 rewards, loss = train_step(model, opt, t, args.temperature)
             except (rlorch.RlorchError, ValueError, KeyError) as e:
                 logging.error("step %d: %s", cmd.step, e)
@@ -140,7 +146,7 @@ def main():
             seconds = time.monotonic() - t0
             # The snapshot and the step's line before the report: the step
             # commits (and the launcher reads the line) once it is sent.
-            snapshots[cmd.step + 1] = bf16_snapshot(model)
+            snapshots[cmd.step + 1] = snapshot(model)
             for v in [v for v in snapshots if v <= cmd.step + 1 - args.keep_versions]:
                 del snapshots[v]
             out.write(json.dumps({
@@ -148,7 +154,8 @@ def main():
                 "groups": int(t["group_ids"].unique().numel()),
                 "reward_mean": rewards.mean().item(),
                 "versions": sorted(int(v) for v in t["versions"].unique()),
-                "logprob_gap_max": gap, "versions_missing": missing,
+                "logprob_gap_max": gaps["bf16"], "logprob_gap_fp32_max": gaps["fp32"],
+                "versions_missing": missing,
                 "loss": loss, "train_seconds": seconds}) + "\n")
             try:
                 w.report_step(cmd, seconds)
