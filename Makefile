@@ -21,6 +21,9 @@ DEB_BUILD_PKGS := build-essential cmake ninja-build pkg-config \
 # PyYAML and kubectl (`kubectl kustomize`) for the deployment checks.
 DEB_PKGS := $(DEB_BUILD_PKGS) git ca-certificates libcriterion-dev sqlite3 prometheus curl python3 \
             python3-yaml clang-14 clang-tidy-14
+# The Python package and the RL example (examples/rl, test_rl_example): PyTorch
+# for the CPU, NumPy and cffi, all from Debian.
+DEB_PKGS += python3-torch python3-numpy python3-cffi
 
 .PHONY: all deps deps-build build run test test-unit test-asan test-clang test-fuzz test-gpu bench clean node-deps
 
