@@ -337,6 +337,53 @@ def _seq(x):
     return list(x)
 
 
+class BroadcastGate:
+    """Generation against the broadcast, for an inference engine: pass
+    gate.before and gate.after as on_broadcast_before/after and generate
+    inside `with gate.reading():`. A broadcast waits for the generations
+    reading the weights to finish and holds new ones back until it ends;
+    `torn` is True after a broadcast that failed part-way (the weights are
+    part new, part old until a later one succeeds)."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._readers = 0
+        self._writing = False
+        self.torn = False
+        self.version = None  # of the last successful broadcast
+
+    def before(self, version):
+        with self._cv:
+            self._writing = True
+            self._cv.wait_for(lambda: self._readers == 0)
+
+    def after(self, ok, version):
+        with self._cv:
+            self._writing = False
+            self.torn = not ok
+            if ok:
+                self.version = version
+            self._cv.notify_all()
+
+    def reading(self):
+        gate = self
+
+        class _Reading:
+            def __enter__(self):
+                with gate._cv:
+                    gate._cv.wait_for(lambda: not gate._writing)
+                    gate._readers += 1
+                return gate
+
+            def __exit__(self, *exc):
+                with gate._cv:
+                    gate._readers -= 1
+                    gate._cv.notify_all()
+                return False
+
+        return _Reading()
+
+
 # The log callback is process-wide in the library (the last worker created
 # with one gets every worker's events): one callback, for the module's life.
 def _on_log(ud, level, event, fields):
@@ -371,7 +418,7 @@ class Worker:
                  data_listen=None, max_concurrent_requests=8, connect_timeout_s=30.0,
                  on_broadcast_before=None, on_broadcast_after=None, log_level="info"):
         if role not in _ROLE:
-            raise _invalid(f"role: {role!r} is neither 'trainer' nor 'inference'")
+            raise _invalid(f"options.role: {role!r} is neither 'trainer' nor 'inference'")
         self.role = role
         self._w = None
         self._started = False
@@ -429,8 +476,8 @@ class Worker:
         keep.append(arr)
         for i, t in enumerate(self._tensors):
             if not isinstance(t, Tensor):
-                raise _invalid(f"options.tensors: #{i} is a {type(t).__name__}, not an rlorch.Tensor")
-            what = f"options.tensors: tensor #{i} {t.name!r}"
+                raise _invalid(f"options.tensors[{i}]: a {type(t).__name__}, not an rlorch.Tensor")
+            what = f"options.tensors[{i}] {t.name!r}"
             c = arr[i]
             c.name = cstr(f"tensors[{i}].name", t.name)
             c.storage_dtype = _enum(_DTYPE, t.dtype, f"{what}: storage_dtype")

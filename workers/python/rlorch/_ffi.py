@@ -231,9 +231,6 @@ def _candidates():
     here = pathlib.Path(__file__).resolve().parent
     found = []
     # A source checkout: workers/python/rlorch -> the tree's build/lib.
-    build = os.environ.get("RLORCH_BUILD_DIR")
-    if build:
-        found.append(pathlib.Path(build) / "lib" / SONAME)
     found.append(here.parents[2] / "build" / "lib" / SONAME)
     # An install prefix: <prefix>/lib[/<multiarch>]/python3/dist-packages/rlorch.
     multiarch = sysconfig.get_config_var("MULTIARCH") or ""

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# The Python package (workers/python/rlorch) end to end, on the host
+# transport: a real `rlorch serve`, a Python trainer (a small torch policy,
+# its fp32 parameters the manifest, a real optimizer step a batch) and two
+# Python inference engines with their own bf16 torch models, received into in
+# place: one by the trainer's names, one with q/k/v and gate/up fused and its
+# names mapped (tests/python). Over a run of a few steps every step must be
+# verified by the orchestrator, after every broadcast each engine's
+# parameters must equal the trainer's weights of that version cast to bf16
+# (torch.equal, tensor by tensor), and every batch must hold the rollouts the
+# engines made (token ids, logprobs, rewards). Then a run of a LoRA subset
+# (only the adapters are sent, the rest stays as it was), and the bad-input
+# paths (tests/python/py_errors.py): each an RlorchError with its message.
+#
+# Python: Debian's python3 with python3-cffi, python3-numpy and python3-torch
+# (RLORCH_PYTHON, from CMake, says which; `make deps` installs them).
+source "$(dirname "$0")/lib.sh"
+
+PY="${RLORCH_PYTHON:-/usr/bin/python3}"
+if ! "$PY" -c 'import cffi, numpy, torch' 2>"$TEST_TMP/py-import.err"; then
+  fail "$PY lacks cffi, numpy or torch (python3-cffi python3-numpy python3-torch): $(tail -n 1 "$TEST_TMP/py-import.err")"
+  finish
+fi
+export PYTHONPATH="$RLORCH_SOURCE_DIR/workers/python:$RLORCH_SOURCE_DIR/tests/python"
+export RLORCH_LIBRARY="$RLORCH_BUILD_DIR/lib/librlorch.so.1"
+export PYTHONDONTWRITEBYTECODE=1
+# A sanitized library needs its runtime loaded before the interpreter's own
+# allocations; the interpreter's leaks at exit are not the library's.
+if [[ "${RLORCH_SANITIZE:-}" == *address* ]]; then
+  export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+  export ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+fi
+STEPS=3
+PER_STEP=8
+
+dump_logs_on_failure() {
+  ((FAIL_COUNT > 0)) || return 0
+  local f
+  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/py-*.out "$TEST_TMP"/py-*.err; do
+    [[ -f "$f" ]] || continue
+    echo "---- $(basename "$f") (last 60 lines)"
+    tail -n 60 "$f"
+  done
+  echo "----"
+}
+on_exit dump_logs_on_failure
+
+attached() { # attached N: N workers ready or busy
+  "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json list-workers | "$PY" -c '
+import json, sys
+ws = json.load(sys.stdin).get("workers", [])
+print(sum(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for w in ws))' | grep -qx "$1"
+}
+
+# verify_steps EVENTS STEPS PER_STEP: every step verified by 2 receivers on
+# the host transport, with its rollouts and the next version.
+verify_steps() {
+  "$PY" - "$@" <<'PY'
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"step":{' in l]
+want, per = int(sys.argv[2]), int(sys.argv[3])
+bad = []
+for i, s in enumerate(steps):
+    if not s.get("weights_verified"): bad.append(f"step {i} not verified")
+    if s.get("receivers") != 2: bad.append(f"step {i}: {s.get('receivers')} receivers")
+    if s.get("mode") != "BROADCAST_MODE_HOST": bad.append(f"step {i}: mode {s.get('mode')}")
+    if s.get("rollouts_used") != per: bad.append(f"step {i}: {s.get('rollouts_used')} rollouts")
+    if int(s.get("policy_version", 0)) != i + 1: bad.append(f"step {i}: version {s.get('policy_version')}")
+if len(steps) != want: bad.append(f"{len(steps)} steps")
+print("; ".join(bad) or "ok")
+PY
+}
+
+# start_py NAME SCRIPT ARGS...: a Python program in the background, its
+# output in py-NAME.out and py-NAME.err; its pid in LAST_PID.
+start_py() {
+  local name=$1 script=$2
+  shift 2
+  "$PY" "$RLORCH_SOURCE_DIR/tests/python/$script" "$@" \
+    >"$TEST_TMP/py-$name.out" 2>"$TEST_TMP/py-$name.err" &
+  LAST_PID=$!
+  track_pid $LAST_PID
+}
+
+# stop_all PIDS...: SIGTERM, and each exits 0 once it stopped its worker.
+stop_all() {
+  local pid
+  for pid in "$@"; do kill -TERM "$pid"; done
+  for pid in "$@"; do
+    timeout 30 tail --pid="$pid" -f /dev/null
+    wait "$pid"
+    assert_eq 0 "$?" "a Python SDK program exits 0 after SIGTERM (pid $pid)"
+  done
+}
+
+# ---- a full run: a trainer, a plain engine and a fused, renamed one -----------------
+serve_start || finish
+W="$TEST_TMP/weights"
+mkdir -p "$W"
+start_py trainer py_trainer.py "$GRPC_ADDR" py-trainer "$W"
+TR=$LAST_PID
+start_py inference-0 py_inference.py "$GRPC_ADDR" py-inference-0 "$W" --bad-reports --raise-in-callback
+I0=$LAST_PID
+start_py inference-1 py_inference.py "$GRPC_ADDR" py-inference-1 "$W" --fused
+I1=$LAST_PID
+wait_until 60 attached 3
+assert_eq 0 "$?" "the Python trainer and both Python engines attach"
+
+out="$(grpc_call --method /rlorch.v1.Control/StartRun \
+  --json "{\"name\":\"py\",\"steps\":$STEPS,\"rollouts_per_step\":$PER_STEP,\"group_size\":2,\"max_async_level\":1}")"
+assert_status OK "$out" "a run on the Python workers starts"
+run="$(json_get message.id "$out")"
+timeout 240 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json watch-run "$run" >"$TEST_TMP/events.jsonl"
+assert_eq 0 "$?" "WatchRun ends with OK when the run ends"
+assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run" | json_get state)" "the run succeeds"
+assert_eq ok "$(verify_steps "$TEST_TMP/events.jsonl" $STEPS $PER_STEP)" \
+  "all $STEPS steps verified: 2 receivers, host transport, $PER_STEP rollouts, versions 1..$STEPS"
+
+tr="$(cat "$TEST_TMP/py-trainer.out")"
+assert_contains "$tr" "manifest tensors=17 layers=[0, 1]" "the trainer's manifest: its 17 parameters, layers from their names"
+assert_eq "$STEPS" "$(grep -c '^step=[0-9]* done' <<<"$tr")" "the trainer took $STEPS optimizer steps"
+assert_eq "$STEPS" "$(grep -Ec "^batch step=[0-9]+ rollouts=$PER_STEP checked=$PER_STEP bad=0 by=" <<<"$tr")" \
+  "every batch held the $PER_STEP rollouts the engines made: token ids, logprobs, rewards, versions"
+assert_contains "$tr" "by=py-inference-0,py-inference-1" "a batch carries both engines' rollouts"
+assert_not_contains "$tr" "FAIL" "the trainer found nothing wrong"
+for i in 0 1; do
+  o="$(cat "$TEST_TMP/py-inference-$i.out")"
+  n="$(grep -Ec '^broadcast ok=1 version=[0-9]+ compared=17 changed=17 bad=0 ' <<<"$o")"
+  assert_eq 1 "$((n >= STEPS))" "inference-$i: $n broadcasts, after each all 17 parameters equal the trainer's in bf16, all changed"
+  assert_contains "$o" "broadcast ok=1 version=$STEPS compared=17 changed=17 bad=0 policy_version=$STEPS" \
+    "inference-$i holds version $STEPS in its own parameters"
+  assert_not_contains "$o" "FAIL" "inference-$i found nothing wrong"
+done
+m1="$(grep '^manifest ' "$TEST_TMP/py-inference-1.out")"
+for l in 0 1; do
+  assert_contains "$m1" "layers.$l.attn.q.weight,layers.$l.attn.k.weight,layers.$l.attn.v.weight,layers.$l.attn.o.weight" \
+    "the fused engine exposes layer $l's qkv parameter as the trainer's q, k and v"
+  assert_contains "$m1" "layers.$l.mlp.gate.weight,layers.$l.mlp.up.weight,layers.$l.mlp.down.weight" \
+    "and its gate_up parameter as gate and up"
+done
+assert_not_contains "$m1" "model." "the fused engine's names are mapped to the trainer's"
+o0="$(cat "$TEST_TMP/py-inference-0.out")"
+for what in "one rollout short" "a positive logprob" "logprobs of another length" "a NaN reward" "no reward" \
+  "an empty completion" "a negative token id" "an unknown finish reason" "a version the worker does not hold" \
+  "report_step on an inference worker" "fetch_batch on an inference worker"; do
+  assert_contains "$o0" "ok $what: RLORCH_E_" "a bad report raises RlorchError with its code and message: $what"
+done
+e0="$(cat "$TEST_TMP/py-inference-0.err")"
+assert_contains "$e0" "on_broadcast_before(version=1) raised; the broadcast goes on" \
+  "an exception in a broadcast callback is logged"
+assert_contains "$e0" "RuntimeError: a deliberate error in on_broadcast_before" "with its traceback"
+assert_contains "$e0" "INFO rlorch registered worker_id=" "library events reach logging.getLogger('rlorch')"
+stop_all $TR $I0 $I1
+assert_contains "$(cat "$TEST_TMP/py-trainer.out")" "stopped failures=0" "the trainer stopped cleanly"
+for i in 0 1; do
+  assert_contains "$(cat "$TEST_TMP/py-inference-$i.out")" "broadcasts_failed=0 failures=0" \
+    "inference-$i stopped cleanly, no broadcast failed"
+done
+assert_eq 0 "$(cat "$TEST_TMP"/py-*.err | grep '^ERROR rlorch ' | grep -vc 'on_broadcast_before(version=1) raised')" \
+  "nothing but the deliberate callback error was logged as an error"
+serve_stop
+
+# ---- a LoRA subset: only the adapters are sent ---------------------------------------
+serve_start || finish
+W="$TEST_TMP/weights-lora"
+mkdir -p "$W"
+start_py lora-trainer py_trainer.py "$GRPC_ADDR" py-lora-trainer "$W" --lora
+TR=$LAST_PID
+start_py lora-inference-0 py_inference.py "$GRPC_ADDR" py-lora-inference-0 "$W" --lora
+I0=$LAST_PID
+start_py lora-inference-1 py_inference.py "$GRPC_ADDR" py-lora-inference-1 "$W" --lora
+I1=$LAST_PID
+wait_until 60 attached 3
+assert_eq 0 "$?" "the LoRA trainer and engines attach"
+out="$(grpc_call --method /rlorch.v1.Control/StartRun \
+  --json '{"name":"py-lora","steps":2,"rollouts_per_step":4,"group_size":2,"max_async_level":1}')"
+run="$(json_get message.id "$out")"
+timeout 240 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json watch-run "$run" >"$TEST_TMP/events-lora.jsonl"
+assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run" | json_get state)" "the LoRA run succeeds"
+assert_eq ok "$(verify_steps "$TEST_TMP/events-lora.jsonl" 2 4)" "both LoRA steps verified by 2 receivers"
+assert_contains "$(cat "$TEST_TMP/py-lora-trainer.out")" "manifest tensors=4 layers=[0, 1]" \
+  "the LoRA manifest holds the 4 adapter tensors only"
+for i in 0 1; do
+  o="$(cat "$TEST_TMP/py-lora-inference-$i.out")"
+  # 21 parameters: the 4 adapters equal the trainer's in bf16 and changed,
+  # the 17 base ones are as loaded.
+  assert_contains "$o" "broadcast ok=1 version=2 compared=21 changed=4 bad=0 policy_version=2" \
+    "lora-inference-$i: the adapters hold version 2, the base weights are untouched"
+  assert_not_contains "$o" "FAIL" "lora-inference-$i found nothing wrong"
+done
+assert_not_contains "$(cat "$TEST_TMP/py-lora-trainer.out")" "FAIL" "the LoRA trainer found nothing wrong"
+stop_all $TR $I0 $I1
+serve_stop
+
+# ---- bad input: every failure an RlorchError with its message -----------------------
+printf 'py-test-token\n' >"$TEST_TMP/token"
+serve_start --token-file "$TEST_TMP/token" || finish
+dead="127.0.0.1:$(free_port)"
+out="$(timeout 120 "$PY" "$RLORCH_SOURCE_DIR/tests/python/py_errors.py" "$GRPC_ADDR" "$dead" "$TEST_TMP/token" 2>"$TEST_TMP/py-errors.err")"
+rc=$?
+printf '%s\n' "$out" | grep -E '^(ok|FAIL)' | sed 's/^/  py_errors: /'
+assert_eq 0 "$rc" "py_errors: every bad input raised RlorchError with its code and message"
+assert_contains "$out" " 0 failed" "py_errors reports no failure"
+serve_stop
+finish

@@ -1,0 +1,140 @@
+"""The rlorch package's bad-input paths: every one raises RlorchError with a
+code and a message naming what was wrong (the library's own where the
+library checks it), nothing crashes or hangs.
+
+    py_errors.py ORCHESTRATOR DEAD_ADDR TOKEN_FILE
+
+ORCHESTRATOR wants the bearer token in TOKEN_FILE; nothing listens at
+DEAD_ADDR. Prints "ok ..." or "FAIL ..." per case, then "N ok, M failed"."""
+import logging
+import os
+import sys
+import time
+
+import rlorch
+
+torch_at_import = "torch" in sys.modules  # before anything imports it
+
+import numpy as np  # noqa: E402
+
+results = {"ok": 0, "failed": 0}
+
+
+def report(ok, what, detail):
+    results["ok" if ok else "failed"] += 1
+    print(f"{'ok' if ok else 'FAIL'} {what}: {detail}", flush=True)
+
+
+def expect(what, code, contains, fn):
+    t0 = time.monotonic()
+    try:
+        fn()
+    except rlorch.RlorchError as e:
+        ok = e.code_name == code and contains in e.message and e.code < 0
+        report(ok, what, f"{e} ({time.monotonic() - t0:.1f} s)")
+        return e
+    except Exception as e:  # anything else is a bug: a crash of the binding
+        report(False, what, f"{type(e).__name__}: {e}")
+        return None
+    report(False, what, "no error")
+    return None
+
+
+def main():
+    orch, dead, token = sys.argv[1:4]
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+    report(not torch_at_import, "import rlorch imports no torch", f"torch loaded={torch_at_import}")
+    api, release = rlorch.version()
+    report(api >= rlorch.API_VERSION and release, "version", f"api={api} release={release}")
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    good = [rlorch.Tensor("w", a, wire_dtype="bf16")]
+    T = lambda **kw: rlorch.Worker(**{"role": "trainer", "orchestrator": orch, "tensors": good,  # noqa: E731
+                                      "token_file": token, **kw})
+    I = lambda **kw: rlorch.Worker(**{"role": "inference", "orchestrator": orch,  # noqa: E731
+                                      "token_file": token, **kw})
+
+    E = "RLORCH_E_INVALID"
+    expect("an unknown role", E, "options.role: 'critic'", lambda: rlorch.Worker("critic", orch))
+    expect("a trainer without tensors", E, "options.tensors: a trainer needs at least one tensor",
+           lambda: T(tensors=[]))
+    expect("no orchestrator", E, "options.orchestrator: required", lambda: T(orchestrator=None))
+    expect("max_concurrent_requests 0", E, "options.max_concurrent_requests: 0 is outside 1..1024",
+           lambda: I(max_concurrent_requests=0))
+    expect("max_concurrent_requests -1", E, "options.max_concurrent_requests: -1",
+           lambda: I(max_concurrent_requests=-1))
+    expect("connect_timeout_s 0", E, "options.connect_timeout_s", lambda: I(connect_timeout_s=0))
+    expect("a certificate without its key", E, "options.tls_cert_file is set without options.tls_key_file",
+           lambda: I(tls_cert_file=token))
+    expect("an unknown log level", E, "options.log_level", lambda: I(log_level="chatty"))
+    expect("data_listen on an inference worker", E, "options.data_listen: only a trainer listens",
+           lambda: I(data_listen="127.0.0.1:0"))
+    expect("a storage dtype the library lacks", E, "storage_dtype: unknown value 9",
+           lambda: T(tensors=[rlorch.Tensor("w", a.ctypes.data, shape=a.shape, dtype=9, wire_dtype="bf16",
+                                            owner=a)]))
+    expect("a dtype name the package lacks", E, "options.tensors[0] 'w': storage_dtype: unknown value 'int4'",
+           lambda: T(tensors=[rlorch.Tensor("w", a.ctypes.data, shape=a.shape, dtype="int4", owner=a)]))
+    expect("two tensors of one name", E, "'w'", lambda: T(tensors=good + good))
+    expect("an empty shape", E, "ndim 0", lambda: T(tensors=[rlorch.Tensor("s", a.ctypes.data, shape=(),
+                                                                           dtype="fp32", owner=a)]))
+    expect("an inference buffer not in the wire dtype", E, "an inference worker's buffers hold the wire dtype",
+           lambda: I(tensors=good))
+    expect("a non-contiguous numpy array", E, "not C-contiguous",
+           lambda: rlorch.Tensor("t", a.T, wire_dtype="bf16"))
+    expect("a name with a NUL byte", E, "NUL", lambda: T(name="a\0b"))
+    expect("a tensor that is not an rlorch.Tensor", E, "options.tensors[0]: a ndarray",
+           lambda: T(tensors=[a]))
+
+    # The torch helpers' own checks (torch is imported from here on).
+    import torch
+    import rlorch.torch as rt
+
+    m = torch.nn.Linear(4, 6)
+    m.weight.data = m.weight.data.t().contiguous().t()  # a transposed view: not contiguous
+    expect("a non-contiguous parameter", E, "tensor 'weight': not contiguous", lambda: rt.manifest(m))
+    expect("an integer buffer", E, "tensor 'steps': dtype torch.int64 has no rlorch dtype",
+           lambda: rt.manifest({"steps": torch.zeros(3, dtype=torch.int64)}))
+    qkv = torch.zeros(10, 4, dtype=torch.bfloat16)
+    expect("fused parts that do not add up", E, "parts have 9 rows, the parameter 10",
+           lambda: rt.manifest({"qkv": qkv}, fused={"qkv": [("q", 5), ("k", 2), ("v", 2)]}))
+    expect("fused names that do not split evenly", E, "10 rows do not split evenly into 3 parts",
+           lambda: rt.manifest({"qkv": qkv}, fused={"qkv": ["q", "k", "v"]}))
+    expect("a fused target the model lacks", E, "fused: no parameter named 'gate_up'",
+           lambda: rt.manifest({"qkv": qkv}, fused={"gate_up": ["g", "u"]}))
+    parts = rt.manifest({"qkv": qkv}, fused={"qkv": [("q", 6), ("k", 2), ("v", 2)]})
+    ok = [(t.name, t.shape, t.data - qkv.data_ptr()) for t in parts] == \
+        [("q", (6, 4), 0), ("k", (2, 4), 48), ("v", (2, 4), 64)]
+    report(ok, "fused parts are views of the fused tensor", [(t.name, t.shape, t.data - qkv.data_ptr()) for t in parts])
+
+    # Failures of start, against a real orchestrator and a dead address.
+    expect("an unreachable orchestrator", "RLORCH_E_UNAVAILABLE", f"at {dead} within 0.5 s",
+           lambda: I(orchestrator=dead, connect_timeout_s=0.5).start())
+    wrong = os.path.join(os.path.dirname(token), "wrong-token")
+    with open(wrong, "w") as f:
+        f.write("not-the-token\n")
+    expect("a wrong token", "RLORCH_E_REFUSED", "UNAUTHENTICATED", lambda: I(token_file=wrong).start())
+    expect("a token file that does not exist", "RLORCH_E_IO", "missing-token",
+           lambda: I(token_file=wrong + "missing-token").start())
+
+    # The life of a worker: next before start, after stop, after close.
+    w = I(name="py-errors-inference")
+    expect("next before start", "RLORCH_E_STATE", "", lambda: w.next(0))
+    w.start()
+    report(w.policy_version == 0 and w.next(0) is None, "a started worker holds version 0, nothing queued",
+           f"policy_version={w.policy_version}")
+    expect("start twice", "RLORCH_E_STATE", "", w.start)
+    w.stop()
+    e = expect("next after stop", "RLORCH_E_STOPPED", "", lambda: w.next(1.0))
+    report(isinstance(e, rlorch.Stopped), "Stopped is raised once stopped", type(e).__name__)
+    w.close()
+    w.close()  # closing twice is fine
+    expect("next after close", "RLORCH_E_STATE", "the worker is closed", lambda: w.next(0))
+    # A trainer of numpy buffers joins (the manifest is accepted) and leaves.
+    with T(name="py-errors-trainer") as t:
+        report(t.policy_version == 0, "a numpy trainer registers", f"policy_version={t.policy_version}")
+    print(f"{results['ok']} ok, {results['failed']} failed", flush=True)
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
