@@ -171,10 +171,12 @@ def group_advantages(rewards, group_ids, eps=1e-6):
     return adv
 
 
-def grpo_loss(new_logp, old_logp, adv, clip=0.2):
-    """The clipped surrogate over every completion token, with the sampling
-    logprobs of the inference workers as the behaviour policy (a batch may
-    hold rollouts one version old: the ratio corrects for it)."""
+def grpo_loss(new_logp, old_logp, adv, mask, clip=0.2):
+    """The clipped surrogate, averaged over the completion tokens (mask), with
+    the sampling logprobs of the inference workers as the behaviour policy (a
+    batch may hold rollouts one version old: the ratio corrects for it)."""
     ratio = (new_logp - old_logp).exp()
     a = adv.unsqueeze(-1)
-    return -torch.min(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a).mean()
+    surrogate = torch.min(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a)
+    mask = mask.float()
+    return -(surrogate * mask).sum() / mask.sum().clamp(min=1.0)

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -119,6 +120,19 @@ class Launcher:
         ws = json.loads(self.ctl("list-workers")).get("workers", [])
         return sum(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for w in ws) == 3
 
+    def watchdog(self, watch, deadline, why, stop):
+        """Ends the watch when a process of the run exits or the run outlasts
+        its deadline: the orchestrator would wait for a lost worker to come
+        back, and the launcher would wait with it."""
+        while not stop.wait(0.5) and watch.poll() is None:
+            dead = [(n, p.returncode) for n, p in self.procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                why.append(f"{dead[0][0]} exited with status {dead[0][1]} during the run (log: "
+                           f"{os.path.join(self.logs, dead[0][0] + '.log')})" if dead
+                           else f"the run took more than {self.args.timeout:.0f} s")
+                watch.kill()
+                return
+
     def stop_all(self):
         # Workers first, then the orchestrator; each by its own process group.
         for name, p in reversed(self.procs):
@@ -184,7 +198,10 @@ def run(args, data):
         print(f"{'step':>4} {'reward':>7} {'verified':>8} {'rcv':>3} {'versions':>9} {'gap_bf16':>8} {'gap_fp32':>8} {'step_s':>6}  curve")
         watch = subprocess.Popen([args.rlorch, "ctl", "--target", L.target, "--json", "watch-run", run_id],
                                  stdout=subprocess.PIPE, text=True, env=L.env)
-        deadline = time.monotonic() + args.timeout
+        why = []
+        stop = threading.Event()
+        threading.Thread(target=L.watchdog, args=(watch, time.monotonic() + args.timeout, why, stop),
+                         daemon=True).start()
         for line in watch.stdout:
             ev = json.loads(line)
             s = ev.get("step")
@@ -210,10 +227,10 @@ def run(args, data):
                   f"{rec['receivers']:>3} {','.join(map(str, rec['versions'] or [])):>9} "
                   f"{_num(rec['logprob_gap_max']):>8.5f} {_num(rec['logprob_gap_fp32_max']):>8.5f} "
                   f"{rec['step_seconds']:>6.3f}  {bar}", flush=True)
-            if time.monotonic() > deadline:
-                watch.kill()
-                raise RuntimeError(f"the run took more than {args.timeout:.0f} s")
         watch.wait()
+        stop.set()
+        if why:
+            raise RuntimeError(why[0])
         state = json.loads(L.ctl("get-run", run_id)).get("state")
         result.update(run_id=run_id, state=state, run_seconds=time.monotonic() - t_attached)
     finally:

@@ -76,12 +76,8 @@ def train_step(model, opt, t, temperature):
     if rewards.dim() == 2:                    # one column per reward: the task has one
         rewards = rewards[:, 0]
     adv = P.group_advantages(rewards, t["group_ids"])
-    mask = t["completion_mask"].float()
     new = model.token_logprobs(t["prompt_ids"], t["completion_ids"], temperature)
-    ratio = (new - t["logprobs"].float()).exp()
-    a = adv.unsqueeze(-1)
-    surrogate = torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a)
-    loss = -(surrogate * mask).sum() / mask.sum().clamp(min=1.0)
+    loss = P.grpo_loss(new, t["logprobs"].float(), adv, t["completion_mask"])
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()                                # in place: the manifest's memory
