@@ -123,8 +123,13 @@ def main():
                     version = w.policy_version
                     done = generate(engine.model, cmd, args.sampling_seed)
             except (ValueError, KeyError, RuntimeError) as e:
+                # Answered with no rollout: the orchestrator sends the group
+                # elsewhere or again.
                 logging.error("request %d: %s", cmd.request_id, e)
-                w.report_error(cmd, f"request {cmd.request_id}: {e}")
+                try:
+                    w.report_error(cmd, f"request {cmd.request_id}: {e}")
+                except rlorch.RlorchError as e2:
+                    logging.warning("request %d: error not reported: %s", cmd.request_id, e2)
                 continue
             seconds = time.monotonic() - t0
             comps = [rlorch.Completion(row, logprobs=lp, rewards=[P.reward(row, answer)],

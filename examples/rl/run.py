@@ -41,19 +41,24 @@ def parse_args():
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-async-level", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--lr", type=float, default=7e-3)
     ap.add_argument("--seed", type=int, default=0, help="the policy's initial weights")
     ap.add_argument("--sampling-seed", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=1000, help="lines of the prompt file")
     ap.add_argument("--control", action="store_true",
                     help="the inference workers ignore the weight updates")
-    ap.add_argument("--logprob-tolerance", type=float, default=0.05)
+    ap.add_argument("--logprob-tolerance", type=float, default=0.01)
     ap.add_argument("--rlorch", default=os.environ.get("RLORCH_BIN", os.path.join(ROOT, "build", "rlorch")),
                     help="the rlorch program (default build/rlorch, or $RLORCH_BIN)")
     ap.add_argument("--data-dir", help="orchestrator data, prompts and logs (default a temporary directory, removed)")
     ap.add_argument("--summary", help="write the run's figures to this JSON file")
     ap.add_argument("--timeout", type=float, default=600, help="seconds the run may take")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if not args.temperature > 0:
+        ap.error(f"--temperature {args.temperature}: the trainer's loss needs the distribution sampled from (> 0)")
+    if args.steps < 1 or args.prompts < 1:
+        ap.error("--steps and --prompts: at least 1")
+    return args
 
 
 def free_ports(n):

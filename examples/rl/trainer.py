@@ -35,13 +35,18 @@ def parse_args():
     ap.add_argument("--data-listen", default="127.0.0.1:0",
                     help="where the inference workers connect for the weights")
     ap.add_argument("--metrics", required=True, help="JSONL file: one line per step")
-    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--lr", type=float, default=7e-3)
     ap.add_argument("--temperature", type=float, default=1.0,
                     help="the run's sampling temperature: logprobs are of logits / T")
     ap.add_argument("--seed", type=int, default=0, help="the policy's initial weights")
     ap.add_argument("--keep-versions", type=int, default=4,
                     help="versions kept for the logprob check (more than the off-policy bound + 1)")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if not args.temperature > 0:
+        ap.error(f"--temperature {args.temperature}: the loss needs the distribution sampled from (> 0)")
+    if args.keep_versions < 2:
+        ap.error(f"--keep-versions {args.keep_versions}: at least 2 (a batch is up to a version behind)")
+    return args
 
 
 def snapshot(model):
@@ -113,7 +118,7 @@ def main():
 
     w = rlorch.Worker(role="trainer", orchestrator=args.orchestrator, name=args.name,
                       tensors=rlorch.torch.manifest(model), data_listen=args.data_listen)
-    steps = 0
+    steps, failed = 0, 0
     with w, open(args.metrics, "a", buffering=1) as out:
         logging.info("attached, %d parameters", sum(p.numel() for p in model.parameters()))
         while not stopping:
@@ -136,8 +141,14 @@ def main():
                 gaps, missing = recompute_gaps(snapshots, check_bf16, check_fp32, t, args.temperature)
                 rewards, loss = train_step(model, opt, t, args.temperature)
             except (rlorch.RlorchError, ValueError, KeyError) as e:
+                # The library stops the worker after a failed step (the
+                # orchestrator redoes it when a trainer attaches): exit non-zero.
                 logging.error("step %d: %s", cmd.step, e)
-                w.report_error(cmd, f"step {cmd.step}: {e}")
+                failed += 1
+                try:
+                    w.report_error(cmd, f"step {cmd.step}: {e}")
+                except rlorch.RlorchError as e2:
+                    logging.error("step %d: error not reported: %s", cmd.step, e2)
                 continue
             seconds = time.monotonic() - t0
             # The snapshot and the step's line before the report: the step
@@ -159,8 +170,8 @@ def main():
                 logging.error("step %d not reported: %s", cmd.step, e)
                 continue
             steps += 1
-    logging.info("stopped after %d steps", steps)
-    return 0
+    logging.info("stopped after %d steps, %d failed", steps, failed)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
