@@ -11,6 +11,8 @@
 # engines made (token ids, logprobs, rewards). Then a run of a LoRA subset
 # (only the adapters are sent, the rest stays as it was), and the bad-input
 # paths (tests/python/py_errors.py): each an RlorchError with its message.
+# First, the package's declarations against the header (tests/python/py_abi.py),
+# and last, the installed package finding the library of its prefix.
 #
 # Python: Debian's python3 with python3-cffi, python3-numpy and python3-torch
 # (RLORCH_PYTHON, from CMake, says which; `make deps` installs them).
@@ -27,7 +29,8 @@ export PYTHONDONTWRITEBYTECODE=1
 # A sanitized library needs its runtime loaded before the interpreter's own
 # allocations; the interpreter's leaks at exit are not the library's.
 if [[ "${RLORCH_SANITIZE:-}" == *address* ]]; then
-  export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+  LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+  export LD_PRELOAD
   export ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 fi
 STEPS=3
@@ -93,6 +96,13 @@ stop_all() {
   done
 }
 
+# ---- the declarations: cffi's ABI mode compiles nothing against the header --------
+if need_cmd cc; then
+  out="$("$PY" "$RLORCH_SOURCE_DIR/tests/python/py_abi.py" "$RLORCH_SOURCE_DIR/include" cc 2>&1)"
+  assert_eq 0 "$?" "the package's declarations are rlorch.h's: functions, struct layouts, constants" ||
+    echo "$out"
+fi
+
 # ---- a full run: a trainer, a plain engine and a fused, renamed one -----------------
 serve_start || finish
 W="$TEST_TMP/weights"
@@ -121,7 +131,8 @@ assert_contains "$tr" "manifest tensors=17 layers=[0, 1]" "the trainer's manifes
 assert_eq "$STEPS" "$(grep -c '^step=[0-9]* done' <<<"$tr")" "the trainer took $STEPS optimizer steps"
 assert_eq "$STEPS" "$(grep -Ec "^batch step=[0-9]+ rollouts=$PER_STEP checked=$PER_STEP bad=0 by=" <<<"$tr")" \
   "every batch held the $PER_STEP rollouts the engines made: token ids, logprobs, rewards, versions"
-assert_contains "$tr" "by=py-inference-0,py-inference-1" "a batch carries both engines' rollouts"
+by="$(grep -o 'by=[^ ]*' <<<"$tr" | cut -d= -f2 | tr ',' '\n' | sort -u | paste -sd,)"
+assert_eq "py-inference-0,py-inference-1" "$by" "the batches carry both engines' rollouts"
 assert_not_contains "$tr" "FAIL" "the trainer found nothing wrong"
 for i in 0 1; do
   o="$(cat "$TEST_TMP/py-inference-$i.out")"
@@ -192,6 +203,24 @@ assert_not_contains "$(cat "$TEST_TMP/py-lora-trainer.out")" "FAIL" "the LoRA tr
 stop_all $TR $I0 $I1
 serve_stop
 
+# ---- installed: the package finds the library of its own prefix --------------------
+prefix="$TEST_TMP/prefix"
+out="$(cmake --install "$RLORCH_BUILD_DIR" --prefix "$prefix" 2>&1)"
+assert_eq 0 "$?" "cmake --install into a temporary prefix" || echo "$out"
+assert_eq 0 "$(find "$prefix" -name __pycache__ | wc -l)" "no bytecode cache is installed"
+out="$(cd "$TEST_TMP" && env -u RLORCH_LIBRARY PYTHONPATH="$prefix/lib/python3/dist-packages" "$PY" -c '
+import rlorch, sys
+print(rlorch.__file__)
+print(rlorch.library_path())
+try:
+    rlorch.Worker("inference", "127.0.0.1:1", max_concurrent_requests=2000)
+except rlorch.RlorchError as e:
+    print(e)' 2>&1)"
+assert_contains "$(sed -n 1p <<<"$out")" "$prefix/lib/python3/dist-packages/rlorch/" "the installed package is the one imported"
+assert_contains "$(sed -n 2p <<<"$out")" "$prefix/lib" "it loads the installed librlorch.so.1, not the build tree's"
+assert_contains "$out" "RLORCH_E_INVALID: options.max_concurrent_requests: 2000 is outside 1..1024" \
+  "and calls into it"
+
 # ---- bad input: every failure an RlorchError with its message -----------------------
 printf 'py-test-token\n' >"$TEST_TMP/token"
 serve_start --token-file "$TEST_TMP/token" || finish
@@ -201,5 +230,7 @@ rc=$?
 printf '%s\n' "$out" | grep -E '^(ok|FAIL)' | sed 's/^/  py_errors: /'
 assert_eq 0 "$rc" "py_errors: every bad input raised RlorchError with its code and message"
 assert_contains "$out" " 0 failed" "py_errors reports no failure"
+assert_eq 1 "$(awk '/registered .*name=py-errors-left-running/ {r = 1} r && /worker_stopped status=0/ {n++} END {print n + 0}' \
+  "$TEST_TMP/py-errors.err")" "a worker left running is stopped and freed by the package at exit"
 serve_stop
 finish

@@ -79,6 +79,15 @@ def main():
                                                                            dtype="fp32", owner=a)]))
     expect("an inference buffer not in the wire dtype", E, "an inference worker's buffers hold the wire dtype",
            lambda: I(tensors=good))
+    # bf16 in numpy: uint16 arrays said to be bf16; an inference worker takes them.
+    h = np.zeros((3, 4), dtype=np.uint16)
+    try:
+        rlorch.Worker("inference", orch, tensors=[rlorch.Tensor("w", h, dtype="bf16")]).close()
+        report(True, "an inference worker of numpy bf16 buffers", "created")
+    except rlorch.RlorchError as e:
+        report(False, "an inference worker of numpy bf16 buffers", str(e))
+    expect("a dtype that does not fit the array", E, "dtype fp32 does not fit numpy uint16",
+           lambda: rlorch.Tensor("w", h, dtype="fp32"))
     expect("a non-contiguous numpy array", E, "not C-contiguous",
            lambda: rlorch.Tensor("t", a.T, wire_dtype="bf16"))
     expect("a name with a NUL byte", E, "NUL", lambda: T(name="a\0b"))
@@ -132,6 +141,9 @@ def main():
     # A trainer of numpy buffers joins (the manifest is accepted) and leaves.
     with T(name="py-errors-trainer") as t:
         report(t.policy_version == 0, "a numpy trainer registers", f"policy_version={t.policy_version}")
+    # One left running: the package stops and frees it at exit (the test
+    # sees the interpreter exit 0, the library's stop logged).
+    rlorch.Worker("inference", orch, token_file=token, name="py-errors-left-running").start()
     print(f"{results['ok']} ok, {results['failed']} failed", flush=True)
     return 1 if results["failed"] else 0
 

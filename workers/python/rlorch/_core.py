@@ -6,6 +6,7 @@ alive until close(); commands and batches are copied into Python objects
 when they arrive, and the C command stays attached (freed by the garbage
 collector) because reports must name it. Callbacks run on the library's
 threads: an exception in one is logged and goes no further, never into C."""
+import atexit
 import logging
 import threading
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from ._ffi import LIBRARY_PATH, ffi, lib
 
-API_VERSION = 1
+API_VERSION = lib.RLORCH_API_VERSION  # the API the declarations in _ffi describe
 log = logging.getLogger("rlorch")
 
 _FINISH = {
@@ -402,6 +403,20 @@ def _callback_failed(exc_type, exc, tb):
 
 _log_cb = ffi.callback("rlorch_log_fn", _on_log, onerror=_callback_failed)
 
+# Every worker not closed yet. The library's threads call back into a
+# worker's callbacks until it is freed, so a worker must not be collected
+# before close(): this set holds it (an unclosed worker leaks, it does not
+# crash), and at exit, before the interpreter goes, the rest are closed.
+_open_workers = set()
+
+
+@atexit.register
+def _close_open_workers():
+    for w in list(_open_workers):
+        w.stop()
+    for w in list(_open_workers):
+        w.close()
+
 
 class Worker:
     """One trainer rank or inference engine joined to an orchestrator.
@@ -411,7 +426,8 @@ class Worker:
     close on exit. Iterating yields commands until the worker stops.
     next() is for one thread at a time; the reports may come from any
     thread; stop() from any thread but the callbacks; close() once nothing
-    else runs on the worker."""
+    else runs on the worker. A worker not closed is kept alive (the library
+    may still call it) and closed when the interpreter exits."""
 
     def __init__(self, role, orchestrator, tensors=(), name=None, token_file=None,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None, device=-1,
@@ -425,9 +441,16 @@ class Worker:
         self._lock = threading.Lock()
         self._tensors = list(tensors or ())
         self._before_fn, self._after_fn = on_broadcast_before, on_broadcast_after
-        o = ffi.new("rlorch_options *")
+        # rlorch_options_init fills the struct of the library's own API
+        # version, which a later library makes longer than the one declared
+        # here: it gets room to spare, and api_version then says which
+        # fields this package filled (the library reads only those).
+        keep = []  # the options, and the C strings and arrays they point at, for the create call
+        room = ffi.new("uint64_t[]", 512)
+        keep.append(room)
+        o = ffi.cast("rlorch_options *", room)
         lib.rlorch_options_init(o, _ROLE[role])
-        keep = []  # C strings and arrays the options point at, for the create call
+        o.api_version = API_VERSION
 
         def cstr(field, v):
             if v is None:
@@ -502,6 +525,7 @@ class Worker:
         if rc != lib.RLORCH_OK:
             _raise(rc, err)
         self._w = wp[0]
+        _open_workers.add(self)
 
     # ---- callbacks, on the library's command thread --------------------------------
 
@@ -545,6 +569,7 @@ class Worker:
             w, self._w = self._w, None
         if w is not None:
             lib.rlorch_free(w)
+            _open_workers.discard(self)
         self._before_cb = self._after_cb = None
         self._tensors = []
 

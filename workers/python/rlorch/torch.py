@@ -35,7 +35,7 @@ def _named(src):
 
 
 def _dtype(t, name, what):
-    d = _DTYPE.get(t)
+    d = t if isinstance(t, str) else _DTYPE.get(t)  # a name goes to the library's check
     if d is None:
         raise _invalid(f"tensor {name!r}: {what} {t} has no rlorch dtype (fp32, bf16, fp16); "
                        "leave it out with include=")
