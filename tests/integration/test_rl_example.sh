@@ -40,7 +40,8 @@ export PYTHONDONTWRITEBYTECODE=1
 # daemon's leaks go unreported here too: the other tests report them).
 # detect_leaks=0 comes last, so that it wins over make test-asan's =1.
 if [[ "${RLORCH_SANITIZE:-}" == *address* ]]; then
-  export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+  LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+  export LD_PRELOAD
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 fi
 
