@@ -50,7 +50,8 @@ def parse_args():
     ap.add_argument("--logprob-tolerance", type=float, default=0.01)
     ap.add_argument("--rlorch", default=os.environ.get("RLORCH_BIN", os.path.join(ROOT, "build", "rlorch")),
                     help="the rlorch program (default build/rlorch, or $RLORCH_BIN)")
-    ap.add_argument("--data-dir", help="orchestrator data, prompts and logs (default a temporary directory, removed)")
+    ap.add_argument("--data-dir", help="orchestrator data, prompts, logs and the processes' ids (pids) "
+                    "(default a temporary directory, removed)")
     ap.add_argument("--summary", help="write the run's figures to this JSON file")
     ap.add_argument("--timeout", type=float, default=600, help="seconds the run may take")
     args = ap.parse_args()
@@ -97,6 +98,9 @@ class Launcher:
                              start_new_session=True)
         log.close()
         self.procs.append((name, p))
+        # For an operator (or a test) who wants to signal one of them.
+        with open(os.path.join(self.data, "pids"), "a") as f:
+            f.write(f"{name} {p.pid}\n")
         return p
 
     def ctl(self, *argv, timeout=30):

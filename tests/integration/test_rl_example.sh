@@ -16,7 +16,9 @@
 #   5e-7; the fp32 weights of the same version differ by up to 0.07-0.17).
 #   In the control run the same check finds the workers do not hold the
 #   version they report (measured: 0.77-0.88), so it is a check that can fail.
-# - run.py names a missing rlorch, and ends a run that outlasts --timeout.
+# - run.py names a missing rlorch, refuses bad flags, passes on the
+#   orchestrator's refusal, and ends a run that outlasts --timeout or loses
+#   a process.
 source "$(dirname "$0")/lib.sh"
 
 EXAMPLE="$RLORCH_SOURCE_DIR/examples/rl"
@@ -81,6 +83,26 @@ assert_contains "$LAST_OUTPUT" "multiple" "... with the orchestrator's reason (r
 # A run that outlasts --timeout ends: the launcher stops it and every process.
 assert_exit 1 "$PY" "$EXAMPLE/run.py" --rlorch "$RLORCH_BIN" --steps 1000 --timeout 4
 assert_contains "$LAST_OUTPUT" "the run took more than 4 s" "run.py ends a run that outlasts --timeout, saying so"
+
+# A process of the run that dies ends the run with its name, rather than a
+# wait for a trainer that will not come back.
+"$PY" "$EXAMPLE/run.py" --rlorch "$RLORCH_BIN" --steps 1000 --data-dir "$TEST_TMP/kill" \
+  >"$TEST_TMP/kill.out" 2>&1 &
+KILL_RUN=$!
+track_pid $KILL_RUN
+# shellcheck disable=SC2317  # called through wait_until
+three_steps() {
+  local f="$TEST_TMP/kill/trainer-steps.jsonl"
+  [[ -f "$f" ]] && (($(wc -l <"$f") >= 3))
+}
+wait_until 60 three_steps
+assert_eq 0 "$?" "the run to be killed takes 3 steps"
+kill -KILL "$(awk '$1 == "trainer" {print $2}' "$TEST_TMP/kill/pids")"
+timeout 60 tail --pid="$KILL_RUN" -f /dev/null
+wait "$KILL_RUN"
+assert_eq 1 "$?" "run.py exits 1 when its trainer is killed mid-run"
+assert_contains "$(cat "$TEST_TMP/kill.out")" "trainer exited with status -9 during the run" \
+  "... naming the process and its status"
 
 # ---- the run and its control -------------------------------------------------------
 t0=$SECONDS
