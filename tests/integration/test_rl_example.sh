@@ -15,7 +15,7 @@
 #   inference workers' logprobs stays within LOGPROB_TOL (measured: 0 to
 #   5e-7; the fp32 weights of the same version differ by up to 0.07-0.17).
 #   In the control run the same check finds the workers do not hold the
-#   version they report (measured: 0.77-0.88), so it is a check that can fail.
+#   version they report (measured: 0.77-1.05), so it is a check that can fail.
 # - run.py names a missing rlorch, refuses bad flags, passes on the
 #   orchestrator's refusal, and ends a run that outlasts --timeout or loses
 #   a process.
