@@ -19,7 +19,7 @@ DEB_BUILD_PKGS := build-essential cmake ninja-build pkg-config \
             libyaml-dev libhttp-parser-dev libsqlite3-dev libxxhash-dev libssl-dev libjansson-dev
 # Everything `make test` needs: the above, the test tools and the checkers;
 # PyYAML and kubectl (`kubectl kustomize`) for the deployment checks; cffi,
-# numpy and CPU PyTorch for the Python package's test (python3-torch brings
+# numpy and CPU PyTorch for the Python package and the RL example (python3-torch brings
 # about 300 packages, 215 MB to download and 900 MB installed: on one Debian
 # 12 machine the download took 5 s and unpacking 25 s, a minute or two of
 # apt-get install in all).
