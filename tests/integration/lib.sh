@@ -483,3 +483,15 @@ for s in steps:
         bad.append("step %s not verified" % s["step"])
 print("; ".join(bad) if bad else "ok")' "$2"
 }
+
+# asan_for_python: in a sanitized build (RLORCH_SANITIZE names address), the
+# ASan runtime is preloaded so that librlorch loads into an interpreter built
+# without it, and leak reports go off (last in ASAN_OPTIONS, so that it wins
+# over make test-asan's detect_leaks=1): the interpreter's own leaks at exit
+# are not the library's, and the other tests report the daemon's.
+asan_for_python() {
+  [[ "${RLORCH_SANITIZE:-}" == *address* ]] || return 0
+  LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+  export LD_PRELOAD
+  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+}

@@ -26,13 +26,7 @@ fi
 export PYTHONPATH="$RLORCH_SOURCE_DIR/workers/python:$RLORCH_SOURCE_DIR/tests/python"
 export RLORCH_LIBRARY="$RLORCH_BUILD_DIR/lib/librlorch.so.1"
 export PYTHONDONTWRITEBYTECODE=1
-# A sanitized library needs its runtime loaded before the interpreter's own
-# allocations; the interpreter's leaks at exit are not the library's.
-if [[ "${RLORCH_SANITIZE:-}" == *address* ]]; then
-  LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
-  export LD_PRELOAD
-  export ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
-fi
+asan_for_python
 STEPS=3
 PER_STEP=8
 

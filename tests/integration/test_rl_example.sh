@@ -37,15 +37,7 @@ if ! "$PY" -c 'import cffi, numpy, torch' 2>"$TEST_TMP/py-import.err"; then
 fi
 export RLORCH_LIBRARY="$RLORCH_BUILD_DIR/lib/librlorch.so.1"
 export PYTHONDONTWRITEBYTECODE=1
-# A sanitized library needs its runtime loaded before the interpreter's own
-# allocations; the interpreter's leaks at exit are not the library's (the
-# daemon's leaks go unreported here too: the other tests report them).
-# detect_leaks=0 comes last, so that it wins over make test-asan's =1.
-if [[ "${RLORCH_SANITIZE:-}" == *address* ]]; then
-  LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
-  export LD_PRELOAD
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-fi
+asan_for_python
 
 # ---- the task's pieces, without a transport --------------------------------------
 out="$(cd "$EXAMPLE" && "$PY" - 2>&1 <<'PY'
