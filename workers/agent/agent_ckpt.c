@@ -301,7 +301,6 @@ int agent_ckpt_load(const char *dir, agent_ckpt *c, char *err, size_t errlen) {
   if (!rc) {
     uint64_t want = XXH3_64bits_digest(io.h), digest = 0;
     uint8_t b[8], extra;
-    ssize_t r;
     if (read(fd, b, 8) != 8) {
       snprintf(err, errlen, "checkpoint %s: cut short (no digest)", path);
       rc = -1;
@@ -311,7 +310,7 @@ int agent_ckpt_load(const char *dir, agent_ckpt *c, char *err, size_t errlen) {
         snprintf(err, errlen, "checkpoint %s: digest %016llx, its contents give %016llx: corrupted",
                  path, (unsigned long long)digest, (unsigned long long)want);
         rc = -1;
-      } else if ((r = read(fd, &extra, 1)) != 0) {
+      } else if (read(fd, &extra, 1) != 0) {
         snprintf(err, errlen, "checkpoint %s: bytes after the digest", path);
         rc = -1;
       }
