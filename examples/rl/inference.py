@@ -34,6 +34,8 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=0, help="the policy's initial weights (the trainer's)")
     ap.add_argument("--sampling-seed", type=int, default=1,
                     help="seed of requests that carry none (0 in the request)")
+    ap.add_argument("--device", default="cpu",
+                    help="where the model lives: cpu, or cuda[:N] (its weights then receive the broadcast there)")
     ap.add_argument("--ignore-updates", action="store_true",
                     help="the control run: receive the broadcast but generate with the initial weights")
     return ap.parse_args()
@@ -69,7 +71,7 @@ def generate(model, cmd, default_seed):
     # One stream per (seed, group): a group sent again elsewhere gets the
     # same completions.
     seed = (s.seed or default_seed) * 1_000_003 + cmd.group_id
-    gen = torch.Generator().manual_seed(seed % (1 << 63))
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed % (1 << 63))
     ids, lps = model.sample(cmd.prompt_token_ids, cmd.count, max_tokens, s.temperature, gen,
                             top_k=s.top_k, top_p=s.top_p)
     stop = set(s.stop_token_ids or ())
@@ -88,7 +90,8 @@ def main():
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
     torch.set_num_threads(1)
-    model = P.Policy(seed=args.seed).to(torch.bfloat16)
+    device = torch.device(args.device)
+    model = P.Policy(seed=args.seed).to(torch.bfloat16).to(device)
     # The control run's broadcast target is a copy; otherwise the model itself.
     target = copy.deepcopy(model) if args.ignore_updates else model
     engine = Engine(model)
@@ -98,6 +101,7 @@ def main():
 
     w = rlorch.Worker(role="inference", orchestrator=args.orchestrator, name=args.name,
                       tensors=rlorch.torch.manifest(target), max_concurrent_requests=4,
+                      device=P.cuda_index(device),
                       on_broadcast_before=engine.before, on_broadcast_after=engine.after)
     served = 0
     with w:

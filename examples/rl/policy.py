@@ -125,13 +125,14 @@ class Policy(nn.Module):
         """count completions of one prompt: token ids [count, max_tokens] and
         the logprob of each sampled token under the distribution sampled from.
         Temperature 0 is greedy (logprob 0: the choice was certain)."""
-        ids = torch.tensor([prompt_ids] * count, dtype=torch.long)
+        dev = next(self.parameters()).device
+        ids = torch.tensor([prompt_ids] * count, dtype=torch.long, device=dev)
         out, lps = [], []
         for _ in range(max_tokens):
             logits = self(ids)[:, -1]
             if temperature <= 0:
                 tok = logits.argmax(dim=-1)
-                lp = torch.zeros(count)
+                lp = torch.zeros(count, device=dev)
             else:
                 logp = (logits / temperature).log_softmax(dim=-1)
                 logp = _truncate(logp, top_k, top_p)
@@ -180,3 +181,10 @@ def grpo_loss(new_logp, old_logp, adv, mask, clip=0.2):
     surrogate = torch.min(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a)
     mask = mask.float()
     return -(surrogate * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def cuda_index(device):
+    """The CUDA device number rlorch is told (-1: none) for a torch device."""
+    if device.type != "cuda":
+        return -1
+    return device.index if device.index is not None else torch.cuda.current_device()

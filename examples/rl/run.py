@@ -48,6 +48,11 @@ def parse_args():
     ap.add_argument("--control", action="store_true",
                     help="the inference workers ignore the weight updates")
     ap.add_argument("--logprob-tolerance", type=float, default=0.01)
+    ap.add_argument("--device", default="cpu",
+                    help="the trainer's and the inference workers' device: cpu, or cuda[:N] (then all "
+                         "three share that GPU and the orchestrator picks the colocated mode)")
+    ap.add_argument("--policy", default=None,
+                    help="the run's broadcast policy (default host on cpu, auto on a GPU)")
     ap.add_argument("--rlorch", default=os.environ.get("RLORCH_BIN", os.path.join(ROOT, "build", "rlorch")),
                     help="the rlorch program (default build/rlorch, or $RLORCH_BIN)")
     ap.add_argument("--data-dir", help="orchestrator data, prompts, logs and the processes' ids (pids) "
@@ -184,12 +189,12 @@ def run(args, data):
     L.wait_for("rlorch serve", lambda: L.ctl("list-workers", timeout=5) is not None, 30)
     L.start("trainer", [py, os.path.join(HERE, "trainer.py"), "--orchestrator", L.target,
                         "--metrics", metrics, "--lr", str(args.lr), "--seed", str(args.seed),
-                        "--temperature", str(args.temperature),
+                        "--temperature", str(args.temperature), "--device", args.device,
                         "--keep-versions", str(args.max_async_level + 3)])
     for i in range(2):
         argv = [py, os.path.join(HERE, "inference.py"), "--orchestrator", L.target,
                 "--name", f"rl-inference-{i}", "--seed", str(args.seed),
-                "--sampling-seed", str(args.sampling_seed)]
+                "--sampling-seed", str(args.sampling_seed), "--device", args.device]
         L.start(f"inference-{i}", argv + (["--ignore-updates"] if args.control else []))
     result = {"control": args.control, "steps": [], "ok": False}
     try:
@@ -201,10 +206,10 @@ def run(args, data):
             "--group-size", str(args.group_size), "--max-async-level", str(args.max_async_level),
             "--prompts", prompts, "--max-tokens", str(P.MAX_TOKENS),
             "--temperature", str(args.temperature), "--sampling-seed", str(args.sampling_seed),
-            "--policy", "host"))["id"]
+            "--policy", args.policy or ("host" if args.device == "cpu" else "auto")))["id"]
         print(f"run {run_id}: {args.steps} steps of {args.rollouts_per_step} rollouts "
               f"({args.group_size} a prompt), {'CONTROL: inference ignores the weight updates' if args.control else 'weights broadcast every step'}")
-        print(f"{'step':>4} {'reward':>7} {'verified':>8} {'rcv':>3} {'versions':>9} {'gap_bf16':>8} {'gap_fp32':>8} {'step_s':>6}  curve")
+        print(f"{'step':>4} {'reward':>7} {'verified':>8} {'rcv':>3} {'versions':>9} {'gap_bf16':>8} {'gap_fp32':>8} {'step_s':>6} {'bcast_s':>7} {'transport':>9}  curve")
         watch = subprocess.Popen([args.rlorch, "ctl", "--target", L.target, "--json", "watch-run", run_id],
                                  stdout=subprocess.PIPE, text=True, env=L.env)
         why = []
@@ -228,14 +233,16 @@ def run(args, data):
                    "rollouts_used": s.get("rollouts_used", 0), "versions": m.get("versions"),
                    "logprob_gap_max": m.get("logprob_gap_max"),
                    "logprob_gap_fp32_max": m.get("logprob_gap_fp32_max"),
-                   "versions_missing": m.get("versions_missing", []), "step_seconds": s.get("step_seconds", 0.0)}
+                   "versions_missing": m.get("versions_missing", []), "step_seconds": s.get("step_seconds", 0.0),
+                   "mode": s.get("mode", ""), "transport": s.get("transport", ""),
+                   "broadcast_seconds": s.get("total_seconds", 0.0)}
             result["steps"].append(rec)
             r = rec["reward_mean"]
             bar = "#" * int(round((r or 0) * 50))
             print(f"{n:>4} {_num(r):>7.3f} {str(rec['weights_verified']):>8} "
                   f"{rec['receivers']:>3} {','.join(map(str, rec['versions'] or [])):>9} "
                   f"{_num(rec['logprob_gap_max']):>8.5f} {_num(rec['logprob_gap_fp32_max']):>8.5f} "
-                  f"{rec['step_seconds']:>6.3f}  {bar}", flush=True)
+                  f"{rec['step_seconds']:>6.3f} {rec['broadcast_seconds']:>7.4f} {rec['transport']:>9}  {bar}", flush=True)
         watch.wait()
         stop.set()
         if why:
@@ -258,6 +265,8 @@ def summarise(args, result):
         last_mean=sum(rewards[-k:]) / k if rewards else None,
         window=k,
         all_verified=bool(steps) and all(s["weights_verified"] and s["receivers"] == 2 for s in steps),
+        transports=sorted({s["transport"] for s in steps}),
+        broadcast_seconds_median=sorted(s["broadcast_seconds"] for s in steps)[len(steps) // 2] if steps else None,
         logprob_gap_max=max((s["logprob_gap_max"] or 0.0) for s in steps) if steps else None,
         logprob_gap_fp32_max=max((s["logprob_gap_fp32_max"] or 0.0) for s in steps) if steps else None)
     problems = []
@@ -279,7 +288,9 @@ def summarise(args, result):
     print(f"reward: first {k} steps {_num(result['first_mean']):.3f}, last {k} steps {_num(result['last_mean']):.3f} "
           f"(chance {P.CHANCE:.3f}); all {len(steps)} steps verified: {result['all_verified']}; "
           f"largest logprob gap {_num(result['logprob_gap_max']):.6f} "
-          f"(with the fp32 weights {_num(result['logprob_gap_fp32_max']):.6f}); run {result.get('run_seconds', 0):.1f} s, "
+          f"(with the fp32 weights {_num(result['logprob_gap_fp32_max']):.6f}); broadcasts over "
+          f"{','.join(result['transports'])}, median {_num(result['broadcast_seconds_median']):.4f} s; "
+          f"run {result.get('run_seconds', 0):.1f} s, "
           f"all {result['total_seconds']:.1f} s")
     for p in problems:
         print("PROBLEM:", p)

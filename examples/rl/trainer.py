@@ -39,6 +39,8 @@ def parse_args():
     ap.add_argument("--temperature", type=float, default=1.0,
                     help="the run's sampling temperature: logprobs are of logits / T")
     ap.add_argument("--seed", type=int, default=0, help="the policy's initial weights")
+    ap.add_argument("--device", default="cpu",
+                    help="where the model and its optimizer live: cpu, or cuda[:N] (sent from there)")
     ap.add_argument("--keep-versions", type=int, default=4,
                     help="versions kept for the logprob check (more than the off-policy bound + 1)")
     args = ap.parse_args()
@@ -106,10 +108,11 @@ def main():
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
     torch.set_num_threads(1)
-    model = P.Policy(seed=args.seed)
+    device = torch.device(args.device)
+    model = P.Policy(seed=args.seed).to(device)
     # Models to recompute logprobs with: the inference side's (bf16) and fp32.
-    check_bf16 = P.Policy(seed=args.seed).to(torch.bfloat16)
-    check_fp32 = P.Policy(seed=args.seed)
+    check_bf16 = P.Policy(seed=args.seed).to(torch.bfloat16).to(device)
+    check_fp32 = P.Policy(seed=args.seed).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     snapshots = {0: snapshot(model)}
     stopping = []
@@ -117,7 +120,8 @@ def main():
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
 
     w = rlorch.Worker(role="trainer", orchestrator=args.orchestrator, name=args.name,
-                      tensors=rlorch.torch.manifest(model), data_listen=args.data_listen)
+                      tensors=rlorch.torch.manifest(model), data_listen=args.data_listen,
+                      device=P.cuda_index(device))
     steps, failed = 0, 0
     with w, open(args.metrics, "a", buffering=1) as out:
         logging.info("attached, %d parameters", sum(p.numel() for p in model.parameters()))
@@ -136,7 +140,7 @@ def main():
             t0 = time.monotonic()
             try:
                 batch = w.fetch_batch(cmd)
-                t = batch.to_torch()
+                t = {k: v.to(device) for k, v in batch.to_torch().items()}
                 check_batch(t)
                 gaps, missing = recompute_gaps(snapshots, check_bf16, check_fp32, t, args.temperature)
                 rewards, loss = train_step(model, opt, t, args.temperature)
