@@ -6,70 +6,75 @@ alive until close(); commands and batches are copied into Python objects
 when they arrive, and the C command stays attached (freed by the garbage
 collector) because reports must name it. Callbacks run on the library's
 threads: an exception in one is logged and goes no further, never into C."""
+import array
 import atexit
+import ctypes
 import logging
+import operator
 import threading
+import weakref
 
 import numpy as np
 
-from ._ffi import LIBRARY_PATH, ffi, lib
+from . import _ffi as C
+from ._ffi import LIBRARY_PATH, lib
 
-API_VERSION = lib.RLORCH_API_VERSION  # the API the declarations in _ffi describe
+API_VERSION = C.RLORCH_API_VERSION  # the API the declarations in _ffi describe
 log = logging.getLogger("rlorch")
 
 _FINISH = {
-    "unspecified": lib.RLORCH_FINISH_UNSPECIFIED,
-    "stop": lib.RLORCH_FINISH_STOP,
-    "length": lib.RLORCH_FINISH_LENGTH,
-    "abort": lib.RLORCH_FINISH_ABORT,
+    "unspecified": C.RLORCH_FINISH_UNSPECIFIED,
+    "stop": C.RLORCH_FINISH_STOP,
+    "length": C.RLORCH_FINISH_LENGTH,
+    "abort": C.RLORCH_FINISH_ABORT,
 }
 _FINISH_NAME = {v: k for k, v in _FINISH.items()}
 _KIND = {
-    lib.RLORCH_CMD_GENERATE: "generate",
-    lib.RLORCH_CMD_TRAIN: "train",
-    lib.RLORCH_CMD_ABORT: "abort",
-    lib.RLORCH_CMD_SHUTDOWN: "shutdown",
+    C.RLORCH_CMD_GENERATE: "generate",
+    C.RLORCH_CMD_TRAIN: "train",
+    C.RLORCH_CMD_ABORT: "abort",
+    C.RLORCH_CMD_SHUTDOWN: "shutdown",
 }
-_ROLE = {"trainer": lib.RLORCH_ROLE_TRAINER, "inference": lib.RLORCH_ROLE_INFERENCE}
+_ROLE = {"trainer": C.RLORCH_ROLE_TRAINER, "inference": C.RLORCH_ROLE_INFERENCE}
 _DTYPE = {
-    "fp32": lib.RLORCH_DTYPE_FP32,
-    "float32": lib.RLORCH_DTYPE_FP32,
-    "bf16": lib.RLORCH_DTYPE_BF16,
-    "bfloat16": lib.RLORCH_DTYPE_BF16,
-    "fp16": lib.RLORCH_DTYPE_FP16,
-    "float16": lib.RLORCH_DTYPE_FP16,
-    "u16": lib.RLORCH_DTYPE_U16,
-    "uint16": lib.RLORCH_DTYPE_U16,
+    "fp32": C.RLORCH_DTYPE_FP32,
+    "float32": C.RLORCH_DTYPE_FP32,
+    "bf16": C.RLORCH_DTYPE_BF16,
+    "bfloat16": C.RLORCH_DTYPE_BF16,
+    "fp16": C.RLORCH_DTYPE_FP16,
+    "float16": C.RLORCH_DTYPE_FP16,
+    "u16": C.RLORCH_DTYPE_U16,
+    "uint16": C.RLORCH_DTYPE_U16,
 }
-_DTYPE_SIZE = {lib.RLORCH_DTYPE_FP32: 4, lib.RLORCH_DTYPE_BF16: 2, lib.RLORCH_DTYPE_FP16: 2,
-               lib.RLORCH_DTYPE_U16: 2}
+_DTYPE_SIZE = {C.RLORCH_DTYPE_FP32: 4, C.RLORCH_DTYPE_BF16: 2, C.RLORCH_DTYPE_FP16: 2,
+               C.RLORCH_DTYPE_U16: 2}
 _RESIDENCY = {
-    "gpu": lib.RLORCH_RES_GPU,
-    "host_pinned": lib.RLORCH_RES_HOST_PINNED,
-    "pinned": lib.RLORCH_RES_HOST_PINNED,
-    "host_pageable": lib.RLORCH_RES_HOST_PAGEABLE,
-    "host": lib.RLORCH_RES_HOST_PAGEABLE,
+    "gpu": C.RLORCH_RES_GPU,
+    "host_pinned": C.RLORCH_RES_HOST_PINNED,
+    "pinned": C.RLORCH_RES_HOST_PINNED,
+    "host_pageable": C.RLORCH_RES_HOST_PAGEABLE,
+    "host": C.RLORCH_RES_HOST_PAGEABLE,
 }
 _LOG_LEVEL = {
-    "debug": lib.RLORCH_LOG_DEBUG,
-    "info": lib.RLORCH_LOG_INFO,
-    "warn": lib.RLORCH_LOG_WARN,
-    "warning": lib.RLORCH_LOG_WARN,
-    "error": lib.RLORCH_LOG_ERROR,
+    "debug": C.RLORCH_LOG_DEBUG,
+    "info": C.RLORCH_LOG_INFO,
+    "warn": C.RLORCH_LOG_WARN,
+    "warning": C.RLORCH_LOG_WARN,
+    "error": C.RLORCH_LOG_ERROR,
 }
 _PY_LEVEL = {
-    lib.RLORCH_LOG_DEBUG: logging.DEBUG,
-    lib.RLORCH_LOG_INFO: logging.INFO,
-    lib.RLORCH_LOG_WARN: logging.WARNING,
-    lib.RLORCH_LOG_ERROR: logging.ERROR,
+    C.RLORCH_LOG_DEBUG: logging.DEBUG,
+    C.RLORCH_LOG_INFO: logging.INFO,
+    C.RLORCH_LOG_WARN: logging.WARNING,
+    C.RLORCH_LOG_ERROR: logging.ERROR,
 }
 
 
 def version():
     """(API version of the loaded library, its release string)."""
-    rel = ffi.new("const char **")
-    v = lib.rlorch_version(rel)
-    return int(v), ffi.string(rel[0]).decode()
+    rel = ctypes.c_char_p()
+    v = lib.rlorch_version(ctypes.byref(rel))
+    return int(v), (rel.value or b"").decode()
 
 
 def library_path():
@@ -88,7 +93,7 @@ class RlorchError(Exception):
 
     @property
     def code_name(self):
-        return ffi.string(lib.rlorch_status_name(self.code)).decode()
+        return (lib.rlorch_status_name(self.code) or b"?").decode()
 
     def __str__(self):
         return f"{self.code_name}: {self.message}"
@@ -99,13 +104,13 @@ class Stopped(RlorchError):
 
 
 def _raise(rc, err):
-    msg = ffi.string(err.message).decode("utf-8", "replace") if err is not None else ""
-    cls = Stopped if rc == lib.RLORCH_E_STOPPED else RlorchError
+    msg = err.message.decode("utf-8", "replace") if err is not None else ""
+    cls = Stopped if rc == C.RLORCH_E_STOPPED else RlorchError
     raise cls(rc, msg)
 
 
 def _invalid(what):
-    return RlorchError(lib.RLORCH_E_INVALID, what)
+    return RlorchError(C.RLORCH_E_INVALID, what)
 
 
 def _enum(table, value, what):
@@ -189,11 +194,34 @@ class Sampling:
 
 
 def _u32_list(ptr, n):
-    return list(ffi.unpack(ptr, n)) if n else []
+    return list(ptr[:n]) if n else []
 
 
 def _str(p):
-    return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else ""
+    # A char * field or argument reads as bytes, NULL as None.
+    return p.decode("utf-8", "replace") if p is not None else ""
+
+
+def _bytes(ptr, n):
+    return ctypes.string_at(ptr, n) if n else b""
+
+
+def _int(ctype, v):
+    """v as a C integer of ctype, or the OverflowError/TypeError a C
+    conversion would have: ctypes itself wraps out-of-range values silently."""
+    i = operator.index(v)  # TypeError for a float, a str
+    if ctype(i).value != i:
+        raise OverflowError(f"{i} is out of range for C {ctype.__name__}")
+    return i
+
+
+def _c_array(ctype, typecode, values):
+    """A C array of `values`, never empty (a zero-length one has no address to
+    pass); array.array checks each value's range and type as C would."""
+    a = array.array(typecode, values or [0])
+    if a.itemsize != ctypes.sizeof(ctype):
+        raise TypeError(f"array typecode {typecode!r} is not {ctype.__name__}")
+    return (ctype * len(a)).from_buffer(a)  # shares a's memory and keeps it alive
 
 
 class Command:
@@ -201,8 +229,11 @@ class Command:
     that do not belong to the kind are None."""
 
     def __init__(self, ptr):
-        self._ptr = ptr  # freed by the collector; reports pass it back
-        c = ptr[0]
+        self._ptr = ptr  # reports pass it back
+        # Freed with this object, as the collector finds it, never at exit:
+        # a report on another thread may still name it then.
+        weakref.finalize(self, lib.rlorch_command_free, ptr).atexit = False
+        c = ptr.contents
         self.kind = _KIND.get(c.kind, f"unknown-{int(c.kind)}")
         self.run_id = _str(c.run_id)
         self.request_id = self.group_id = self.count = None
@@ -213,8 +244,7 @@ class Command:
             g = c.generate
             self.request_id, self.group_id, self.count = g.request_id, g.group_id, g.count
             self.prompt_token_ids = _u32_list(g.prompt_token_ids, g.n_prompt_token_ids)
-            self.prompt_metadata = (bytes(ffi.buffer(g.prompt_metadata, g.n_prompt_metadata))
-                                    if g.n_prompt_metadata else b"")
+            self.prompt_metadata = _bytes(g.prompt_metadata, g.n_prompt_metadata)
             self.sampling = Sampling(g.sampling)
         elif self.kind == "train":
             t = c.train
@@ -231,10 +261,10 @@ class Command:
         return f"Command({self.kind}, " + ", ".join(f"{k}={getattr(self, k)!r}" for k in keys) + ")"
 
 
-def _np(ptr, n, dtype, size):
+def _np(ptr, n, dtype):
     if not n:
         return np.empty(0, dtype=dtype)
-    return np.frombuffer(ffi.buffer(ptr, n * size), dtype=dtype).copy()
+    return np.ctypeslib.as_array(ptr, shape=(n,)).astype(dtype, copy=True)
 
 
 class BatchRollout:
@@ -246,14 +276,14 @@ class BatchRollout:
 
     def __init__(self, r):
         self.id, self.group_id, self.policy_version = r.id, r.group_id, r.policy_version
-        self.prompt_token_ids = _np(r.prompt_token_ids, r.n_prompt_token_ids, np.uint32, 4)
+        self.prompt_token_ids = _np(r.prompt_token_ids, r.n_prompt_token_ids, np.uint32)
         self.completion_token_ids = _np(r.completion_token_ids, r.n_completion_token_ids,
-                                        np.uint32, 4)
-        self.logprobs = (None if r.completion_logprobs == ffi.NULL else
-                         _np(r.completion_logprobs, r.n_completion_token_ids, np.float32, 4))
-        self.rewards = _np(r.rewards, r.n_rewards, np.float64, 8)
+                                        np.uint32)
+        self.logprobs = (None if not r.completion_logprobs else
+                         _np(r.completion_logprobs, r.n_completion_token_ids, np.float32))
+        self.rewards = _np(r.rewards, r.n_rewards, np.float64)
         self.finish_reason = _FINISH_NAME.get(r.finish_reason, "unspecified")
-        self.metadata = bytes(ffi.buffer(r.metadata, r.n_metadata)) if r.n_metadata else b""
+        self.metadata = _bytes(r.metadata, r.n_metadata)
 
     def __repr__(self):
         return (f"BatchRollout(id={self.id}, group_id={self.group_id}, "
@@ -388,20 +418,25 @@ class BroadcastGate:
 # The log callback is process-wide in the library (the last worker created
 # with one gets every worker's events): one callback, for the module's life.
 def _on_log(ud, level, event, fields):
-    lg = log
-    pylevel = _PY_LEVEL.get(level, logging.INFO)
-    if lg.isEnabledFor(pylevel):
-        lg.log(pylevel, "%s %s", _str(event), _str(fields))
+    try:
+        pylevel = _PY_LEVEL.get(level, logging.INFO)
+        if log.isEnabledFor(pylevel):
+            log.log(pylevel, "%s %s", _str(event), _str(fields))
+    except BaseException:
+        _callback_failed()
 
 
-def _callback_failed(exc_type, exc, tb):
+def _callback_failed():
     # Only reached if logging itself failed: say so on stderr, never raise into C.
     import traceback
 
-    traceback.print_exception(exc_type, exc, tb)
+    try:
+        traceback.print_exc()
+    except BaseException:
+        pass
 
 
-_log_cb = ffi.callback("rlorch_log_fn", _on_log, onerror=_callback_failed)
+_log_cb = C.rlorch_log_fn(_on_log)
 
 # Every worker not closed yet. The library's threads call back into a
 # worker's callbacks until it is freed, so a worker must not be collected
@@ -443,27 +478,28 @@ class Worker:
         self._before_fn, self._after_fn = on_broadcast_before, on_broadcast_after
         # The options of the API version declared here, however long a later
         # library's are: it is told the size, and writes nothing past it.
-        keep = []  # the options, and the C strings and arrays they point at, for the create call
-        o = ffi.new("rlorch_options *")
-        keep.append(o)
-        lib.rlorch_options_init(o, ffi.sizeof("rlorch_options"), _ROLE[role])
+        # The options keep the C strings and arrays assigned to their fields
+        # (ctypes holds a reference), for the create call.
+        o = C.rlorch_options()
+        lib.rlorch_options_init(ctypes.byref(o), ctypes.sizeof(C.rlorch_options), _ROLE[role])
 
         def cstr(field, v):
             if v is None:
-                return ffi.NULL
+                return None
             if not isinstance(v, (str, bytes)):
                 v = str(v)  # a pathlib.Path
             b = v.encode() if isinstance(v, str) else v
             if b"\0" in b:
                 raise _invalid(f"options.{field}: contains a NUL byte")
-            s = ffi.new("char[]", b)
-            keep.append(s)
-            return s
+            return b
+
+        ctype_of = {f: t for f, t in C.rlorch_options._fields_}
 
         def setnum(field, v):
             try:
-                setattr(o, field, v)
-            except (OverflowError, TypeError) as e:
+                t = ctype_of[field]
+                setattr(o, field, v if t is ctypes.c_double else _int(t, v))
+            except (OverflowError, TypeError, ValueError) as e:
                 raise _invalid(f"options.{field}: {v!r}: {e}") from None
 
         o.orchestrator = cstr("orchestrator", orchestrator)
@@ -477,50 +513,50 @@ class Worker:
         setnum("max_concurrent_requests", max_concurrent_requests)
         setnum("connect_timeout_s", connect_timeout_s)
         o.log = _log_cb
-        o.log_level = _enum(_LOG_LEVEL, log_level, "options.log_level")
+        o.log_level = _int(ctypes.c_int, _enum(_LOG_LEVEL, log_level, "options.log_level"))
 
         # Kept until close(): the library calls them on its own threads.
         self._before_cb = self._after_cb = None
         if on_broadcast_before is not None:
-            self._before_cb = ffi.callback("rlorch_broadcast_before_fn", self._before,
-                                           onerror=_callback_failed)
+            self._before_cb = C.rlorch_broadcast_before_fn(self._before)
             o.on_broadcast_before = self._before_cb
         if on_broadcast_after is not None:
-            self._after_cb = ffi.callback("rlorch_broadcast_after_fn", self._after,
-                                          onerror=_callback_failed)
+            self._after_cb = C.rlorch_broadcast_after_fn(self._after)
             o.on_broadcast_after = self._after_cb
 
         n = len(self._tensors)
-        arr = ffi.new("rlorch_tensor[]", max(n, 1))
-        keep.append(arr)
+        arr = (C.rlorch_tensor * max(n, 1))()
+        # The library copies the shapes at create; kept with the worker anyway,
+        # as the tensors are, so nothing it was given goes before close().
+        self._shapes = []
         for i, t in enumerate(self._tensors):
             if not isinstance(t, Tensor):
                 raise _invalid(f"options.tensors[{i}]: a {type(t).__name__}, not an rlorch.Tensor")
             what = f"options.tensors[{i}] {t.name!r}"
             c = arr[i]
             c.name = cstr(f"tensors[{i}].name", t.name)
-            c.storage_dtype = _enum(_DTYPE, t.dtype, f"{what}: storage_dtype")
-            c.wire_dtype = _enum(_DTYPE, t.wire_dtype, f"{what}: wire_dtype")
-            c.residency = _enum(_RESIDENCY, t.residency, f"{what}: residency")
+            c.storage_dtype = _int(ctypes.c_int, _enum(_DTYPE, t.dtype, f"{what}: storage_dtype"))
+            c.wire_dtype = _int(ctypes.c_int, _enum(_DTYPE, t.wire_dtype, f"{what}: wire_dtype"))
+            c.residency = _int(ctypes.c_int, _enum(_RESIDENCY, t.residency, f"{what}: residency"))
             try:
-                c.layer = t.layer
-                c.device = t.device
-                shape = ffi.new("uint64_t[]", list(t.shape) or [0])
+                c.layer = _int(ctypes.c_uint32, t.layer)
+                c.device = _int(ctypes.c_int, t.device)
+                shape = _c_array(ctypes.c_uint64, "Q", list(t.shape))
+                c.data = _int(ctypes.c_size_t, t.data) or None  # an address: pointer-sized
             except (OverflowError, TypeError) as e:
                 raise _invalid(f"{what}: {e}") from None
-            keep.append(shape)
+            self._shapes.append(shape)
             c.ndim = len(t.shape)
             c.shape = shape
-            c.data = ffi.cast("void *", t.data)
-        o.tensors = arr if n else ffi.NULL
+        o.tensors = arr if n else None
         o.ntensors = n
 
-        wp = ffi.new("rlorch_worker **")
-        err = ffi.new("rlorch_error *")
-        rc = lib.rlorch_create(o, wp, err)
-        if rc != lib.RLORCH_OK:
+        wp = ctypes.POINTER(C.rlorch_worker)()
+        err = C.rlorch_error()
+        rc = lib.rlorch_create(ctypes.byref(o), ctypes.byref(wp), ctypes.byref(err))
+        if rc != C.RLORCH_OK:
             _raise(rc, err)
-        self._w = wp[0]
+        self._w = wp
         _open_workers.add(self)
 
     # ---- callbacks, on the library's command thread --------------------------------
@@ -529,27 +565,34 @@ class Worker:
         try:
             self._before_fn(int(version))
         except BaseException:
-            log.exception("on_broadcast_before(version=%d) raised; the broadcast goes on", version)
+            try:
+                log.exception("on_broadcast_before(version=%d) raised; the broadcast goes on",
+                              version)
+            except BaseException:
+                _callback_failed()
 
     def _after(self, ud, ok, version):
         try:
             self._after_fn(bool(ok), int(version))
         except BaseException:
-            log.exception("on_broadcast_after(ok=%d, version=%d) raised", ok, version)
+            try:
+                log.exception("on_broadcast_after(ok=%d, version=%d) raised", ok, version)
+            except BaseException:
+                _callback_failed()
 
     # ---- life --------------------------------------------------------------------
 
     def _handle(self):
         if self._w is None:
-            raise RlorchError(lib.RLORCH_E_STATE, "the worker is closed")
+            raise RlorchError(C.RLORCH_E_STATE, "the worker is closed")
         return self._w
 
     def start(self):
         """Registers and starts the library's threads; blocks until the first
         registration (RlorchError: REFUSED, UNAVAILABLE after connect_timeout_s)."""
-        err = ffi.new("rlorch_error *")
-        rc = lib.rlorch_start(self._handle(), err)
-        if rc != lib.RLORCH_OK:
+        err = C.rlorch_error()
+        rc = lib.rlorch_start(self._handle(), ctypes.byref(err))
+        if rc != C.RLORCH_OK:
             _raise(rc, err)
         self._started = True
 
@@ -568,6 +611,7 @@ class Worker:
             _open_workers.discard(self)
         self._before_cb = self._after_cb = None
         self._tensors = []
+        self._shapes = []
 
     def __enter__(self):
         if not self._started:
@@ -593,15 +637,15 @@ class Worker:
         """The next command, or None when none came within `timeout` seconds
         (None: wait without a limit). Raises Stopped once the worker stopped
         and nothing is left."""
-        cp = ffi.new("rlorch_command **")
-        err = ffi.new("rlorch_error *")
+        cp = ctypes.POINTER(C.rlorch_command)()
+        err = C.rlorch_error()
         t = -1.0 if timeout is None else float(timeout)
-        rc = lib.rlorch_next(self._handle(), t, cp, err)
-        if rc == lib.RLORCH_TIMEOUT:
+        rc = lib.rlorch_next(self._handle(), t, ctypes.byref(cp), ctypes.byref(err))
+        if rc == C.RLORCH_TIMEOUT:
             return None
-        if rc != lib.RLORCH_OK:
+        if rc != C.RLORCH_OK:
             _raise(rc, err)
-        return Command(ffi.gc(cp[0], lib.rlorch_command_free))
+        return Command(cp)
 
     def __iter__(self):
         while True:
@@ -616,16 +660,17 @@ class Worker:
         """Trainer: the batch of train command `cmd` (blocks while it streams).
         RlorchError REFUSED when the orchestrator no longer holds it: then
         report_error(cmd, ...) skips the step."""
-        bp = ffi.new("rlorch_batch **")
-        err = ffi.new("rlorch_error *")
-        rc = lib.rlorch_fetch_batch(self._handle(), _cmd_ptr(cmd), bp, err)
-        if rc != lib.RLORCH_OK:
+        bp = ctypes.POINTER(C.rlorch_batch)()
+        err = C.rlorch_error()
+        rc = lib.rlorch_fetch_batch(self._handle(), _cmd_ptr(cmd), ctypes.byref(bp),
+                                    ctypes.byref(err))
+        if rc != C.RLORCH_OK:
             _raise(rc, err)
-        b = bp[0]
         try:
+            b = bp.contents
             return Batch(int(b.step), [BatchRollout(b.rollouts[i]) for i in range(b.n_rollouts)])
         finally:
-            lib.rlorch_batch_free(b)
+            lib.rlorch_batch_free(bp)
 
     # ---- reports -----------------------------------------------------------------
 
@@ -634,8 +679,8 @@ class Worker:
         from the weights of policy `version` (policy_version when generation began)."""
         completions = list(completions)
         n = len(completions)
-        arr = ffi.new("rlorch_rollout[]", max(n, 1))
-        keep = []
+        # Each rollout keeps the arrays assigned to its fields (ctypes holds them).
+        arr = (C.rlorch_rollout * max(n, 1))()
         for i, c in enumerate(completions):
             what = f"completions[{i}]"
             if not isinstance(c, Completion):
@@ -643,56 +688,49 @@ class Worker:
             r = arr[i]
             try:
                 toks = _seq(c.token_ids)
-                t = ffi.new("uint32_t[]", toks or [0])
-                r.token_ids, r.n_tokens = t, len(toks)
-                keep.append(t)
+                r.token_ids, r.n_tokens = _c_array(ctypes.c_uint32, "I", toks), len(toks)
                 if c.logprobs is not None:
                     lps = _seq(c.logprobs)
                     if len(lps) != len(toks):
                         raise _invalid(f"{what}.logprobs: {len(lps)} values for {len(toks)} tokens")
-                    lp = ffi.new("float[]", lps or [0.0])
-                    r.logprobs = lp
-                    keep.append(lp)
+                    r.logprobs = _c_array(ctypes.c_float, "f", lps)
                 rw = [float(x) for x in _seq(c.rewards)]
                 if rw:
-                    rp = ffi.new("double[]", rw)
-                    r.rewards, r.n_rewards = rp, len(rw)
-                    keep.append(rp)
+                    r.rewards, r.n_rewards = _c_array(ctypes.c_double, "d", rw), len(rw)
                 meta = c.metadata.encode() if isinstance(c.metadata, str) else bytes(c.metadata or b"")
                 if meta:
-                    mp = ffi.new("uint8_t[]", meta)
-                    r.metadata, r.n_metadata = mp, len(meta)
-                    keep.append(mp)
-                r.finish_reason = _enum(_FINISH, c.finish_reason, f"{what}.finish_reason")
+                    r.metadata, r.n_metadata = _c_array(ctypes.c_uint8, "B", meta), len(meta)
+                r.finish_reason = _int(ctypes.c_int,
+                                       _enum(_FINISH, c.finish_reason, f"{what}.finish_reason"))
                 r.seconds = float(c.seconds)
             except (OverflowError, TypeError, ValueError) as e:
                 raise _invalid(f"{what}: {e}") from None
-        err = ffi.new("rlorch_error *")
+        err = C.rlorch_error()
         try:
-            v = int(version)
-            if v < 0:
-                raise ValueError("negative")
-        except (TypeError, ValueError):
+            v = _int(ctypes.c_uint64, int(version))
+        except (OverflowError, TypeError, ValueError):
             raise _invalid(f"version: {version!r} is not a policy version") from None
-        rc = lib.rlorch_report_rollouts(self._handle(), _cmd_ptr(cmd), v, arr, n, err)
-        if rc != lib.RLORCH_OK:
+        rc = lib.rlorch_report_rollouts(self._handle(), _cmd_ptr(cmd), v, arr, n, ctypes.byref(err))
+        if rc != C.RLORCH_OK:
             _raise(rc, err)
 
     def report_step(self, cmd, train_seconds=0.0):
         """Trainer: the optimizer step of `cmd` is done and the tensors hold
         the new weights (version cmd.step + 1); the broadcast follows."""
-        err = ffi.new("rlorch_error *")
-        rc = lib.rlorch_report_step(self._handle(), _cmd_ptr(cmd), float(train_seconds), err)
-        if rc != lib.RLORCH_OK:
+        err = C.rlorch_error()
+        rc = lib.rlorch_report_step(self._handle(), _cmd_ptr(cmd), float(train_seconds),
+                                    ctypes.byref(err))
+        if rc != C.RLORCH_OK:
             _raise(rc, err)
 
     def report_error(self, cmd, message):
         """`cmd` could not be served, because of `message` (see rlorch.h:
         a generate request is freed, a refused batch's step skipped, any
         other train step stops the worker)."""
-        err = ffi.new("rlorch_error *")
-        rc = lib.rlorch_report_error(self._handle(), _cmd_ptr(cmd), str(message).encode(), err)
-        if rc != lib.RLORCH_OK:
+        err = C.rlorch_error()
+        rc = lib.rlorch_report_error(self._handle(), _cmd_ptr(cmd), str(message).encode(),
+                                     ctypes.byref(err))
+        if rc != C.RLORCH_OK:
             _raise(rc, err)
 
 

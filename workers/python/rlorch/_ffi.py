@@ -1,225 +1,256 @@
-"""The C API of librlorch (include/rlorch/rlorch.h) through cffi in ABI mode.
+"""The C API of librlorch (include/rlorch/rlorch.h) through ctypes.
 
-The declarations below are the public header's, minus the preprocessor: no
-compiler is needed, the library is opened at import. It is looked for at
-RLORCH_LIBRARY (a path to the file), then next to this package in a build
-tree (build/lib) or an install prefix (lib, lib/<multiarch>), then by the
-dynamic loader's own search (LD_LIBRARY_PATH, ld.so.cache)."""
+The declarations below are the public header's, transcribed: no compiler
+is needed, the library is opened at import (tests/python/py_abi.py checks
+them against the header with one). It is looked for at RLORCH_LIBRARY (a
+path to the file), then next to this package in a build tree (build/lib) or
+an install prefix (lib, lib/<multiarch>), then by the dynamic loader's own
+search (LD_LIBRARY_PATH, ld.so.cache)."""
+import ctypes
 import os
 import pathlib
 import sysconfig
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int,
+                    c_int32, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
-from cffi import FFI
+# ---- constants: the header's #defines and enum values --------------------------
 
-CDEF = """
-uint32_t rlorch_version(const char **release);
+RLORCH_API_VERSION = 1
+RLORCH_NAME_MAX = 127
+RLORCH_MAX_DIMS = 8
 
-typedef enum rlorch_status {
-  RLORCH_OK = 0,
-  RLORCH_TIMEOUT = 1,
-  RLORCH_E_INVALID = -1,
-  RLORCH_E_VERSION = -2,
-  RLORCH_E_STATE = -3,
-  RLORCH_E_STOPPED = -4,
-  RLORCH_E_REFUSED = -5,
-  RLORCH_E_UNAVAILABLE = -6,
-  RLORCH_E_NOMEM = -7,
-  RLORCH_E_IO = -8
-} rlorch_status;
+# rlorch_status
+RLORCH_OK = 0
+RLORCH_TIMEOUT = 1
+RLORCH_E_INVALID = -1
+RLORCH_E_VERSION = -2
+RLORCH_E_STATE = -3
+RLORCH_E_STOPPED = -4
+RLORCH_E_REFUSED = -5
+RLORCH_E_UNAVAILABLE = -6
+RLORCH_E_NOMEM = -7
+RLORCH_E_IO = -8
 
-typedef struct rlorch_error {
-  int code;
-  char message[1024];
-} rlorch_error;
+# rlorch_dtype
+RLORCH_DTYPE_FP32 = 1
+RLORCH_DTYPE_BF16 = 2
+RLORCH_DTYPE_FP16 = 3
+RLORCH_DTYPE_U16 = 4
 
-const char *rlorch_status_name(int code);
+# rlorch_residency
+RLORCH_RES_GPU = 1
+RLORCH_RES_HOST_PINNED = 2
+RLORCH_RES_HOST_PAGEABLE = 3
 
-typedef enum rlorch_dtype {
-  RLORCH_DTYPE_FP32 = 1,
-  RLORCH_DTYPE_BF16 = 2,
-  RLORCH_DTYPE_FP16 = 3,
-  RLORCH_DTYPE_U16 = 4
-} rlorch_dtype;
+# rlorch_role
+RLORCH_ROLE_TRAINER = 1
+RLORCH_ROLE_INFERENCE = 2
 
-typedef enum rlorch_residency {
-  RLORCH_RES_GPU = 1,
-  RLORCH_RES_HOST_PINNED = 2,
-  RLORCH_RES_HOST_PAGEABLE = 3
-} rlorch_residency;
+# rlorch_log_level
+RLORCH_LOG_DEBUG = 0
+RLORCH_LOG_INFO = 1
+RLORCH_LOG_WARN = 2
+RLORCH_LOG_ERROR = 3
 
-#define RLORCH_API_VERSION 1
-#define RLORCH_NAME_MAX 127
-#define RLORCH_MAX_DIMS 8
+# rlorch_command_kind
+RLORCH_CMD_GENERATE = 1
+RLORCH_CMD_TRAIN = 2
+RLORCH_CMD_ABORT = 3
+RLORCH_CMD_SHUTDOWN = 4
 
-typedef struct rlorch_tensor {
-  const char *name;
-  uint32_t layer;
-  rlorch_dtype storage_dtype;
-  rlorch_dtype wire_dtype;
-  uint32_t ndim;
-  const uint64_t *shape;
-  rlorch_residency residency;
-  int device;
-  void *data;
-} rlorch_tensor;
+# rlorch_finish
+RLORCH_FINISH_UNSPECIFIED = 0
+RLORCH_FINISH_STOP = 1
+RLORCH_FINISH_LENGTH = 2
+RLORCH_FINISH_ABORT = 3
 
-typedef enum rlorch_role { RLORCH_ROLE_TRAINER = 1, RLORCH_ROLE_INFERENCE = 2 } rlorch_role;
+# Every enum of the header has int's size and alignment (its values fit an
+# int; the C compiler then picks int on every ABI the library builds for).
+rlorch_status = rlorch_dtype = rlorch_residency = rlorch_role = c_int
+rlorch_log_level = rlorch_command_kind = rlorch_finish = c_int
 
-typedef enum rlorch_log_level {
-  RLORCH_LOG_DEBUG = 0,
-  RLORCH_LOG_INFO = 1,
-  RLORCH_LOG_WARN = 2,
-  RLORCH_LOG_ERROR = 3
-} rlorch_log_level;
+# ---- structs, in the header's order, fields in its order ------------------------
 
-typedef void (*rlorch_log_fn)(void *ud, rlorch_log_level level, const char *event,
-                              const char *fields);
-typedef void (*rlorch_broadcast_before_fn)(void *ud, uint64_t version);
-typedef void (*rlorch_broadcast_after_fn)(void *ud, int ok, uint64_t version);
 
-typedef struct rlorch_options {
-  uint32_t api_version;
-  rlorch_role role;
-  const char *orchestrator;
-  const char *name;
-  const char *token_file;
-  const char *tls_ca_file;
-  const char *tls_cert_file;
-  const char *tls_key_file;
-  int device;
-  const char *data_listen;
-  uint32_t max_concurrent_requests;
-  double connect_timeout_s;
-  rlorch_log_fn log;
-  void *log_ud;
-  rlorch_log_level log_level;
-  const rlorch_tensor *tensors;
-  size_t ntensors;
-  rlorch_broadcast_before_fn on_broadcast_before;
-  rlorch_broadcast_after_fn on_broadcast_after;
-  void *broadcast_ud;
-} rlorch_options;
+class rlorch_error(Structure):
+    _fields_ = [("code", c_int), ("message", c_char * 1024)]
 
-void rlorch_options_init(rlorch_options *o, size_t size, rlorch_role role);
 
-typedef struct rlorch_worker rlorch_worker;
+class rlorch_tensor(Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("layer", c_uint32),
+        ("storage_dtype", rlorch_dtype),
+        ("wire_dtype", rlorch_dtype),
+        ("ndim", c_uint32),
+        ("shape", POINTER(c_uint64)),
+        ("residency", rlorch_residency),
+        ("device", c_int),
+        ("data", c_void_p),
+    ]
 
-rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker **out, rlorch_error *err);
-rlorch_status rlorch_start(rlorch_worker *w, rlorch_error *err);
-void rlorch_stop(rlorch_worker *w);
-void rlorch_free(rlorch_worker *w);
-uint64_t rlorch_policy_version(const rlorch_worker *w);
 
-typedef enum rlorch_command_kind {
-  RLORCH_CMD_GENERATE = 1,
-  RLORCH_CMD_TRAIN = 2,
-  RLORCH_CMD_ABORT = 3,
-  RLORCH_CMD_SHUTDOWN = 4
-} rlorch_command_kind;
+rlorch_log_fn = CFUNCTYPE(None, c_void_p, rlorch_log_level, c_char_p, c_char_p)
+rlorch_broadcast_before_fn = CFUNCTYPE(None, c_void_p, c_uint64)
+rlorch_broadcast_after_fn = CFUNCTYPE(None, c_void_p, c_int, c_uint64)
 
-typedef struct rlorch_sampling {
-  double temperature;
-  double top_p;
-  int32_t top_k;
-  uint32_t max_tokens;
-  const uint32_t *stop_token_ids;
-  size_t n_stop_token_ids;
-  uint64_t seed;
-} rlorch_sampling;
+CALLBACKS = {
+    "rlorch_log_fn": rlorch_log_fn,
+    "rlorch_broadcast_before_fn": rlorch_broadcast_before_fn,
+    "rlorch_broadcast_after_fn": rlorch_broadcast_after_fn,
+}
 
-typedef struct rlorch_generate {
-  uint64_t request_id;
-  uint64_t group_id;
-  uint32_t count;
-  const uint32_t *prompt_token_ids;
-  size_t n_prompt_token_ids;
-  const uint8_t *prompt_metadata;
-  size_t n_prompt_metadata;
-  rlorch_sampling sampling;
-} rlorch_generate;
 
-typedef struct rlorch_train {
-  uint64_t step;
-  uint64_t seed;
-  size_t n_rollouts;
-  uint32_t groups, group_size;
-} rlorch_train;
+class rlorch_options(Structure):
+    _fields_ = [
+        ("api_version", c_uint32),
+        ("role", rlorch_role),
+        ("orchestrator", c_char_p),
+        ("name", c_char_p),
+        ("token_file", c_char_p),
+        ("tls_ca_file", c_char_p),
+        ("tls_cert_file", c_char_p),
+        ("tls_key_file", c_char_p),
+        ("device", c_int),
+        ("data_listen", c_char_p),
+        ("max_concurrent_requests", c_uint32),
+        ("connect_timeout_s", c_double),
+        ("log", rlorch_log_fn),
+        ("log_ud", c_void_p),
+        ("log_level", rlorch_log_level),
+        ("tensors", POINTER(rlorch_tensor)),
+        ("ntensors", c_size_t),
+        ("on_broadcast_before", rlorch_broadcast_before_fn),
+        ("on_broadcast_after", rlorch_broadcast_after_fn),
+        ("broadcast_ud", c_void_p),
+    ]
 
-typedef struct rlorch_abort {
-  uint64_t request_id;
-  const char *reason;
-} rlorch_abort;
 
-typedef struct rlorch_command {
-  rlorch_command_kind kind;
-  const char *run_id;
-  rlorch_generate generate;
-  rlorch_train train;
-  rlorch_abort abort;
-  const char *shutdown_reason;
-} rlorch_command;
+class rlorch_worker(Structure):
+    """Opaque: only ever behind a pointer."""
 
-rlorch_status rlorch_next(rlorch_worker *w, double timeout_s, rlorch_command **cmd,
-                          rlorch_error *err);
-void rlorch_command_free(rlorch_command *cmd);
 
-typedef enum rlorch_finish {
-  RLORCH_FINISH_UNSPECIFIED = 0,
-  RLORCH_FINISH_STOP = 1,
-  RLORCH_FINISH_LENGTH = 2,
-  RLORCH_FINISH_ABORT = 3
-} rlorch_finish;
+class rlorch_sampling(Structure):
+    _fields_ = [
+        ("temperature", c_double),
+        ("top_p", c_double),
+        ("top_k", c_int32),
+        ("max_tokens", c_uint32),
+        ("stop_token_ids", POINTER(c_uint32)),
+        ("n_stop_token_ids", c_size_t),
+        ("seed", c_uint64),
+    ]
 
-typedef struct rlorch_batch_rollout {
-  uint64_t id;
-  uint64_t group_id;
-  uint64_t policy_version;
-  const uint32_t *prompt_token_ids;
-  size_t n_prompt_token_ids;
-  const uint32_t *completion_token_ids;
-  size_t n_completion_token_ids;
-  const float *completion_logprobs;
-  const double *rewards;
-  size_t n_rewards;
-  rlorch_finish finish_reason;
-  const uint8_t *metadata;
-  size_t n_metadata;
-} rlorch_batch_rollout;
 
-typedef struct rlorch_batch {
-  uint64_t step;
-  size_t n_rollouts;
-  const rlorch_batch_rollout *rollouts;
-} rlorch_batch;
+class rlorch_generate(Structure):
+    _fields_ = [
+        ("request_id", c_uint64),
+        ("group_id", c_uint64),
+        ("count", c_uint32),
+        ("prompt_token_ids", POINTER(c_uint32)),
+        ("n_prompt_token_ids", c_size_t),
+        ("prompt_metadata", POINTER(c_uint8)),
+        ("n_prompt_metadata", c_size_t),
+        ("sampling", rlorch_sampling),
+    ]
 
-rlorch_status rlorch_fetch_batch(rlorch_worker *w, const rlorch_command *train, rlorch_batch **out,
-                                 rlorch_error *err);
-void rlorch_batch_free(rlorch_batch *b);
 
-typedef struct rlorch_rollout {
-  const uint32_t *token_ids;
-  size_t n_tokens;
-  const float *logprobs;
-  const double *rewards;
-  size_t n_rewards;
-  rlorch_finish finish_reason;
-  const uint8_t *metadata;
-  size_t n_metadata;
-  double seconds;
-} rlorch_rollout;
+class rlorch_train(Structure):
+    _fields_ = [
+        ("step", c_uint64),
+        ("seed", c_uint64),
+        ("n_rollouts", c_size_t),
+        ("groups", c_uint32),
+        ("group_size", c_uint32),
+    ]
 
-rlorch_status rlorch_report_rollouts(rlorch_worker *w, const rlorch_command *gen, uint64_t version,
-                                     const rlorch_rollout *rollouts, size_t n, rlorch_error *err);
-rlorch_status rlorch_report_step(rlorch_worker *w, const rlorch_command *train,
-                                 double train_seconds, rlorch_error *err);
-rlorch_status rlorch_report_error(rlorch_worker *w, const rlorch_command *cmd, const char *message,
-                                  rlorch_error *err);
-"""
+
+class rlorch_abort(Structure):
+    _fields_ = [("request_id", c_uint64), ("reason", c_char_p)]
+
+
+class rlorch_command(Structure):
+    _fields_ = [
+        ("kind", rlorch_command_kind),
+        ("run_id", c_char_p),
+        ("generate", rlorch_generate),
+        ("train", rlorch_train),
+        ("abort", rlorch_abort),
+        ("shutdown_reason", c_char_p),
+    ]
+
+
+class rlorch_batch_rollout(Structure):
+    _fields_ = [
+        ("id", c_uint64),
+        ("group_id", c_uint64),
+        ("policy_version", c_uint64),
+        ("prompt_token_ids", POINTER(c_uint32)),
+        ("n_prompt_token_ids", c_size_t),
+        ("completion_token_ids", POINTER(c_uint32)),
+        ("n_completion_token_ids", c_size_t),
+        ("completion_logprobs", POINTER(c_float)),
+        ("rewards", POINTER(c_double)),
+        ("n_rewards", c_size_t),
+        ("finish_reason", rlorch_finish),
+        ("metadata", POINTER(c_uint8)),
+        ("n_metadata", c_size_t),
+    ]
+
+
+class rlorch_batch(Structure):
+    _fields_ = [
+        ("step", c_uint64),
+        ("n_rollouts", c_size_t),
+        ("rollouts", POINTER(rlorch_batch_rollout)),
+    ]
+
+
+class rlorch_rollout(Structure):
+    _fields_ = [
+        ("token_ids", POINTER(c_uint32)),
+        ("n_tokens", c_size_t),
+        ("logprobs", POINTER(c_float)),
+        ("rewards", POINTER(c_double)),
+        ("n_rewards", c_size_t),
+        ("finish_reason", rlorch_finish),
+        ("metadata", POINTER(c_uint8)),
+        ("n_metadata", c_size_t),
+        ("seconds", c_double),
+    ]
+
+
+STRUCTS = [rlorch_error, rlorch_tensor, rlorch_options, rlorch_sampling, rlorch_generate,
+           rlorch_train, rlorch_abort, rlorch_command, rlorch_batch_rollout, rlorch_batch,
+           rlorch_rollout]
+
+# ---- functions: name -> (restype, argtypes) -------------------------------------
+
+_worker_p = POINTER(rlorch_worker)
+_command_p = POINTER(rlorch_command)
+_error_p = POINTER(rlorch_error)
+
+FUNCTIONS = {
+    "rlorch_version": (c_uint32, [POINTER(c_char_p)]),
+    "rlorch_status_name": (c_char_p, [c_int]),
+    "rlorch_options_init": (None, [POINTER(rlorch_options), c_size_t, rlorch_role]),
+    "rlorch_create": (rlorch_status, [POINTER(rlorch_options), POINTER(_worker_p), _error_p]),
+    "rlorch_start": (rlorch_status, [_worker_p, _error_p]),
+    "rlorch_stop": (None, [_worker_p]),
+    "rlorch_free": (None, [_worker_p]),
+    "rlorch_policy_version": (c_uint64, [_worker_p]),
+    "rlorch_next": (rlorch_status, [_worker_p, c_double, POINTER(_command_p), _error_p]),
+    "rlorch_command_free": (None, [_command_p]),
+    "rlorch_fetch_batch": (rlorch_status, [_worker_p, _command_p, POINTER(POINTER(rlorch_batch)),
+                                           _error_p]),
+    "rlorch_batch_free": (None, [POINTER(rlorch_batch)]),
+    "rlorch_report_rollouts": (rlorch_status, [_worker_p, _command_p, c_uint64,
+                                               POINTER(rlorch_rollout), c_size_t, _error_p]),
+    "rlorch_report_step": (rlorch_status, [_worker_p, _command_p, c_double, _error_p]),
+    "rlorch_report_error": (rlorch_status, [_worker_p, _command_p, c_char_p, _error_p]),
+}
 
 SONAME = "librlorch.so.1"
-
-ffi = FFI()
-ffi.cdef(CDEF)
 
 
 def _candidates():
@@ -245,9 +276,20 @@ def _open():
     tried = []
     for path in _candidates():
         try:
-            return ffi.dlopen(path), path
+            # CDLL releases the GIL around every call: rlorch_next blocks,
+            # and the library's threads call back into Python meanwhile.
+            handle = ctypes.CDLL(path)
         except OSError as e:
             tried.append(f"{path}: {e}")
+            continue
+        for name, (restype, argtypes) in FUNCTIONS.items():
+            try:
+                fn = getattr(handle, name)
+            except AttributeError:
+                raise ImportError(f"{path} lacks {name}: not the library this package "
+                                  "declares") from None
+            fn.restype, fn.argtypes = restype, argtypes
+        return handle, path
     raise ImportError("cannot load librlorch (set RLORCH_LIBRARY to its path): " + "; ".join(tried))
 
 
