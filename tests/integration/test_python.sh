@@ -14,13 +14,14 @@
 # First, the package's declarations against the header (tests/python/py_abi.py),
 # and last, the installed package finding the library of its prefix.
 #
-# Python: Debian's python3 with python3-cffi, python3-numpy and python3-torch
+# Python: Debian's python3 with python3-numpy and python3-torch (the package
+# itself needs only the standard library's ctypes)
 # (RLORCH_PYTHON, from CMake, says which; `make deps` installs them).
 source "$(dirname "$0")/lib.sh"
 
 PY="${RLORCH_PYTHON:-/usr/bin/python3}"
-if ! "$PY" -c 'import cffi, numpy, torch' 2>"$TEST_TMP/py-import.err"; then
-  fail "$PY lacks cffi, numpy or torch (python3-cffi python3-numpy python3-torch): $(tail -n 1 "$TEST_TMP/py-import.err")"
+if ! "$PY" -c 'import ctypes, numpy, torch' 2>"$TEST_TMP/py-import.err"; then
+  fail "$PY lacks ctypes, numpy or torch (python3-numpy python3-torch): $(tail -n 1 "$TEST_TMP/py-import.err")"
   finish
 fi
 export PYTHONPATH="$RLORCH_SOURCE_DIR/workers/python:$RLORCH_SOURCE_DIR/tests/python"
@@ -90,7 +91,7 @@ stop_all() {
   done
 }
 
-# ---- the declarations: cffi's ABI mode compiles nothing against the header --------
+# ---- the declarations: ctypes compiles nothing against the header ----------------
 if need_cmd cc; then
   out="$("$PY" "$RLORCH_SOURCE_DIR/tests/python/py_abi.py" "$RLORCH_SOURCE_DIR/include" cc 2>&1)"
   assert_eq 0 "$?" "the package's declarations are rlorch.h's: functions, struct layouts, constants" ||

@@ -27,12 +27,13 @@ RISE_TO=0.6
 NEAR_CHANCE=0.2
 LOGPROB_TOL=0.01
 
-# Python: Debian's python3 with python3-cffi, python3-numpy and python3-torch
+# Python: Debian's python3 with python3-numpy and python3-torch (the package
+# itself needs only the standard library's ctypes)
 # (RLORCH_PYTHON, from CMake, says which; `make deps` installs them), as
 # test_python runs it.
 PY="${RLORCH_PYTHON:-/usr/bin/python3}"
-if ! "$PY" -c 'import cffi, numpy, torch' 2>"$TEST_TMP/py-import.err"; then
-  fail "$PY lacks cffi, numpy or torch (python3-cffi python3-numpy python3-torch): $(tail -n 1 "$TEST_TMP/py-import.err")"
+if ! "$PY" -c 'import ctypes, numpy, torch' 2>"$TEST_TMP/py-import.err"; then
+  fail "$PY lacks ctypes, numpy or torch (python3-numpy python3-torch): $(tail -n 1 "$TEST_TMP/py-import.err")"
   finish
 fi
 export RLORCH_LIBRARY="$RLORCH_BUILD_DIR/lib/librlorch.so.1"

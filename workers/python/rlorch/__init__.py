@@ -1,7 +1,7 @@
 """rlorch: join an rlorch run from your own trainer or inference engine.
 
-A Python layer over librlorch (the embedding SDK's C library, through cffi in
-ABI mode: nothing to compile). Importing it does not import PyTorch:
+A Python layer over librlorch (the embedding SDK's C library, through the
+standard library's ctypes: nothing to compile, nothing to install). Importing it does not import PyTorch:
 `rlorch.torch` (the manifest, receiver and batch helpers for PyTorch) loads
 on first use, so a trainer without torch works with numpy buffers.
 
