@@ -454,12 +454,21 @@ print(sum(1 for w in ws if (len(sys.argv) < 2 or w.get("name") == sys.argv[1])
 # of every daemon and agent log in TEST_TMP (serve.*.log, trainer*.log,
 # inference.*.log); for on_exit.
 agent_logs_on_failure() {
+  logs_on_failure "${1:-60}" 'serve.*.log' 'trainer*.log' 'inference.*.log'
+}
+
+# logs_on_failure LINES GLOB...: after a failure, the last LINES of every file
+# of TEST_TMP matching a GLOB, in order; for on_exit.
+logs_on_failure() {
   ((FAIL_COUNT > 0)) || return 0
-  local f
-  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/trainer*.log "$TEST_TMP"/inference.*.log; do
-    [[ -f "$f" ]] || continue
-    echo "---- $(basename "$f") (last ${1:-60} lines)"
-    tail -n "${1:-60}" "$f"
+  local n=$1 g f
+  shift
+  for g in "$@"; do
+    for f in "$TEST_TMP"/$g; do
+      [[ -f "$f" ]] || continue
+      echo "---- $(basename "$f") (last $n lines)"
+      tail -n "$n" "$f"
+    done
   done
   echo "----"
 }

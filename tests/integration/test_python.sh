@@ -31,17 +31,7 @@ asan_for_python
 STEPS=3
 PER_STEP=8
 
-dump_logs_on_failure() {
-  ((FAIL_COUNT > 0)) || return 0
-  local f
-  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/py-*.out "$TEST_TMP"/py-*.err; do
-    [[ -f "$f" ]] || continue
-    echo "---- $(basename "$f") (last 60 lines)"
-    tail -n 60 "$f"
-  done
-  echo "----"
-}
-on_exit dump_logs_on_failure
+on_exit "logs_on_failure 60 'serve.*.log' 'py-*.out' 'py-*.err'"
 
 attached() { # attached N: N workers ready or busy
   "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json list-workers | "$PY" -c '

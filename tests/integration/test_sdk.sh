@@ -21,17 +21,7 @@ done
 STEPS=3
 PER_STEP=8
 
-dump_logs_on_failure() {
-  ((FAIL_COUNT > 0)) || return 0
-  local f
-  for f in "$TEST_TMP"/serve.*.log "$TEST_TMP"/sdk-*.out "$TEST_TMP"/sdk-*.err; do
-    [[ -f "$f" ]] || continue
-    echo "---- $(basename "$f") (last 60 lines)"
-    tail -n 60 "$f"
-  done
-  echo "----"
-}
-on_exit dump_logs_on_failure
+on_exit "logs_on_failure 60 'serve.*.log' 'sdk-*.out' 'sdk-*.err'"
 
 serve_start || finish
 
