@@ -19,9 +19,11 @@
 # colocated plan (an export for another plan hash, a corrupted or truncated
 # one) is gpu_test_bcast_coloc's refusals_name_what_is_wrong.
 #
-# Expects `rlorch` in $BUNDLE/bin (default .devbundle) and its libraries in
-# $BUNDLE/lib; writes logs and the table under $OUT. PRESET and LAYERS set
-# the model (default 1b, 8 layers), STEPS the steps of each run (default 12).
+# Runs RLORCH_BIN (ctest sets it: label gpu) or else `rlorch` in $BUNDLE/bin
+# (default .devbundle) with its libraries in $BUNDLE/lib; exits 77 (skipped)
+# without a CUDA device. Writes logs and the table under $OUT. PRESET and
+# LAYERS set the model (default 1b, 8 layers), STEPS the steps of each run
+# (default 12).
 set -u
 BUNDLE=${BUNDLE:-.devbundle}
 OUT=${OUT:-$(mktemp -d)}
@@ -33,9 +35,18 @@ STEPS=${STEPS:-12}
 # check of the script itself on a machine without a GPU.
 DEVICE=${DEVICE:-0}
 WANT_MODE=${WANT_MODE:-colocated}
-export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ -z "${RLORCH_BIN:-}" ]; then
+  export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 export NCCL_NVLS_ENABLE=0
-R="$PWD/$BUNDLE/bin/rlorch"
+R="${RLORCH_BIN:-$PWD/$BUNDLE/bin/rlorch}"
+if [ "$DEVICE" -ge 0 ]; then
+  ngpu="$("$R" version --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["cuda_devices"])')"
+  if [ "${ngpu:-0}" -lt 1 ]; then
+    echo "skipped: needs a CUDA device, ${ngpu:-0} visible (DEVICE=-1 WANT_MODE=host runs it on the host transport)"
+    exit 77
+  fi
+fi
 WORKER_TIMEOUT_MS=4000
 STOP_S=8
 work=$(mktemp -d)
