@@ -450,6 +450,29 @@ print(sum(1 for w in ws if (len(sys.argv) < 2 or w.get("name") == sys.argv[1])
           and w.get("state") in ("WORKER_STATE_READY", "WORKER_STATE_BUSY")))' "$@"
 }
 
+# live_count_is N: exactly N workers attached and alive (for wait_until).
+live_count_is() { [[ "$(live_workers)" == "$1" ]]; }
+
+# host_steps_ok EVENTS STEPS PER_STEP: "ok" when the WatchRun events in file
+# EVENTS hold STEPS steps, each verified by 2 receivers on the host transport
+# with PER_STEP rollouts and the next policy version; else what is wrong.
+host_steps_ok() {
+  python3 - "$@" <<'PY'
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"step":{' in l]
+want, per = int(sys.argv[2]), int(sys.argv[3])
+bad = []
+for i, s in enumerate(steps):
+    if not s.get("weights_verified"): bad.append(f"step {i} not verified")
+    if s.get("receivers") != 2: bad.append(f"step {i}: {s.get('receivers')} receivers")
+    if s.get("mode") != "BROADCAST_MODE_HOST": bad.append(f"step {i}: mode {s.get('mode')}")
+    if s.get("rollouts_used") != per: bad.append(f"step {i}: {s.get('rollouts_used')} rollouts")
+    if int(s.get("policy_version", 0)) != i + 1: bad.append(f"step {i}: version {s.get('policy_version')}")
+if len(steps) != want: bad.append(f"{len(steps)} steps")
+print("; ".join(bad) or "ok")
+PY
+}
+
 # agent_logs_on_failure [LINES]: after a failure, the last LINES (default 60)
 # of every daemon and agent log in TEST_TMP (serve.*.log, trainer*.log,
 # inference.*.log); for on_exit.

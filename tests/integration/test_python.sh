@@ -33,32 +33,6 @@ PER_STEP=8
 
 on_exit "logs_on_failure 60 'serve.*.log' 'py-*.out' 'py-*.err'"
 
-attached() { # attached N: N workers ready or busy
-  "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json list-workers | "$PY" -c '
-import json, sys
-ws = json.load(sys.stdin).get("workers", [])
-print(sum(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for w in ws))' | grep -qx "$1"
-}
-
-# verify_steps EVENTS STEPS PER_STEP: every step verified by 2 receivers on
-# the host transport, with its rollouts and the next version.
-verify_steps() {
-  "$PY" - "$@" <<'PY'
-import json, sys
-steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"step":{' in l]
-want, per = int(sys.argv[2]), int(sys.argv[3])
-bad = []
-for i, s in enumerate(steps):
-    if not s.get("weights_verified"): bad.append(f"step {i} not verified")
-    if s.get("receivers") != 2: bad.append(f"step {i}: {s.get('receivers')} receivers")
-    if s.get("mode") != "BROADCAST_MODE_HOST": bad.append(f"step {i}: mode {s.get('mode')}")
-    if s.get("rollouts_used") != per: bad.append(f"step {i}: {s.get('rollouts_used')} rollouts")
-    if int(s.get("policy_version", 0)) != i + 1: bad.append(f"step {i}: version {s.get('policy_version')}")
-if len(steps) != want: bad.append(f"{len(steps)} steps")
-print("; ".join(bad) or "ok")
-PY
-}
-
 # start_py NAME SCRIPT ARGS...: a Python program in the background, its
 # output in py-NAME.out and py-NAME.err; its pid in LAST_PID.
 start_py() {
@@ -98,7 +72,7 @@ start_py inference-0 py_inference.py "$GRPC_ADDR" py-inference-0 "$W" --bad-repo
 I0=$LAST_PID
 start_py inference-1 py_inference.py "$GRPC_ADDR" py-inference-1 "$W" --fused
 I1=$LAST_PID
-wait_until 60 attached 3
+wait_until 60 live_count_is 3
 assert_eq 0 "$?" "the Python trainer and both Python engines attach"
 
 out="$(grpc_call --method /rlorch.v1.Control/StartRun \
@@ -108,7 +82,7 @@ run="$(json_get message.id "$out")"
 timeout 240 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json watch-run "$run" >"$TEST_TMP/events.jsonl"
 assert_eq 0 "$?" "WatchRun ends with OK when the run ends"
 assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run" | json_get state)" "the run succeeds"
-assert_eq ok "$(verify_steps "$TEST_TMP/events.jsonl" $STEPS $PER_STEP)" \
+assert_eq ok "$(host_steps_ok "$TEST_TMP/events.jsonl" $STEPS $PER_STEP)" \
   "all $STEPS steps verified: 2 receivers, host transport, $PER_STEP rollouts, versions 1..$STEPS"
 
 tr="$(cat "$TEST_TMP/py-trainer.out")"
@@ -166,14 +140,14 @@ start_py lora-inference-0 py_inference.py "$GRPC_ADDR" py-lora-inference-0 "$W" 
 I0=$LAST_PID
 start_py lora-inference-1 py_inference.py "$GRPC_ADDR" py-lora-inference-1 "$W" --lora
 I1=$LAST_PID
-wait_until 60 attached 3
+wait_until 60 live_count_is 3
 assert_eq 0 "$?" "the LoRA trainer and engines attach"
 out="$(grpc_call --method /rlorch.v1.Control/StartRun \
   --json '{"name":"py-lora","steps":2,"rollouts_per_step":4,"group_size":2,"max_async_level":1}')"
 run="$(json_get message.id "$out")"
 timeout 240 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json watch-run "$run" >"$TEST_TMP/events-lora.jsonl"
 assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run" | json_get state)" "the LoRA run succeeds"
-assert_eq ok "$(verify_steps "$TEST_TMP/events-lora.jsonl" 2 4)" "both LoRA steps verified by 2 receivers"
+assert_eq ok "$(host_steps_ok "$TEST_TMP/events-lora.jsonl" 2 4)" "both LoRA steps verified by 2 receivers"
 assert_contains "$(cat "$TEST_TMP/py-lora-trainer.out")" "manifest tensors=4 layers=[0, 1]" \
   "the LoRA manifest holds the 4 adapter tensors only"
 for i in 0 1; do

@@ -38,13 +38,7 @@ track_pid $INF0
 INF1=$!
 track_pid $INF1
 
-attached() {
-  "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json list-workers | python3 -c '
-import json, sys
-ws = json.load(sys.stdin).get("workers", [])
-print(sum(w["state"] in ("WORKER_STATE_READY", "WORKER_STATE_BUSY") for w in ws))' | grep -qx 3
-}
-wait_until 30 attached
+wait_until 30 live_count_is 3
 assert_eq 0 "$?" "the SDK trainer and both SDK inference workers attach"
 
 # Groups of two, so every request is a group the trainer can recognise.
@@ -57,21 +51,7 @@ assert_eq 0 "$?" "WatchRun ends with OK when the run ends"
 printf '%s\n' "$events" >"$TEST_TMP/events.jsonl"
 assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run" | json_get state)" "the run succeeds"
 
-verdict="$(python3 - "$TEST_TMP/events.jsonl" "$STEPS" "$PER_STEP" <<'PY'
-import json, sys
-steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"step":{' in l]
-want, per = int(sys.argv[2]), int(sys.argv[3])
-bad = []
-for i, s in enumerate(steps):
-    if not s.get("weights_verified"): bad.append(f"step {i} not verified")
-    if s.get("receivers") != 2: bad.append(f"step {i}: {s.get('receivers')} receivers")
-    if s.get("mode") != "BROADCAST_MODE_HOST": bad.append(f"step {i}: mode {s.get('mode')}")
-    if s.get("rollouts_used") != per: bad.append(f"step {i}: {s.get('rollouts_used')} rollouts")
-    if int(s.get("policy_version", 0)) != i + 1: bad.append(f"step {i}: version {s.get('policy_version')}")
-if len(steps) != want: bad.append(f"{len(steps)} steps")
-print("; ".join(bad) or "ok")
-PY
-)"
+verdict="$(host_steps_ok "$TEST_TMP/events.jsonl" "$STEPS" "$PER_STEP")"
 assert_eq ok "$verdict" "all $STEPS steps verified: 2 receivers, host transport, $PER_STEP rollouts, versions 1..$STEPS"
 
 # What the programs checked themselves.
@@ -102,7 +82,7 @@ assert_ne 0 "$batch_from" "the trainer's batch lines name their inference worker
 # again by itself, and the same programs serve a second run.
 serve_kill
 serve_restart || finish
-wait_until 60 attached
+wait_until 60 live_count_is 3
 assert_eq 0 "$?" "after an orchestrator restart all three SDK workers are attached again"
 out="$(ctl --json start-run --name sdk-2 --steps 2 --rollouts-per-step 4)"
 run2="$(json_get id "$out")"
