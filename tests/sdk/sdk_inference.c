@@ -235,15 +235,9 @@ int main(int argc, char **argv) {
   o.log_level = RLORCH_LOG_WARN;
   o.on_broadcast_before = before;
   o.on_broadcast_after = after;
-  rlorch_worker *w = NULL;
+  rlorch_worker *w = sdk_model_start(&o);
+  if (!w) return 1;
   rlorch_error err;
-  if (rlorch_create(&o, &w, &err) || rlorch_start(w, &err)) {
-    printf("FAIL start: %s: %s\n", rlorch_status_name(err.code), err.message);
-    rlorch_free(w);
-    return 1;
-  }
-  printf("started\n");
-  fflush(stdout);
   unsigned requests = 0, rollouts = 0, aborts = 0, aborted_held = 0;
   while (!stop_asked) {
     while (nheld && held_due[0] <= now_s()) {

@@ -77,4 +77,19 @@ static inline int sdk_model_meta(char *buf, size_t len, uint64_t group, uint32_t
   return snprintf(buf, len, "g=%llu j=%u by=%s", (unsigned long long)group, j, worker);
 }
 
+/* rlorch_create and rlorch_start with o, then "started" on stdout (the test
+ * script waits for that line); on failure the reason, and NULL. */
+static inline rlorch_worker *sdk_model_start(const rlorch_options *o) {
+  rlorch_worker *w = NULL;
+  rlorch_error err;
+  if (rlorch_create(o, &w, &err) || rlorch_start(w, &err)) {
+    printf("FAIL start: %s: %s\n", rlorch_status_name(err.code), err.message);
+    rlorch_free(w);
+    return NULL;
+  }
+  printf("started\n");
+  fflush(stdout);
+  return w;
+}
+
 #endif

@@ -156,24 +156,18 @@ static void agent__timedwait(agent *a, double s) {
   pthread_cond_timedwait(&a->cond, &a->mu, &ts);
 }
 
-void agent_sleep(agent *a, double s) {
+/* Sleeps up to s seconds, ending early when the agent stops or, with gen
+ * set, when the worker registers again (generation *gen is left). */
+static void agent__sleep(agent *a, double s, const uint64_t *gen) {
   double end = agent_now() + s;
   pthread_mutex_lock(&a->mu);
-  for (double left = s; left > 0 && !atomic_load(&a->stop); left = end - agent_now())
+  for (double left = s; left > 0 && !atomic_load(&a->stop) && (!gen || a->gen == *gen);
+       left = end - agent_now())
     agent__timedwait(a, left);
   pthread_mutex_unlock(&a->mu);
 }
 
-/* agent_sleep that also ends when the worker registers again (generation
- * `gen` is left): the attach thread's backoff must not hold a stream shut
- * once there is an id to open it under. */
-static void agent__sleep_gen(agent *a, double s, uint64_t gen) {
-  double end = agent_now() + s;
-  pthread_mutex_lock(&a->mu);
-  for (double left = s; left > 0 && !atomic_load(&a->stop) && a->gen == gen; left = end - agent_now())
-    agent__timedwait(a, left);
-  pthread_mutex_unlock(&a->mu);
-}
+void agent_sleep(agent *a, double s) { agent__sleep(a, s, NULL); }
 
 static double agent__backoff_next(double b) {
   b *= 2;
@@ -391,7 +385,8 @@ static void *agent__attach_main(void *arg) {
       agent_log_debug("attach_failed", "code=%s msg=\"%s\"", rpc_status_name(code), st.message);
       if (code != GRPC_STATUS_CANCELLED) agent__set_conn(a, AGENT__CONN_DOWN, &st);
     }
-    agent__sleep_gen(a, backoff, gen);
+    /* Not past a new registration: then there is an id to open a stream under. */
+    agent__sleep(a, backoff, &gen);
     backoff = agent__backoff_next(backoff);
   }
   return NULL;
