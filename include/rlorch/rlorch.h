@@ -42,7 +42,7 @@ extern "C" {
 /* The API this header describes. A change that breaks a caller compiled
  * against it raises the soname (librlorch.so.1); fields added at the end of
  * the options struct raise this number only. */
-#define RLORCH_API_VERSION 1
+#define RLORCH_API_VERSION 2
 
 /* The API version the loaded library implements (>= every version it can
  * serve), and its release ("0.1.0") in *release when release is not NULL. */
@@ -113,6 +113,15 @@ typedef struct rlorch_tensor {
 
 typedef enum rlorch_role { RLORCH_ROLE_TRAINER = 1, RLORCH_ROLE_INFERENCE = 2 } rlorch_role;
 
+/* Where a trainer keeps its master weights and optimizer state, as a run's
+ * spec may require it (the values are part of the API). */
+typedef enum rlorch_offload {
+  RLORCH_OFFLOAD_UNSET = 0,            /* not said: a spec that requires one refuses it */
+  RLORCH_OFFLOAD_NONE = 1,             /* both on the GPU */
+  RLORCH_OFFLOAD_PARAMS = 2,           /* weights in host memory, the optimizer on the GPU */
+  RLORCH_OFFLOAD_PARAMS_OPTIMIZER = 3  /* both in host memory, the optimizer step on the CPU */
+} rlorch_offload;
+
 typedef enum rlorch_log_level {
   RLORCH_LOG_DEBUG = 0,
   RLORCH_LOG_INFO = 1,
@@ -138,6 +147,19 @@ typedef void (*rlorch_log_fn)(void *ud, rlorch_log_level level, const char *even
 typedef void (*rlorch_broadcast_before_fn)(void *ud, uint64_t version);
 typedef void (*rlorch_broadcast_after_fn)(void *ud, int ok, uint64_t version);
 
+/* Inference (API 2), on the library's command thread before each broadcast
+ * (ahead of `before`): chooses the memory it writes. `tensors` are the
+ * plan's, in its order, with name, layer, dtypes (storage = wire) and shape
+ * filled in; the caller sets each one's residency, device and data (its own
+ * buffers, a second set it swaps in after a successful broadcast, or memory
+ * it allocates for a layout it meets for the first time). The memory must
+ * stay valid until the broadcast's `after` has returned, and GPU memory
+ * another process maps (the colocated mode) until the next broadcast has
+ * ended. Returns 0, or non-zero to refuse the plan with `message` (a
+ * NUL-terminated reason of at most `len` bytes): the broadcast fails, named. */
+typedef int (*rlorch_bind_fn)(void *ud, uint64_t version, rlorch_tensor *tensors, size_t n,
+                              char *message, size_t len);
+
 typedef struct rlorch_options {
   uint32_t api_version;         /* RLORCH_API_VERSION: first, always */
   rlorch_role role;
@@ -150,7 +172,7 @@ typedef struct rlorch_options {
   int device;                   /* CUDA device the worker uses; -1 (the default): none */
   const char *data_listen;      /* trainer: where receivers connect ("0.0.0.0:0"); NULL: 127.0.0.1:0 */
   uint32_t max_concurrent_requests; /* inference: generation requests at once, 1..1024 (default 8) */
-  double connect_timeout_s;     /* rlorch_start waits this long for a first registration (default 30) */
+  double connect_timeout_s;     /* rlorch_start waits this long for a first registration (default 30; INFINITY: no limit) */
   rlorch_log_fn log;            /* NULL: events are dropped */
   void *log_ud;
   rlorch_log_level log_level;   /* the lowest level passed to `log` (default INFO) */
@@ -159,6 +181,17 @@ typedef struct rlorch_options {
   rlorch_broadcast_before_fn on_broadcast_before; /* optional */
   rlorch_broadcast_after_fn on_broadcast_after;   /* optional */
   void *broadcast_ud;
+  /* ---- API version 2 ---- */
+  const char *token;            /* the bearer token itself, instead of token_file; NULL: none */
+  const char *model;            /* trainer: the model its tensors are, as a run spec's preset names it; NULL: not said */
+  rlorch_offload offload;       /* trainer: where its weights and optimizer live (default UNSET) */
+  /* Trainer: the run and policy version its tensors hold when it restored
+   * them from its own checkpoint; Register says so, and an orchestrator
+   * resuming that run carries on from there. NULL: fresh weights. */
+  const char *held_run_id;
+  uint64_t held_version;
+  rlorch_bind_fn on_bind;       /* inference, optional: then options.tensors may be empty */
+  void *bind_ud;
 } rlorch_options;
 
 /* Fills every field with its default for `role`, api_version included.
@@ -197,6 +230,13 @@ void rlorch_stop(rlorch_worker *w);
  * after. Commands not freed yet stay valid until rlorch_command_free. NULL
  * is fine. */
 void rlorch_free(rlorch_worker *w);
+
+/* Why a stopped worker stopped: RLORCH_OK when on purpose (rlorch_stop, or
+ * the orchestrator's SHUTDOWN command), otherwise the failure (a refused
+ * registration, a fatal error of the library, a train step the caller could
+ * not take) with its message; RLORCH_E_STATE while it has not stopped. A
+ * program exits 0 on the first and 1 on the others. */
+rlorch_status rlorch_stop_status(rlorch_worker *w, rlorch_error *err);
 
 /* The policy version of the caller's tensors as the library knows it: a
  * trainer's after its last reported step, an inference worker's after its

@@ -62,14 +62,17 @@ def main():
               and fn.restype is restype and (restype is None) == void,
               f"{name}: {n} argument types and a {'void' if void else 'value'} result declared")
 
-    # Callback types: as many arguments as the header's typedef.
-    cbs = dict(re.findall(r"typedef void \(\*(rlorch_\w+)\)\(([^()]*)\);", header))
+    # Callback types: as many arguments as the header's typedef, and its result.
+    cbs = {name: (res, params) for res, name, params in
+           re.findall(r"typedef (\w+) \(\*(rlorch_\w+)\)\(([^()]*)\);", header)}
     check(set(cbs) == set(_ffi.CALLBACKS), f"callback types: header {sorted(cbs)}, "
                                            f"package {sorted(_ffi.CALLBACKS)}")
-    for name, params in sorted(cbs.items()):
+    results = {"void": None, "int": ctypes.c_int}
+    for name, (res, params) in sorted(cbs.items()):
         t = _ffi.CALLBACKS.get(name)
-        check(t is not None and len(t._argtypes_) == len(params.split(",")) and t._restype_ is None,
-              f"{name}: {len(params.split(','))} arguments, no result")
+        check(t is not None and len(t._argtypes_) == len(params.split(",")) and
+              res in results and t._restype_ is results[res],
+              f"{name}: {len(params.split(','))} arguments, result {res}")
 
     # Structs: the header's fields in its order, then the C compiler's layout.
     structs = dict(re.findall(r"typedef struct (rlorch_\w+) \{(.*?)\} \1;", header, flags=re.S))

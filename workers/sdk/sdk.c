@@ -211,13 +211,80 @@ static int sdk__command(agent *a, const Rlorch__V1__Command *cmd, void *ud) {
 
 /* ---- the broadcast, bound to the caller's tensors -------------------------------- */
 
+/* Grows the receiver's bound arrays to n tensors. */
+static int sdk__bound_room(rlorch_worker *w, size_t n, bcast_err *err) {
+  if (n <= w->bound_cap) return 0;
+  bcast_tensor *b = realloc(w->bound, n * sizeof *b);
+  if (b) w->bound = b;
+  rlorch_tensor *pb = b ? realloc(w->pub_bound, n * sizeof *pb) : NULL;
+  if (!pb) {
+    err->code = BCAST_ENOMEM;
+    snprintf(err->msg, sizeof err->msg, "no memory to bind %zu tensors", n);
+    return BCAST_ENOMEM;
+  }
+  w->pub_bound = pb;
+  w->bound_cap = n;
+  return 0;
+}
+
+/* on_bind: the caller places the plan's tensors; what it sets (residency,
+ * device, data) is checked as options.tensors are. */
+static int sdk__bind_caller(rlorch_worker *w, const bcast_plan *p, bcast_err *err) {
+  int rc = sdk__bound_room(w, p->ntensors, err);
+  if (rc) return rc;
+  for (size_t i = 0; i < p->ntensors; i++) {
+    const bcast_tensor *pt = &p->tensors[i];
+    w->pub_bound[i] = (rlorch_tensor){.name = pt->name, .layer = pt->layer,
+                                      .storage_dtype = (rlorch_dtype)pt->wire_dtype,
+                                      .wire_dtype = (rlorch_dtype)pt->wire_dtype,
+                                      .ndim = pt->ndim, .shape = pt->shape,
+                                      .residency = w->device >= 0 ? RLORCH_RES_GPU : RLORCH_RES_HOST_PAGEABLE,
+                                      .device = w->device};
+  }
+  char msg[256] = "";
+  if (w->so.o.on_bind(w->so.o.bind_ud, p->policy_version, w->pub_bound, p->ntensors, msg, sizeof msg)) {
+    err->code = BCAST_EINVAL;
+    snprintf(err->msg, sizeof err->msg, "on_bind refused the plan: %s", msg[0] ? msg : "no reason given");
+    return BCAST_EINVAL;
+  }
+  for (size_t i = 0; i < p->ntensors; i++) {
+    const rlorch_tensor *in = &w->pub_bound[i];
+    bcast_tensor *out = &w->bound[i];
+    *out = p->tensors[i];
+    out->storage_dtype = out->wire_dtype;
+    out->residency = (bcast_residency)in->residency;
+    out->device = in->residency == RLORCH_RES_GPU ? in->device : -1;
+    out->data = in->data;
+    const char *bad = !in->data ? "data is NULL"
+                      : in->residency < RLORCH_RES_GPU || in->residency > RLORCH_RES_HOST_PAGEABLE
+                          ? "residency: unknown value"
+                      : in->residency == RLORCH_RES_GPU && in->device != w->device
+                          ? "on another GPU than options.device"
+                          : NULL;
+    if (bad) {
+      err->code = BCAST_EINVAL;
+      snprintf(err->msg, sizeof err->msg, "on_bind: tensors[%zu] '%s': %s", i, p->tensors[i].name, bad);
+      return BCAST_EINVAL;
+    }
+  }
+  w->nbound = p->ntensors;
+  return bcast_plan_check_local(p, w->bound, w->nbound, 0, err);
+}
+
 /* The sender sends the caller's tensors as they are; a receiver's are
  * gathered in the plan's order (its checksum's order), pointing at the
- * caller's memory: the engine writes straight into it. */
+ * caller's memory (or where on_bind put them): the engine writes straight
+ * into it. */
 static int sdk__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
                      bcast_err *err) {
   rlorch_worker *w = ud;
   int sender = w->ao.role == AGENT_ROLE_TRAINER;
+  if (!sender && w->so.o.on_bind) {
+    int rc = sdk__bind_caller(w, p, err);
+    *local = w->bound;
+    *n = w->nbound;
+    return rc;
+  }
   int rc = bcast_plan_check_local(p, w->t, w->n, sender, err);
   if (rc) return rc;
   if (sender) {
@@ -225,16 +292,7 @@ static int sdk__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t
     *n = w->n;
     return 0;
   }
-  if (p->ntensors > w->bound_cap) {
-    bcast_tensor *b = realloc(w->bound, p->ntensors * sizeof *b);
-    if (!b) {
-      err->code = BCAST_ENOMEM;
-      snprintf(err->msg, sizeof err->msg, "no memory to bind %zu tensors", p->ntensors);
-      return BCAST_ENOMEM;
-    }
-    w->bound = b;
-    w->bound_cap = p->ntensors;
-  }
+  if ((rc = sdk__bound_room(w, p->ntensors, err))) return rc;
   for (size_t i = 0; i < p->ntensors; i++)
     for (size_t j = 0; j < w->n; j++)
       if (!strcmp(w->t[j].name, p->tensors[i].name)) {
@@ -314,7 +372,7 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
   agent_caps_to_pb(&w->caps, w->device, &w->caps_pb);
   w->reg.capabilities = &w->caps_pb;
   if (trainer) {
-    w->manifest = agent_pb_manifest(w->t, w->n, "", 0);
+    w->manifest = agent_pb_manifest(w->t, w->n, w->so.model, (int)w->so.o.offload);
     if (!w->manifest) {
       rc = sdk_fail(err, RLORCH_E_NOMEM, "no memory for the manifest");
       goto fail;
@@ -332,6 +390,7 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
   }
   agent_set_abort_fn(w->a, agent_xfer_abort_hook, &w->xfer);
   if (!trainer) agent_set_stats_fn(w->a, sdk__stats, w);
+  if (w->so.held_run_id) agent_set_holds(w->a, w->so.held_run_id, w->so.o.held_version);
   *out = w;
   return RLORCH_OK;
 fail:
@@ -347,6 +406,7 @@ static void *sdk__command_main(void *arg) {
   int status = agent_run(w->a);
   agent_log_info("worker_stopped", "status=%d", status);
   pthread_mutex_lock(&w->mu);
+  w->run_status = status;
   w->run_done = 1;
   pthread_cond_broadcast(&w->cond);
   pthread_mutex_unlock(&w->mu);
@@ -437,10 +497,31 @@ SDK__EXPORT void rlorch_free(rlorch_worker *w) {
   }
   agent_pb_manifest_free(w->manifest);
   free(w->bound);
+  free(w->pub_bound);
   sdk_opts_free(w);
   pthread_cond_destroy(&w->cond);
   pthread_mutex_destroy(&w->mu);
   free(w);
+}
+
+SDK__EXPORT rlorch_status rlorch_stop_status(rlorch_worker *w, rlorch_error *err) {
+  if (err) err->code = 0, err->message[0] = 0;
+  if (!w) return sdk_fail(err, RLORCH_E_INVALID, "rlorch_stop_status: worker is NULL");
+  char msg[1024];
+  grpc_status_code code = w->a ? agent_refusal(w->a, msg, sizeof msg) : GRPC_STATUS_OK;
+  if (code != GRPC_STATUS_OK)
+    return sdk_fail(err, RLORCH_E_REFUSED, "the orchestrator refused the registration: %s: %s",
+                    rpc_status_name(code), msg);
+  pthread_mutex_lock(&w->mu);
+  int done = w->run_done, status = w->run_status, started = w->thread_started || w->run_done;
+  snprintf(msg, sizeof msg, "%s", w->stop_msg);
+  pthread_mutex_unlock(&w->mu);
+  if (!done && !(started && agent_stopping(w->a)))
+    return sdk_fail(err, RLORCH_E_STATE, "rlorch_stop_status: the worker has not stopped");
+  if (done && status != 0)
+    return sdk_fail(err, RLORCH_E_STOPPED, "the worker stopped on a failure: %s",
+                    msg[0] ? msg : "a fatal error (logged as event \"fatal\")");
+  return RLORCH_OK;
 }
 
 SDK__EXPORT uint64_t rlorch_policy_version(const rlorch_worker *w) {
@@ -863,6 +944,10 @@ SDK__EXPORT rlorch_status rlorch_report_error(rlorch_worker *w, const rlorch_com
     }
     agent_log_error("step_failed", "step=%llu reason=\"%s\" action=stop",
                     (unsigned long long)cmd->train.step, why);
+    pthread_mutex_lock(&w->mu);
+    snprintf(w->stop_msg, sizeof w->stop_msg, "train step %llu failed: %s",
+             (unsigned long long)cmd->train.step, why);
+    pthread_mutex_unlock(&w->mu);
     sdk__step_over(w, 1);
     return RLORCH_OK;
   }

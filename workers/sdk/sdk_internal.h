@@ -29,7 +29,7 @@ typedef struct sdk_cmd {
 typedef struct sdk_opts {
   rlorch_options o;
   char *orchestrator, *name, *token_file, *tls_ca_file, *tls_cert_file, *tls_key_file,
-      *data_listen;
+      *data_listen, *token, *model, *held_run_id;
 } sdk_opts;
 
 struct rlorch_worker {
@@ -41,6 +41,7 @@ struct rlorch_worker {
   size_t n;
   bcast_tensor *bound; /* receiver: the plan's tensors in its order, pointing into t */
   size_t nbound, bound_cap;
+  rlorch_tensor *pub_bound; /* on_bind: the plan's tensors as the caller sees them */
   int broadcasting;    /* the before callback ran, the after one is due */
   uint64_t checksum;   /* trainer: of the tensors as last reported */
   Rlorch__V1__WeightManifest *manifest; /* trainer */
@@ -63,6 +64,8 @@ struct rlorch_worker {
   int train_fetched;   /* its batch arrived: registration is held */
   int train_skip;      /* its batch was refused: the step is skipped, not failed */
   int train_fail;      /* the caller could not take it: the worker stops */
+  int run_status;      /* agent_run's return: 0 stopped on purpose, 1 a fatal error */
+  char stop_msg[512];  /* why it stopped when not on purpose */
 
   atomic_uint requests_active;
   atomic_uint_fast64_t rollouts_generated, tokens_generated, generate_ns;

@@ -1,6 +1,7 @@
 /* The SDK's options and tensors: every check the caller's input gets before
  * a worker exists, each failure naming the field. */
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,14 +30,20 @@ rlorch_status sdk_fail(rlorch_error *err, rlorch_status code, const char *fmt, .
   return code;
 }
 
+/* The struct's size as each API version laid it out: version 1 ended at
+ * broadcast_ud, version 2 (this header) at its end. */
+#define SDK__V1_SIZE (offsetof(rlorch_options, broadcast_ud) + sizeof(void *))
+_Static_assert(offsetof(rlorch_options, token) >= SDK__V1_SIZE, "version 2 fields follow version 1's");
+
 SDK__EXPORT void rlorch_options_init(rlorch_options *o, size_t size, rlorch_role role) {
   if (!o) return;
   /* Version 1 is the first layout: a caller's struct is at least that long,
    * or it is not one (then api_version stays 0 and rlorch_create says so).
-   * A later version fills only the fields that fit in `size`. */
+   * A caller built against an older header gets that version's fields and
+   * number; no byte past `size` is written. */
   memset(o, 0, size < sizeof *o ? size : sizeof *o);
-  if (size < sizeof *o) return;
-  o->api_version = RLORCH_API_VERSION;
+  if (size < SDK__V1_SIZE) return;
+  o->api_version = size < sizeof *o ? 1 : RLORCH_API_VERSION;
   o->role = role;
   o->device = -1;
   o->max_concurrent_requests = 8; /* the orchestrator's default max_requests_per_worker */
@@ -123,6 +130,36 @@ static rlorch_status sdk__tensors(rlorch_worker *w, const rlorch_options *o, rlo
   return RLORCH_OK;
 }
 
+/* The fields of API version 2 (zero, their defaults, for a version 1 caller). */
+static rlorch_status sdk__check_v2(const rlorch_options *o, rlorch_error *err) {
+  int trainer = o->role == RLORCH_ROLE_TRAINER;
+  if (o->token && o->token_file)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.token and options.token_file are both set (one or neither)");
+  if (o->token && (!o->token[0] || strlen(o->token) >= AGENT_TOKEN_MAX))
+    return sdk_fail(err, RLORCH_E_INVALID, "options.token: %zu bytes, not 1..%d", strlen(o->token),
+                    AGENT_TOKEN_MAX - 1);
+  if (o->model && (!trainer || strlen(o->model) > RLORCH_NAME_MAX))
+    return sdk_fail(err, RLORCH_E_INVALID, "options.model: %s", trainer ? "more than 127 bytes"
+                    : "only a trainer names its model");
+  if ((int)o->offload < RLORCH_OFFLOAD_UNSET || o->offload > RLORCH_OFFLOAD_PARAMS_OPTIMIZER)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.offload: unknown value %d", (int)o->offload);
+  if (o->offload && !trainer)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.offload: only a trainer offloads");
+  if ((o->held_run_id || o->held_version) && !trainer)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.held_run_id: only a trainer restores weights");
+  if (o->held_version && (!o->held_run_id || !o->held_run_id[0]))
+    return sdk_fail(err, RLORCH_E_INVALID, "options.held_version: %llu without options.held_run_id",
+                    (unsigned long long)o->held_version);
+  if (o->held_run_id && strlen(o->held_run_id) > RLORCH_NAME_MAX)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.held_run_id: more than 127 bytes");
+  if (o->on_bind && trainer)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.on_bind: a trainer sends its own tensors");
+  if (o->on_bind && o->ntensors)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.on_bind: set with %zu options.tensors (on_bind "
+                    "chooses every broadcast's memory: leave the tensors empty)", o->ntensors);
+  return RLORCH_OK;
+}
+
 rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_error *err) {
   if (o->api_version == 0)
     return sdk_fail(err, RLORCH_E_VERSION,
@@ -131,9 +168,11 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
     return sdk_fail(err, RLORCH_E_VERSION,
                     "options.api_version: %u is newer than this library's API version %d",
                     o->api_version, RLORCH_API_VERSION);
-  /* API version 1 is the only layout so far: later versions copy only the
-   * fields of o->api_version and default the rest. */
-  w->so.o = *o;
+  /* Only the fields of the caller's version are read: an older caller's
+   * struct ends there; the later ones keep their defaults (zero). */
+  memset(&w->so.o, 0, sizeof w->so.o);
+  memcpy(&w->so.o, o, o->api_version == 1 ? SDK__V1_SIZE : sizeof *o);
+  const rlorch_options *v = &w->so.o; /* every field, those of later versions defaulted */
   if (o->role != RLORCH_ROLE_TRAINER && o->role != RLORCH_ROLE_INFERENCE)
     return sdk_fail(err, RLORCH_E_INVALID,
                     "options.role: %d is neither RLORCH_ROLE_TRAINER (1) nor RLORCH_ROLE_INFERENCE (2)",
@@ -148,7 +187,7 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
       (o->max_concurrent_requests < 1 || o->max_concurrent_requests > 1024))
     return sdk_fail(err, RLORCH_E_INVALID,
                     "options.max_concurrent_requests: %u is outside 1..1024", o->max_concurrent_requests);
-  if (!(o->connect_timeout_s > 0) || !isfinite(o->connect_timeout_s))
+  if (!(o->connect_timeout_s > 0))
     return sdk_fail(err, RLORCH_E_INVALID, "options.connect_timeout_s: %g is not a positive number",
                     o->connect_timeout_s);
   if (o->log_level < RLORCH_LOG_DEBUG || o->log_level > RLORCH_LOG_ERROR)
@@ -159,11 +198,15 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
   if (o->role == RLORCH_ROLE_INFERENCE && o->data_listen)
     return sdk_fail(err, RLORCH_E_INVALID,
                     "options.data_listen: only a trainer listens (receivers connect to it)");
+  rlorch_status rc = sdk__check_v2(v, err);
+  if (rc) return rc;
   sdk_opts *so = &w->so;
   if (sdk__dup(o->orchestrator, &so->orchestrator) || sdk__dup(o->name, &so->name) ||
       sdk__dup(o->token_file, &so->token_file) || sdk__dup(o->tls_ca_file, &so->tls_ca_file) ||
       sdk__dup(o->tls_cert_file, &so->tls_cert_file) ||
-      sdk__dup(o->tls_key_file, &so->tls_key_file) || sdk__dup(o->data_listen, &so->data_listen))
+      sdk__dup(o->tls_key_file, &so->tls_key_file) || sdk__dup(o->data_listen, &so->data_listen) ||
+      sdk__dup(v->token, &so->token) || sdk__dup(v->model, &so->model) ||
+      sdk__dup(v->held_run_id, &so->held_run_id))
     return sdk_fail(err, RLORCH_E_NOMEM, "no memory for the options");
   so->o.tensors = NULL; /* converted into w->t below; the caller's array may go */
   agent_role role = o->role == RLORCH_ROLE_TRAINER ? AGENT_ROLE_TRAINER : AGENT_ROLE_INFERENCE;
@@ -171,6 +214,7 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
   w->ao.orchestrator = so->orchestrator;
   w->ao.name = so->name;
   w->ao.token_file = so->token_file;
+  w->ao.token = so->token;
   w->ao.tls_ca_file = so->tls_ca_file;
   w->ao.tls_client_cert_file = so->tls_cert_file;
   w->ao.tls_client_key_file = so->tls_key_file;
@@ -201,6 +245,9 @@ void sdk_opts_free(rlorch_worker *w) {
   free(so->tls_cert_file);
   free(so->tls_key_file);
   free(so->data_listen);
+  free(so->token);
+  free(so->model);
+  free(so->held_run_id);
   free(w->t);
   w->t = NULL;
 }

@@ -15,7 +15,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
 
 # ---- constants: the header's #defines and enum values --------------------------
 
-RLORCH_API_VERSION = 1
+RLORCH_API_VERSION = 2
 RLORCH_NAME_MAX = 127
 RLORCH_MAX_DIMS = 8
 
@@ -46,6 +46,12 @@ RLORCH_RES_HOST_PAGEABLE = 3
 RLORCH_ROLE_TRAINER = 1
 RLORCH_ROLE_INFERENCE = 2
 
+# rlorch_offload
+RLORCH_OFFLOAD_UNSET = 0
+RLORCH_OFFLOAD_NONE = 1
+RLORCH_OFFLOAD_PARAMS = 2
+RLORCH_OFFLOAD_PARAMS_OPTIMIZER = 3
+
 # rlorch_log_level
 RLORCH_LOG_DEBUG = 0
 RLORCH_LOG_INFO = 1
@@ -67,7 +73,7 @@ RLORCH_FINISH_ABORT = 3
 # Every enum of the header has int's size and alignment (its values fit an
 # int; the C compiler then picks int on every ABI the library builds for).
 rlorch_status = rlorch_dtype = rlorch_residency = rlorch_role = c_int
-rlorch_log_level = rlorch_command_kind = rlorch_finish = c_int
+rlorch_log_level = rlorch_command_kind = rlorch_finish = rlorch_offload = c_int
 
 # ---- structs, in the header's order, fields in its order ------------------------
 
@@ -94,10 +100,14 @@ rlorch_log_fn = CFUNCTYPE(None, c_void_p, rlorch_log_level, c_char_p, c_char_p)
 rlorch_broadcast_before_fn = CFUNCTYPE(None, c_void_p, c_uint64)
 rlorch_broadcast_after_fn = CFUNCTYPE(None, c_void_p, c_int, c_uint64)
 
+rlorch_bind_fn = CFUNCTYPE(c_int, c_void_p, c_uint64, POINTER(rlorch_tensor), c_size_t, c_void_p,
+                           c_size_t)
+
 CALLBACKS = {
     "rlorch_log_fn": rlorch_log_fn,
     "rlorch_broadcast_before_fn": rlorch_broadcast_before_fn,
     "rlorch_broadcast_after_fn": rlorch_broadcast_after_fn,
+    "rlorch_bind_fn": rlorch_bind_fn,
 }
 
 
@@ -123,6 +133,14 @@ class rlorch_options(Structure):
         ("on_broadcast_before", rlorch_broadcast_before_fn),
         ("on_broadcast_after", rlorch_broadcast_after_fn),
         ("broadcast_ud", c_void_p),
+        # API version 2
+        ("token", c_char_p),
+        ("model", c_char_p),
+        ("offload", rlorch_offload),
+        ("held_run_id", c_char_p),
+        ("held_version", c_uint64),
+        ("on_bind", rlorch_bind_fn),
+        ("bind_ud", c_void_p),
     ]
 
 
@@ -238,6 +256,7 @@ FUNCTIONS = {
     "rlorch_start": (rlorch_status, [_worker_p, _error_p]),
     "rlorch_stop": (None, [_worker_p]),
     "rlorch_free": (None, [_worker_p]),
+    "rlorch_stop_status": (rlorch_status, [_worker_p, _error_p]),
     "rlorch_policy_version": (c_uint64, [_worker_p]),
     "rlorch_next": (rlorch_status, [_worker_p, c_double, POINTER(_command_p), _error_p]),
     "rlorch_command_free": (None, [_command_p]),
