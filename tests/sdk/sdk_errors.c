@@ -39,6 +39,11 @@ static void tensors(rlorch_tensor *t, rlorch_dtype storage, rlorch_dtype wire) {
                            .residency = RLORCH_RES_HOST_PAGEABLE, .data = data[k]};
 }
 
+static int place(void *ud, uint64_t version, rlorch_tensor *t, size_t n, char *msg, size_t len) {
+  (void)ud, (void)version, (void)t, (void)n, (void)msg, (void)len;
+  return -1;
+}
+
 /* rlorch_create with o; expects a failure and that *w stays NULL. */
 static void create_fails(const rlorch_options *o, rlorch_status want, const char *msg,
                          const char *what) {
@@ -178,6 +183,68 @@ int main(int argc, char **argv) {
                "no connect timeout");
   create_fails(NULL, RLORCH_E_INVALID, "rlorch_create: options is NULL", "NULL options");
 
+  /* API version 2's options. */
+  RESET(RLORCH_ROLE_INFERENCE);
+  o.on_bind = place;
+  create_fails(&o, RLORCH_E_INVALID, "options.on_bind: set with 4 options.tensors",
+               "on_bind beside tensors");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.on_bind = place;
+  create_fails(&o, RLORCH_E_INVALID, "options.on_bind: a trainer sends its own tensors",
+               "on_bind on a trainer");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.offload = (rlorch_offload)4;
+  create_fails(&o, RLORCH_E_INVALID, "options.offload: unknown value 4", "an unknown offload");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.token_file = NULL;
+  o.token = "";
+  create_fails(&o, RLORCH_E_INVALID, "options.token: 0 bytes, not 1..1023", "an empty token");
+  {
+    static char long_token[2000];
+    memset(long_token, 'x', sizeof long_token - 1);
+    RESET(RLORCH_ROLE_TRAINER);
+    o.token_file = NULL;
+    o.token = long_token;
+    create_fails(&o, RLORCH_E_INVALID, "options.token: 1999 bytes, not 1..1023", "an over-long token");
+  }
+  {
+    static char long_model[RLORCH_NAME_MAX + 2];
+    memset(long_model, 'm', sizeof long_model - 1);
+    RESET(RLORCH_ROLE_TRAINER);
+    o.model = long_model;
+    create_fails(&o, RLORCH_E_INVALID, "options.model: more than 127 bytes", "a model name of 128 bytes");
+  }
+  {
+    /* A caller built against version 1's header: its struct ends before
+     * version 2's fields, and what lies past it is not read. */
+    unsigned char room[sizeof(rlorch_options) + 16];
+    memset(room, 0xA5, sizeof room);
+    size_t v1_size = offsetof(rlorch_options, token);
+    rlorch_options *v1 = (rlorch_options *)(void *)room;
+    rlorch_options_init(v1, v1_size, RLORCH_ROLE_TRAINER);
+    int spill = 0;
+    for (size_t k = v1_size; k < sizeof room; k++) spill |= room[k] != 0xA5;
+    rlorch_tensor t1[4];
+    tensors(t1, RLORCH_DTYPE_FP32, RLORCH_DTYPE_BF16);
+    v1->orchestrator = orch;
+    v1->token_file = token;
+    v1->tensors = t1;
+    v1->ntensors = 4;
+    rlorch_worker *w1 = NULL;
+    rlorch_status rc = rlorch_create(v1, &w1, &err);
+    if (spill || v1->api_version != 1 || rc != RLORCH_OK) {
+      failures++;
+      printf("FAIL a version 1 caller: api_version %u, %s, create %s: %s\n", v1->api_version,
+             spill ? "written past its struct" : "nothing written past its struct",
+             rlorch_status_name(rc), err.message);
+    } else {
+      passes++;
+      printf("ok   a version 1 caller gets api_version 1 and a worker; the bytes past its struct are "
+             "neither written nor read\n");
+    }
+    rlorch_free(w1);
+  }
+
   /* A worker that exists but is not started. */
   RESET(RLORCH_ROLE_TRAINER);
   rlorch_worker *w = NULL;
@@ -185,6 +252,8 @@ int main(int argc, char **argv) {
   rlorch_command *cmd = NULL;
   expect(rlorch_next(w, 0, &cmd, &err), RLORCH_E_STATE, &err, "the worker is not started",
          "next before start");
+  expect(rlorch_stop_status(w, &err), RLORCH_E_STATE, &err, "the worker has not stopped",
+         "stop_status before start");
   rlorch_free(w);
 
   /* Nothing listens: start gives up after connect_timeout_s. */
@@ -206,6 +275,8 @@ int main(int argc, char **argv) {
   expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "a trainer without the token");
   expect(rlorch_start(w, &err), RLORCH_E_REFUSED, &err,
          "the orchestrator refused the registration: UNAUTHENTICATED", "start without the token");
+  expect(rlorch_stop_status(w, &err), RLORCH_E_REFUSED, &err, "UNAUTHENTICATED",
+         "stop_status after a refused registration");
   rlorch_free(w);
 
   /* With the token it registers; a second start is refused here. */
@@ -216,9 +287,27 @@ int main(int argc, char **argv) {
   expect(rlorch_start(w, &err), RLORCH_E_STATE, &err, "was started already", "a second start");
   expect(rlorch_next(w, 0, &cmd, &err), RLORCH_TIMEOUT, &err, "", "next with nothing queued");
   expect(rlorch_next(w, 0.0 / 0.0, &cmd, &err), RLORCH_E_INVALID, &err, "timeout_s is NaN", "a NaN timeout");
+  expect(rlorch_stop_status(w, &err), RLORCH_E_STATE, &err, "the worker has not stopped",
+         "stop_status of a running worker");
   rlorch_stop(w);
   expect(rlorch_next(w, 5, &cmd, &err), RLORCH_E_STOPPED, &err, "the worker stopped", "next after stop");
+  expect(rlorch_stop_status(w, &err), RLORCH_OK, &err, "", "stop_status after rlorch_stop");
   rlorch_free(w);
+
+  /* A token given inline, not in a file. */
+  RESET(RLORCH_ROLE_INFERENCE);
+  char tok[256] = "";
+  FILE *tf = fopen(token, "r");
+  if (!tf || !fgets(tok, sizeof tok, tf)) tok[0] = 0;
+  if (tf) fclose(tf);
+  tok[strcspn(tok, "\r\n")] = 0;
+  o.token_file = NULL;
+  o.token = tok;
+  w = NULL;
+  expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "an inference worker with the token inline");
+  expect(rlorch_start(w, &err), RLORCH_OK, &err, "", "start with the token inline");
+  rlorch_free(w);
+  expect(rlorch_stop_status(NULL, &err), RLORCH_E_INVALID, &err, "worker is NULL", "stop_status on NULL");
   rlorch_free(NULL);
 
   expect(rlorch_next(NULL, 0, &cmd, &err), RLORCH_E_INVALID, &err, "rlorch_next: worker is NULL",
