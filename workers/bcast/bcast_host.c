@@ -365,6 +365,20 @@ static double per_receiver_floor(const bcast_plan *p) {
   return rx > 1 ? p->min_gbps / (double)rx : p->min_gbps;
 }
 
+/* The longest any one source may take for all its buckets within the
+ * per-bucket bounds (bucket_deadline), from now. */
+static double others_bound_s(const bcast_plan *p, const bcast__host_io *io) {
+  uint32_t ns = bcast__plan_nsources(p);
+  double worst = 0;
+  for (uint32_t s = 0; s < ns; s++) {
+    double t = 0, now = bcast__now();
+    for (size_t k = 0; k < p->nbuckets; k++)
+      if (p->buckets[k].source_rank == s) t += bucket_deadline(p, k, io, BUCKET_SLACK_S) - now;
+    if (t > worst) worst = t;
+  }
+  return worst;
+}
+
 /* ---- the hello, parsed --------------------------------------------------------------- */
 
 int bcast__hello_parse(const uint8_t *b, size_t n, size_t *need, bcast__hello *h) {
@@ -774,6 +788,14 @@ static int collect_acks(const bcast_plan *p, peer *peers, size_t np, const bcast
     double inflight = (double)max_bucket(p) + 2.0 * SOCK_BUF;
     dl = bcast__deadline(BUCKET_SLACK_S + inflight * fanout / (p->min_gbps * 1e9), p->deadline_unix_ms);
   }
+  /* Several sources: receivers confirm once every source's buckets are in,
+   * so this source also waits for the slowest other one, within the bounds
+   * that source's buckets are held to. */
+  if (bcast__plan_nsources(p) > 1) {
+    double end = bcast__deadline(1e9, p->deadline_unix_ms);
+    dl += others_bound_s(p, io);
+    if (dl > end) dl = end; /* never past the plan's deadline */
+  }
   for (size_t i = 0; i < np; i++) {
     int status = 0;
     char msg[512];
@@ -1086,13 +1108,43 @@ static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size
   return BCAST_OK;
 }
 
+/* Several sources: a receiver confirms to every source only once it has
+ * every source's buckets, so a source that returns OK knows each receiver
+ * holds the whole version, not just its shard of it. */
+typedef struct ack_gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint32_t received, want; /* sources whose buckets all arrived, of want */
+  int aborted;
+} ack_gate;
+
+/* 0 once every source's buckets are in; -1 when the receive was aborted. */
+static int gate_pass(ack_gate *g) {
+  if (!g) return 0;
+  pthread_mutex_lock(&g->mu);
+  g->received++;
+  pthread_cond_broadcast(&g->cv);
+  while (g->received < g->want && !g->aborted) pthread_cond_wait(&g->cv, &g->mu);
+  int aborted = g->aborted;
+  pthread_mutex_unlock(&g->mu);
+  return aborted ? -1 : 0;
+}
+
+static void gate_abort(ack_gate *g) {
+  pthread_mutex_lock(&g->mu);
+  g->aborted = 1;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
 /* One source's stream into this receiver: its buckets, in plan order, then
- * the ACK.  bt has an entry per plan bucket; only this source's are written
- * (sources scatter into disjoint elements, the plan tiles every tensor), and
- * *wire_s sums this source's time on the wire. */
+ * the ACK (after the gate, when there is one).  bt has an entry per plan
+ * bucket; only this source's are written (sources scatter into disjoint
+ * elements, the plan tiles every tensor), and *wire_s sums this source's
+ * time on the wire. */
 static int recv_source(const bcast_plan *p, uint32_t src, uint32_t rank, const bcast_tensor *local,
-                       const uint32_t *map, const bcast__host_io *io, bcast_bucket_timing *bt, double *wire_s,
-                       bcast_err *err) {
+                       const uint32_t *map, const bcast__host_io *io, ack_gate *gate, bcast_bucket_timing *bt,
+                       double *wire_s, bcast_err *err) {
   const char *ep = bcast_plan_source_endpoint(p, src);
   if (!ep[0]) return bcast__fail(err, BCAST_EINVAL, "plan '%s': host mode without host_endpoint", p->id);
   bcast__conn c;
@@ -1108,6 +1160,8 @@ static int recv_source(const bcast_plan *p, uint32_t src, uint32_t rank, const b
     rc = recv_bucket(&c, p, ep, k, buf, local, map, io, &bt[k], err);
     *wire_s += bt[k].wire_s;
   }
+  if (!rc && gate_pass(gate))
+    rc = bcast__fail(err, BCAST_ECANCELED, "plan '%s': another source's stream failed", p->id);
   if (!rc && send_status(&c, MAGIC_ACK, 0, "", io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms)))
     rc = bcast__fail(err, BCAST_EPEER, "root %s: final confirmation not delivered: %s", ep, strerror(errno));
   bcast__conn_close(&c);
@@ -1129,6 +1183,7 @@ typedef struct src_job {
   const bcast_tensor *local;
   const uint32_t *map;
   bcast__host_io io;
+  ack_gate *gate;
   bcast_bucket_timing *bt;
   double wire_s;
   int rc;
@@ -1138,7 +1193,7 @@ typedef struct src_job {
 
 static void *src_job_main(void *arg) {
   src_job *j = arg;
-  j->rc = recv_source(j->p, j->src, j->rank, j->local, j->map, &j->io, j->bt, &j->wire_s, &j->err);
+  j->rc = recv_source(j->p, j->src, j->rank, j->local, j->map, &j->io, j->gate, j->bt, &j->wire_s, &j->err);
   ssize_t w = write(j->notify_fd, &j->src, sizeof j->src); /* 4 bytes: atomic on a pipe */
   (void)w;
   return NULL;
@@ -1167,12 +1222,15 @@ static int recv_sources(const bcast_plan *p, uint32_t rank, const bcast_tensor *
     free(tids);
     return bcast__fail(err, BCAST_EIO, "plan '%s': pipe for the source streams: %s", p->id, strerror(e));
   }
+  ack_gate gate = {.want = ns};
+  pthread_mutex_init(&gate.mu, NULL);
+  pthread_cond_init(&gate.cv, NULL);
   uint32_t started = 0;
   int rc = BCAST_OK;
   for (; started < ns; started++) {
     src_job *j = &jobs[started];
-    *j = (src_job){.p = p, .src = started, .rank = rank, .local = local, .map = map, .io = *io, .bt = bt,
-                   .notify_fd = notify_p[1]};
+    *j = (src_job){.p = p, .src = started, .rank = rank, .local = local, .map = map, .io = *io, .gate = &gate,
+                   .bt = bt, .notify_fd = notify_p[1]};
     j->io.cancel_fd = abort_p[0];
     if (pthread_create(&tids[started], NULL, src_job_main, j)) {
       rc = bcast__fail(err, BCAST_ENOMEM, "plan '%s': cannot start the stream of source rank %u", p->id, started);
@@ -1184,6 +1242,7 @@ static int recv_sources(const bcast_plan *p, uint32_t rank, const bcast_tensor *
   if (aborted) {
     ssize_t w = write(abort_p[1], "x", 1);
     (void)w;
+    gate_abort(&gate);
   }
   for (uint32_t done = 0; done < started;) {
     struct pollfd pf[2] = {{notify_p[0], POLLIN, 0}, {io->cancel_fd, POLLIN, 0}};
@@ -1193,6 +1252,7 @@ static int recv_sources(const bcast_plan *p, uint32_t rank, const bcast_tensor *
       cancelled = aborted = 1;
       ssize_t w = write(abort_p[1], "x", 1);
       (void)w;
+      gate_abort(&gate);
     }
     uint32_t who;
     if (!(pf[0].revents & POLLIN) || read(notify_p[0], &who, sizeof who) != (ssize_t)sizeof who || who >= ns)
@@ -1203,9 +1263,12 @@ static int recv_sources(const bcast_plan *p, uint32_t rank, const bcast_tensor *
       aborted = 1;
       ssize_t w = write(abort_p[1], "x", 1); /* the others stop at their next wait */
       (void)w;
+      gate_abort(&gate);
     }
   }
   for (uint32_t i = 0; i < started; i++) pthread_join(tids[i], NULL);
+  pthread_cond_destroy(&gate.cv);
+  pthread_mutex_destroy(&gate.mu);
   *wire_alone_s = 0;
   for (uint32_t i = 0; i < started; i++)
     if (jobs[i].wire_s > *wire_alone_s) *wire_alone_s = jobs[i].wire_s;
@@ -1232,7 +1295,7 @@ int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *loc
   double wire_alone_s = 0;
   int rc = bcast__plan_nsources(p) > 1
                ? recv_sources(p, rank, local, map, io, bt, &wire_alone_s, err)
-               : recv_source(p, p->root_rank, rank, local, map, io, bt, &wire_alone_s, err);
+               : recv_source(p, p->root_rank, rank, local, map, io, NULL, bt, &wire_alone_s, err);
   if (rc == BCAST_OK && stats) {
     fill_stats(stats, p, t0, bt, p->nbuckets, bcast_plan_wire_bytes(p), wire_alone_s);
     bt = NULL;

@@ -256,6 +256,17 @@ static int endpoints_set(bcast_plan *p, const char *const *eps, uint32_t ns, bca
   return BCAST_OK;
 }
 
+/* One source: its endpoint is host_endpoint, and the plan is today's. */
+static int endpoint_one(bcast_plan *p, const char *ep, bcast_err *err) {
+  if (strlen(ep) >= sizeof p->host_endpoint)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: source_endpoints[0] longer than 255 bytes");
+  if (p->host_endpoint[0] && strcmp(p->host_endpoint, ep))
+    return bcast__fail(err, BCAST_EINVAL, "plan options: host_endpoint '%s' is not source_endpoints[0] '%s'",
+                       p->host_endpoint, ep);
+  snprintf(p->host_endpoint, sizeof p->host_endpoint, "%s", ep);
+  return BCAST_OK;
+}
+
 int bcast_plan_build_sharded(const bcast_shard_map *m, const bcast_plan_opts *o, bcast_plan **out,
                              bcast_err *err) {
   if (!out || !o || !m) return bcast__fail(err, BCAST_EINVAL, "plan_build_sharded: NULL argument");
@@ -278,7 +289,7 @@ int bcast_plan_build_sharded(const bcast_shard_map *m, const bcast_plan_opts *o,
 
 static int plan_make(const bcast_tensor *tensors, size_t n, const bcast_shard_map *m, const bcast_plan_opts *o,
                      uint64_t budget, bcast_plan **out, bcast_err *err) {
-  int rc;
+  int rc = BCAST_OK;
 
   bcast_plan *p = calloc(1, sizeof *p);
   if (!p || !(p->tensors = calloc(n ? n : 1, sizeof *p->tensors))) {
@@ -312,7 +323,9 @@ static int plan_make(const bcast_tensor *tensors, size_t n, const bcast_shard_ma
   }
   p->has_secret = 1;
   p->nsources = m ? m->nranks : 1;
-  if (p->nsources > 1 && (rc = endpoints_set(p, o->source_endpoints, p->nsources, err))) {
+  if (p->nsources > 1) rc = endpoints_set(p, o->source_endpoints, p->nsources, err);
+  else if (m && o->source_endpoints && o->source_endpoints[0]) rc = endpoint_one(p, o->source_endpoints[0], err);
+  if (rc) {
     bcast_plan_free(p);
     return rc;
   }
