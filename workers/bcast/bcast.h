@@ -447,7 +447,18 @@ int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err);
  * (connect, each bucket) and by plan->deadline_unix_ms.  Stats: wire_bytes
  * counts the plan's bytes once (what each receiver gets); on the root cast_s
  * is cast + checksum, on receivers verify + scatter; exposed_s = total_s -
- * wire_s (measured).  transport is "host-tcp" in host mode. */
+ * wire_s (measured).  transport is "host-tcp" in host mode.
+ * Several sources (bcast_plan.nsources > 1, host mode only): each source rank
+ * (rank < nsources, each with its own host_listen) sends only its buckets,
+ * from `local` tensors that may be shards (bcast_tensor.shard_offset), to
+ * every receiver; each receiver connects to every source
+ * (bcast_plan_source_endpoint) and takes their streams at once, then
+ * confirms to every source only once all of them are in, so a source that
+ * returns OK knows every receiver holds the whole plan.  A failure of one
+ * stream ends the others at once and is reported as "source rank R: ...".
+ * A source's stats count its own buckets and bytes; a receiver's count
+ * every bucket, and its wire_alone_s is the longest stream's wire time (the
+ * streams overlap, so wire_s, the sum over buckets, can exceed total_s). */
 int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
                          size_t n, bcast_stats *stats, bcast_err *err);
 /* Cancels plan `plan_id` on this engine; the one call that may come from
