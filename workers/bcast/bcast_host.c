@@ -40,6 +40,13 @@
  * The root's listening socket lives as long as its engine; receivers connect
  * anew for every plan, so a receiver that failed one step starts clean next.
  *
+ * Several sources (bcast_plan.nsources > 1, a sharded trainer): every source
+ * rank is a root of this protocol for its own buckets, on its own listener
+ * (bcast_plan_source_endpoint), with the same handshake, TLS and bounds; a
+ * HEADER carries the plan's bucket index, and a source sends its buckets in
+ * plan order.  A receiver runs one connection per source at once and sends
+ * each source its ACK only once every source's buckets arrived.
+ *
  * The root casts bucket k+1 on a worker thread while bucket k is on the wire
  * (two buffers) and writes to all receivers at once with non-blocking sockets
  * and poll.  Every wait is bounded by the deadline and ends early when the
@@ -642,7 +649,8 @@ static int accept_all(int lfd, acceptor *ac, double deadline, bcast_err *err) {
   return rc;
 }
 
-/* The cast worker fills slot k % 2 with bucket k while the main thread sends. */
+/* The cast worker fills slot j % 2 with this source's j-th bucket while the
+ * main thread sends. */
 typedef struct caster {
   const bcast_plan *p;
   const size_t *mine; /* this source's buckets, in plan order */
