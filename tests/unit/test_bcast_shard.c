@@ -756,6 +756,12 @@ Test(bcast_shard, local_tensors_that_do_not_fit_the_plan_are_refused_by_name) {
   world w;
   world_init(&w, 2, 0, 2.0);
   bcast_err err = {0};
+  /* Each source's own shards fit the plan; another's do not. */
+  for (uint32_t r = 0; r < 2; r++)
+    cr_assert_eq(bcast_plan_check_source(w.p, r, w.m.shard[r], w.m.nshard[r], &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(bcast_plan_check_source(w.p, 1, w.m.shard[0], w.m.nshard[0], &err), BCAST_EINVAL);
+  cr_assert_eq(bcast_plan_check_source(w.p, 2, w.m.shard[0], w.m.nshard[0], &err), BCAST_EINVAL);
+  cr_assert_str_eq(err.msg, "plan 'shard/step-1': rank 2 is not one of its 2 sources");
   /* Source 1 claims rank 0's piece of "embed". */
   bcast_tensor wrong[NT];
   memcpy(wrong, w.m.shard[1], w.m.nshard[1] * sizeof *wrong);

@@ -318,6 +318,12 @@ uint64_t bcast_plan_wire_bytes(const bcast_plan *p);
 /* A participant's local tensors must match the plan by name, shape and dtype. */
 int bcast_plan_check_local(const bcast_plan *p, const bcast_tensor *local, size_t n,
                            int sender, bcast_err *err);
+/* A source rank's local tensors (whole, or shards) against the plan: each
+ * tensor its buckets carry is there, by name, shape and storage dtype, and
+ * holds every element range they carry; tensors it sends nothing of may be
+ * absent.  What bcast_engine_execute checks on a host-mode source. */
+int bcast_plan_check_source(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
+                            bcast_err *err);
 /* Sets the NCCL unique id and recomputes the hash (the id is covered). */
 void bcast_plan_set_nccl_id(bcast_plan *p, const uint8_t id[128]);
 /* Deep copy (tensors, buckets, slices); NULL when out of memory. */

@@ -770,3 +770,16 @@ int bcast_plan_check_local(const bcast_plan *p, const bcast_tensor *local, size_
   if (!p) return bcast__fail(err, BCAST_EINVAL, "plan: NULL");
   return bcast__plan_bind(p, local, n, sender, NULL, err);
 }
+
+int bcast_plan_check_source(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
+                            bcast_err *err) {
+  if (!p) return bcast__fail(err, BCAST_EINVAL, "plan: NULL");
+  if (rank >= bcast__plan_nsources(p) && !(bcast__plan_nsources(p) == 1 && rank == p->root_rank))
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': rank %u is not one of its %u sources", p->id, rank,
+                       bcast__plan_nsources(p));
+  uint32_t *map = malloc((p->ntensors ? p->ntensors : 1) * sizeof *map);
+  if (!map) return bcast__fail(err, BCAST_ENOMEM, "out of memory checking %zu tensors", p->ntensors);
+  int rc = bcast__plan_bind_source(p, rank, local, n, map, err);
+  free(map);
+  return rc;
+}
