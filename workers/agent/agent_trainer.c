@@ -326,7 +326,8 @@ static int trainer__create(agent__trainer *tr, char *err, size_t errlen) {
 typedef struct trainer__signals {
   pthread_t tid;
   int started;
-  atomic_int done;
+  atomic_int done;  /* set by trainer__signals_end */
+  atomic_int ended; /* the thread returned after a signal */
   rlorch_worker *w;
 } trainer__signals;
 
@@ -342,6 +343,7 @@ static void *trainer__signal_main(void *arg) {
     if (atomic_load(&s->done)) return NULL; /* our own wake-up: the worker is going */
     agent_log_info("signal", "signal=%s action=stop", sig == SIGINT ? "SIGINT" : "SIGTERM");
     rlorch_stop(s->w);
+    atomic_store(&s->ended, 1);
     return NULL;
   }
 }
@@ -350,7 +352,7 @@ static void *trainer__signal_main(void *arg) {
 static void trainer__signals_end(trainer__signals *s) {
   if (!s->started) return;
   atomic_store(&s->done, 1);
-  pthread_kill(s->tid, SIGTERM);
+  if (!atomic_load(&s->ended)) pthread_kill(s->tid, SIGTERM); /* wakes its sigwait */
   pthread_join(s->tid, NULL);
   s->started = 0;
 }
