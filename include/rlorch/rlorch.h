@@ -244,6 +244,12 @@ rlorch_status rlorch_stop_status(rlorch_worker *w, rlorch_error *err);
  * generation began. */
 uint64_t rlorch_policy_version(const rlorch_worker *w);
 
+/* Trainer (API 2): where its receivers connect for the weights, as Register
+ * announces it: options.data_listen with the port the system chose for ":0"
+ * ("0.0.0.0:41731"), known from rlorch_create on, valid until rlorch_free.
+ * NULL for an inference worker (or a NULL worker). */
+const char *rlorch_data_address(const rlorch_worker *w);
+
 /* ---- commands ---------------------------------------------------------------- */
 
 typedef enum rlorch_command_kind {

@@ -6,10 +6,14 @@
  *
  * ORCHESTRATOR requires the bearer token in TOKEN_FILE; nothing listens on
  * DEAD_ADDRESS. Prints "ok ..." or "FAIL ..." per check; exits 1 on any FAIL. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "sdk_model.h"
 
@@ -26,6 +30,27 @@ static void expect(rlorch_status got, rlorch_status want, const rlorch_error *er
            rlorch_status_name(got), rlorch_status_name(err->code), err->message,
            rlorch_status_name(want), msg);
   }
+}
+
+static void check(int ok, const char *what, const char *detail) {
+  passes += ok;
+  failures += !ok;
+  printf("%s %s: %s\n", ok ? "ok  " : "FAIL", what, detail ? detail : "(null)");
+}
+
+/* A TCP connection to "127.0.0.1:PORT" succeeds: something listens there. */
+static int listens(const char *addr) {
+  unsigned port = 0;
+  char tail;
+  if (!addr || sscanf(addr, "127.0.0.1:%u%c", &port, &tail) != 1 || port < 1 || port > 65535)
+    return 0;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  close(fd);
+  return ok;
 }
 
 static float data[4][64];
@@ -254,7 +279,12 @@ int main(int argc, char **argv) {
          "next before start");
   expect(rlorch_stop_status(w, &err), RLORCH_E_STATE, &err, "the worker has not stopped",
          "stop_status before start");
+  /* Its data listener exists from rlorch_create on, at the port chosen for
+   * the default 127.0.0.1:0. */
+  check(listens(rlorch_data_address(w)), "a trainer's data address listens", rlorch_data_address(w));
   rlorch_free(w);
+  check(rlorch_data_address(NULL) == NULL, "no data address for a NULL worker",
+        rlorch_data_address(NULL));
 
   /* Nothing listens: start gives up after connect_timeout_s. */
   RESET(RLORCH_ROLE_INFERENCE);
@@ -262,6 +292,8 @@ int main(int argc, char **argv) {
   o.connect_timeout_s = 1.5;
   w = NULL;
   expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "an inference worker for a dead address");
+  check(rlorch_data_address(w) == NULL, "no data address for an inference worker",
+        rlorch_data_address(w));
   expect(rlorch_start(w, &err), RLORCH_E_UNAVAILABLE, &err, "within 1.5 s (options.connect_timeout_s)",
          "start with no orchestrator");
   expect(rlorch_next(w, 0, &cmd, &err), RLORCH_E_STOPPED, &err, "the worker stopped",

@@ -528,6 +528,11 @@ SDK__EXPORT uint64_t rlorch_policy_version(const rlorch_worker *w) {
   return w && w->a ? agent_policy_version(w->a) : 0;
 }
 
+SDK__EXPORT const char *rlorch_data_address(const rlorch_worker *w) {
+  if (!w || w->ao.role != AGENT_ROLE_TRAINER || !w->xfer_ready) return NULL;
+  return agent_xfer_data_address(&w->xfer);
+}
+
 SDK__EXPORT rlorch_status rlorch_next(rlorch_worker *w, double timeout_s, rlorch_command **cmd,
                                       rlorch_error *err) {
   if (err) err->code = 0, err->message[0] = 0;
