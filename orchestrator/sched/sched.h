@@ -77,9 +77,10 @@
  * committed; nothing is retried silently). A worker LOST while a plan is
  * pending: the plan is aborted; an inference worker's loss re-plans the same
  * step without it (PENDING if none is left, until one attaches); the
- * trainer's loss sends the run back to PENDING until a trainer attaches that
- * holds the committed version (the step is redone with a fresh batch) or the
- * next (the step it trained is planned; see "Resume"). Groups in flight on a lost worker are
+ * trainer's loss (any rank of its group) sends the run back to PENDING until
+ * a trainer attaches that holds the committed version (the step is redone
+ * with a fresh batch) or the next (the step it trained is planned; see
+ * "Resume"). Groups in flight on a lost worker are
  * re-sent (above); its results already received stay usable. A broadcast
  * error is held before it fails the run, since it is often the echo of a
  * peer's death or hang: until every participant has been heard from since the
@@ -138,13 +139,15 @@
  *     rank's version is checked as a lone trainer's (the published one or
  *     the next, else the run fails naming both). A rank holds the next
  *     version when it registered with it or reported step steps_done while
- *     no step trains (the resume/redo case below). The group adopts that step
- *     (plans it as trained) once every rank holds the next version; a
- *     catch-up not yet triggered is aborted at the first such report. While
- *     some ranks hold the next version and others the published one, no step
- *     or catch-up starts; if the group is whole and still disagrees
- *     heartbeat_timeout_ms later (a rank that held the published version did
- *     not report the step), the run fails naming the ranks and their
+ *     no step trains (the resume/redo case: the group trained the step on a
+ *     batch from before a restart or a loss). The group adopts that step
+ *     (plans it as trained, train_seconds the slowest report's) once every
+ *     rank holds the next version; a catch-up not yet triggered is aborted
+ *     at the first such report. While some ranks hold the next version and
+ *     others the published one, no step or catch-up starts; the group may be
+ *     whole and disagree for heartbeat_timeout_ms at most (a rank registers
+ *     before it reports the step it was still training when the
+ *     orchestrator restarted), then the run fails naming the ranks and their
  *     versions: an FSDP step is collective, the ranks finish it together or
  *     not at all.
  *   - Plans: the participants are the trainer ranks first, in rank order
@@ -192,7 +195,7 @@ enum {
   SCHED_ENOENT = -2,  /* unknown worker or request */
   SCHED_ESTATE = -3,  /* not valid in the current run, step or worker state */
   SCHED_ESTALE = -4,  /* refers to an old plan, request or step: ignored, harmless */
-  SCHED_EEXIST = -5,  /* worker id already registered, or a second live trainer */
+  SCHED_EEXIST = -5,  /* worker id already registered, or a second live trainer of a rank */
   SCHED_ENOMEM = -6,  /* allocation failed */
   SCHED_ENOTSUP = -7  /* the broadcast mode cannot run on these participants */
 };
@@ -392,7 +395,7 @@ typedef enum {
   SCHED_ACT_CANCEL,          /* send AbortCommand{request_id, text} to `worker`: its group
                                 `group_id` was answered by another request */
   SCHED_ACT_CAUGHT_UP        /* catch-up plan `plan_id` finished: `participants` (rank
-                                order, trainer first) hold `policy_version`; `record`
+                                order, trainer ranks first) hold `policy_version`; `record`
                                 has its figures (nothing to store as a step) */
 } sched_action_kind;
 
@@ -504,7 +507,8 @@ int64_t sched_next_deadline(const sched *s);
  * the published one is synced at once, another waits for a catch-up; a trainer
  * must hold the published one or the next (see "Resume"), or the run fails.
  * A lost id may register again; a live one is SCHED_EEXIST, as is a second live
- * trainer. */
+ * trainer of a rank already held. A trainer gives its rank and its group's
+ * size in `caps` (see "Trainer groups", which also says what is refused). */
 int sched_worker_registered(sched *s, int64_t now_ms, uint32_t id, sched_role role,
                             const char *name, const sched_caps *caps,
                             const sched_offload *offload, uint64_t policy_version);
