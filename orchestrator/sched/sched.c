@@ -78,10 +78,12 @@ typedef struct sched__step {
   uint8_t *acked, *done;       /* per rank */
   size_t nparts, nacked, ndone, parts_cap;
   int64_t deadline_ms;
-  sched_bcast_report sender;   /* rank 0's figures */
-  int have_sender;
-  int checksums_ok;            /* every receiver so far matched or not yet judged */
-  uint64_t *rx_checksums;      /* per rank, 0: none */
+  uint32_t nsrc;               /* sources: the trainer ranks, ranks 0..nsrc-1 */
+  sched_bcast_report *src;     /* per source: its figures (source_checksums dropped) */
+  size_t src_cap;
+  uint64_t *rx_sums;           /* per receiver (rank - nsrc), nsrc checksums each; 0: none */
+  size_t rx_cap;
+  uint32_t ntrained;           /* ranks that reported the step training done */
   int failing;                 /* a participant reported a broadcast error */
   int64_t failing_since;       /* when the first one came */
   char fail_msg[SCHED_TEXT_MAX];
@@ -142,6 +144,16 @@ struct sched {
   int64_t last_now;            /* latest event time: the clock must not go back */
   sched_participant *pscratch; /* sched_choose_mode input */
   size_t pscratch_cap;
+
+  /* The trainer group: the live trainers, by rank (see "Trainer groups"). */
+  uint32_t group_n;            /* its size; 0: no live trainer */
+  uint32_t rank_worker[SCHED_MAX_TRAINER_RANKS]; /* worker id of rank r, when rank_live */
+  uint8_t rank_live[SCHED_MAX_TRAINER_RANKS];
+  uint8_t rank_trained[SCHED_MAX_TRAINER_RANKS]; /* reported the step training */
+  double rank_seconds[SCHED_MAX_TRAINER_RANKS];  /* its last step done's train_seconds */
+  uint64_t rank_sum[SCHED_MAX_TRAINER_RANKS];    /* its last step done's shard checksum */
+  int mixed;                   /* whole, idle, and some ranks hold the next version */
+  int64_t mixed_since;         /* since when */
 
   sched_action *acts;          /* pending actions */
   size_t *act_off;             /* arena offset per action (a32 or a64) */
@@ -226,12 +238,84 @@ static const char *sched__name(sched *s, uint32_t id) {
   return w ? w->name : "?";
 }
 
-/* The live trainer, if any (attached or not). */
-static sched_worker_info *sched__trainer(sched *s) {
-  for (size_t i = 0; i < s->nworkers; i++)
-    if (s->workers[i].role == SCHED_ROLE_TRAINER && sched__live(&s->workers[i]))
-      return &s->workers[i];
-  return NULL;
+/* ---- the trainer group ------------------------------------------------------------- */
+
+static uint32_t sched__ranks_of(const sched_caps *c) {
+  return c && c->trainer_ranks ? c->trainer_ranks : 1;
+}
+
+/* The live trainer of rank `r`, if any (attached or not). */
+static sched_worker_info *sched__rank(sched *s, uint32_t r) {
+  return r < s->group_n && s->rank_live[r] ? sched__worker(s, s->rank_worker[r]) : NULL;
+}
+
+/* Rebuilds the group from the live trainers (registration keeps them one
+ * group: one size, one trainer per rank). */
+static void sched__group_scan(sched *s) {
+  memset(s->rank_live, 0, s->group_n);
+  s->group_n = 0;
+  for (size_t i = 0; i < s->nworkers; i++) {
+    const sched_worker_info *w = &s->workers[i];
+    if (w->role != SCHED_ROLE_TRAINER || !sched__live(w)) continue;
+    s->group_n = w->caps.trainer_ranks;
+    s->rank_live[w->caps.trainer_rank] = 1;
+    s->rank_worker[w->caps.trainer_rank] = w->id;
+  }
+}
+
+/* Ranks live (attached too, when `attached`). */
+static uint32_t sched__ranks_count(sched *s, int attached) {
+  uint32_t n = 0;
+  for (uint32_t r = 0; r < s->group_n; r++) {
+    const sched_worker_info *w = sched__rank(s, r);
+    if (w && (!attached || sched__attached(w))) n++;
+  }
+  return n;
+}
+
+static int sched__group_ready(sched *s) {
+  return s->group_n > 0 && sched__ranks_count(s, 1) == s->group_n;
+}
+
+/* "trainer NAME" for a lone trainer, "trainer rank R (NAME)" in a group. */
+static const char *sched__who(const sched_worker_info *t, char *buf, size_t len) {
+  if (t->caps.trainer_ranks > 1)
+    snprintf(buf, len, "trainer rank %" PRIu32 " (%s)", t->caps.trainer_rank, t->name);
+  else
+    snprintf(buf, len, "trainer %s", t->name);
+  return buf;
+}
+
+/* Lists the ranks not attached ("rank 1", "ranks 1, 3", "ranks 0, 1, 2, 3
+ * and 5 more") into `buf`. */
+static void sched__missing_ranks(sched *s, char *buf, size_t len) {
+  uint32_t missing = s->group_n - sched__ranks_count(s, 1), listed = 0;
+  size_t used = (size_t)snprintf(buf, len, "%s", missing == 1 ? "rank" : "ranks");
+  for (uint32_t r = 0; r < s->group_n && used < len; r++) {
+    const sched_worker_info *w = sched__rank(s, r);
+    if (w && sched__attached(w)) continue;
+    if (listed == 4) {
+      snprintf(buf + used, len - used, " and %" PRIu32 " more", missing - listed);
+      return;
+    }
+    used += (size_t)snprintf(buf + used, len - used, "%s%" PRIu32, listed ? ", " : " ", r);
+    listed++;
+  }
+}
+
+/* The offload summary of the group's manifests, summed over its ranks. */
+static void sched__group_offload(sched *s, sched_offload *out) {
+  memset(out, 0, sizeof *out);
+  for (uint32_t r = 0; r < s->group_n; r++) {
+    const sched_worker_info *w = sched__rank(s, r);
+    if (!w) continue;
+    out->gpu_tensors += w->offload.gpu_tensors;
+    out->pinned_tensors += w->offload.pinned_tensors;
+    out->pageable_tensors += w->offload.pageable_tensors;
+    out->gpu_bytes += w->offload.gpu_bytes;
+    out->pinned_bytes += w->offload.pinned_bytes;
+    out->pageable_bytes += w->offload.pageable_bytes;
+  }
 }
 
 /* ---- actions ------------------------------------------------------------------------ */
@@ -254,11 +338,13 @@ static void sched__act_parts(sched *s, sched_action *a) {
   size_t n = 0;
   if (sched__grow(&s->a32, &s->cap32, s->n32 + s->st.nparts, sizeof *s->a32)) return;
   size_t off = s->n32;
+  a->trainer_ranks = 0;
   for (size_t i = 0; i < s->st.nparts; i++) {
     sched_worker_info *w = sched__worker(s, s->st.parts[i]);
     /* Lost workers cannot receive anything; telling the shell to send to them is noise. */
     if (a->kind == SCHED_ACT_ABORT && (!w || !sched__live(w))) continue;
     s->a32[off + n++] = s->st.parts[i];
+    if (i < s->st.nsrc) a->trainer_ranks++;
   }
   s->n32 += n;
   a->nparticipants = n;
@@ -499,28 +585,36 @@ static void sched__start_step(sched *s, int64_t now) {
   uint64_t n = s->steps_done;
   sched__prune(s, n);
   if (s->npool < s->cfg.rollouts_per_step) return;
-  sched_worker_info *t = sched__trainer(s);
   sched__take_batch(s, n);
-  sched_action *a = sched__act(s, SCHED_ACT_TRAIN);
-  if (a) {
-    a->worker = t->id;
-    a->step = n;
-    a->nrollouts = s->st.nbatch;
-    a->ngroups = s->st.nbatch / s->cfg.group_size;
-    a->batch_tokens = s->st.batch_tokens;
-    if (!sched__grow(&s->a64, &s->cap64, s->n64 + s->st.nbatch, sizeof *s->a64)) {
-      memcpy(s->a64 + s->n64, s->st.batch, s->st.nbatch * sizeof *s->a64);
-      s->act_off[a - s->acts] = s->n64;
-      s->n64 += s->st.nbatch;
-    } else {
-      a->nrollouts = 0;
-      a->ngroups = 0;
-    }
+  /* One copy of the batch: every rank's TRAIN points at it. */
+  int have_ids = !sched__grow(&s->a64, &s->cap64, s->n64 + s->st.nbatch, sizeof *s->a64);
+  size_t off = s->n64;
+  if (have_ids) {
+    memcpy(s->a64 + s->n64, s->st.batch, s->st.nbatch * sizeof *s->a64);
+    s->n64 += s->st.nbatch;
   }
   s->st.phase = SCHED__TRAINING;
   s->st.catchup = 0;
   s->st.start_ms = now;
-  sched__set_worker_state(s, t, SCHED_WORKER_BUSY, "training");
+  s->st.ntrained = 0;
+  for (uint32_t r = 0; r < s->group_n; r++) {
+    sched_worker_info *t = sched__rank(s, r);
+    s->rank_trained[r] = 0;
+    s->rank_seconds[r] = 0;
+    s->rank_sum[r] = 0;
+    sched_action *a = sched__act(s, SCHED_ACT_TRAIN);
+    if (a) {
+      a->worker = t->id;
+      a->step = n;
+      a->trainer_rank = r;
+      a->trainer_ranks = s->group_n;
+      a->nrollouts = have_ids ? s->st.nbatch : 0;
+      a->ngroups = have_ids ? s->st.nbatch / s->cfg.group_size : 0;
+      a->batch_tokens = s->st.batch_tokens;
+      s->act_off[a - s->acts] = off;
+    }
+    sched__set_worker_state(s, t, SCHED_WORKER_BUSY, "training");
+  }
 }
 
 /* Dispatch asks only for rollouts a batch within the off-policy bound will
@@ -748,9 +842,6 @@ static int sched__plan_reserve(sched *s, size_t n) {
   uint8_t *d = realloc(s->st.done, cap);
   if (!d) return SCHED_ENOMEM;
   s->st.done = d;
-  uint64_t *c = realloc(s->st.rx_checksums, cap * sizeof *c);
-  if (!c) return SCHED_ENOMEM;
-  s->st.rx_checksums = c;
   if (sched__grow(&s->pscratch, &s->pscratch_cap, cap, sizeof *s->pscratch))
     return SCHED_ENOMEM;
   s->st.parts_cap = cap;
@@ -773,16 +864,21 @@ static void sched__plan_base(const sched *s, char *out, size_t len) {
     snprintf(out, len, "%s/step-%" PRIu64, s->cfg.run_id, s->steps_done);
 }
 
-/* Trainer first, then every attached inference worker (only those not synced
- * for a catch-up), in id order. 0, or -1 out of memory (the run failed). */
-static int sched__plan_parts(sched *s, const sched_worker_info *t, int catchup) {
+/* The trainer ranks first, in rank order (the sources), then every attached
+ * inference worker (only those not synced for a catch-up), in id order. 0,
+ * or -1 out of memory (the run failed). */
+static int sched__plan_parts(sched *s, int catchup) {
   sched__step *st = &s->st;
-  if (sched__plan_reserve(s, s->nworkers + 1)) {
+  if (sched__plan_reserve(s, s->nworkers + 1) ||
+      sched__grow(&st->src, &st->src_cap, s->group_n, sizeof *st->src) ||
+      sched__grow(&st->rx_sums, &st->rx_cap, (size_t)s->nworkers * s->group_n,
+                  sizeof *st->rx_sums)) {
     sched__fail_run(s, SCHED_ABORT_ERROR, "out of memory while planning the broadcast");
     return -1;
   }
   st->nparts = 0;
-  st->parts[st->nparts++] = t->id;
+  st->nsrc = s->group_n;
+  for (uint32_t r = 0; r < s->group_n; r++) st->parts[st->nparts++] = s->rank_worker[r];
   for (size_t i = 0; i < s->nworkers; i++) {
     const sched_worker_info *w = &s->workers[i];
     if (w->role == SCHED_ROLE_INFERENCE && sched__attached(w) && !(catchup && w->synced))
@@ -798,9 +894,8 @@ static void sched__plan_reset(sched *s) {
   st->nacked = st->ndone = 0;
   memset(st->acked, 0, st->nparts);
   memset(st->done, 0, st->nparts);
-  memset(st->rx_checksums, 0, st->nparts * sizeof *st->rx_checksums);
-  st->have_sender = 0;
-  st->checksums_ok = 1;
+  memset(st->src, 0, st->nsrc * sizeof *st->src);
+  memset(st->rx_sums, 0, (st->nparts - st->nsrc) * st->nsrc * sizeof *st->rx_sums);
   st->hash = 0;
   st->failing = 0;
   st->fail_msg[0] = '\0';
@@ -810,9 +905,8 @@ static void sched__plan_reset(sched *s) {
 }
 
 static void sched__start_plan(sched *s, int64_t now) {
-  sched_worker_info *t = sched__trainer(s);
   sched__step *st = &s->st;
-  if (sched__plan_parts(s, t, 0)) return;
+  if (sched__plan_parts(s, 0)) return;
   for (size_t i = 0; i < st->nparts; i++) {
     const sched_worker_info *w = sched__worker(s, st->parts[i]);
     s->pscratch[i] = (sched_participant){.name = w->name, .caps = w->caps};
@@ -822,8 +916,10 @@ static void sched__start_plan(sched *s, int64_t now) {
   sched__plan_base(s, base, sizeof base);
   if (st->attempt == 1) snprintf(st->plan_id, sizeof st->plan_id, "%s", base);
   else snprintf(st->plan_id, sizeof st->plan_id, "%s-r%" PRIu32, base, st->attempt);
-  int rc = sched_choose_mode(s->policy, s->pscratch, st->nparts, &t->offload, &st->mode,
-                             st->reason, sizeof st->reason);
+  sched_offload off;
+  sched__group_offload(s, &off);
+  int rc = sched_choose_mode(s->policy, s->pscratch, st->nparts, &off, &st->mode, st->reason,
+                             sizeof st->reason);
   st->catchup = 0;
   sched__plan_reset(s);
   if (rc != SCHED_OK) {
@@ -860,9 +956,8 @@ static int sched__wants_catchup(const sched *s) {
  * collective needs a communicator, and the trainer makes one only with a
  * train step. */
 static void sched__start_catchup(sched *s, int64_t now) {
-  sched_worker_info *t = sched__trainer(s);
   sched__step *st = &s->st;
-  if (!t || !sched__attached(t) || sched__plan_parts(s, t, 1)) return;
+  if (!sched__group_ready(s) || sched__plan_parts(s, 1)) return;
   if (s->catchup_step != s->steps_done) {
     s->catchup_step = s->steps_done;
     s->catchup_seq = 0;
@@ -876,7 +971,7 @@ static void sched__start_catchup(sched *s, int64_t now) {
   snprintf(st->reason, sizeof st->reason,
            "catch-up of %zu worker%s to policy version %" PRIu64 ": host transport (only a "
            "train step makes an NCCL communicator)",
-           st->nparts - 1, st->nparts == 2 ? "" : "s", s->steps_done);
+           st->nparts - st->nsrc, st->nparts - st->nsrc == 1 ? "" : "s", s->steps_done);
   st->catchup = 1;
   sched__plan_reset(s);
   sched_action *a = sched__act(s, SCHED_ACT_BUILD_PLAN);
@@ -892,40 +987,123 @@ static void sched__start_catchup(sched *s, int64_t now) {
   st->deadline_ms = now + s->cfg.plan_ack_timeout_ms;
 }
 
-/* The trainer holds version steps_done + 1: it trained step steps_done on a
- * batch this scheduler did not hand it (one from before a restart, or from
- * before it was lost). The step is as good as trained: plan it. The batch it
+/* Every rank holds version steps_done + 1: they trained step steps_done on a
+ * batch this scheduler did not hand them (one from before a restart, or from
+ * before a rank was lost). The step is as good as trained: plan it. The batch
  * used had rollouts_per_step rollouts, as every batch has. */
-static void sched__adopt_step(sched *s, sched_worker_info *t, int64_t now, double train_seconds) {
+static void sched__adopt_step(sched *s, int64_t now) {
   sched__step *st = &s->st;
   st->phase = SCHED__TRAINED;
   st->catchup = 0;
   st->start_ms = now;
-  st->train_seconds = train_seconds;
+  st->train_seconds = 0;
+  for (uint32_t r = 0; r < s->group_n; r++)
+    if (s->rank_seconds[r] > st->train_seconds) st->train_seconds = s->rank_seconds[r];
   st->nbatch = s->cfg.rollouts_per_step;
   st->batch_tokens = 0;
   st->deadline_ms = SCHED_NEVER;
-  t->policy_version = s->steps_done + 1;
+}
+
+/* The first rank holding the next version and the first holding the
+ * published one, when the live ranks disagree; 0 when they agree. */
+static int sched__ranks_disagree(sched *s, sched_worker_info **ahead, sched_worker_info **behind) {
+  *ahead = *behind = NULL;
+  for (uint32_t r = 0; r < s->group_n; r++) {
+    sched_worker_info *w = sched__rank(s, r);
+    if (!w) continue;
+    sched_worker_info **slot = w->policy_version > s->steps_done ? ahead : behind;
+    if (!*slot) *slot = w;
+  }
+  return *ahead && *behind;
+}
+
+/* "trainer ranks disagree: rank 0 (t0) holds version 4, rank 1 (t1) holds 3". */
+static void sched__disagree_text(sched *s, char *buf, size_t len) {
+  sched_worker_info *a, *b;
+  if (!sched__ranks_disagree(s, &a, &b)) {
+    snprintf(buf, len, "trainer ranks agree");
+    return;
+  }
+  snprintf(buf, len,
+           "trainer ranks disagree: rank %" PRIu32 " (%s) holds policy version %" PRIu64
+           ", rank %" PRIu32 " (%s) holds %" PRIu64,
+           a->caps.trainer_rank, a->name, a->policy_version, b->caps.trainer_rank, b->name,
+           b->policy_version);
+}
+
+/* Idle, with every rank live: all holding the next version adopt its step;
+ * some holding it wait for the others' step done, at most
+ * heartbeat_timeout_ms, then the run fails naming them. */
+static void sched__settle_group(sched *s, int64_t now) {
+  sched_worker_info *ahead = NULL, *behind = NULL;
+  int whole = s->group_n > 0 && sched__ranks_count(s, 0) == s->group_n;
+  if (s->st.phase != SCHED__IDLE || !whole) {
+    s->mixed = 0;
+    return;
+  }
+  if (!sched__ranks_disagree(s, &ahead, &behind)) {
+    s->mixed = 0;
+    if (ahead) sched__adopt_step(s, now);
+    return;
+  }
+  if (!s->mixed) {
+    s->mixed = 1;
+    s->mixed_since = now;
+  }
+  if (now - s->mixed_since < s->cfg.heartbeat_timeout_ms) return;
+  char why[SCHED_TEXT_MAX], msg[2 * SCHED_TEXT_MAX];
+  sched__disagree_text(s, why, sizeof why);
+  snprintf(msg, sizeof msg,
+           "%s, and rank %" PRIu32 " did not report step %" PRIu64 " within %" PRId64
+           " ms: a group's ranks finish a step together or not at all",
+           why, behind->caps.trainer_rank, s->steps_done, s->cfg.heartbeat_timeout_ms);
+  s->mixed = 0;
+  sched__fail_run(s, SCHED_ABORT_ERROR, msg);
 }
 
 /* ---- the pump -------------------------------------------------------------------------------- */
 
 static void sched__update_run_state(sched *s) {
   if (s->state != SCHED_RUN_PENDING && s->state != SCHED_RUN_RUNNING) return;
-  sched_worker_info *t = sched__trainer(s);
-  uint32_t ninf = 0;
+  int ready = sched__group_ready(s);
+  uint32_t ninf = 0, n = s->group_n;
   for (size_t i = 0; i < s->nworkers; i++)
     if (s->workers[i].role == SCHED_ROLE_INFERENCE && sched__attached(&s->workers[i])) ninf++;
-  if (t && sched__attached(t) && ninf > 0) {
-    sched__set_run_state(s, SCHED_RUN_RUNNING, "1 trainer and %" PRIu32 " inference workers attached",
-                         ninf);
+  char why[SCHED_TEXT_MAX];
+  if (n > 1 && s->mixed) {
+    sched__disagree_text(s, why, sizeof why);
+    sched__set_run_state(s, ready && ninf > 0 ? SCHED_RUN_RUNNING : SCHED_RUN_PENDING,
+                         "%.180s; waiting for the others to report step %" PRIu64, why,
+                         s->steps_done);
+  } else if (ready && ninf > 0) {
+    if (n > 1)
+      sched__set_run_state(s, SCHED_RUN_RUNNING,
+                           "%" PRIu32 " trainer ranks and %" PRIu32 " inference workers attached",
+                           n, ninf);
+    else
+      sched__set_run_state(s, SCHED_RUN_RUNNING,
+                           "1 trainer and %" PRIu32 " inference workers attached", ninf);
+  } else if (n > 1) {
+    /* A group says which ranks it waits for from the first rank on. */
+    if (!ready) {
+      sched__missing_ranks(s, why, sizeof why);
+      sched__set_run_state(s, SCHED_RUN_PENDING,
+                           "waiting for trainer ranks: %" PRIu32 " of %" PRIu32
+                           " trainer ranks attached (%.160s missing)",
+                           sched__ranks_count(s, 1), n, why);
+    } else {
+      sched__set_run_state(s, SCHED_RUN_PENDING,
+                           "waiting for an inference worker (%" PRIu32 " trainer ranks attached)", n);
+    }
   } else if (s->state == SCHED_RUN_RUNNING) {
     sched__set_run_state(s, SCHED_RUN_PENDING, "waiting for %s",
-                         !t || !sched__attached(t) ? "a trainer" : "an inference worker");
+                         !ready ? "a trainer" : "an inference worker");
   }
 }
 
 static void sched__pump(sched *s, int64_t now) {
+  if (sched__terminal(s)) return;
+  sched__settle_group(s, now);
   if (sched__terminal(s)) return;
   sched__update_run_state(s);
   if (s->state == SCHED_RUN_STOPPING) {
@@ -934,10 +1112,13 @@ static void sched__pump(sched *s, int64_t now) {
     return;
   }
   if (s->state != SCHED_RUN_RUNNING) return;
-  if (s->st.phase == SCHED__IDLE) sched__start_step(s, now);
+  /* Ranks that disagree on the version can train nothing together, nor send
+   * one version. */
+  if (s->st.phase == SCHED__IDLE && !s->mixed) sched__start_step(s, now);
   if (s->st.phase == SCHED__TRAINED) sched__start_plan(s, now);
   /* A step that can start goes first: its plan catches everyone up too. */
-  if (s->state == SCHED_RUN_RUNNING && s->st.phase == SCHED__IDLE && sched__wants_catchup(s))
+  if (s->state == SCHED_RUN_RUNNING && s->st.phase == SCHED__IDLE && !s->mixed &&
+      sched__wants_catchup(s))
     sched__start_catchup(s, now);
   if (s->state == SCHED_RUN_RUNNING) sched__dispatch(s, now);
 }
@@ -1008,7 +1189,8 @@ void sched_free(sched *s) {
   free(s->st.parts);
   free(s->st.acked);
   free(s->st.done);
-  free(s->st.rx_checksums);
+  free(s->st.src);
+  free(s->st.rx_sums);
   free(s->pscratch);
   free(s->acts);
   free(s->act_off);
@@ -1074,6 +1256,8 @@ int64_t sched_next_deadline(const sched *s) {
     int64_t due = w->last_seen_ms + s->cfg.heartbeat_timeout_ms;
     if (due < d) d = due;
   }
+  if (s->mixed && s->mixed_since + s->cfg.heartbeat_timeout_ms < d)
+    d = s->mixed_since + s->cfg.heartbeat_timeout_ms;
   for (size_t i = 0; s->cfg.request_timeout_ms > 0 && i < s->nreqs; i++) {
     const sched__request *q = &s->reqs[i];
     if (q->overdue || q->sent_ms > INT64_MAX - s->cfg.request_timeout_ms) continue;
@@ -1117,28 +1301,26 @@ static uint64_t sched__max_version(const sched *s) {
 /* A trainer that joins holds the run's weights only if it holds the
  * committed version, or the next (a step trained, not committed); anything
  * else fails the run, saying which versions. Returns whether it may go on. */
-static int sched__trainer_fits(sched *s, sched_worker_info *t, int64_t now, uint64_t v) {
+static int sched__trainer_fits(sched *s, sched_worker_info *t, uint64_t v) {
   uint64_t n = s->steps_done;
-  if (v == n) {
-    t->policy_version = n;
-    return 1;
-  }
-  if (v == n + 1 && s->st.phase == SCHED__IDLE) {
-    sched__adopt_step(s, t, now, 0);
-    return 1;
-  }
+  t->policy_version = v;
+  /* The next version: its step is adopted once every rank holds it
+   * (sched__settle_group). */
+  if (v == n || (v == n + 1 && s->st.phase == SCHED__IDLE)) return 1;
   char msg[2 * SCHED_TEXT_MAX]; /* what does not fit the run's message is cut there */
+  char who[SCHED_TEXT_MAX];
+  sched__who(t, who, sizeof who);
   if (v < n)
     snprintf(msg, sizeof msg,
-             "trainer %s holds policy version %" PRIu64 ", older than the committed %" PRIu64
+             "%s holds policy version %" PRIu64 ", older than the committed %" PRIu64
              ": it lost the run's weights and optimizer state (restarted without a "
              "checkpoint?); restore version %" PRIu64 " or start a new run",
-             t->name, v, n, n);
+             who, v, n, n);
   else
     snprintf(msg, sizeof msg,
-             "trainer %s holds policy version %" PRIu64 ", newer than the committed %" PRIu64
+             "%s holds policy version %" PRIu64 ", newer than the committed %" PRIu64
              " and the step after it: it does not hold this run's weights",
-             t->name, v, n);
+             who, v, n);
   t->policy_version = v;
   sched__fail_run(s, SCHED_ABORT_ERROR, msg);
   return 0;
@@ -1155,10 +1337,37 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
   if (w && sched__live(w))
     return sched__fail_arg(s, SCHED_EEXIST, "worker %" PRIu32 ": already registered as %s", id,
                            w->name);
-  sched_worker_info *t = sched__trainer(s);
-  if (role == SCHED_ROLE_TRAINER && t)
-    return sched__fail_arg(s, SCHED_EEXIST, "worker %" PRIu32 ": the run already has trainer %s",
-                           id, t->name);
+  uint32_t rank = 0, ranks = 1;
+  if (role == SCHED_ROLE_TRAINER) {
+    rank = caps ? caps->trainer_rank : 0;
+    ranks = sched__ranks_of(caps);
+    if (ranks > SCHED_MAX_TRAINER_RANKS)
+      return sched__fail_arg(s, SCHED_EINVAL,
+                             "worker %" PRIu32 ": trainer_ranks %" PRIu32
+                             " is over the limit of %d ranks",
+                             id, ranks, SCHED_MAX_TRAINER_RANKS);
+    if (rank >= ranks)
+      return sched__fail_arg(s, SCHED_EINVAL,
+                             "worker %" PRIu32 ": trainer_rank %" PRIu32
+                             " is not below trainer_ranks %" PRIu32,
+                             id, rank, ranks);
+    sched_worker_info *r0 = NULL;
+    for (uint32_t r = 0; !r0 && r < s->group_n; r++) r0 = sched__rank(s, r);
+    if (r0 && ranks != s->group_n)
+      return sched__fail_arg(s, SCHED_EINVAL,
+                             "worker %" PRIu32 ": trainer_ranks %" PRIu32
+                             ", but the run's trainer group has %" PRIu32 " ranks (%s is rank %" PRIu32
+                             ")",
+                             id, ranks, s->group_n, r0->name, r0->caps.trainer_rank);
+    sched_worker_info *held = sched__rank(s, rank);
+    if (held && ranks == 1)
+      return sched__fail_arg(s, SCHED_EEXIST, "worker %" PRIu32 ": the run already has trainer %s",
+                             id, held->name);
+    if (held)
+      return sched__fail_arg(s, SCHED_EEXIST,
+                             "worker %" PRIu32 ": trainer rank %" PRIu32 " is held by %s", id,
+                             rank, held->name);
+  }
   if (!w) {
     if (sched__grow(&s->workers, &s->workers_cap, s->nworkers + 1, sizeof *s->workers))
       return sched__fail_arg(s, SCHED_ENOMEM, "out of memory registering worker %" PRIu32, id);
@@ -1174,13 +1383,21 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
   if (name && name[0]) snprintf(w->name, sizeof w->name, "%s", name);
   else snprintf(w->name, sizeof w->name, "worker-%" PRIu32, id);
   if (caps) w->caps = *caps;
+  w->caps.trainer_rank = rank;
+  w->caps.trainer_ranks = role == SCHED_ROLE_TRAINER ? ranks : 0;
   if (offload && role == SCHED_ROLE_TRAINER) w->offload = *offload;
   w->policy_version = policy_version;
   /* After a resume nobody is trusted until a plan verified it. */
   w->synced = role == SCHED_ROLE_INFERENCE && !s->resume_pending && policy_version == s->steps_done;
   w->last_seen_ms = now;
   sched__emit_worker(s, w, "registered");
-  if (role == SCHED_ROLE_TRAINER && !sched__terminal(s)) sched__trainer_fits(s, w, now, policy_version);
+  if (role == SCHED_ROLE_TRAINER) {
+    sched__group_scan(s);
+    s->rank_trained[rank] = 0;
+    s->rank_seconds[rank] = 0;
+    s->rank_sum[rank] = 0;
+    if (!sched__terminal(s)) sched__trainer_fits(s, w, policy_version);
+  }
   sched__pump(s, now);
   return SCHED_OK;
 }
@@ -1246,11 +1463,24 @@ static void sched__lose(sched *s, sched_worker_info *w, const char *reason) {
              w->name, why);
     sched__abort_plan(s, SCHED_ABORT_PARTICIPANT_LOST, msg);
   }
-  /* Without its trainer the step's weights are gone: redo it with a fresh batch. */
+  /* Without its trainer (any rank of it) the step's weights are gone: redo it
+   * with a fresh batch, or plan it if every rank comes back holding it. */
   if (trainer && !sched__terminal(s)) {
+    if (s->st.phase == SCHED__TRAINING) {
+      /* The other ranks' part of the step is given up: nothing waits on them. */
+      for (uint32_t r = 0; r < s->group_n; r++) {
+        sched_worker_info *o = sched__rank(s, r);
+        if (!o || o == w || o->state != SCHED_WORKER_BUSY) continue;
+        char msg[SCHED_TEXT_MAX];
+        snprintf(msg, sizeof msg, "step %" PRIu64 " given up: trainer rank %" PRIu32 " (%s) lost",
+                 s->steps_done, w->caps.trainer_rank, w->name);
+        sched__set_worker_state(s, o, SCHED_WORKER_READY, msg);
+      }
+    }
     s->st.phase = SCHED__IDLE;
     s->st.catchup = 0;
   }
+  if (trainer) sched__group_scan(s);
 }
 
 int sched_worker_lost(sched *s, int64_t now, uint32_t id, const char *reason) {
@@ -1413,8 +1643,39 @@ static int sched__is_trainer(sched *s, uint32_t worker, sched_worker_info **out)
   return SCHED_OK;
 }
 
+/* A rank reported step `step` done ahead of the step training: the group no
+ * longer trains one step, so the run fails naming both ranks and steps. */
+static void sched__step_mismatch(sched *s, const sched_worker_info *t, uint64_t step) {
+  const sched_worker_info *o = NULL;
+  for (uint32_t r = 0; !o && r < s->group_n; r++)
+    if (s->rank_trained[r]) o = sched__rank(s, r);
+  char msg[2 * SCHED_TEXT_MAX];
+  if (o)
+    snprintf(msg, sizeof msg,
+             "trainer rank %" PRIu32 " (%s) reported step %" PRIu64 " done, but rank %" PRIu32
+             " (%s) reported step %" PRIu64 ", the step training: a group's ranks train one step "
+             "together",
+             t->caps.trainer_rank, t->name, step, o->caps.trainer_rank, o->name, s->steps_done);
+  else {
+    o = sched__rank(s, t->caps.trainer_rank == 0 ? 1 : 0);
+    snprintf(msg, sizeof msg,
+             "trainer rank %" PRIu32 " (%s) reported step %" PRIu64 " done, but rank %" PRIu32
+             " (%s) was sent step %" PRIu64 ", the step training: a group's ranks train one step "
+             "together",
+             t->caps.trainer_rank, t->name, step, o ? o->caps.trainer_rank : 0,
+             o ? o->name : "?", s->steps_done);
+  }
+  sched__fail_run(s, SCHED_ABORT_ERROR, msg);
+}
+
 int sched_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
                     double train_seconds, const sched_offload *offload) {
+  return sched_shard_step_done(s, now, worker, step, train_seconds, offload, 0);
+}
+
+int sched_shard_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
+                          double train_seconds, const sched_offload *offload,
+                          uint64_t shard_checksum) {
   if (sched__begin(s, now)) return SCHED_EINVAL;
   sched_worker_info *t = NULL;
   int rc = sched__is_trainer(s, worker, &t);
@@ -1423,6 +1684,9 @@ int sched_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
   if (!(train_seconds >= 0))
     return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: train_seconds %g: must be >= 0",
                            t->name, train_seconds);
+  uint32_t rank = t->caps.trainer_rank;
+  char who[SCHED_TEXT_MAX];
+  sched__who(t, who, sizeof who);
   /* Trained on a batch from before a restart or a loss: it holds the next
    * version now, which no catch-up may send in place of it. */
   int unasked = s->st.phase == SCHED__IDLE ||
@@ -1430,13 +1694,15 @@ int sched_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
   if (step == s->steps_done && unasked && !sched__terminal(s)) {
     if (s->st.catchup) {
       char msg[SCHED_TEXT_MAX];
-      snprintf(msg, sizeof msg, "trainer %s trained step %" PRIu64 " meanwhile: its plan goes first",
-               t->name, step);
+      snprintf(msg, sizeof msg, "%.200s trained step %" PRIu64 " meanwhile: its plan goes first",
+               who, step);
       sched__abort_plan(s, SCHED_ABORT_REFUSED, msg);
     }
     if (offload) t->offload = *offload;
-    sched__adopt_step(s, t, now, train_seconds);
-    sched__pump(s, now);
+    t->policy_version = step + 1;
+    s->rank_seconds[rank] = train_seconds;
+    s->rank_sum[rank] = shard_checksum;
+    sched__pump(s, now); /* adopts the step once every rank holds it */
     return SCHED_OK;
   }
   if (step == s->steps_done && s->st.phase >= SCHED__TRAINED && !s->st.catchup)
@@ -1446,14 +1712,28 @@ int sched_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
     return sched__fail_arg(s, step < s->steps_done ? SCHED_ESTALE : SCHED_ESTATE,
                            "trainer %s: step %" PRIu64 " done, but no such step is training",
                            t->name, step);
-  if (step != s->steps_done)
+  if (step != s->steps_done && s->group_n == 1)
     return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: step %" PRIu64 " done, training step %" PRIu64,
                            t->name, step, s->steps_done);
+  if (step != s->steps_done) {
+    sched__step_mismatch(s, t, step);
+    return SCHED_OK;
+  }
+  if (s->rank_trained[rank])
+    return sched__fail_arg(s, SCHED_ESTALE, "%s: step %" PRIu64 " reported already", who, step);
   if (offload) t->offload = *offload;
   t->policy_version = step + 1;
-  s->st.train_seconds = train_seconds;
-  s->st.phase = SCHED__TRAINED;
+  s->rank_trained[rank] = 1;
+  s->rank_seconds[rank] = train_seconds;
+  s->rank_sum[rank] = shard_checksum;
   sched__set_worker_state(s, t, SCHED_WORKER_READY, "step done");
+  if (++s->st.ntrained == s->group_n) {
+    /* The step took as long as its slowest rank. */
+    s->st.train_seconds = 0;
+    for (uint32_t r = 0; r < s->group_n; r++)
+      if (s->rank_seconds[r] > s->st.train_seconds) s->st.train_seconds = s->rank_seconds[r];
+    s->st.phase = SCHED__TRAINED;
+  }
   sched__pump(s, now);
   return SCHED_OK;
 }
@@ -1466,9 +1746,13 @@ static int sched__plan_rank(sched *s, sched__phase want, uint32_t worker, const 
     return sched__fail_arg(s, SCHED_ESTALE, "plan %s: not the pending plan", plan_id);
   if (s->st.phase != want)
     return sched__fail_arg(s, SCHED_ESTATE, "plan %s: not expected in this phase", plan_id);
-  /* Rank 0 is the trainer; ranks 1.. are inference workers in id order. */
-  size_t lo = 1, hi = s->st.nparts;
-  if (s->st.parts[0] == worker) lo = hi = 0;
+  /* Ranks 0..nsrc-1 are the trainer ranks in rank order; the others are
+   * inference workers in id order. */
+  size_t lo = s->st.nsrc, hi = s->st.nparts;
+  const sched_worker_info *w = sched__worker(s, worker);
+  if (w && w->role == SCHED_ROLE_TRAINER && w->caps.trainer_rank < s->st.nsrc &&
+      s->st.parts[w->caps.trainer_rank] == worker)
+    lo = hi = w->caps.trainer_rank;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
     if (s->st.parts[mid] < worker) lo = mid + 1;
@@ -1557,39 +1841,60 @@ int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id
   return SCHED_OK;
 }
 
+/* The checksum source rank `j` sent: its broadcast report's, else the one
+ * its step done gave (a step's plan only: a catch-up sends what the rank
+ * held before). 0 when none, or when the two differ: the weights sent are
+ * then not the ones trained. */
+static uint64_t sched__source_sum(const sched *s, uint32_t j) {
+  uint64_t b = s->st.src[j].weights_checksum, d = s->st.catchup ? 0 : s->rank_sum[j];
+  if (b && d && b != d) return 0;
+  return b ? b : d;
+}
+
 /* The figures of the plan that just finished, as a step record of step
- * steps_done publishing `version`. */
+ * steps_done publishing `version`. Bytes and buckets are summed over the
+ * sources, which send at the same time; times are the slowest source's. */
 static void sched__record(sched *s, int64_t now, uint64_t version, sched_step_record *r) {
   sched__step *st = &s->st;
-  const sched_bcast_report *b = &st->sender;
   memset(r, 0, sizeof *r);
   snprintf(r->run_id, sizeof r->run_id, "%s", s->cfg.run_id);
   r->step = s->steps_done;
   r->mode = st->mode;
   snprintf(r->mode_reason, sizeof r->mode_reason, "%s", st->reason);
-  snprintf(r->transport, sizeof r->transport, "%s", b->transport);
-  r->pcie_bytes = b->pcie_bytes;
-  r->wire_bytes = b->wire_bytes;
-  r->h2d_seconds = b->h2d_seconds;
-  r->cast_seconds = b->cast_seconds;
-  r->wire_seconds = b->wire_seconds;
-  r->total_seconds = b->total_seconds;
-  r->exposed_staging_seconds = b->exposed_staging_seconds;
-  r->exposed_measured = b->exposed_measured;
-  r->gbps = b->gbps > 0 ? b->gbps
-            : b->total_seconds > 0 ? (double)b->wire_bytes / b->total_seconds / 1e9 : 0;
+  snprintf(r->transport, sizeof r->transport, "%s", st->src[0].transport);
+  r->exposed_measured = st->src[0].exposed_measured;
+  for (uint32_t j = 0; j < st->nsrc; j++) {
+    const sched_bcast_report *b = &st->src[j];
+    r->pcie_bytes += b->pcie_bytes;
+    r->wire_bytes += b->wire_bytes;
+    r->buckets += b->buckets;
+    if (b->h2d_seconds > r->h2d_seconds) r->h2d_seconds = b->h2d_seconds;
+    if (b->cast_seconds > r->cast_seconds) r->cast_seconds = b->cast_seconds;
+    if (b->wire_seconds > r->wire_seconds) r->wire_seconds = b->wire_seconds;
+    if (b->total_seconds > r->total_seconds) r->total_seconds = b->total_seconds;
+    if (b->exposed_staging_seconds > r->exposed_staging_seconds)
+      r->exposed_staging_seconds = b->exposed_staging_seconds;
+    if (!b->exposed_measured) r->exposed_measured = 0;
+  }
+  /* One source's own rate stands; several give their bytes over the slowest. */
+  r->gbps = st->nsrc == 1 && st->src[0].gbps > 0 ? st->src[0].gbps
+            : r->total_seconds > 0 ? (double)r->wire_bytes / r->total_seconds / 1e9 : 0;
   r->train_seconds = st->train_seconds;
   r->rollouts_used = st->nbatch;
   r->rollouts_dropped = (uint32_t)s->dropped_since_commit;
   r->step_seconds = (double)(now - st->start_ms) / 1000.0;
   r->staging_share = r->step_seconds > 0 ? r->exposed_staging_seconds / r->step_seconds : 0;
   r->policy_version = version;
-  r->buckets = b->buckets;
   r->finished_unix_ms = 0; /* wall time is the caller's */
-  r->receivers = (uint32_t)(st->nparts - 1);
-  r->weights_verified = b->weights_checksum != 0 && st->checksums_ok;
-  for (size_t i = 1; i < st->nparts; i++)
-    if (st->rx_checksums[i] != b->weights_checksum) r->weights_verified = 0;
+  r->receivers = (uint32_t)(st->nparts - st->nsrc);
+  r->sources = st->nsrc;
+  r->weights_verified = 1;
+  for (uint32_t j = 0; j < st->nsrc; j++) {
+    uint64_t want = sched__source_sum(s, j);
+    if (!want) r->weights_verified = 0;
+    for (size_t i = 0; i < r->receivers; i++)
+      if (st->rx_sums[i * st->nsrc + j] != want) r->weights_verified = 0;
+  }
 }
 
 /* Keeps `rec` for action `a` (COMMIT, CAUGHT_UP); 0, or -1 out of memory. */
@@ -1687,18 +1992,29 @@ int sched_broadcast_done(sched *s, int64_t now, uint32_t worker, const char *pla
     if (sched__failing_due(s, now)) sched__plan_timeout(s);
     return SCHED_OK;
   }
-  if (rank == 0 && !report)
+  uint32_t ns = s->st.nsrc;
+  if (rank < ns && !report)
     return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: broadcast done without figures",
                            w->name);
+  if (rank >= ns && report && report->nsource_checksums &&
+      (report->nsource_checksums != ns || !report->source_checksums))
+    return sched__fail_arg(s, SCHED_EINVAL,
+                           "worker %s: source_checksums: %" PRIu32 " given%s, plan %s has %" PRIu32
+                           " source%s",
+                           w->name, report->nsource_checksums,
+                           report->source_checksums ? "" : " (NULL)", plan_id, ns,
+                           ns == 1 ? "" : "s");
   if (s->st.done[rank]) return SCHED_OK;
   s->st.done[rank] = 1;
-  if (rank == 0) {
-    s->st.sender = *report;
-    s->st.sender.transport[sizeof s->st.sender.transport - 1] = '\0';
-    s->st.have_sender = 1;
-  } else {
-    s->st.rx_checksums[rank] = report ? report->weights_checksum : 0;
-    if (!report || !report->weights_checksum) s->st.checksums_ok = 0;
+  if (rank < ns) {
+    s->st.src[rank] = *report;
+    s->st.src[rank].transport[sizeof s->st.src[rank].transport - 1] = '\0';
+    s->st.src[rank].source_checksums = NULL; /* the caller's, for this call only */
+    s->st.src[rank].nsource_checksums = 0;
+  } else if (report) {
+    uint64_t *row = s->st.rx_sums + (rank - ns) * ns;
+    if (report->nsource_checksums) memcpy(row, report->source_checksums, ns * sizeof *row);
+    else if (ns == 1) row[0] = report->weights_checksum;
   }
   if (++s->st.ndone < s->st.nparts) return SCHED_OK;
   if (s->st.catchup) sched__catchup_done(s, now);

@@ -77,9 +77,10 @@
  * committed; nothing is retried silently). A worker LOST while a plan is
  * pending: the plan is aborted; an inference worker's loss re-plans the same
  * step without it (PENDING if none is left, until one attaches); the
- * trainer's loss sends the run back to PENDING until a trainer attaches that
- * holds the committed version (the step is redone with a fresh batch) or the
- * next (the step it trained is planned; see "Resume"). Groups in flight on a lost worker are
+ * trainer's loss (any rank of its group) sends the run back to PENDING until
+ * a trainer attaches that holds the committed version (the step is redone
+ * with a fresh batch) or the next (the step it trained is planned; see
+ * "Resume"). Groups in flight on a lost worker are
  * re-sent (above); its results already received stay usable. A broadcast
  * error is held before it fails the run, since it is often the echo of a
  * peer's death or hang: until every participant has been heard from since the
@@ -115,6 +116,62 @@
  * so nothing sent before the restart is taken for something sent after: a
  * result for an older request is SCHED_ESTALE.
  *
+ * Trainer groups. A trainer of N ranks (FSDP, ZeRO: each rank holds a shard
+ * of every parameter) registers one worker per rank, each saying its rank r
+ * and the group size N in sched_caps (trainer_rank, trainer_ranks; 0 ranks
+ * counts as 1: today's lone trainer, whose actions and messages are
+ * unchanged). The group is the live trainers; the first one to register
+ * while none is live sets N. Refused, with a message naming the field:
+ * trainer_ranks over SCHED_MAX_TRAINER_RANKS, a rank >= N, or an N other
+ * than the live group's (SCHED_EINVAL); a second live trainer of a rank
+ * already held (SCHED_EEXIST). The run trains only while ranks 0..N-1 are
+ * all attached; until then its message says what it waits for ("1 of 2
+ * trainer ranks attached (rank 1 missing)").
+ *   - Steps: TRAIN goes to every rank (one action each, rank order, the same
+ *     step and batch; the action says trainer_rank and trainer_ranks, so that
+ *     the shell tells each rank which share to fetch). The step is trained
+ *     once every rank reported it done (train_seconds: the slowest rank's).
+ *     A rank that reports another step than the one training, ahead of it,
+ *     fails the run naming both ranks and steps (a lone trainer's report of
+ *     that kind is refused with SCHED_EINVAL, as it always was); a repeat is
+ *     SCHED_ESTALE.
+ *   - Versions: every rank must hold the same version. At registration each
+ *     rank's version is checked as a lone trainer's (the published one or
+ *     the next, else the run fails naming both). A rank holds the next
+ *     version when it registered with it or reported step steps_done while
+ *     no step trains (the resume/redo case: the group trained the step on a
+ *     batch from before a restart or a loss). The group adopts that step
+ *     (plans it as trained, train_seconds the slowest report's) once every
+ *     rank holds the next version; a catch-up not yet triggered is aborted
+ *     at the first such report. While some ranks hold the next version and
+ *     others the published one, no step or catch-up starts; the group may be
+ *     whole and disagree for heartbeat_timeout_ms at most (a rank registers
+ *     before it reports the step it was still training when the
+ *     orchestrator restarted), then the run fails naming the ranks and their
+ *     versions: an FSDP step is collective, the ranks finish it together or
+ *     not at all.
+ *   - Plans: the participants are the trainer ranks first, in rank order
+ *     (plan ranks 0..N-1 are the sources), then the receivers; plan actions
+ *     say trainer_ranks. Catch-ups the same. sched_choose_mode reads N from
+ *     parts[0].caps.trainer_ranks: several sources run on the host transport
+ *     only (auto picks it; an override to another mode fails the run).
+ *   - Verification: each source reports the checksum of its own shard
+ *     (sched_bcast_report.weights_checksum, or the one its step done gave,
+ *     sched_shard_step_done, when the report has none; both given and
+ *     different: the step is not verified). Each receiver reports one
+ *     checksum per source (source_checksums); weights_verified = every
+ *     receiver reported, for every source, that source's checksum. With one
+ *     source the receiver's weights_checksum serves, as before.
+ *   - Figures: the step record sums bytes and buckets over the sources, takes
+ *     each time as the slowest source's, the transport from rank 0, gbps as
+ *     the summed wire bytes over the slowest total; `sources` says how many.
+ *   - Losses: a rank lost is the group's trainer lost (see "Failure
+ *     policy"): a pending plan is aborted, the step is redone with a fresh
+ *     batch once the group is whole again at the published version, or
+ *     planned again if every rank comes back holding the next; ranks that
+ *     disagree then fail the run as above. The run waits, naming the ranks
+ *     missing. A resumed run's group must come back whole the same way.
+ *
  * Errors are negative SCHED_E* codes; sched_last_error() tells which field or
  * worker was at fault. A rejected event changes nothing unless its doc says so
  * (its `now_ms`, if not refused itself, still counts as the latest time seen).
@@ -138,7 +195,7 @@ enum {
   SCHED_ENOENT = -2,  /* unknown worker or request */
   SCHED_ESTATE = -3,  /* not valid in the current run, step or worker state */
   SCHED_ESTALE = -4,  /* refers to an old plan, request or step: ignored, harmless */
-  SCHED_EEXIST = -5,  /* worker id already registered, or a second live trainer */
+  SCHED_EEXIST = -5,  /* worker id already registered, or a second live trainer of a rank */
   SCHED_ENOMEM = -6,  /* allocation failed */
   SCHED_ENOTSUP = -7  /* the broadcast mode cannot run on these participants */
 };
@@ -202,6 +259,7 @@ const char *sched_abort_reason_name(sched_abort_reason r); /* "error", "ack_time
 #define SCHED_GPU_UUID_MAX 48 /* "GPU-" and 36 characters, NUL included, with room */
 #define SCHED_HOST_ID_MAX 64  /* a boot id (36) or a host name, NUL included */
 #define SCHED_NEVER INT64_MAX /* sched_next_deadline() with nothing to wait for */
+#define SCHED_MAX_TRAINER_RANKS 1024 /* ranks of one trainer group at most */
 
 /* ---- settings of one run ----------------------------------------------------- */
 typedef struct sched_settings {
@@ -241,6 +299,10 @@ typedef struct sched_caps {
                                        of its own (max_outstanding applies either way) */
   char gpu_uuid[SCHED_GPU_UUID_MAX]; /* GPU it uses ("GPU-..."); "" without one */
   char host_id[SCHED_HOST_ID_MAX];   /* machine it runs on; "" when it did not say */
+  /* Trainer only (see "Trainer groups"): its rank and the group's size; 0
+   * ranks is a lone trainer, stored as 1. Ignored for inference workers. */
+  uint32_t trainer_rank;
+  uint32_t trainer_ranks;
 } sched_caps;
 
 /* Offload summary of the trainer's manifest: where its tensors live. */
@@ -283,13 +345,18 @@ typedef struct sched_step_record {
   uint32_t buckets;
   int64_t finished_unix_ms;      /* 0 here: the scheduler's clock is not wall time, so
                                     the caller stamps the commit's Unix time */
-  int weights_verified;          /* every receiver reported the sender's checksum */
+  int weights_verified;          /* every receiver reported every source's checksum */
   uint32_t receivers;            /* inference workers in the plan */
+  uint32_t sources;              /* trainer ranks that sent (1: a lone trainer) */
 } sched_step_record;
 
-/* What a participant reports with broadcast done. Only the sender's (rank 0)
- * figures go into the step record; receivers may pass NULL (then the step's
- * weights are not verified) or only `weights_checksum`. */
+/* What a participant reports with broadcast done. Only the sources' figures
+ * go into the step record; receivers may pass NULL (then the step's weights
+ * are not verified) or only their checksums. A source's `weights_checksum` is
+ * that of its own shard. A receiver of a plan of S sources gives
+ * `source_checksums[0..S)` (its checksum of source j's slices; the caller
+ * owns the array for the call), or none: with S = 1 its `weights_checksum`
+ * then serves. Any other count is SCHED_EINVAL. */
 typedef struct sched_bcast_report {
   char transport[16];
   uint64_t pcie_bytes, wire_bytes;
@@ -299,6 +366,8 @@ typedef struct sched_bcast_report {
   double gbps; /* 0: computed from wire_bytes and total_seconds */
   uint32_t buckets;
   uint64_t weights_checksum; /* 0: not computed */
+  const uint64_t *source_checksums; /* receiver: one per source rank; 0: not computed */
+  uint32_t nsource_checksums;
 } sched_bcast_report;
 
 /* One rollout as an inference worker reports it. Ids are unique within a run. */
@@ -312,10 +381,12 @@ typedef struct sched_rollout {
 /* ---- actions --------------------------------------------------------------------- */
 typedef enum {
   SCHED_ACT_DISPATCH = 1,    /* send RolloutRequest{request_id, count, group_id} to `worker` */
-  SCHED_ACT_TRAIN,           /* send TrainStep{step, rollout_ids} to the trainer `worker` */
+  SCHED_ACT_TRAIN,           /* send TrainStep{step, rollout_ids} to the trainer `worker`,
+                                rank `trainer_rank` of `trainer_ranks`: one per rank */
   SCHED_ACT_BUILD_PLAN,      /* build plan `plan_id` in `mode` for `participants`
-                                (rank i = participants[i]; trainer is rank 0), send
-                                it to all of them, then call sched_plan_built() */
+                                (rank i = participants[i]; the trainer ranks are
+                                ranks 0..trainer_ranks-1, the sources), send it to
+                                all of them, then call sched_plan_built() */
   SCHED_ACT_TRIGGER,         /* send TriggerBroadcast{plan_id, hash} to `participants` */
   SCHED_ACT_ABORT,           /* send AbortCommand{plan_id, text} to `participants` */
   SCHED_ACT_COMMIT,          /* store and publish `record` */
@@ -324,7 +395,7 @@ typedef enum {
   SCHED_ACT_CANCEL,          /* send AbortCommand{request_id, text} to `worker`: its group
                                 `group_id` was answered by another request */
   SCHED_ACT_CAUGHT_UP        /* catch-up plan `plan_id` finished: `participants` (rank
-                                order, trainer first) hold `policy_version`; `record`
+                                order, trainer ranks first) hold `policy_version`; `record`
                                 has its figures (nothing to store as a step) */
 } sched_action_kind;
 
@@ -356,6 +427,10 @@ typedef struct sched_action {
   sched_worker_state worker_state; /* WORKER_STATE */
   const sched_step_record *record; /* COMMIT; CAUGHT_UP (its figures only) */
   sched_abort_reason abort_reason; /* ABORT */
+  uint32_t trainer_rank;      /* TRAIN: the rank this action goes to */
+  uint32_t trainer_ranks;     /* TRAIN: the group's size; BUILD_PLAN, TRIGGER, ABORT,
+                                 CAUGHT_UP: the sources, the first participants (an
+                                 ABORT lists the live ones only) */
 } sched_action;
 
 /* Actions moved out of the scheduler: `actions[0..n)` in the order they were
@@ -432,7 +507,8 @@ int64_t sched_next_deadline(const sched *s);
  * the published one is synced at once, another waits for a catch-up; a trainer
  * must hold the published one or the next (see "Resume"), or the run fails.
  * A lost id may register again; a live one is SCHED_EEXIST, as is a second live
- * trainer. */
+ * trainer of a rank already held. A trainer gives its rank and its group's
+ * size in `caps` (see "Trainer groups", which also says what is refused). */
 int sched_worker_registered(sched *s, int64_t now_ms, uint32_t id, sched_role role,
                             const char *name, const sched_caps *caps,
                             const sched_offload *offload, uint64_t policy_version);
@@ -474,15 +550,20 @@ int sched_rollouts_done(sched *s, int64_t now_ms, uint32_t worker, uint64_t requ
  * changes). */
 int sched_rollouts_refused(sched *s, int64_t now_ms, uint32_t worker, uint64_t request_id);
 
-/* The trainer finished step `step`; `offload` summarises the manifest it will
- * broadcast (NULL: keep the one from registration). Step steps_done reported
- * while no step trains (the trainer trained it on a batch from before a
- * restart, or before it was lost and registered again) means it holds the
- * next version: that step is planned as if trained now (a catch-up not yet
- * triggered is aborted for it). A repeat of a step already trained is
- * SCHED_ESTALE. */
+/* The trainer (one rank of its group) finished step `step`; `offload`
+ * summarises the manifest it will broadcast (NULL: keep the one from
+ * registration). Step steps_done reported while no step trains (the trainer
+ * trained it on a batch from before a restart, or before it was lost and
+ * registered again) means it holds the next version: that step is planned as
+ * if trained now, once every rank holds it (a catch-up not yet triggered is
+ * aborted for it). A repeat of a step already trained is SCHED_ESTALE. */
 int sched_step_done(sched *s, int64_t now_ms, uint32_t worker, uint64_t step,
                     double train_seconds, const sched_offload *offload);
+/* The same, with the checksum of the rank's own shard after the step (0: not
+ * computed), which stands for its broadcast report's when that has none. */
+int sched_shard_step_done(sched *s, int64_t now_ms, uint32_t worker, uint64_t step,
+                          double train_seconds, const sched_offload *offload,
+                          uint64_t shard_checksum);
 
 /* The caller built the plan asked for and is sending it. `error` non-empty
  * (build failed) aborts the plan and fails the run. */
@@ -554,7 +635,11 @@ typedef struct sched_participant {
 } sched_participant;
 
 /* Chooses the broadcast mode for `policy` over participants (rank order) and
- * the trainer's `offload` summary; parts[0] is the trainer. Two participants
+ * the trainer's `offload` summary (a group's: summed over its ranks);
+ * parts[0] is the trainer, or parts[0..S) its ranks, S =
+ * parts[0].caps.trainer_ranks (0 or 1: one). Several sources run on the host
+ * transport only: AUTO picks it, saying so, and any other override is
+ * SCHED_ENOTSUP naming the mode and S; n <= S is SCHED_EINVAL. Two participants
  * share a GPU when both report the same host id and GPU UUID.
  * AUTO: colocated when there are receivers and every one shares the trainer's
  * GPU (and has CUDA); else host when CUDA or NCCL is missing on any

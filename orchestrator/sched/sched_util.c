@@ -244,6 +244,25 @@ int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t 
   } else if (total_t == 0) {
     snprintf(buf, sizeof buf, "manifest has no tensors to broadcast");
     rc = SCHED_EINVAL;
+  } else if (parts[0].caps.trainer_ranks > 1) {
+    uint32_t ns = parts[0].caps.trainer_ranks;
+    /* Only the host transport carries buckets from several roots at once
+     * (parallel streams); an NCCL broadcast or a CUDA IPC export has one. */
+    if (n <= ns) {
+      snprintf(buf, sizeof buf, "%" PRIu32 " trainer ranks and %zu participants: no receiver",
+               ns, n);
+      rc = SCHED_EINVAL;
+    } else if (policy == SCHED_MODE_AUTO || policy == SCHED_MODE_HOST) {
+      m = SCHED_MODE_HOST;
+      snprintf(buf, sizeof buf, "%s%" PRIu32 " trainer ranks: several sources run on the host "
+               "transport", policy == SCHED_MODE_HOST ? "operator override: host; " : "", ns);
+    } else {
+      snprintf(buf, sizeof buf,
+               "operator override %s cannot run %" PRIu32 " trainer ranks: several sources run "
+               "on the host transport only",
+               sched_mode_name(policy), ns);
+      rc = SCHED_ENOTSUP;
+    }
   } else {
     char miss[SCHED_TEXT_MAX] = "";
     size_t nmiss = sched__missing(parts, n, miss, sizeof miss);

@@ -42,6 +42,13 @@ void fx_drain(fx *h) {
       break;
     }
     case SCHED_ACT_TRAIN:
+      if (h->ntrain < 64) {
+        h->trains[h->ntrain].worker = a[i].worker;
+        h->trains[h->ntrain].rank = a[i].trainer_rank;
+        h->trains[h->ntrain].ranks = a[i].trainer_ranks;
+        h->trains[h->ntrain].step = a[i].step;
+        h->trains[h->ntrain].first_id = a[i].nrollouts ? a[i].rollout_ids[0] : 0;
+      }
       h->ntrain++;
       h->train_step = a[i].step;
       h->ntrain_ids = a[i].nrollouts;
@@ -55,6 +62,8 @@ void fx_drain(fx *h) {
       h->plan_catchup = a[i].catchup;
       h->plan_version = a[i].policy_version;
       h->plan_mode = a[i].mode;
+      h->plan_sources = a[i].trainer_ranks;
+      snprintf(h->plan_reason, sizeof h->plan_reason, "%s", a[i].text);
       h->nparts = a[i].nparticipants;
       memcpy(h->parts, a[i].participants, a[i].nparticipants * sizeof(uint32_t));
       break;
@@ -63,6 +72,7 @@ void fx_drain(fx *h) {
       h->nabort++;
       snprintf(h->abort_reason, sizeof h->abort_reason, "%s", a[i].text);
       h->abort_kind = a[i].abort_reason;
+      h->abort_sources = a[i].trainer_ranks;
       snprintf(h->abort_plan, sizeof h->abort_plan, "%s", a[i].plan_id);
       h->nabort_parts = a[i].nparticipants < 16 ? a[i].nparticipants : 16;
       memcpy(h->abort_parts, a[i].participants, h->nabort_parts * sizeof(uint32_t));
@@ -80,6 +90,7 @@ void fx_drain(fx *h) {
       memcpy(h->caughtup_parts, a[i].participants, h->ncaughtup_parts * sizeof(uint32_t));
       cr_assert_not_null(a[i].record, "CAUGHT_UP carries its figures");
       h->caughtup_verified = a[i].record->weights_verified;
+      h->caughtup_record = *a[i].record;
       break;
     case SCHED_ACT_WORKER_STATE:
       if (a[i].worker_state == SCHED_WORKER_LOST && a[i].worker < 64) h->lost[a[i].worker] = 1;

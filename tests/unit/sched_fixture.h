@@ -38,6 +38,15 @@ typedef struct fx {
   uint64_t train_ids[64];
   size_t ntrain_ids;
   uint32_t train_ngroups;
+  struct {
+    uint32_t worker, rank, ranks;
+    uint64_t step;
+    uint64_t first_id; /* the batch's first rollout id */
+  } trains[64];        /* every TRAIN, in order (the first 64) */
+  uint32_t plan_sources; /* trainer_ranks of the last BUILD_PLAN */
+  char plan_reason[SCHED_TEXT_MAX];
+  uint32_t abort_sources; /* trainer_ranks of the last ABORT */
+  sched_step_record caughtup_record;
   char plan_id[SCHED_PLAN_ID_MAX];
   sched_mode plan_mode;
   int plan_catchup;      /* the last BUILD_PLAN is a catch-up */
