@@ -306,6 +306,8 @@ typedef struct rlorch_command {
  * tensors while the caller changes them. */
 rlorch_status rlorch_next(rlorch_worker *w, double timeout_s, rlorch_command **cmd,
                           rlorch_error *err);
+/* A GENERATE command freed unanswered (aborted, dropped) is no longer in
+ * flight for the worker's figures (Heartbeat.stats.requests_active). */
 void rlorch_command_free(rlorch_command *cmd);
 
 /* ---- a trainer's batch ------------------------------------------------------- */

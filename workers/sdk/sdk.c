@@ -69,8 +69,19 @@ static void sdk__log(void *ud, agent_log_level level, const char *event, const c
 
 /* ---- commands ------------------------------------------------------------------ */
 
+/* A generation request is no longer in flight here (the worker's figures). */
+static void sdk__settle_cmd(sdk_cmd *c) {
+  if (c->active && !atomic_exchange(&c->settled, 1)) atomic_fetch_sub(&c->active->n, 1);
+}
+
+static void sdk__active_put(sdk_active *a) {
+  if (a && atomic_fetch_sub(&a->refs, 1) == 1) free(a);
+}
+
 static void sdk__cmd_free(sdk_cmd *c) {
   if (!c) return;
+  sdk__settle_cmd(c);
+  sdk__active_put(c->active);
   if (c->msg) protobuf_c_message_free_unpacked(&c->msg->base, NULL);
   free(c);
 }
@@ -141,6 +152,11 @@ static int sdk__queue(rlorch_worker *w, const Rlorch__V1__Command *m, rlorch_com
   }
   c->t0 = agent_now();
   c->registration = agent_registration(w->a);
+  if (kind == RLORCH_CMD_GENERATE) {
+    c->active = w->active;
+    atomic_fetch_add(&w->active->refs, 1);
+    atomic_fetch_add(&w->active->n, 1);
+  }
   pthread_mutex_lock(&w->mu);
   if (w->tail) w->tail->next = c;
   else w->head = c;
@@ -152,7 +168,6 @@ static int sdk__queue(rlorch_worker *w, const Rlorch__V1__Command *m, rlorch_com
   }
   pthread_cond_broadcast(&w->cond);
   pthread_mutex_unlock(&w->mu);
-  if (kind == RLORCH_CMD_GENERATE) atomic_fetch_add(&w->requests_active, 1);
   return 0;
 }
 
@@ -333,7 +348,7 @@ static int sdk__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, 
 
 static void sdk__stats(Rlorch__V1__WorkerStats *s, void *ud) {
   rlorch_worker *w = ud;
-  s->requests_active = atomic_load(&w->requests_active);
+  s->requests_active = atomic_load(&w->active->n);
   s->rollouts_generated = atomic_load(&w->rollouts_generated);
   s->tokens_generated = atomic_load(&w->tokens_generated);
   s->generate_seconds = (double)atomic_load(&w->generate_ns) * 1e-9;
@@ -345,7 +360,11 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
   if (out) *out = NULL;
   if (!o || !out) return sdk_fail(err, RLORCH_E_INVALID, "rlorch_create: %s is NULL", o ? "out" : "options");
   rlorch_worker *w = calloc(1, sizeof *w);
-  if (!w) return sdk_fail(err, RLORCH_E_NOMEM, "no memory for a worker");
+  if (!w || !(w->active = calloc(1, sizeof *w->active))) {
+    free(w);
+    return sdk_fail(err, RLORCH_E_NOMEM, "no memory for a worker");
+  }
+  atomic_init(&w->active->refs, 1);
   pthread_mutex_init(&w->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -499,6 +518,7 @@ SDK__EXPORT void rlorch_free(rlorch_worker *w) {
   free(w->bound);
   free(w->pub_bound);
   sdk_opts_free(w);
+  sdk__active_put(w->active);
   pthread_cond_destroy(&w->cond);
   pthread_mutex_destroy(&w->mu);
   free(w);
@@ -811,16 +831,6 @@ static rlorch_status sdk__check_rollout(const rlorch_rollout *r, size_t i, rlorc
   return RLORCH_OK;
 }
 
-/* A generation request is no longer in flight here (the worker's figures). */
-static void sdk__settle(rlorch_worker *w, const rlorch_command *gen) {
-  sdk_cmd *c = (sdk_cmd *)gen;
-  pthread_mutex_lock(&w->mu);
-  int was = c->settled;
-  c->settled = 1;
-  pthread_mutex_unlock(&w->mu);
-  if (!was) atomic_fetch_sub(&w->requests_active, 1);
-}
-
 static rlorch_status sdk__check_generate(rlorch_worker *w, const rlorch_command *gen,
                                          const char *fn, rlorch_error *err) {
   if (!w || !gen) return sdk_fail(err, RLORCH_E_INVALID, "%s: %s is NULL", fn, w ? "command" : "worker");
@@ -832,7 +842,7 @@ static rlorch_status sdk__check_generate(rlorch_worker *w, const rlorch_command 
   /* Request ids are the orchestrator's per registration: an answer under a
    * later one could be taken for another request's. */
   if (((const sdk_cmd *)gen)->registration != agent_registration(w->a)) {
-    sdk__settle(w, gen);
+    sdk__settle_cmd((sdk_cmd *)gen);
     return sdk_fail(err, RLORCH_E_STOPPED,
                     "%s: request %llu came before the worker registered again (the orchestrator "
                     "restarted or forgot it): the request is gone, nothing was sent", fn,
@@ -849,7 +859,7 @@ static rlorch_status sdk__send_result(rlorch_worker *w, const rlorch_command *ge
   req.rollouts = res;
   rpc_status st;
   int rc = agent_report_status(w->a, &req, &st);
-  sdk__settle(w, gen);
+  sdk__settle_cmd((sdk_cmd *)gen);
   atomic_fetch_add(&w->generate_ns,
                    (uint_fast64_t)((agent_now() - ((const sdk_cmd *)gen)->t0) * 1e9));
   return rc ? sdk__refused(err, "RolloutResult", &st) : RLORCH_OK;

@@ -14,6 +14,15 @@
 /* What the version script (rlorch.map) may export. */
 #define SDK__EXPORT __attribute__((visibility("default")))
 
+/* The worker's count of generation requests in flight (Heartbeat.stats
+ * .requests_active), shared with its GENERATE commands: a command may be
+ * freed after the worker, and a request freed unanswered (aborted, dropped)
+ * is no longer in flight. Freed with the last of them. */
+typedef struct sdk_active {
+  atomic_uint refs;
+  atomic_uint n;
+} sdk_active;
+
 /* A command handed to the caller: the public part first (callers hold a
  * pointer to it), then the message it points into, a copy the command owns. */
 typedef struct sdk_cmd {
@@ -21,7 +30,8 @@ typedef struct sdk_cmd {
   Rlorch__V1__Command *msg;
   double t0; /* when it was queued, for the worker's figures */
   uint64_t registration; /* agent_registration when it came */
-  int settled; /* GENERATE: answered or found stale (no longer counted active); under mu */
+  sdk_active *active; /* GENERATE: counted in it until settled */
+  atomic_int settled;  /* GENERATE: answered, found stale or freed (no longer counted active) */
   struct sdk_cmd *next;
 } sdk_cmd;
 
@@ -67,7 +77,7 @@ struct rlorch_worker {
   int run_status;      /* agent_run's return: 0 stopped on purpose, 1 a fatal error */
   char stop_msg[512];  /* why it stopped when not on purpose */
 
-  atomic_uint requests_active;
+  sdk_active *active;
   atomic_uint_fast64_t rollouts_generated, tokens_generated, generate_ns;
   uint64_t rollout_counter; /* atomic builtins */
 };
