@@ -244,6 +244,13 @@ rlorch_status rlorch_stop_status(rlorch_worker *w, rlorch_error *err);
  * generation began. */
 uint64_t rlorch_policy_version(const rlorch_worker *w);
 
+/* The orchestrator's id of the plan ("run-1/step-4") that the broadcast
+ * callbacks running now are about (on_bind, on_broadcast_before, _after),
+ * for their logs to name the broadcast as the orchestrator's do: copied into
+ * buf (at most len bytes, NUL included); "" outside those callbacks. Returns
+ * the id's length. (API 2) */
+size_t rlorch_broadcast_id(rlorch_worker *w, char *buf, size_t len);
+
 /* ---- commands ---------------------------------------------------------------- */
 
 typedef enum rlorch_command_kind {

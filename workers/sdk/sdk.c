@@ -286,6 +286,13 @@ static int sdk__bind_caller(rlorch_worker *w, const bcast_plan *p, bcast_err *er
   return bcast_plan_check_local(p, w->bound, w->nbound, 0, err);
 }
 
+/* The plan the broadcast callbacks are about (rlorch_broadcast_id); NULL: none. */
+static void sdk__bcast_id(rlorch_worker *w, const bcast_plan *p) {
+  pthread_mutex_lock(&w->mu);
+  snprintf(w->bcast_id, sizeof w->bcast_id, "%s", p ? p->id : "");
+  pthread_mutex_unlock(&w->mu);
+}
+
 /* The sender sends the caller's tensors as they are; a receiver's are
  * gathered in the plan's order (its checksum's order), pointing at the
  * caller's memory (or where on_bind put them): the engine writes straight
@@ -295,7 +302,9 @@ static int sdk__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t
   rlorch_worker *w = ud;
   int sender = w->ao.role == AGENT_ROLE_TRAINER;
   if (!sender && w->so.o.on_bind) {
+    sdk__bcast_id(w, p);
     int rc = sdk__bind_caller(w, p, err);
+    sdk__bcast_id(w, NULL);
     *local = w->bound;
     *n = w->nbound;
     return rc;
@@ -323,6 +332,7 @@ static int sdk__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t
 static void sdk__begin(void *ud, const bcast_plan *p) {
   rlorch_worker *w = ud;
   w->broadcasting = 1;
+  sdk__bcast_id(w, p);
   if (w->so.o.on_broadcast_before) w->so.o.on_broadcast_before(w->so.o.broadcast_ud, p->policy_version);
 }
 
@@ -340,6 +350,7 @@ static int sdk__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, 
     w->broadcasting = 0;
     if (w->so.o.on_broadcast_after)
       w->so.o.on_broadcast_after(w->so.o.broadcast_ud, ok && !rc, p->policy_version);
+    sdk__bcast_id(w, NULL);
   }
   return rc;
 }
@@ -546,6 +557,18 @@ SDK__EXPORT rlorch_status rlorch_stop_status(rlorch_worker *w, rlorch_error *err
 
 SDK__EXPORT uint64_t rlorch_policy_version(const rlorch_worker *w) {
   return w && w->a ? agent_policy_version(w->a) : 0;
+}
+
+SDK__EXPORT size_t rlorch_broadcast_id(rlorch_worker *w, char *buf, size_t len) {
+  if (!w) {
+    if (buf && len) buf[0] = 0;
+    return 0;
+  }
+  pthread_mutex_lock(&w->mu);
+  size_t n = strlen(w->bcast_id);
+  if (buf && len) snprintf(buf, len, "%s", w->bcast_id);
+  pthread_mutex_unlock(&w->mu);
+  return n;
 }
 
 SDK__EXPORT rlorch_status rlorch_next(rlorch_worker *w, double timeout_s, rlorch_command **cmd,

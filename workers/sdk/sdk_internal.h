@@ -75,6 +75,7 @@ struct rlorch_worker {
   int train_skip;      /* its batch was refused: the step is skipped, not failed */
   int train_fail;      /* the caller could not take it: the worker stops */
   int run_status;      /* agent_run's return: 0 stopped on purpose, 1 a fatal error */
+  char bcast_id[128];  /* the plan the broadcast callbacks running now are about; "" outside them */
   char stop_msg[512];  /* why it stopped when not on purpose */
 
   sdk_active *active;
