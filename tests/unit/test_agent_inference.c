@@ -479,8 +479,10 @@ Test(agent_inference, aborted_requests_send_nothing) {
     rq.request_id = id;
     send_rollout(&rq);
   }
-  uint32_t one = 1;
-  cr_assert(wait_until(stats_active, &one), "request 1 is being generated");
+  /* In flight from its arrival to its answer: the three are, request 1
+   * generating (4 x 100 ms), 2 and 3 queued behind it. */
+  uint32_t three = 3;
+  cr_assert(wait_until(stats_active, &three), "the three requests are held");
   send_abort(2); /* still queued behind 1 */
   send_abort(1); /* generating */
   const Rlorch__V1__RolloutResult *r = wait_result(3);
