@@ -361,9 +361,11 @@ void rlorch_batch_free(rlorch_batch *b);
 
 /* One completion of a generation request. */
 typedef struct rlorch_rollout {
-  const uint32_t *token_ids;    /* the completion, >= 1 token */
-  size_t n_tokens;
-  const float *logprobs;        /* n_tokens natural-log probabilities (<= 0), or NULL */
+  const uint32_t *token_ids;    /* the completion; NULL: its length only (API 2: a synthetic
+                                   load whose ids no trainer reads, e.g. a benchmark's) */
+  size_t n_tokens;              /* >= 1 */
+  const float *logprobs;        /* n_tokens natural-log probabilities (<= 0), or NULL (always
+                                   without token_ids) */
   const double *rewards;        /* 1..16 finite values */
   size_t n_rewards;
   rlorch_finish finish_reason;

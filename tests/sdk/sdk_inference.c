@@ -130,6 +130,10 @@ static void bad_reports(rlorch_worker *w, const rlorch_command *cmd, const rlorc
   expect(rlorch_report_rollouts(w, cmd, 0, r, n, &err), RLORCH_E_INVALID, &err,
          "rollouts[0].token_ids: a completion has at least one token", "an empty completion");
   r[0] = good[0];
+  r[0].token_ids = NULL; /* a length only */
+  expect(rlorch_report_rollouts(w, cmd, 0, r, n, &err), RLORCH_E_INVALID, &err,
+         "rollouts[0].logprobs: set without token_ids", "log-probabilities of a length only");
+  r[0] = good[0];
   expect(rlorch_report_rollouts(w, cmd, rlorch_policy_version(w) + 5, r, n, &err), RLORCH_E_INVALID,
          &err, "is newer than the", "a version the worker does not hold");
   expect(rlorch_report_step(w, cmd, 1.0, &err), RLORCH_E_STATE, &err,

@@ -827,8 +827,11 @@ SDK__EXPORT rlorch_status rlorch_report_step(rlorch_worker *w, const rlorch_comm
 /* ---- rollouts ----------------------------------------------------------------------- */
 
 static rlorch_status sdk__check_rollout(const rlorch_rollout *r, size_t i, rlorch_error *err) {
-  if (r->n_tokens < 1 || !r->token_ids)
+  if (r->n_tokens < 1)
     return sdk_fail(err, RLORCH_E_INVALID, "rollouts[%zu].token_ids: a completion has at least one token", i);
+  if (!r->token_ids && r->logprobs)
+    return sdk_fail(err, RLORCH_E_INVALID, "rollouts[%zu].logprobs: set without token_ids (a length "
+                    "only has none)", i);
   if (r->n_tokens > UINT32_MAX)
     return sdk_fail(err, RLORCH_E_INVALID, "rollouts[%zu].n_tokens: %zu is too many", i, r->n_tokens);
   for (size_t k = 0; r->logprobs && k < r->n_tokens; k++)
@@ -924,8 +927,10 @@ SDK__EXPORT rlorch_status rlorch_report_rollouts(rlorch_worker *w, const rlorch_
     m->seconds = r->seconds;
     m->group_id = gen->generate.group_id;
     m->finish_reason = (Rlorch__V1__FinishReason)r->finish_reason;
-    m->n_completion_token_ids = r->n_tokens;
-    m->completion_token_ids = (uint32_t *)r->token_ids;
+    if (r->token_ids) {
+      m->n_completion_token_ids = r->n_tokens;
+      m->completion_token_ids = (uint32_t *)r->token_ids;
+    }
     if (r->logprobs) {
       m->n_completion_logprobs = r->n_tokens;
       m->completion_logprobs = (float *)r->logprobs;
