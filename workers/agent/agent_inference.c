@@ -53,6 +53,7 @@
 #include "workers/agent/agent.h"
 #include "workers/agent/agent_core.h" /* agent_block_signals, agent_pick_device, agent_log_devices */
 #include "workers/agent/agent_log.h"
+#include "workers/agent/agent_pb.h" /* AGENT_PB_SHAPED_TOKENS_MAX */
 #include "workers/agent/agent_rollout.h"
 #include "workers/bcast/bcast_preset.h"
 
@@ -325,8 +326,11 @@ static void inference__send(agent__inference *in, const inference__job *j, const
   }
   for (uint32_t i = 0; i < g->n; i++) {
     const agent_completion *c = &g->c[i];
-    r[i] = (rlorch_rollout){.token_ids = c->token_ids, .n_tokens = c->ntokens,
-                            .logprobs = c->logprobs, .rewards = c->rewards,
+    /* A very long synthetic completion goes as its length only, so that its
+     * report stays within the orchestrator's max_rollout_bytes. */
+    int shaped = c->ntokens > AGENT_PB_SHAPED_TOKENS_MAX;
+    r[i] = (rlorch_rollout){.token_ids = shaped ? NULL : c->token_ids, .n_tokens = c->ntokens,
+                            .logprobs = shaped ? NULL : c->logprobs, .rewards = c->rewards,
                             .n_rewards = c->nrewards,
                             .finish_reason = (rlorch_finish)c->finish, .seconds = c->seconds};
   }
