@@ -304,12 +304,14 @@ static void inference__report_failed(agent__inference *in, const inference__job 
                    "before the worker registered again\"", (unsigned long long)j->rq.request_id,
                    count);
   } else if (rc != RLORCH_E_STOPPED) { /* stopping: nothing more is sent */
-    agent_log_error("report_failed", "request_id=%llu code=%s reason=\"%s\"",
-                    (unsigned long long)j->rq.request_id, rlorch_status_name(rc), err->message);
+    /* The library logged the refusal itself (report_refused). */
+    agent_log_warn("answer_not_delivered", "request_id=%llu code=%s reason=\"%s\"",
+                   (unsigned long long)j->rq.request_id, rlorch_status_name(rc), err->message);
   }
 }
 
-/* Answers with no rollout at all: it frees the orchestrator's slot. */
+/* Answers with no rollout at all: it frees the orchestrator's slot. The
+ * library logs the answer (rollouts_failed, with `why`). */
 static void inference__send_none(agent__inference *in, const inference__job *j, const char *why) {
   rlorch_error err;
   rlorch_status rc = rlorch_report_error(in->w, j->cmd, why, &err);
@@ -342,9 +344,8 @@ static void inference__send(agent__inference *in, const inference__job *j, const
   free(r);
   if (rc == RLORCH_E_INVALID) {
     /* Not the orchestrator's doing (the version, say, after a new run began):
-     * still an answer, so that the request does not stay in flight. */
-    agent_log_error("rollouts_failed", "request_id=%llu reason=\"%s\" action=\"answer with no "
-                    "rollout\"", (unsigned long long)j->rq.request_id, err.message);
+     * still an answer, so that the request does not stay in flight. The
+     * library logs it as rollouts_failed with this reason. */
     inference__send_none(in, j, err.message);
   } else if (rc) {
     inference__report_failed(in, j, g->n, rc, &err);
@@ -507,9 +508,7 @@ static void inference__queue(agent__inference *in, rlorch_command *cmd) {
   if (!j) {
     /* Answered rather than lost: the orchestrator would wait on it. */
     inference__job tmp = {.cmd = cmd, .rq = {.request_id = cmd->generate.request_id}};
-    agent_log_error("rollouts_failed", "request_id=%llu reason=\"no memory to queue the request\" "
-                    "action=\"answer with no rollout\"", (unsigned long long)cmd->generate.request_id);
-    inference__send_none(in, &tmp, "no memory to queue the request");
+    inference__send_none(in, &tmp, "no memory to queue the request"); /* logged as rollouts_failed */
     rlorch_command_free(cmd);
     return;
   }
