@@ -129,11 +129,6 @@ static void inference__free_buffers(agent__inference *in) {
   inference__set_free(&in->next);
 }
 
-/* The plan id of the broadcast the callbacks are about, for their events. */
-static void inference__plan_id(agent__inference *in, char *buf, size_t len) {
-  rlorch_broadcast_id(in->w, buf, len);
-}
-
 /* NULL when the set holds tensors laid out as the plan's, else why not. */
 static const char *inference__layout_differs(const inference__set *b, const rlorch_tensor *t,
                                              size_t n, char *why, size_t len) {
@@ -220,8 +215,8 @@ static void inference__before(void *ud, uint64_t version) {
  * current one. */
 static void inference__after(void *ud, int ok, uint64_t version) {
   agent__inference *in = ud;
-  char plan[128];
-  inference__plan_id(in, plan, sizeof plan);
+  char plan[128]; /* the orchestrator's id, for the events */
+  rlorch_broadcast_id(in->w, plan, sizeof plan);
   if (in->o.double_buffer) {
     if (ok) {
       pthread_rwlock_wrlock(&in->wlock);
@@ -232,13 +227,13 @@ static void inference__after(void *ud, int ok, uint64_t version) {
       pthread_rwlock_unlock(&in->wlock);
     }
   } else if (in->writing) {
-    int was = in->torn;
-    in->torn = !ok;
+    int was = in->torn, torn = !ok;
+    in->torn = torn;
     if (ok) in->version = version;
     uint64_t held = in->version;
     in->writing = 0;
     pthread_rwlock_unlock(&in->wlock);
-    if (in->torn && !was)
+    if (torn && !was)
       agent_log_warn("weights_torn", "plan_id=%s version_held=%llu action=\"serve no rollout until "
                      "a broadcast succeeds\"", plan, (unsigned long long)held);
   }
