@@ -23,6 +23,7 @@ struct rpc_client {
   grpc_channel *ch;
   grpc_slice auth_key, auth_value;
   int has_auth;
+  int streams_wait_for_ready;
   uv_mutex_t mu;
   rpc__open *streams; /* open blocking streams, for rpc_client_cancel_streams */
   int streams_cancelled;
@@ -95,6 +96,7 @@ int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t
     rpc_client_free(c);
     return -1;
   }
+  c->streams_wait_for_ready = o->streams_wait_for_ready;
   c->ch = grpc_channel_create(o->target, cr, &ca);
   grpc_channel_credentials_release(cr);
   if (o->token && *o->token) {
@@ -187,6 +189,7 @@ static grpc_call_error rpc__ccall_send(rpc_client *cl, rpc__ccall *k, grpc_byte_
   size_t n = 0;
   memset(ops, 0, sizeof ops);
   ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (!unary && cl->streams_wait_for_ready) ops[n].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
   ops[n].data.send_initial_metadata.count = cl->has_auth ? 1 : 0;
   ops[n++].data.send_initial_metadata.metadata = cl->has_auth ? &k->auth : NULL;
   ops[n].op = GRPC_OP_SEND_MESSAGE;

@@ -138,6 +138,12 @@ typedef struct rpc_client_opts {
                                 (the server then verified by gRPC's default roots
                                 unless tls_ca_file is set) */
   const char *tls_key_file;  /* its PEM private key */
+  /* 1: a stream started while the server is unreachable waits for the
+   * channel to connect (gRPC's wait-for-ready; its reconnect backoff is at
+   * most 1 s) until its deadline or a cancel, instead of failing at once:
+   * a long-lived stream is then open again as soon as its server is back.
+   * Unary calls always fail fast. */
+  int streams_wait_for_ready;
 } rpc_client_opts;
 
 int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t errlen);

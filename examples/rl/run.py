@@ -51,6 +51,9 @@ def parse_args():
     ap.add_argument("--device", default="cpu",
                     help="the trainer's and the inference workers' device: cpu, or cuda[:N] (then all "
                          "three share that GPU and the orchestrator picks the colocated mode)")
+    ap.add_argument("--offload", choices=("none", "params+optimizer"), default="none",
+                    help="the trainer's parameters and optimizer in pinned host memory, its step on "
+                         "the CPU (FSDP2's CPUOffloadPolicy; needs --device cuda)")
     ap.add_argument("--policy", default=None,
                     help="the run's broadcast policy (default host on cpu, auto on a GPU)")
     ap.add_argument("--rlorch", default=os.environ.get("RLORCH_BIN", os.path.join(ROOT, "build", "rlorch")),
@@ -64,6 +67,8 @@ def parse_args():
         ap.error(f"--temperature {args.temperature}: the trainer's loss needs the distribution sampled from (> 0)")
     if args.steps < 1 or args.prompts < 1:
         ap.error("--steps and --prompts: at least 1")
+    if args.offload != "none" and not args.device.startswith("cuda"):
+        ap.error(f"--offload {args.offload}: offloads from a GPU; pass --device cuda[:N]")
     return args
 
 
@@ -190,7 +195,7 @@ def run(args, data):
     L.start("trainer", [py, os.path.join(HERE, "trainer.py"), "--orchestrator", L.target,
                         "--metrics", metrics, "--lr", str(args.lr), "--seed", str(args.seed),
                         "--temperature", str(args.temperature), "--device", args.device,
-                        "--keep-versions", str(args.max_async_level + 3)])
+                        "--offload", args.offload, "--keep-versions", str(args.max_async_level + 3)])
     for i in range(2):
         argv = [py, os.path.join(HERE, "inference.py"), "--orchestrator", L.target,
                 "--name", f"rl-inference-{i}", "--seed", str(args.seed),

@@ -11,6 +11,13 @@ weights, kept for the last few versions, cast to bf16: the bytes the
 broadcast sent), and reports the largest gap from the logprobs the inference
 workers reported; and, for scale, the gap with the fp32 weights themselves.
 One line of JSON per step goes to --metrics.
+
+With --offload params+optimizer the trainer keeps its parameters the way
+FSDP2's CPUOffloadPolicy(pin_memory=True) does: the fp32 parameters and the
+AdamW state live in pinned host memory and the optimizer step runs on the
+CPU; each step copies the parameters to the GPU for the forward and backward
+passes and the gradients back. The manifest is then the pinned host
+parameters: the library stages them to the GPU for the broadcast.
 """
 
 import argparse
@@ -41,9 +48,14 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=0, help="the policy's initial weights")
     ap.add_argument("--device", default="cpu",
                     help="where the model and its optimizer live: cpu, or cuda[:N] (sent from there)")
+    ap.add_argument("--offload", choices=("none", "params+optimizer"), default="none",
+                    help="params+optimizer: parameters and optimizer state in pinned host memory, the "
+                         "step on the CPU, forward and backward on --device (FSDP2's CPUOffloadPolicy)")
     ap.add_argument("--keep-versions", type=int, default=4,
                     help="versions kept for the logprob check (more than the off-policy bound + 1)")
     args = ap.parse_args()
+    if args.offload != "none" and not args.device.startswith("cuda"):
+        ap.error(f"--offload {args.offload}: offloads from a GPU; pass --device cuda[:N]")
     if not args.temperature > 0:
         ap.error(f"--temperature {args.temperature}: the loss needs the distribution sampled from (> 0)")
     if args.keep_versions < 2:
@@ -91,6 +103,47 @@ def train_step(model, opt, t, temperature):
     return rewards, loss.item()
 
 
+class Offloaded:
+    """FSDP2's CPUOffloadPolicy for one unsharded model: `master` holds the
+    fp32 parameters in pinned host memory (the optimizer's, and the
+    broadcast's), `compute` their copy on the GPU for forward and backward,
+    `grads` pinned host buffers the gradients come back to."""
+
+    def __init__(self, master, device):
+        for p in master.parameters():
+            p.data = p.data.pin_memory()
+        self.master = master
+        self.compute = P.Policy(seed=0).to(device)
+        self.grads = [torch.empty_like(p, pin_memory=True) for p in master.parameters()]
+
+    def token_logprobs(self, *a):
+        with torch.no_grad():
+            for c, m in zip(self.compute.parameters(), self.master.parameters()):
+                c.copy_(m, non_blocking=True)
+        return self.compute.token_logprobs(*a)
+
+    def gradients_to_host(self):
+        for g, c, m in zip(self.grads, self.compute.parameters(), self.master.parameters()):
+            g.copy_(c.grad, non_blocking=True)
+            m.grad = g
+        torch.cuda.synchronize()
+        self.compute.zero_grad(set_to_none=True)
+
+
+def train_step_offloaded(off, opt, t, temperature):
+    rewards = t["rewards"].float()
+    if rewards.dim() == 2:
+        rewards = rewards[:, 0]
+    adv = P.group_advantages(rewards, t["group_ids"])
+    new = off.token_logprobs(t["prompt_ids"], t["completion_ids"], temperature)
+    loss = P.grpo_loss(new, t["logprobs"].float(), adv, t["completion_mask"])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    off.gradients_to_host()
+    opt.step()                                # on the CPU, in place: the pinned manifest's memory
+    return rewards, loss.item()
+
+
 def check_batch(t):
     """The shapes this trainer relies on; a batch that breaks them is reported
     as the step's error rather than trained on."""
@@ -109,7 +162,12 @@ def main():
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
     torch.set_num_threads(1)
     device = torch.device(args.device)
-    model = P.Policy(seed=args.seed).to(device)
+    off = None
+    if args.offload == "params+optimizer":
+        off = Offloaded(P.Policy(seed=args.seed), device)
+        model = off.master                    # pinned host: what the optimizer and the broadcast use
+    else:
+        model = P.Policy(seed=args.seed).to(device)
     # Models to recompute logprobs with: the inference side's (bf16) and fp32.
     check_bf16 = P.Policy(seed=args.seed).to(torch.bfloat16).to(device)
     check_fp32 = P.Policy(seed=args.seed).to(device)
@@ -121,10 +179,12 @@ def main():
 
     w = rlorch.Worker(role="trainer", orchestrator=args.orchestrator, name=args.name,
                       tensors=rlorch.torch.manifest(model), data_listen=args.data_listen,
-                      device=P.cuda_index(device))
+                      device=P.cuda_index(device),
+                      offload="params+optimizer" if off else ("none" if device.type == "cuda" else None))
     steps, failed = 0, 0
     with w, open(args.metrics, "a", buffering=1) as out:
-        logging.info("attached, %d parameters", sum(p.numel() for p in model.parameters()))
+        logging.info("attached, %d parameters, %s", sum(p.numel() for p in model.parameters()),
+                     "offloaded: pinned host parameters, AdamW on the CPU" if off else f"on {device}")
         while not stopping:
             try:
                 cmd = w.next(timeout=1.0)
@@ -143,7 +203,10 @@ def main():
                 t = {k: v.to(device) for k, v in batch.to_torch().items()}
                 check_batch(t)
                 gaps, missing = recompute_gaps(snapshots, check_bf16, check_fp32, t, args.temperature)
-                rewards, loss = train_step(model, opt, t, args.temperature)
+                if off:
+                    rewards, loss = train_step_offloaded(off, opt, t, args.temperature)
+                else:
+                    rewards, loss = train_step(model, opt, t, args.temperature)
             except (rlorch.RlorchError, ValueError, KeyError) as e:
                 # The library stops the worker after a failed step (the
                 # orchestrator redoes it when a trainer attaches): exit non-zero.

@@ -251,6 +251,12 @@ uint64_t rlorch_policy_version(const rlorch_worker *w);
  * the id's length. (API 2) */
 size_t rlorch_broadcast_id(rlorch_worker *w, char *buf, size_t len);
 
+/* Trainer (API 2): where its receivers connect for the weights, as Register
+ * announces it: options.data_listen with the port the system chose for ":0"
+ * ("0.0.0.0:41731"), known from rlorch_create on, valid until rlorch_free.
+ * NULL for an inference worker (or a NULL worker). */
+const char *rlorch_data_address(const rlorch_worker *w);
+
 /* ---- commands ---------------------------------------------------------------- */
 
 typedef enum rlorch_command_kind {

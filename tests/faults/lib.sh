@@ -100,12 +100,12 @@ start_agents() {
   local n=$1 i
   shift
   "$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --name trainer-0 "${FAULT_PRESET[@]}" \
-    --log-level info >"$TEST_TMP/trainer.log" 2>&1 &
+    --log-level "${FAULT_AGENT_LOG_LEVEL:-info}" >"$TEST_TMP/trainer.log" 2>&1 &
   TRAINER_PID=$!
   track_pid "$TRAINER_PID"
   INF_PIDS=()
   for ((i = 0; i < n; i++)); do
-    "$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" --name "inference-$i" --log-level info \
+    "$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" --name "inference-$i" --log-level "${FAULT_AGENT_LOG_LEVEL:-info}" \
       "$@" >"$TEST_TMP/inference.$i.log" 2>&1 &
     INF_PIDS[i]=$!
     track_pid $!

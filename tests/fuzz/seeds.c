@@ -367,6 +367,28 @@ static void plan_seeds(void) {
   if (bcast_plan_build(t, 3, &o, &p, &e) != 0) die(e.msg);
   plan_seed("staged_split", p);
   bcast_plan_free(p);
+
+  /* Two source ranks (a sharded trainer): "embed" split between them, "ids"
+   * whole on rank 1; buckets of each source, taking turns. */
+  bcast_tensor r0[1], r1[2];
+  r0[0] = t[0];
+  r0[0].shard_elems = 1200;
+  r1[0] = t[0];
+  r1[0].shard_offset = 1200;
+  r1[0].shard_elems = 800;
+  r1[1] = t[2];
+  const bcast_tensor *ranks[2] = {r0, r1};
+  size_t counts[2] = {1, 2};
+  bcast_shard_map *map = NULL;
+  if (bcast_shards_check(ranks, counts, 2, NULL, &map, &e) != 0) die(e.msg);
+  const char *eps[2] = {"10.0.0.1:7075", "10.0.0.2:7075"};
+  bcast_plan_opts so = {.id = "run-3/step-1", .mode = BCAST_MODE_HOST, .staging_budget = 1024,
+                        .world_size = 4, .policy_version = 1, .source_endpoints = eps,
+                        .secret = DATA_SECRET};
+  if (bcast_plan_build_sharded(map, &so, &p, &e) != 0) die(e.msg);
+  plan_seed("host_two_sources", p);
+  bcast_plan_free(p);
+  bcast_shard_map_free(map);
 }
 
 /* ---- data channel --------------------------------------------------------------------------- */

@@ -302,8 +302,34 @@ assert_contains "$PROBE_OUT" "RLORCH_NAME" "the probe names the missing RLORCH_N
 PROBE_OUT="$(sh "$DEPLOY/agent-probe.sh" 2>&1)"
 assert_eq 2 $? "the probe without a mode exits 2"
 
+# The trainer's exit statuses too. Started before its orchestrator (as a
+# unit may be), it waits for it without a limit; SIGTERM ends that wait.
+RLORCH_ORCHESTRATOR="127.0.0.1:$(free_port 1)" \
+  "$RLORCH_BIN" trainer --name "probe-trainer-$$" --layers 1 >"$TEST_TMP/trainer-waiting.log" 2>&1 &
+trainer_pid=$!
+track_pid "$trainer_pid"
+wait_log 30 "event=orchestrator_unreachable" "$TEST_TMP/trainer-waiting.log"
+assert_eq 0 $? "a trainer with no orchestrator yet keeps trying to register"
+sleep 1
+kill -0 "$trainer_pid" 2>/dev/null
+assert_eq 0 $? "and keeps waiting (no registration timeout)"
+kill -TERM "$trainer_pid"
+if ! wait_until 15 sh -c "[ ! -e /proc/$trainer_pid ] || grep -q '^State:.*Z' /proc/$trainer_pid/status"; then
+  fail "the waiting trainer exits within 15 s of SIGTERM"
+else
+  wait "$trainer_pid"
+  agent_exit[trainer-sigterm]=$?
+fi
+assert_contains "$(cat "$TEST_TMP/trainer-waiting.log")" "event=exit status=0" "the trainer logs its exit status"
+
 export RLORCH_HEARTBEAT_INTERVAL_MS=200 RLORCH_WORKER_TIMEOUT_MS=1000
 if serve_start --token-file "$TEST_TMP/agent-token"; then
+  RLORCH_ORCHESTRATOR="$GRPC_ADDR" RLORCH_TOKEN_FILE="$TEST_TMP/wrong-token" \
+    timeout 30 "$RLORCH_BIN" trainer --name "probe-trainer-$$-refused" --layers 1 \
+    >"$TEST_TMP/trainer-refused.log" 2>&1
+  agent_exit[trainer-refused]=$?
+  assert_contains "$(cat "$TEST_TMP/trainer-refused.log")" "register_refused" "a trainer with a wrong token is refused"
+
   name="probe-inference-$$"
   probe ready "$name"
   assert_eq 1 $? "probe ready: 1 while the orchestrator lists no such worker"
@@ -391,6 +417,9 @@ for f in "$DEPLOY"/systemd/rlorch-trainer@.service "$DEPLOY"/systemd/rlorch-infe
   assert_eq "2 no" "${agent_exit[config]:-?} $(restarts "${agent_exit[config]:-2}")" \
     "$u: a misconfigured agent exits 2 and is not restarted"
 done
+u=rlorch-trainer@.service
+assert_eq "1 0" "${agent_exit[trainer-refused]:-?} ${agent_exit[trainer-sigterm]:-?}" \
+  "$u: the trainer itself exits 1 when refused, 0 on SIGTERM while it waits for its orchestrator"
 
 # ---- Kubernetes manifests -----------------------------------------------------------
 # Rendered with `kubectl kustomize` (Debian 12's kubectl 1.20 or a newer one):

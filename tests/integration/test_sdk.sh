@@ -33,7 +33,7 @@ track_pid $TRAINER_PID
   >"$TEST_TMP/sdk-inference-0.out" 2>"$TEST_TMP/sdk-inference-0.err" &
 INF0=$!
 track_pid $INF0
-"$BIN/sdk_inference" "$GRPC_ADDR" sdk-inference-1 \
+"$BIN/sdk_inference" "$GRPC_ADDR" sdk-inference-1 --on-bind \
   >"$TEST_TMP/sdk-inference-1.out" 2>"$TEST_TMP/sdk-inference-1.err" &
 INF1=$!
 track_pid $INF1
@@ -69,6 +69,10 @@ for i in 0 1; do
     "inference-$i holds version $STEPS, all 8185 elements checked"
   assert_not_contains "$o" "FAIL" "inference-$i found nothing wrong"
 done
+# inference-1 started with no tensors: on_bind placed every plan's.
+o1="$(cat "$TEST_TMP/sdk-inference-1.out")"
+assert_eq "$(grep -Ec '^broadcast ok=' <<<"$o1")" "$(grep -Ec '^bind version=[0-9]+ tensors=3$' <<<"$o1")" \
+  "inference-1: on_bind placed the plan's 3 tensors before each of its broadcasts"
 o0="$(cat "$TEST_TMP/sdk-inference-0.out")"
 for what in "one rollout short" "a positive logprob" "a NaN reward" "no reward" "an empty completion" \
   "a version the worker does not hold" "report_step on an inference worker" "fetch_batch on an inference worker"; do

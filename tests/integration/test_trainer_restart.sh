@@ -8,7 +8,8 @@
 # that step is planned again). The run SUCCEEDS with steps 0..11 each
 # recorded once, versions continuous, every broadcast verified. Then a
 # damaged checkpoint: the trainer refuses it, naming the file, and exits 1;
-# and a trainer of another preset refuses the checkpoint, naming both.
+# a trainer of another preset refuses the checkpoint, naming both; and a
+# trainer that cannot write its checkpoint exits 1 without reporting the step.
 source "$(dirname "$0")/lib.sh"
 need_cmd sqlite3 python3
 
@@ -90,5 +91,26 @@ assert_contains "$(cat "$TEST_TMP/trainer.bad.log")" "corrupted" "it says the fi
   --checkpoint-dir "$CKPT" >"$TEST_TMP/trainer.other.log" 2>&1
 assert_eq 1 "$?" "a trainer of another model exits 1 on the checkpoint"
 assert_contains "$(cat "$TEST_TMP/trainer.other.log")" "2 layers" "naming what the checkpoint holds"
+
+# ---- a checkpoint that cannot be written ---------------------------------------------------
+# The trainer does not report a step it could not save: it exits 1 and the
+# orchestrator loses it (the step is redone when a trainer attaches).
+CKPT="$TEST_TMP/ckpt-lost"
+start_trainer unwritable --name trainer-w
+wait_log 30 "event=checkpoint_none" "$TEST_TMP/trainer.unwritable.log"
+RUN2="$(ctl --json start-run --name unwritable --preset 100m --steps 4 --rollouts-per-step 4 \
+  --max-async-level 0 | json_get id)"
+wait_log 60 "event=checkpoint_saved policy_version=1 " "$TEST_TMP/trainer.unwritable.log"
+assert_eq 0 "$?" "the trainer saves its first step"
+rm -rf "$CKPT" && : >"$CKPT" # its directory is now a file
+wait "$TRAINER_PID"
+assert_eq 1 "$?" "a trainer that cannot write its checkpoint exits 1"
+tlog="$(cat "$TEST_TMP/trainer.unwritable.log")"
+assert_contains "$tlog" "event=fatal step=1 reason=\"checkpoint $CKPT/trainer.ckpt.tmp: create: Not a directory\"" \
+  "naming the step and the file"
+assert_not_contains "$tlog" "event=step_done step=1 " "and does not report that step"
+wait_log 15 "event=worker_lost .*name=trainer-w "
+assert_eq 0 "$?" "the orchestrator loses the trainer"
+assert_eq 1 "$(json_get steps_done "$(ctl --json get-run "$RUN2")")" "the run holds the saved step only"
 serve_stop
 finish

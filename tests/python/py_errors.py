@@ -69,6 +69,20 @@ def main():
     expect("an unknown log level", E, "options.log_level", lambda: I(log_level="chatty"))
     expect("data_listen on an inference worker", E, "options.data_listen: only a trainer listens",
            lambda: I(data_listen="127.0.0.1:0"))
+    # API version 2's options.
+    expect("a token and a token file", E, "options.token and options.token_file are both set",
+           lambda: I(token="t"))
+    expect("a model named by an inference worker", E, "options.model: only a trainer names its model",
+           lambda: I(model="7b"))
+    expect("an unknown offload", E, "options.offload: unknown value 'disk'", lambda: T(offload="disk"))
+    expect("an offload out of the library's range", E, "options.offload: unknown value 9",
+           lambda: T(offload=9))
+    expect("an inference worker that offloads", E, "options.offload: only a trainer offloads",
+           lambda: I(offload="params"))
+    expect("a held version without its run", E, "options.held_version: 4 without options.held_run_id",
+           lambda: T(held_version=4))
+    expect("a held run on an inference worker", E, "options.held_run_id: only a trainer restores",
+           lambda: I(held_run_id="run-1"))
     expect("a storage dtype the library lacks", E, "storage_dtype: unknown value 9",
            lambda: T(tensors=[rlorch.Tensor("w", a.ctypes.data, shape=a.shape, dtype=9, wire_dtype="bf16",
                                             owner=a)]))
@@ -122,6 +136,17 @@ def main():
     with open(wrong, "w") as f:
         f.write("not-the-token\n")
     expect("a wrong token", "RLORCH_E_REFUSED", "UNAUTHENTICATED", lambda: I(token_file=wrong).start())
+    expect("a wrong token given inline", "RLORCH_E_REFUSED", "UNAUTHENTICATED",
+           lambda: I(token_file=None, token="not-the-token").start())
+    with open(token) as f:
+        good_token = f.read().strip()
+    w = I(token_file=None, token=good_token, name="py-errors-inline-token")
+    try:
+        w.start()
+        report(True, "the right token given inline registers", "started")
+    except rlorch.RlorchError as e:
+        report(False, "the right token given inline registers", str(e))
+    w.close()
     expect("a token file that does not exist", "RLORCH_E_IO", "missing-token",
            lambda: I(token_file=wrong + "missing-token").start())
 

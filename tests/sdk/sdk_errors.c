@@ -6,10 +6,14 @@
  *
  * ORCHESTRATOR requires the bearer token in TOKEN_FILE; nothing listens on
  * DEAD_ADDRESS. Prints "ok ..." or "FAIL ..." per check; exits 1 on any FAIL. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "sdk_model.h"
 
@@ -28,6 +32,27 @@ static void expect(rlorch_status got, rlorch_status want, const rlorch_error *er
   }
 }
 
+static void check(int ok, const char *what, const char *detail) {
+  passes += ok;
+  failures += !ok;
+  printf("%s %s: %s\n", ok ? "ok  " : "FAIL", what, detail ? detail : "(null)");
+}
+
+/* A TCP connection to "127.0.0.1:PORT" succeeds: something listens there. */
+static int listens(const char *addr) {
+  unsigned port = 0;
+  char tail;
+  if (!addr || sscanf(addr, "127.0.0.1:%u%c", &port, &tail) != 1 || port < 1 || port > 65535)
+    return 0;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  close(fd);
+  return ok;
+}
+
 static float data[4][64];
 static uint64_t shape2[2] = {8, 8}, shape0[2] = {8, 0};
 
@@ -37,6 +62,11 @@ static void tensors(rlorch_tensor *t, rlorch_dtype storage, rlorch_dtype wire) {
     t[k] = (rlorch_tensor){.name = names[k], .layer = (uint32_t)k, .storage_dtype = storage,
                            .wire_dtype = wire, .ndim = 2, .shape = shape2,
                            .residency = RLORCH_RES_HOST_PAGEABLE, .data = data[k]};
+}
+
+static int place(void *ud, uint64_t version, rlorch_tensor *t, size_t n, char *msg, size_t len) {
+  (void)ud, (void)version, (void)t, (void)n, (void)msg, (void)len;
+  return -1;
 }
 
 /* rlorch_create with o; expects a failure and that *w stays NULL. */
@@ -178,6 +208,68 @@ int main(int argc, char **argv) {
                "no connect timeout");
   create_fails(NULL, RLORCH_E_INVALID, "rlorch_create: options is NULL", "NULL options");
 
+  /* API version 2's options. */
+  RESET(RLORCH_ROLE_INFERENCE);
+  o.on_bind = place;
+  create_fails(&o, RLORCH_E_INVALID, "options.on_bind: set with 4 options.tensors",
+               "on_bind beside tensors");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.on_bind = place;
+  create_fails(&o, RLORCH_E_INVALID, "options.on_bind: a trainer sends its own tensors",
+               "on_bind on a trainer");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.offload = (rlorch_offload)4;
+  create_fails(&o, RLORCH_E_INVALID, "options.offload: unknown value 4", "an unknown offload");
+  RESET(RLORCH_ROLE_TRAINER);
+  o.token_file = NULL;
+  o.token = "";
+  create_fails(&o, RLORCH_E_INVALID, "options.token: 0 bytes, not 1..1023", "an empty token");
+  {
+    static char long_token[2000];
+    memset(long_token, 'x', sizeof long_token - 1);
+    RESET(RLORCH_ROLE_TRAINER);
+    o.token_file = NULL;
+    o.token = long_token;
+    create_fails(&o, RLORCH_E_INVALID, "options.token: 1999 bytes, not 1..1023", "an over-long token");
+  }
+  {
+    static char long_model[RLORCH_NAME_MAX + 2];
+    memset(long_model, 'm', sizeof long_model - 1);
+    RESET(RLORCH_ROLE_TRAINER);
+    o.model = long_model;
+    create_fails(&o, RLORCH_E_INVALID, "options.model: more than 127 bytes", "a model name of 128 bytes");
+  }
+  {
+    /* A caller built against version 1's header: its struct ends before
+     * version 2's fields, and what lies past it is not read. */
+    unsigned char room[sizeof(rlorch_options) + 16];
+    memset(room, 0xA5, sizeof room);
+    size_t v1_size = offsetof(rlorch_options, token);
+    rlorch_options *v1 = (rlorch_options *)(void *)room;
+    rlorch_options_init(v1, v1_size, RLORCH_ROLE_TRAINER);
+    int spill = 0;
+    for (size_t k = v1_size; k < sizeof room; k++) spill |= room[k] != 0xA5;
+    rlorch_tensor t1[4];
+    tensors(t1, RLORCH_DTYPE_FP32, RLORCH_DTYPE_BF16);
+    v1->orchestrator = orch;
+    v1->token_file = token;
+    v1->tensors = t1;
+    v1->ntensors = 4;
+    rlorch_worker *w1 = NULL;
+    rlorch_status rc = rlorch_create(v1, &w1, &err);
+    if (spill || v1->api_version != 1 || rc != RLORCH_OK) {
+      failures++;
+      printf("FAIL a version 1 caller: api_version %u, %s, create %s: %s\n", v1->api_version,
+             spill ? "written past its struct" : "nothing written past its struct",
+             rlorch_status_name(rc), err.message);
+    } else {
+      passes++;
+      printf("ok   a version 1 caller gets api_version 1 and a worker; the bytes past its struct are "
+             "neither written nor read\n");
+    }
+    rlorch_free(w1);
+  }
+
   /* A worker that exists but is not started. */
   RESET(RLORCH_ROLE_TRAINER);
   rlorch_worker *w = NULL;
@@ -185,7 +277,14 @@ int main(int argc, char **argv) {
   rlorch_command *cmd = NULL;
   expect(rlorch_next(w, 0, &cmd, &err), RLORCH_E_STATE, &err, "the worker is not started",
          "next before start");
+  expect(rlorch_stop_status(w, &err), RLORCH_E_STATE, &err, "the worker has not stopped",
+         "stop_status before start");
+  /* Its data listener exists from rlorch_create on, at the port chosen for
+   * the default 127.0.0.1:0. */
+  check(listens(rlorch_data_address(w)), "a trainer's data address listens", rlorch_data_address(w));
   rlorch_free(w);
+  check(rlorch_data_address(NULL) == NULL, "no data address for a NULL worker",
+        rlorch_data_address(NULL));
 
   /* Nothing listens: start gives up after connect_timeout_s. */
   RESET(RLORCH_ROLE_INFERENCE);
@@ -193,6 +292,8 @@ int main(int argc, char **argv) {
   o.connect_timeout_s = 1.5;
   w = NULL;
   expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "an inference worker for a dead address");
+  check(rlorch_data_address(w) == NULL, "no data address for an inference worker",
+        rlorch_data_address(w));
   expect(rlorch_start(w, &err), RLORCH_E_UNAVAILABLE, &err, "within 1.5 s (options.connect_timeout_s)",
          "start with no orchestrator");
   expect(rlorch_next(w, 0, &cmd, &err), RLORCH_E_STOPPED, &err, "the worker stopped",
@@ -206,6 +307,8 @@ int main(int argc, char **argv) {
   expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "a trainer without the token");
   expect(rlorch_start(w, &err), RLORCH_E_REFUSED, &err,
          "the orchestrator refused the registration: UNAUTHENTICATED", "start without the token");
+  expect(rlorch_stop_status(w, &err), RLORCH_E_REFUSED, &err, "UNAUTHENTICATED",
+         "stop_status after a refused registration");
   rlorch_free(w);
 
   /* With the token it registers; a second start is refused here. */
@@ -216,9 +319,27 @@ int main(int argc, char **argv) {
   expect(rlorch_start(w, &err), RLORCH_E_STATE, &err, "was started already", "a second start");
   expect(rlorch_next(w, 0, &cmd, &err), RLORCH_TIMEOUT, &err, "", "next with nothing queued");
   expect(rlorch_next(w, 0.0 / 0.0, &cmd, &err), RLORCH_E_INVALID, &err, "timeout_s is NaN", "a NaN timeout");
+  expect(rlorch_stop_status(w, &err), RLORCH_E_STATE, &err, "the worker has not stopped",
+         "stop_status of a running worker");
   rlorch_stop(w);
   expect(rlorch_next(w, 5, &cmd, &err), RLORCH_E_STOPPED, &err, "the worker stopped", "next after stop");
+  expect(rlorch_stop_status(w, &err), RLORCH_OK, &err, "", "stop_status after rlorch_stop");
   rlorch_free(w);
+
+  /* A token given inline, not in a file. */
+  RESET(RLORCH_ROLE_INFERENCE);
+  char tok[256] = "";
+  FILE *tf = fopen(token, "r");
+  if (!tf || !fgets(tok, sizeof tok, tf)) tok[0] = 0;
+  if (tf) fclose(tf);
+  tok[strcspn(tok, "\r\n")] = 0;
+  o.token_file = NULL;
+  o.token = tok;
+  w = NULL;
+  expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "an inference worker with the token inline");
+  expect(rlorch_start(w, &err), RLORCH_OK, &err, "", "start with the token inline");
+  rlorch_free(w);
+  expect(rlorch_stop_status(NULL, &err), RLORCH_E_INVALID, &err, "worker is NULL", "stop_status on NULL");
   rlorch_free(NULL);
 
   expect(rlorch_next(NULL, 0, &cmd, &err), RLORCH_E_INVALID, &err, "rlorch_next: worker is NULL",

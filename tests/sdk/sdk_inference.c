@@ -5,7 +5,7 @@
  * would; after each successful one the program checks that its buffers hold
  * the trainer's weights of that version cast to bf16, element for element.
  *
- *   sdk_inference ORCHESTRATOR NAME [--bad-reports | --delay-ms N]
+ *   sdk_inference ORCHESTRATOR NAME [--bad-reports | --delay-ms N | --on-bind]
  *
  * --bad-reports: before answering the first request, tries reports that
  * must be refused (each code and message checked).
@@ -13,6 +13,9 @@
  * unless an RLORCH_CMD_ABORT for it came first (then nothing is sent). A
  * request held across an orchestrator restart is refused by the library
  * when answered ("stale ..." is printed, not a failure).
+ * --on-bind: the worker starts with no tensors; options.on_bind places each
+ * plan's tensors (checked against the model's names, shapes and dtype) in
+ * buffers allocated when the first plan comes.
  * Prints one line per event, "FAIL ..." for anything wrong; exits 0 after
  * SIGTERM with nothing wrong. */
 #include <pthread.h>
@@ -89,6 +92,40 @@ static void after(void *ud, int ok, uint64_t version) {
                               (unsigned long long)bad, (unsigned long long)n);
   fflush(stdout);
   pthread_mutex_unlock(&out_mu);
+}
+
+/* options.on_bind: the plan's tensors, by name, into the model's buffers. */
+static unsigned binds;
+static int place_tensors(void *ud, uint64_t version, rlorch_tensor *t, size_t n, char *msg, size_t len) {
+  (void)ud;
+  if (n != SDK_MODEL_N) {
+    snprintf(msg, len, "the plan has %zu tensors, this model %zu", n, SDK_MODEL_N);
+    FAIL("bind: %s", msg);
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    size_t k = 0;
+    while (k < SDK_MODEL_N && strcmp(SDK_MODEL[k].name, t[i].name)) k++;
+    if (k == SDK_MODEL_N || t[i].ndim != SDK_MODEL[k].ndim ||
+        memcmp(t[i].shape, SDK_MODEL[k].shape, t[i].ndim * sizeof *t[i].shape) ||
+        t[i].wire_dtype != RLORCH_DTYPE_BF16 || t[i].storage_dtype != RLORCH_DTYPE_BF16) {
+      snprintf(msg, len, "tensor '%s' is not this model's", t[i].name);
+      FAIL("bind: %s", msg);
+      return -1;
+    }
+    if (!buf[k] && !(buf[k] = calloc(sdk_model_elems(k), sizeof(uint16_t)))) {
+      snprintf(msg, len, "no memory for '%s'", t[i].name);
+      return -1;
+    }
+    t[i].residency = RLORCH_RES_HOST_PAGEABLE;
+    t[i].data = buf[k];
+  }
+  pthread_mutex_lock(&out_mu);
+  binds++;
+  printf("bind version=%llu tensors=%zu\n", (unsigned long long)version, n);
+  fflush(stdout);
+  pthread_mutex_unlock(&out_mu);
+  return 0;
 }
 
 static void expect(rlorch_status got, rlorch_status want, const rlorch_error *err, const char *msg,
@@ -231,15 +268,16 @@ static unsigned serve(rlorch_worker *w, const rlorch_command *cmd, const char *n
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: sdk_inference ORCHESTRATOR NAME [--bad-reports | --delay-ms N]\n");
+    fprintf(stderr, "usage: sdk_inference ORCHESTRATOR NAME [--bad-reports | --delay-ms N | --on-bind]\n");
     return 2;
   }
   int want_bad = argc > 3 && !strcmp(argv[3], "--bad-reports");
+  int on_bind = argc > 3 && !strcmp(argv[3], "--on-bind");
   double delay_s = argc > 4 && !strcmp(argv[3], "--delay-ms") ? atof(argv[4]) / 1000.0 : 0;
   signal(SIGTERM, on_term);
   signal(SIGINT, on_term);
   rlorch_tensor t[SDK_MODEL_N];
-  for (size_t k = 0; k < SDK_MODEL_N; k++) {
+  for (size_t k = 0; k < SDK_MODEL_N && !on_bind; k++) {
     buf[k] = calloc(sdk_model_elems(k), sizeof(uint16_t));
     if (!buf[k]) return 1;
     t[k] = (rlorch_tensor){.name = SDK_MODEL[k].name, .layer = SDK_MODEL[k].layer,
@@ -251,8 +289,9 @@ int main(int argc, char **argv) {
   rlorch_options_init(&o, sizeof o, RLORCH_ROLE_INFERENCE);
   o.orchestrator = argv[1];
   o.name = argv[2];
-  o.tensors = t;
-  o.ntensors = SDK_MODEL_N;
+  o.tensors = on_bind ? NULL : t;
+  o.ntensors = on_bind ? 0 : SDK_MODEL_N;
+  if (on_bind) o.on_bind = place_tensors;
   o.max_concurrent_requests = 4;
   o.log = on_log;
   o.log_level = RLORCH_LOG_WARN;
@@ -313,10 +352,12 @@ int main(int argc, char **argv) {
   rlorch_status rc;
   while ((rc = rlorch_next(w, 5, &cmd, &err)) == RLORCH_OK) rlorch_command_free(cmd);
   if (rc != RLORCH_E_STOPPED) FAIL("after stop, next says %s", rlorch_status_name(rc));
+  rc = rlorch_stop_status(w, &err);
+  if (rc != RLORCH_OK) FAIL("stopped on purpose, but rlorch_stop_status says %s: %s", rlorch_status_name(rc), err.message);
   rlorch_free(w);
   for (size_t k = 0; k < SDK_MODEL_N; k++) free(buf[k]);
-  printf("stopped requests=%u rollouts=%u aborts=%u aborted_held=%u broadcasts_ok=%u "
-         "broadcasts_failed=%u failures=%d\n", requests, rollouts, aborts, aborted_held,
+  printf("stopped requests=%u rollouts=%u aborts=%u aborted_held=%u binds=%u broadcasts_ok=%u "
+         "broadcasts_failed=%u failures=%d\n", requests, rollouts, aborts, aborted_held, binds,
          broadcasts_ok, broadcasts_failed, failures);
   return failures ? 1 : 0;
 }

@@ -163,6 +163,39 @@ Test(bench_broadcast, host_mode_json_keeps_its_keys) {
   cr_assert(!strcmp(at + strcspn(at, "}"), "}\n"), "one line: %s", j);
 }
 
+/* --senders: one plan per sender count, 1, 2, ... N, beside the one sender
+ * of the same bytes; the ratios are those of the times printed. */
+Test(bench_broadcast, sharded_senders_json_runs_each_count_beside_one_sender) {
+  captured c;
+  run(&c, (const char *[]){"--mode", "host", "--senders", "3", "--receivers", "1", "--layers", "1", "--reps", "1",
+                           "--budget-mib", "16", "--json", NULL});
+  cr_assert_eq(c.rc, 0, "stderr: %s", c.err);
+  const char *j = c.out, *at = j;
+  const char *head = "{\"bench\":\"broadcast\",\"preset\":\"100m\",\"mode\":\"host\",\"reps\":1,";
+  cr_assert(!strncmp(j, head, strlen(head)), "%s", j);
+  double wire = num(j, "wire_bytes", &at);
+  cr_assert_eq(num(j, "receivers", &at), 1);
+  cr_assert(strstr(at, "\"baseline\":\"one sender\""), "%s", j);
+  double base = 0;
+  const uint32_t want[] = {1, 2, 3};
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(num(j, "senders", &at), want[i], "%s", j);
+    double s = num(j, "engine_s", &at), gbps = num(j, "gbps", &at), ratio = num(j, "ratio", &at);
+    double model = num(j, "model_ratio", &at);
+    if (i == 0) base = s;
+    cr_assert(s > 0, "%s", j);
+    cr_assert_float_eq(gbps, wire / s / 1e9, 0.01, "%s", j);
+    cr_assert_float_eq(ratio, s / base, 1e-3 + 1e-3 * ratio, "%s", j);
+    /* dim-0 shards of 1/N of the rows each: the largest source has about 1/N. */
+    cr_assert(model > 0.95 / want[i] && model < 1.1 / want[i], "model ratio %.4f for %u senders", model, want[i]);
+  }
+  cr_assert(!strcmp(at + strcspn(at, "]"), "]}\n"), "one line: %s", j);
+  bad((const char *[]){"--mode", "staged", "--senders", "2", NULL},
+      "rlorch bench broadcast: --senders: sharded senders run on the host transport only (--mode host)\n");
+  bad((const char *[]){"--mode", "host", "--senders", "17", NULL},
+      "rlorch bench broadcast: --senders: 17 out of range [0, 16]\n");
+}
+
 /* Direct needs two GPUs: here it either runs or says what is missing. */
 Test(bench_broadcast, direct_mode_runs_or_says_what_is_missing) {
   bcast_caps caps;

@@ -1,5 +1,6 @@
 /* rpc server and client over loopback (rpc_fixture.h). Server streams: order
- * of many messages, cancellation by the client. */
+ * of many messages, cancellation by the client, waiting for a server that is
+ * not up yet. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,4 +178,35 @@ Test(rpc_stream, shutdown_ends_a_paced_stream_without_calling_it_again) {
   cr_assert_eq(F.cancels, 1, "the handler hears about it");
   cr_assert_eq(F.writable_after_end, 0);
   rpc_client_free(s.c);
+}
+
+/* A client with streams_wait_for_ready: a stream started while nothing
+ * listens waits, and runs once the server comes up on that address; without
+ * it the stream fails at once. */
+Test(rpc_stream, wait_for_ready_stream_opens_when_the_server_comes_up) {
+  fx_start();
+  char target[64];
+  snprintf(target, sizeof target, "%s", F.target);
+  fx_stop();
+  char err[256];
+  rpc_client *fast = NULL, *patient = NULL;
+  rpc_client_opts o = {.target = target};
+  cr_assert_eq(rpc_client_new(&o, &fast, err, sizeof err), 0, "%s", err);
+  o.streams_wait_for_ready = 1;
+  cr_assert_eq(rpc_client_new(&o, &patient, err, sizeof err), 0, "%s", err);
+  fx_streamer now = {.c = fast, .run_id = "done", .n = 3};
+  fx_stream_thread(&now);
+  cr_assert_eq(now.code, GRPC_STATUS_UNAVAILABLE, "%s", rpc_status_name(now.code));
+  fx_streamer s = {.c = patient, .run_id = "done", .n = 3, .code = GRPC_STATUS_UNKNOWN};
+  uv_thread_t th;
+  uv_thread_create(&th, fx_stream_thread, &s);
+  usleep(500 * 1000);
+  cr_assert_eq(s.got, 0, "nothing can have arrived: no server");
+  fx_start_opts((rpc_server_opts){.listen = target});
+  uv_thread_join(&th);
+  cr_assert_eq(s.code, GRPC_STATUS_OK, "%s: %s", rpc_status_name(s.code), s.st.message);
+  cr_assert_eq(s.got, 3);
+  rpc_client_free(fast);
+  rpc_client_free(patient);
+  fx_stop();
 }

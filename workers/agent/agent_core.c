@@ -594,11 +594,15 @@ int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_comma
   pthread_mutex_init(&a->reg_mu, NULL);
   a->hb_ms = 1000;
   /* The orchestrator bounds what it sends (batch chunks, commands) by its own
-   * max_message_bytes, up to 2 GiB: take whatever it is configured to. */
+   * max_message_bytes, up to 2 GiB: take whatever it is configured to. The
+   * command stream waits for a restarting orchestrator rather than failing
+   * and backing off: it opens (and finds the worker forgotten, so the agent
+   * registers again) within the channel's reconnect backoff of the
+   * orchestrator's return, not after the agent's own backoff has grown. */
   rpc_client_opts co = {.target = o->orchestrator, .token = a->token[0] ? a->token : NULL,
                         .max_message_bytes = 0x7fffffff, .tls_ca_file = o->tls_ca_file,
                         .tls_cert_file = o->tls_client_cert_file,
-                        .tls_key_file = o->tls_client_key_file};
+                        .tls_key_file = o->tls_client_key_file, .streams_wait_for_ready = 1};
   if (rpc_client_new(&co, &a->rpc, err, errlen) != 0) {
     agent_free(a);
     return -1;

@@ -1,8 +1,16 @@
 /* `rlorch trainer`: fp32 master weights of a preset, a real AdamW step per
  * train command, the sending side of the broadcast.
  *
+ * A program on the public API (include/rlorch/rlorch.h), like any trainer
+ * that embeds librlorch: the library registers it with the tensors it sends,
+ * holds the command stream, fetches each step's batch, takes the checksum it
+ * reports and executes every broadcast from those tensors. What is the
+ * agent's own is the computation (the weights, the optimizer, the
+ * checkpoint), its signals and its exit status: 0 stopped on purpose, 1 a
+ * failure.
+ *
  * With the optimizer on the CPU (--offload params+optimizer) and the bf16
- * shadow on, the tensors the manifest describes, the engine sends and the
+ * shadow on, the tensors the manifest describes, the library sends and the
  * checksum covers are the shadow: bf16 storage (pinned when a GPU is used)
  * that the AdamW step writes as it updates each weight. The fp32 master and
  * the optimizer state are the optimizer's alone and stay in pageable memory.
@@ -10,28 +18,36 @@
  * With --checkpoint-dir the trainer writes its checkpoint (agent_ckpt.h)
  * after every --checkpoint-every-th step, before it reports the step, and
  * starts from it when it finds one: the version it then registers with is
- * the checkpoint's, so a resumed run carries on as after an orchestrator
- * restart (docs/RELIABILITY.md says what each case gives). */
+ * the checkpoint's (options.held_run_id/held_version), so a resumed run
+ * carries on as after an orchestrator restart (docs/RELIABILITY.md says what
+ * each case gives). */
 #include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "workers/agent/agent_log.h"
+#include "rlorch/rlorch.h"
 #include "workers/agent/agent.h"
 #include "workers/agent/agent_adamw.h"
-#include "workers/agent/agent_batch.h"
 #include "workers/agent/agent_ckpt.h"
 #include "workers/agent/agent_core.h"
-#include "workers/agent/agent_pb.h"
+#include "workers/agent/agent_log.h"
 #include "workers/agent/agent_weights.h"
-#include "workers/agent/agent_xfer.h"
 #include "workers/bcast/bcast_preset.h"
 
 #ifdef RLORCH_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
+
+_Static_assert((int)RLORCH_OFFLOAD_NONE == (int)AGENT_OFFLOAD_NONE &&
+                   (int)RLORCH_OFFLOAD_PARAMS == (int)AGENT_OFFLOAD_PARAMS &&
+                   (int)RLORCH_OFFLOAD_PARAMS_OPTIMIZER == (int)AGENT_OFFLOAD_PARAMS_OPTIMIZER,
+               "offload values are the same in both APIs");
 
 typedef struct agent__trainer {
   agent_opts o;
@@ -45,21 +61,18 @@ typedef struct agent__trainer {
   bcast_tensor *shadow;      /* bf16 shadow of t, or NULL */
   bcast_storage *shadow_storage;
   const bcast_tensor *send;  /* what the manifest describes: shadow, else t */
+  rlorch_tensor *pub;        /* send, as the library takes them */
   float *m, *v; /* optimizer state, total elements each */
   agent_adamw_span *spans;
   uint64_t total;
   uint64_t steps; /* optimizer steps taken: the bias-correction count */
   agent_adamw_hparams hp;
-  uint64_t checksum;
-  agent_xfer xfer;
+  uint64_t checksum; /* of send at start, for trainer_ready */
   agent_ckpt ckpt; /* with --checkpoint-dir: what it reads and writes */
-  Rlorch__V1__WeightManifest *manifest;
-  Rlorch__V1__Capabilities caps_pb;
-  Rlorch__V1__RegisterRequest reg;
+  rlorch_worker *w;
 } agent__trainer;
 
 static void trainer__free(agent__trainer *tr) {
-  agent_xfer_free(&tr->xfer);
 #ifdef RLORCH_HAVE_CUDA
   if (tr->opt_gpu) {
     cudaFree(tr->m);
@@ -70,14 +83,13 @@ static void trainer__free(agent__trainer *tr) {
   free(tr->m);
   free(tr->v);
   free(tr->spans);
+  free(tr->pub);
   bcast_storage_free(tr->shadow_storage);
   free(tr->shadow);
   bcast_storage_free(tr->storage);
   free(tr->t);
-  agent_pb_manifest_free(tr->manifest);
 }
 
-/* Where weights and optimizer live for --offload on this machine. */
 static void trainer__placement(agent__trainer *tr) {
   int gpu = tr->device >= 0;
   switch (tr->o.offload) {
@@ -171,24 +183,6 @@ static int trainer__alloc_shadow(agent__trainer *tr, char *err, size_t errlen) {
   return 0;
 }
 
-static int trainer__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
-                         bcast_err *err) {
-  agent__trainer *tr = ud;
-  int rc = bcast_plan_check_local(p, tr->send, tr->n, 1, err);
-  if (rc) return rc;
-  *local = (bcast_tensor *)tr->send; /* the engine only reads a sender's tensors */
-  *n = tr->n;
-  return 0;
-}
-
-static int trainer__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, char *err,
-                         size_t errlen) {
-  agent__trainer *tr = ud;
-  (void)p, (void)ok, (void)err, (void)errlen;
-  *checksum = tr->checksum; /* weights have not changed since the step */
-  return 0;
-}
-
 /* With --checkpoint-dir: the checkpoint there, if any, replaces the seeded
  * weights and the zero optimizer state (the shadow and the checksum are
  * derived afterwards, as for fresh weights). */
@@ -216,25 +210,30 @@ static int trainer__restore(agent__trainer *tr, char *err, size_t errlen) {
   return 0;
 }
 
-/* After step `version - 1` of the run: the checkpoint, when one is due. A
- * failure is fatal: a trainer that said it keeps checkpoints and cannot would
- * otherwise lose the run at its next restart without anyone knowing. */
-static int trainer__checkpoint(agent__trainer *tr, agent *a, uint64_t version) {
+
+/* After step `version - 1` of run `run_id`: the checkpoint, when one is due.
+ * A failure is fatal: a trainer that said it keeps checkpoints and cannot
+ * would otherwise lose the run at its next restart without anyone knowing. */
+static int trainer__checkpoint(agent__trainer *tr, const char *run_id, uint64_t version,
+                               char *err, size_t errlen) {
   if (!tr->o.checkpoint_dir || tr->steps % tr->o.checkpoint_every != 0) return 0;
   tr->ckpt.steps = tr->steps;
   tr->ckpt.policy_version = version;
-  agent_held_run(a, tr->ckpt.run_id, sizeof tr->ckpt.run_id);
-  char err[512];
-  double t0 = agent_now();
-  if (agent_ckpt_save(tr->o.checkpoint_dir, &tr->ckpt, err, sizeof err)) {
-    agent_log_error("fatal", "reason=\"%s\"", err);
+  if (strlen(run_id) >= sizeof tr->ckpt.run_id) {
+    snprintf(err, errlen, "checkpoint: run id \"%s\" is longer than %zu bytes", run_id,
+             sizeof tr->ckpt.run_id - 1);
     return -1;
   }
+  snprintf(tr->ckpt.run_id, sizeof tr->ckpt.run_id, "%s", run_id);
+  double t0 = agent_now();
+  if (agent_ckpt_save(tr->o.checkpoint_dir, &tr->ckpt, err, errlen)) return -1;
   agent_log_info("checkpoint_saved", "policy_version=%llu optimizer_steps=%llu seconds=%.3f",
                  (unsigned long long)version, (unsigned long long)tr->steps, agent_now() - t0);
   return 0;
 }
 
+/* The weights, the optimizer state, the checkpoint if any, and the tensors
+ * the library is to send, as rlorch_tensor. */
 static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
   bcast_preset_opts po = {.storage_dtype = BCAST_DTYPE_FP32, .wire_dtype = BCAST_DTYPE_BF16,
                           .residency = tr->residency, .device = tr->device,
@@ -258,111 +257,195 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
   tr->send = tr->shadow ? tr->shadow : tr->t;
   if (agent_weights_checksum(tr->send, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err, errlen))
     return -1;
-  tr->manifest = agent_pb_manifest(tr->send, tr->n, tr->o.preset, (int)tr->o.offload);
-  if (!tr->manifest) {
+  tr->pub = calloc(tr->n ? tr->n : 1, sizeof *tr->pub);
+  if (!tr->pub) {
     snprintf(err, errlen, "no memory");
     return -1;
   }
-  if (agent_xfer_init(&tr->xfer, 1, tr->device, tr->o.data_listen, trainer__bind, trainer__done,
-                      tr, err, errlen))
+  for (size_t i = 0; i < tr->n; i++) {
+    const bcast_tensor *s = &tr->send[i];
+    tr->pub[i] = (rlorch_tensor){.name = s->name, .layer = s->layer,
+                                 .storage_dtype = (rlorch_dtype)s->storage_dtype,
+                                 .wire_dtype = (rlorch_dtype)s->wire_dtype, .ndim = s->ndim,
+                                 .shape = s->shape, .residency = (rlorch_residency)s->residency,
+                                 .device = s->device, .data = s->data};
+  }
+  return 0;
+}
+
+/* The worker: its tensors, the manifest's model and offload, what a
+ * restored checkpoint holds, and the agent's own logging (options.log NULL:
+ * the library's events go through agent_log as the agent's do). */
+static int trainer__create(agent__trainer *tr, char *err, size_t errlen) {
+  rlorch_options ro;
+  rlorch_options_init(&ro, sizeof ro, RLORCH_ROLE_TRAINER);
+  ro.orchestrator = tr->o.orchestrator;
+  ro.name = tr->o.name;
+  /* The CLI hands the token itself; a bare agent_opts may name a file. */
+  if (tr->o.token && tr->o.token[0]) ro.token = tr->o.token;
+  else if (!tr->o.token) ro.token_file = tr->o.token_file;
+  ro.tls_ca_file = tr->o.tls_ca_file;
+  ro.tls_cert_file = tr->o.tls_client_cert_file;
+  ro.tls_key_file = tr->o.tls_client_key_file;
+  ro.device = tr->device;
+  ro.data_listen = tr->o.data_listen;
+  /* An agent waits for its orchestrator as long as it takes (a signal ends
+   * the wait): it is started by a supervisor, possibly before the server. */
+  ro.connect_timeout_s = INFINITY;
+  ro.tensors = tr->pub;
+  ro.ntensors = tr->n;
+  ro.model = tr->o.preset;
+  ro.offload = (rlorch_offload)tr->o.offload;
+  if (tr->ckpt.run_id[0]) {
+    ro.held_run_id = tr->ckpt.run_id;
+    ro.held_version = tr->ckpt.policy_version;
+  }
+  rlorch_error e;
+  if (rlorch_create(&ro, &tr->w, &e) != RLORCH_OK) {
+    snprintf(err, errlen, "%s", e.message);
     return -1;
+  }
+  const char *addr = rlorch_data_address(tr->w);
   agent_log_info("trainer_ready",
            "preset=%s tensors=%zu params=%llu offload=%s weights=%s optimizer=%s "
            "bf16_shadow=%s device=%d gpu=\"%s\" data_address=%s checksum=%016llx",
            tr->o.preset, tr->n, (unsigned long long)tr->total, agent_offload_name(tr->o.offload),
            trainer__residency_name(tr->residency), tr->opt_gpu ? "gpu" : "cpu",
            tr->shadow ? trainer__residency_name(tr->shadow[0].residency) : "off", tr->device,
-           tr->device >= 0 ? tr->caps.gpu_name : "",
-           agent_xfer_data_address(&tr->xfer), (unsigned long long)tr->checksum);
+           tr->device >= 0 ? tr->caps.gpu_name : "", addr ? addr : "",
+           (unsigned long long)tr->checksum);
   return 0;
 }
 
-static int trainer__train(agent__trainer *tr, agent *a, const Rlorch__V1__TrainStep *ts) {
-  char err[512];
-  agent_adamw_coef c;
-  /* The synthetic gradient comes from the seed; the batch is still fetched
-   * and checked, so what a real trainer would get is tested end to end. */
-  int fetched = agent_batch_fetch(a, ts, NULL, err, sizeof err);
-  if (fetched != 0) return fetched < 0 ? -1 : 0;
-  /* From here the version held changes: a registration (after an orchestrator
-   * restart) waits until it says the new one, or the orchestrator would plan
-   * a catch-up of weights this step is about to replace. */
-  agent_hold_registration(a, 1);
-  double t0 = agent_now();
-  if (agent_adamw_coef_for_step(&tr->hp, tr->steps + 1, ts->seed, &c)) {
-    agent_log_error("fatal", "reason=\"AdamW hyperparameters out of range\"");
-    agent_hold_registration(a, 0);
-    return -1;
+/* ---- signals: SIGINT and SIGTERM stop the worker -------------------------- */
+
+/* The library's threads block every signal and main blocked these two
+ * (agent_block_signals) before any thread existed, so this thread alone
+ * takes them. It ends after the first, or when trainer__signals_end wakes it
+ * with `done` set. */
+typedef struct trainer__signals {
+  pthread_t tid;
+  int started;
+  atomic_int done;  /* set by trainer__signals_end */
+  atomic_int ended; /* the thread returned after a signal */
+  rlorch_worker *w;
+} trainer__signals;
+
+static void *trainer__signal_main(void *arg) {
+  trainer__signals *s = arg;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (atomic_load(&s->done)) return NULL; /* our own wake-up: the worker is going */
+    agent_log_info("signal", "signal=%s action=stop", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rlorch_stop(s->w);
+    atomic_store(&s->ended, 1);
+    return NULL;
   }
+}
+
+/* Before rlorch_free: the thread must not stop a freed worker. */
+static void trainer__signals_end(trainer__signals *s) {
+  if (!s->started) return;
+  atomic_store(&s->done, 1);
+  if (!atomic_load(&s->ended)) pthread_kill(s->tid, SIGTERM); /* wakes its sigwait */
+  pthread_join(s->tid, NULL);
+  s->started = 0;
+}
+
+/* ---- the steps -------------------------------------------------------------- */
+
+/* A step the trainer cannot take: reported on it, which stops the worker
+ * (the orchestrator redoes the step when a trainer attaches). 1: exit 1. */
+static int trainer__fail(agent__trainer *tr, const rlorch_command *cmd, const char *why) {
+  agent_log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)cmd->train.step, why);
+  rlorch_error e;
+  if (rlorch_report_error(tr->w, cmd, why, &e) != RLORCH_OK)
+    agent_log_debug("step_not_reported", "step=%llu reason=\"%s\"",
+                    (unsigned long long)cmd->train.step, e.message);
+  return 1;
+}
+
+/* One train command: 0 to go on, 1 for a fatal error (exit 1). A worker that
+ * stops meanwhile (a signal, a shutdown) goes on to rlorch_next, which says
+ * so. */
+static int trainer__train(agent__trainer *tr, const rlorch_command *cmd) {
+  char err[512];
+  rlorch_error e;
+  /* The synthetic gradient comes from the seed; the batch is still fetched
+   * and checked, so what a real trainer would get is tested end to end. From
+   * the fetch until the report the library holds registration: after an
+   * orchestrator restart it registers with the version this step makes. */
+  rlorch_batch *b = NULL;
+  rlorch_status rc = rlorch_fetch_batch(tr->w, cmd, &b, &e);
+  if (rc == RLORCH_E_REFUSED) { /* the orchestrator no longer holds it: skip the step */
+    rlorch_error e2;
+    if (rlorch_report_error(tr->w, cmd, e.message, &e2) != RLORCH_OK)
+      agent_log_debug("step_not_reported", "step=%llu reason=\"%s\"",
+                      (unsigned long long)cmd->train.step, e2.message);
+    return 0;
+  }
+  if (rc == RLORCH_E_STOPPED) return 0;
+  if (rc != RLORCH_OK) return trainer__fail(tr, cmd, e.message);
+  rlorch_batch_free(b);
+  double t0 = agent_now();
+  agent_adamw_coef c;
+  if (agent_adamw_coef_for_step(&tr->hp, tr->steps + 1, cmd->train.seed, &c))
+    return trainer__fail(tr, cmd, "AdamW hyperparameters out of range");
   tr->steps++;
   if (tr->opt_gpu) {
-    if (agent_adamw_gpu(&c, tr->spans, tr->n, err, sizeof err)) {
-      agent_log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
-      agent_hold_registration(a, 0);
-      return -1;
-    }
+    if (agent_adamw_gpu(&c, tr->spans, tr->n, err, sizeof err)) return trainer__fail(tr, cmd, err);
   } else if (agent_adamw_cpu(&c, tr->spans, tr->n, tr->o.threads) != 0) {
     agent_log_warn("adamw_threads", "msg=\"could not start every thread; the step ran on fewer\"");
   }
   double train_s = agent_now() - t0;
-  double c0 = agent_now();
-  if (agent_weights_checksum(tr->send, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err,
-                             sizeof err)) {
-    agent_log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)ts->step, err);
-    agent_hold_registration(a, 0);
-    return -1;
+  /* Written before the report: once the orchestrator has the step, a
+   * trainer restarted from its checkpoint must hold it too. */
+  if (trainer__checkpoint(tr, cmd->run_id, cmd->train.step + 1, err, sizeof err))
+    return trainer__fail(tr, cmd, err);
+  /* The library takes the checksum, logs step_done and sends StepDone. */
+  rc = rlorch_report_step(tr->w, cmd, train_s, &e);
+  if (rc == RLORCH_OK || rc == RLORCH_E_STOPPED) return 0;
+  if (rc == RLORCH_E_INVALID) { /* the checksum failed: the worker stopped */
+    agent_log_error("fatal", "step=%llu reason=\"%s\"", (unsigned long long)cmd->train.step,
+                    e.message);
+    return 1;
   }
-  double checksum_s = agent_now() - c0;
-  Rlorch__V1__StepDone d = RLORCH__V1__STEP_DONE__INIT;
-  d.step = ts->step;
-  d.train_seconds = train_s;
-  d.manifest = tr->manifest;
-  d.weights_checksum = tr->checksum;
-  uint8_t id[128];
-  if (ts->want_nccl_id) {
-    bcast_err be = {0};
-    if (tr->caps.nccl_built && tr->device >= 0 &&
-        bcast_engine_nccl_id(agent_xfer_engine(&tr->xfer), id, &be) == 0) {
-      d.nccl_unique_id.data = id;
-      d.nccl_unique_id.len = sizeof id;
-    } else {
-      agent_log_warn("nccl_id_unavailable", "step=%llu reason=\"%s\"", (unsigned long long)ts->step,
-               be.msg[0] ? be.msg : "no NCCL or no GPU here");
-    }
-  }
-  if (trainer__checkpoint(tr, a, ts->step + 1)) {
-    agent_hold_registration(a, 0);
-    return -1;
-  }
-  agent_set_policy_version(a, ts->step + 1);
-  agent_hold_registration(a, 0);
-  agent_log_info("step_done", "step=%llu train_s=%.4f checksum_s=%.4f optimizer=%s checksum=%016llx",
-           (unsigned long long)ts->step, train_s, checksum_s, tr->opt_gpu ? "gpu" : "cpu",
-           (unsigned long long)tr->checksum);
-  Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
-  req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_STEP_DONE;
-  req.step_done = &d;
-  agent_report(a, &req);
+  /* Refused or unreachable: the report is dropped (logged by the library),
+   * as the orchestrator no longer waits for it; the worker goes on. */
+  agent_log_debug("step_report_dropped", "step=%llu reason=\"%s\"",
+                  (unsigned long long)cmd->train.step, e.message);
   return 0;
 }
 
-static int trainer__command(agent *a, const Rlorch__V1__Command *cmd, void *ud) {
-  agent__trainer *tr = ud;
-  switch (cmd->kind_case) {
-  case RLORCH__V1__COMMAND__KIND_TRAIN: return trainer__train(tr, a, cmd->train);
-  case RLORCH__V1__COMMAND__KIND_PLAN: agent_xfer_on_plan(&tr->xfer, a, cmd); return 0;
-  case RLORCH__V1__COMMAND__KIND_TRIGGER: agent_xfer_on_trigger(&tr->xfer, a, cmd); return 0;
-  case RLORCH__V1__COMMAND__KIND_ABORT: agent_xfer_on_abort(&tr->xfer, cmd); return 0;
-  case RLORCH__V1__COMMAND__KIND_SHUTDOWN:
-    agent_log_info("shutdown", "reason=\"%s\"", cmd->shutdown->reason ? cmd->shutdown->reason : "");
-    return 1;
-  case RLORCH__V1__COMMAND__KIND_ROLLOUT:
-    agent_log_warn("command_ignored", "kind=rollout reason=\"a trainer makes no rollouts\"");
-    return 0;
-  default:
-    agent_log_warn("command_ignored", "kind=%d reason=\"unknown command\"", (int)cmd->kind_case);
-    return 0;
+/* Commands until the worker stops: the exit status. */
+static int trainer__loop(agent__trainer *tr) {
+  for (;;) {
+    rlorch_command *cmd = NULL;
+    rlorch_error e;
+    rlorch_status rc = rlorch_next(tr->w, -1, &cmd, &e);
+    if (rc == RLORCH_E_STOPPED) break;
+    if (rc != RLORCH_OK) {
+      agent_log_error("fatal", "reason=\"%s\"", e.message);
+      return 1;
+    }
+    int status = -1;
+    if (cmd->kind == RLORCH_CMD_TRAIN) {
+      if (trainer__train(tr, cmd)) status = 1;
+    } else if (cmd->kind == RLORCH_CMD_SHUTDOWN) {
+      status = 0; /* the library logged it */
+    }
+    rlorch_command_free(cmd);
+    if (status >= 0) return status;
   }
+  rlorch_error e;
+  if (rlorch_stop_status(tr->w, &e) == RLORCH_OK) return 0;
+  agent_log_error("fatal", "reason=\"%s\"", e.message);
+  return 1;
 }
 
 int agent_trainer_run(const agent_opts *o) {
@@ -374,36 +457,40 @@ int agent_trainer_run(const agent_opts *o) {
   bcast_caps_probe(&tr.caps);
   if (agent_pick_device(&tr.o, &tr.caps, &tr.device, err, sizeof err)) {
     agent_log_error("fatal", "reason=\"%s\"", err);
+    agent_log_info("exit", "status=1");
     return 1;
   }
 #ifdef RLORCH_HAVE_CUDA
-  if (tr.device >= 0) cudaSetDevice(tr.device); /* the command thread's device */
+  if (tr.device >= 0) cudaSetDevice(tr.device); /* the optimizer's device */
 #endif
   bcast_caps_select_device(&tr.caps, tr.device);
   agent_log_devices(&tr.caps, tr.device);
   agent_adamw_defaults(&tr.hp);
   trainer__placement(&tr);
-  agent *a = NULL;
+  trainer__signals sig = {0};
   int status = 1;
-  if (trainer__setup(&tr, err, sizeof err)) {
+  if (trainer__setup(&tr, err, sizeof err) || trainer__create(&tr, err, sizeof err)) {
     agent_log_error("fatal", "reason=\"%s\"", err);
     goto out;
   }
-  rlorch__v1__register_request__init(&tr.reg);
-  agent_caps_to_pb(&tr.caps, tr.device, &tr.caps_pb);
-  tr.reg.role = RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER;
-  tr.reg.capabilities = &tr.caps_pb;
-  tr.reg.manifest = tr.manifest;
-  tr.reg.data_address = (char *)agent_xfer_data_address(&tr.xfer);
-  if (agent_new(&tr.o, &tr.reg, trainer__command, &tr, &a, err, sizeof err)) {
-    agent_log_error("fatal", "reason=\"%s\"", err);
+  sig.w = tr.w;
+  sig.started = pthread_create(&sig.tid, NULL, trainer__signal_main, &sig) == 0;
+  if (!sig.started) {
+    agent_log_error("fatal", "reason=\"cannot start the signal thread\"");
     goto out;
   }
-  agent_set_abort_fn(a, agent_xfer_abort_hook, &tr.xfer);
-  if (tr.ckpt.policy_version || tr.ckpt.run_id[0]) agent_set_holds(a, tr.ckpt.run_id, tr.ckpt.policy_version);
-  status = agent_run(a);
+  rlorch_error e;
+  rlorch_status rc = rlorch_start(tr.w, &e);
+  if (rc == RLORCH_OK) {
+    status = trainer__loop(&tr);
+  } else if (rc == RLORCH_E_STOPPED && rlorch_stop_status(tr.w, NULL) == RLORCH_OK) {
+    status = 0; /* stopped before it registered: a signal */
+  } else {
+    agent_log_error("fatal", "reason=\"%s\"", e.message);
+  }
 out:
-  agent_free(a);
+  trainer__signals_end(&sig);
+  rlorch_free(tr.w);
   trainer__free(&tr);
   agent_log_info("exit", "status=%d", status);
   return status;

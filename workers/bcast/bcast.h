@@ -87,9 +87,18 @@ typedef struct bcast_tensor {
   void *data;                /* sender: storage; receiver: destination in wire dtype; may
                                 be NULL when only planning */
   int device;                /* CUDA device of GPU-resident data */
+  /* A sender's shard (FSDP, ZeRO): `data` holds elements [shard_offset,
+   * shard_offset + shard_elems) of the full tensor, row-major, whose shape is
+   * `shape`.  0/0 (or 0 and the element count) is the whole tensor.  Only a
+   * host-mode sender may hold a shard; receivers and the GPU modes want
+   * whole tensors, and a plan never describes a shard. */
+  uint64_t shard_offset;
+  uint64_t shard_elems;
 } bcast_tensor;
 
 uint64_t bcast_tensor_elems(const bcast_tensor *t);
+/* Elements `t` holds itself: shard_elems, or the whole tensor when 0. */
+uint64_t bcast_tensor_held(const bcast_tensor *t);
 
 /* ---- the rules of a manifest (bcast_manifest.c) --------------------------
  * One set of rules for every list of tensors: what a trainer registers, what
@@ -118,6 +127,46 @@ typedef struct bcast_manifest_limits {
 int bcast_manifest_check(const bcast_tensor *t, size_t n, const bcast_manifest_limits *lim,
                          bcast_err *err);
 
+/* ---- shards: several source ranks, each holding part of every tensor ------
+ * bcast_shards_check takes every source rank's tensor list (ranks[r], n[r]
+ * tensors, as that rank describes its shards) and checks that together they
+ * describe one model exactly:
+ *   - each list passes bcast_manifest_check (the error is prefixed with
+ *     "source rank R: "), and each tensor's range lies inside its shape;
+ *   - every rank that holds part of a tensor gives it the same shape, layer,
+ *     storage dtype and wire dtype; else
+ *       "tensor 'W': rank A and rank B disagree on FIELD (X vs Y)"
+ *     with FIELD shape, layer, storage_dtype or wire_dtype;
+ *   - the ranges of all ranks tile [0, elements) exactly; else
+ *       "tensor 'W': elements [X, Y) are held by no rank (gap after rank A,
+ *        before rank B)"   (A is "the start", B "the end" at either edge)
+ *       "tensor 'W': rank A holds [X, Y) and rank B holds [U, V): they overlap"
+ * One sort of all pieces by (name, offset): n log n in the pieces, no pairwise
+ * comparison of ranks.  On success *out is the global view the planner takes
+ * (bcast_plan_build_sharded) and the orchestrator can keep. */
+typedef struct bcast_piece {
+  uint32_t rank;         /* source rank holding the range */
+  uint64_t elem_offset;  /* first element of the full tensor */
+  uint64_t elem_count;
+} bcast_piece;
+
+typedef struct bcast_shard_map {
+  uint32_t nranks;
+  bcast_tensor *tensors; /* the full tensors, in order of first appearance (rank 0's
+                            order, then what later ranks add); no data, no shard */
+  size_t ntensors;
+  bcast_piece *pieces;   /* tensor i's pieces are pieces[first[i] .. first[i + 1]),
+                            by offset */
+  size_t *first;         /* ntensors + 1 entries */
+  size_t npieces;
+} bcast_shard_map;
+
+/* BCAST_OK, BCAST_EINVAL naming the tensor, ranks and field or offsets,
+ * BCAST_ENOMEM.  lim applies to each rank's list (NULL: the engine's bounds). */
+int bcast_shards_check(const bcast_tensor *const *ranks, const size_t *n, size_t nranks,
+                       const bcast_manifest_limits *lim, bcast_shard_map **out, bcast_err *err);
+void bcast_shard_map_free(bcast_shard_map *m);
+
 /* ---- plans -------------------------------------------------------------- */
 typedef struct bcast_slice {
   uint32_t tensor;       /* index into plan->tensors */
@@ -127,7 +176,7 @@ typedef struct bcast_slice {
 } bcast_slice;
 
 typedef struct bcast_bucket {
-  uint32_t index;
+  uint32_t index;  /* also its position on the wire of its source */
   uint32_t layer;
   bcast_dtype wire_dtype;
   uint64_t bytes;
@@ -147,7 +196,10 @@ typedef enum { BCAST_CHECKSUM_NONE = 1, BCAST_CHECKSUM_XXH3_64 = 2 } bcast_check
  * bucket and slice.  It deliberately leaves out what is local or advisory:
  * residency (where the sender keeps its storage changes how, not what, it
  * sends), data pointers and devices, deadline_unix_ms, host_endpoint,
- * mode_reason, min_gbps and the data-channel secret.  The secret stays out on
+ * mode_reason, min_gbps, the source endpoints and the data-channel secret.
+ * nsources is covered only when above 1, so a one-source plan hashes as it
+ * did before there were several; which source sends what is covered through
+ * every bucket's source_rank.  The secret stays out on
  * purpose: the hash travels in acks and triggers and is logged, and XXH3 is
  * not one-way, so nothing derived from a secret may be published.  A
  * participant that holds another secret learns it at the handshake (the root
@@ -165,7 +217,16 @@ typedef enum { BCAST_CHECKSUM_NONE = 1, BCAST_CHECKSUM_XXH3_64 = 2 } bcast_check
  * starts at a 256-byte aligned offset (BCAST_ALIGN); the bytes between the end
  * of one slice and the next aligned offset are padding, sent as zeros, and
  * are the only "gaps" a valid plan has.  A tensor larger than the budget is
- * cut into element ranges over consecutive buckets. */
+ * cut into element ranges over consecutive buckets.
+ *
+ * Several sources (nsources S > 1, bcast_plan_build_sharded): ranks 0..S-1
+ * send, ranks S..world_size-1 receive, root_rank is 0.  A bucket carries
+ * slices of its source_rank's pieces only; within a layer and wire dtype
+ * each source's buckets are laid out as above, then interleaved round-robin
+ * by source (source 0's first, source 1's first, ..., source 0's second,
+ * ...), so that every source has a bucket to send at once.  The slices of a
+ * tensor split over sources are thus not in element order across buckets;
+ * validation checks that they tile the tensor, in any order. */
 #define BCAST_ALIGN 256u
 #define BCAST_MAX_TENSOR_BYTES (1ull << 50)
 
@@ -191,7 +252,14 @@ typedef struct bcast_plan {
    * handshake authenticated it, keyed from the plan's secret (bcast_host.c),
    * so the weights are also encrypted and integrity-protected on the wire. */
   int tls;
+  /* Source ranks 0..nsources-1 (0 or 1: one, the root).  Covered by the hash
+   * when above 1. */
+  uint32_t nsources;
   /* Fields below are not covered by the hash (see above). */
+  /* Host mode with nsources > 1: where each source listens, nsources
+   * strings (malloc'd, owned by the plan; entry 0 equals host_endpoint);
+   * NULL for a one-source plan, whose source is at host_endpoint. */
+  char **source_endpoints;
   uint8_t secret[32];        /* data-channel secret, BCAST_SECRET_BYTES */
   int has_secret;            /* 0: a plan from elsewhere that carried none */
   double min_gbps;           /* slowest healthy throughput, 1e9 bytes/s summed over
@@ -217,6 +285,9 @@ typedef struct bcast_plan_opts {
   int tls;                  /* see bcast_plan.tls */
   const bcast_manifest_limits *limits; /* the manifest's (bcast_manifest_check); NULL: the
                                           engine's own bounds */
+  /* bcast_plan_build_sharded: each source's data address ("host:port"),
+   * the map's nranks of them, or NULL (filled in later, as host_endpoint). */
+  const char *const *source_endpoints;
 } bcast_plan_opts;
 
 /* Buckets per layer and per wire dtype, slices concatenated at fixed offsets,
@@ -225,13 +296,34 @@ typedef struct bcast_plan_opts {
  * gives no randomness). */
 int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opts *opts,
                      bcast_plan **out, bcast_err *err);
+/* A plan whose sources are the map's ranks (bcast_shards_check): every piece
+ * becomes slices of buckets whose source_rank is the rank holding it.  The
+ * map's nranks is the plan's nsources; world_size counts the sources and the
+ * receivers, root_rank must be 0.  A map of one rank holding whole tensors
+ * gives the plan bcast_plan_build gives for its tensors, hash included. */
+int bcast_plan_build_sharded(const bcast_shard_map *m, const bcast_plan_opts *opts,
+                             bcast_plan **out, bcast_err *err);
+/* Also refuses, naming them: nsources >= world_size, root_rank other than 0
+ * with several sources, a bucket whose source_rank >= nsources, a stage rank
+ * other than its source, an empty or too long source endpoint, and
+ * endpoints that contradict host_endpoint. */
 int bcast_plan_validate(const bcast_plan *p, bcast_err *err);
+/* Where source `rank` of a host-mode plan listens ("" if the plan has none). */
+const char *bcast_plan_source_endpoint(const bcast_plan *p, uint32_t rank);
+/* How many sources send the plan: nsources, 1 when 0. */
+int bcast_plan_sources(const bcast_plan *p);
 uint64_t bcast_plan_hash(const bcast_plan *p);
 void bcast_plan_free(bcast_plan *p);
 uint64_t bcast_plan_wire_bytes(const bcast_plan *p);
 /* A participant's local tensors must match the plan by name, shape and dtype. */
 int bcast_plan_check_local(const bcast_plan *p, const bcast_tensor *local, size_t n,
                            int sender, bcast_err *err);
+/* A source rank's local tensors (whole, or shards) against the plan: each
+ * tensor its buckets carry is there, by name, shape and storage dtype, and
+ * holds every element range they carry; tensors it sends nothing of may be
+ * absent.  What bcast_engine_execute checks on a host-mode source. */
+int bcast_plan_check_source(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
+                            bcast_err *err);
 /* Sets the NCCL unique id and recomputes the hash (the id is covered). */
 void bcast_plan_set_nccl_id(bcast_plan *p, const uint8_t id[128]);
 /* Deep copy (tensors, buckets, slices); NULL when out of memory. */
@@ -361,7 +453,18 @@ int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err);
  * (connect, each bucket) and by plan->deadline_unix_ms.  Stats: wire_bytes
  * counts the plan's bytes once (what each receiver gets); on the root cast_s
  * is cast + checksum, on receivers verify + scatter; exposed_s = total_s -
- * wire_s (measured).  transport is "host-tcp" in host mode. */
+ * wire_s (measured).  transport is "host-tcp" in host mode.
+ * Several sources (bcast_plan.nsources > 1, host mode only): each source rank
+ * (rank < nsources, each with its own host_listen) sends only its buckets,
+ * from `local` tensors that may be shards (bcast_tensor.shard_offset), to
+ * every receiver; each receiver connects to every source
+ * (bcast_plan_source_endpoint) and takes their streams at once, then
+ * confirms to every source only once all of them are in, so a source that
+ * returns OK knows every receiver holds the whole plan.  A failure of one
+ * stream ends the others at once and is reported as "source rank R: ...".
+ * A source's stats count its own buckets and bytes; a receiver's count
+ * every bucket, and its wire_alone_s is the longest stream's wire time (the
+ * streams overlap, so wire_s, the sum over buckets, can exceed total_s). */
 int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
                          size_t n, bcast_stats *stats, bcast_err *err);
 /* Cancels plan `plan_id` on this engine; the one call that may come from

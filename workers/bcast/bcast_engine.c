@@ -120,14 +120,16 @@ int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err) {
  * memory only; say clearly when a plan asks for more. */
 static int host_mode_check(const bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
                            const uint32_t *map, int sender, bcast_err *err) {
-  for (size_t b = 0; b < p->nbuckets; b++)
+  uint32_t ns = bcast__plan_nsources(p);
+  /* Several sources: each bucket's source sends and stages it (validated). */
+  for (size_t b = 0; b < p->nbuckets && ns == 1; b++)
     if (p->buckets[b].source_rank != p->root_rank || p->buckets[b].stage_rank != p->root_rank)
       return bcast__fail(err, BCAST_ENOTSUP,
                          "bucket %zu (layer %u): source rank %u / stage rank %u differ from root %u; the host "
                          "transport sends and stages every bucket on the root", b, p->buckets[b].layer,
                          p->buckets[b].source_rank, p->buckets[b].stage_rank, p->root_rank);
   for (size_t i = 0; i < p->ntensors; i++)
-    if (local[map[i]].residency == BCAST_RES_GPU && !e->gpu)
+    if (map[i] != UINT32_MAX && local[map[i]].residency == BCAST_RES_GPU && !e->gpu)
       return bcast__fail(err, BCAST_ENOTSUP, "tensor '%s': GPU-resident, but this engine has no GPU backend "
                          "to move it through host memory", p->tensors[i].name);
   if (sender && e->listen_fd < 0)
@@ -135,6 +137,10 @@ static int host_mode_check(const bcast_engine *e, const bcast_plan *p, const bca
                        "without host_listen", p->id);
   if (!sender && !p->host_endpoint[0])
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': host mode without host_endpoint", p->id);
+  for (uint32_t r = 1; !sender && r < ns; r++)
+    if (!bcast_plan_source_endpoint(p, r)[0])
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': host mode without an endpoint for source rank %u", p->id,
+                         r);
   return BCAST_OK;
 }
 
@@ -154,6 +160,19 @@ static int plan_runnable(const bcast_engine *e, const bcast_plan *p, bcast_err *
   if (p->mode != BCAST_MODE_HOST && !e->gpu)
     return bcast__fail(err, BCAST_ENOTSUP, "plan '%s': %s mode needs an engine opened with a CUDA device", p->id,
                        bcast_mode_name(p->mode));
+  return BCAST_OK;
+}
+
+/* The GPU modes move whole tensors from one source (validation refuses a
+ * plan of several there); a shard among the local tensors is refused here,
+ * before any backend reads past it. */
+static int whole_tensors(const bcast_plan *p, const bcast_tensor *local, size_t n, bcast_err *err) {
+  for (size_t i = 0; local && i < n; i++)
+    if (local[i].shard_offset || (local[i].shard_elems && local[i].shard_elems != bcast_tensor_elems(&local[i])))
+      return bcast__fail(err, BCAST_EINVAL, "tensor '%s': a shard (elements [%llu, +%llu)); %s mode needs whole "
+                         "tensors, only host mode sends from shards", local[i].name,
+                         (unsigned long long)local[i].shard_offset, (unsigned long long)local[i].shard_elems,
+                         bcast_mode_name(p->mode));
   return BCAST_OK;
 }
 
@@ -205,7 +224,7 @@ static int shadow_make(bcast_engine *e, const bcast_tensor *local, size_t n, int
   memcpy(h->t, local, n * sizeof *h->t);
   for (size_t i = 0; i < n; i++) {
     if (local[i].residency != BCAST_RES_GPU) continue;
-    size_t bytes = (size_t)bcast_tensor_elems(&local[i]) *
+    size_t bytes = (size_t)(sender ? bcast_tensor_held(&local[i]) : bcast_tensor_elems(&local[i])) *
                    bcast_dtype_size(sender ? local[i].storage_dtype : local[i].wire_dtype);
     void *mem = shadow_buffer(e, i, bytes);
     if (!mem) {
@@ -286,6 +305,7 @@ int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tenso
   if (stats) memset(stats, 0, sizeof *stats);
   if (!e || !p) return bcast__fail(err, BCAST_EINVAL, "engine_execute: NULL argument");
   int rc = plan_runnable(e, p, err);
+  if (!rc && p->mode != BCAST_MODE_HOST) rc = whole_tensors(p, local, n, err);
   if (rc) return rc;
   char stale[sizeof p->id];
   rc = cancel_begin(e, p, stale, sizeof stale, err);
@@ -340,10 +360,13 @@ size_t bcast_engine_coloc_mappings(const bcast_engine *e) {
 
 static int execute_host(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local, size_t n,
                         const char *stale, bcast_stats *stats, bcast_err *err) {
-  int sender = e->o.rank == p->root_rank;
+  uint32_t ns = bcast__plan_nsources(p);
+  int sender = ns > 1 ? e->o.rank < ns : e->o.rank == p->root_rank;
   uint32_t *map = malloc((p->ntensors ? p->ntensors : 1) * sizeof *map);
   if (!map) return bcast__fail(err, BCAST_ENOMEM, "engine_execute: out of memory");
-  int rc = bcast__plan_bind(p, local, n, sender, map, err);
+  /* A source binds what its buckets carry, from whole tensors or shards. */
+  int rc = sender ? bcast__plan_bind_source(p, e->o.rank, local, n, map, err)
+                  : bcast__plan_bind(p, local, n, 0, map, err);
   if (!rc) rc = host_mode_check(e, p, local, map, sender, err);
   host_shadow h = {0};
   const bcast_tensor *caller = local;
@@ -354,7 +377,7 @@ static int execute_host(bcast_engine *e, const bcast_plan *p, const bcast_tensor
     copy_s = bcast__now() - t0;
   }
   bcast__host_io io = {.timeout_s = e->o.timeout_s, .cancel_fd = e->cancel_pipe[0], .stale_id = stale};
-  if (!rc && sender) rc = bcast__host_send(e->listen_fd, p, local, map, &io, cast_threads(e), stats, err);
+  if (!rc && sender) rc = bcast__host_send(e->listen_fd, p, e->o.rank, local, map, &io, cast_threads(e), stats, err);
   else if (!rc) rc = bcast__host_recv(p, e->o.rank, local, map, &io, stats, err);
   if (!rc && h.t && !sender) {
     double t1 = bcast__now();

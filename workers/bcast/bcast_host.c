@@ -40,6 +40,13 @@
  * The root's listening socket lives as long as its engine; receivers connect
  * anew for every plan, so a receiver that failed one step starts clean next.
  *
+ * Several sources (bcast_plan.nsources > 1, a sharded trainer): every source
+ * rank is a root of this protocol for its own buckets, on its own listener
+ * (bcast_plan_source_endpoint), with the same handshake, TLS and bounds; a
+ * HEADER carries the plan's bucket index, and a source sends its buckets in
+ * plan order.  A receiver runs one connection per source at once and sends
+ * each source its ACK only once every source's buckets arrived.
+ *
  * The root casts bucket k+1 on a worker thread while bucket k is on the wire
  * (two buffers) and writes to all receivers at once with non-blocking sockets
  * and poll.  Every wait is bounded by the deadline and ends early when the
@@ -312,23 +319,32 @@ static int recv_status(bcast__conn *c, uint32_t magic, int *status, char *msg, s
   return 0;
 }
 
-static void fill_stats(bcast_stats *st, const bcast_plan *p, double t0, bcast_bucket_timing *bt) {
+/* bt: the nbt buckets this participant moved (a source: its own; a
+ * receiver: all).  wire_alone_s: the time the wire ran alone; with several
+ * sources a receiver's streams overlap, so that is the longest of the
+ * streams' sums, not the sum over buckets (which wire_s still is). */
+static void fill_stats(bcast_stats *st, const bcast_plan *p, double t0, bcast_bucket_timing *bt, size_t nbt,
+                       uint64_t wire_bytes, double wire_alone_s) {
   st->mode = BCAST_MODE_HOST;
   st->transport = p->tls ? "host-tls" : "host-tcp";
-  st->wire_bytes = bcast_plan_wire_bytes(p);
-  st->nbuckets = (uint32_t)p->nbuckets;
+  st->wire_bytes = wire_bytes;
+  st->nbuckets = (uint32_t)nbt;
   st->buckets = bt;
-  for (size_t b = 0; b < p->nbuckets; b++) {
+  for (size_t b = 0; b < nbt; b++) {
     st->cast_s += bt[b].cast_s;
     st->wire_s += bt[b].wire_s;
   }
   st->total_s = bcast__now() - t0;
-  /* The wire ran alone for wire_s: what the total adds on top was not hidden. */
-  st->wire_alone_s = st->wire_s;
+  /* The wire ran alone for wire_alone_s: what the total adds on top was not hidden. */
+  st->wire_alone_s = wire_alone_s;
   st->exposed_measured = 1;
   st->exposed_s = bcast__exposed_s(st->total_s, st->wire_alone_s);
   st->gbps = st->total_s > 0 ? (double)st->wire_bytes / st->total_s / 1e9 : 0;
 }
+
+/* Every source's link carries one copy per receiver; the plan's floor
+ * (min_gbps) holds for each source's link on its own. */
+static uint32_t receivers(const bcast_plan *p) { return p->world_size - bcast__plan_nsources(p); }
 
 static uint64_t max_bucket(const bcast_plan *p) {
   uint64_t m = 0;
@@ -343,7 +359,8 @@ static uint64_t max_bucket(const bcast_plan *p) {
 static double bucket_deadline(const bcast_plan *p, size_t k, const bcast__host_io *io, double slack) {
   double t = io->timeout_s;
   if (p->min_gbps > 0) {
-    double fanout = p->world_size > 2 ? (double)(p->world_size - 1) : 1.0;
+    uint32_t rx = receivers(p);
+    double fanout = rx > 1 ? (double)rx : 1.0;
     t = slack + (double)p->buckets[k].bytes * fanout / (p->min_gbps * 1e9);
   }
   return bcast__deadline(t, p->deadline_unix_ms);
@@ -351,7 +368,22 @@ static double bucket_deadline(const bcast_plan *p, size_t k, const bcast__host_i
 
 /* What a receiver is expected to take at least, for messages (GB/s). */
 static double per_receiver_floor(const bcast_plan *p) {
-  return p->world_size > 2 ? p->min_gbps / (double)(p->world_size - 1) : p->min_gbps;
+  uint32_t rx = receivers(p);
+  return rx > 1 ? p->min_gbps / (double)rx : p->min_gbps;
+}
+
+/* The longest any one source may take for all its buckets within the
+ * per-bucket bounds (bucket_deadline), from now. */
+static double others_bound_s(const bcast_plan *p, const bcast__host_io *io) {
+  uint32_t ns = bcast__plan_nsources(p);
+  double worst = 0;
+  for (uint32_t s = 0; s < ns; s++) {
+    double t = 0, now = bcast__now();
+    for (size_t k = 0; k < p->nbuckets; k++)
+      if (p->buckets[k].source_rank == s) t += bucket_deadline(p, k, io, BUCKET_SLACK_S) - now;
+    if (t > worst) worst = t;
+  }
+  return worst;
 }
 
 /* ---- the hello, parsed --------------------------------------------------------------- */
@@ -455,10 +487,15 @@ static int admit(acceptor *ac, pending *c, const bcast__hello *h, bcast_err *err
   const bcast_plan *p = ac->p;
   char why[256] = "";
   int code = BCAST_OK;
-  if (h->rank >= p->world_size || h->rank == p->root_rank) {
+  uint32_t ns = bcast__plan_nsources(p);
+  if (h->rank >= p->world_size || h->rank == p->root_rank || (ns > 1 && h->rank < ns)) {
     code = BCAST_EPEER;
-    snprintf(why, sizeof why, "receiver claims rank %u: not a receiver rank of world size %u with root %u",
-             h->rank, p->world_size, p->root_rank);
+    if (ns > 1)
+      snprintf(why, sizeof why, "receiver claims rank %u: not a receiver rank of world size %u with sources "
+               "0..%u", h->rank, p->world_size, ns - 1);
+    else
+      snprintf(why, sizeof why, "receiver claims rank %u: not a receiver rank of world size %u with root %u",
+               h->rank, p->world_size, p->root_rank);
   }
   for (size_t i = 0; i < ac->have && !code; i++)
     if (ac->peers[i].rank == h->rank) {
@@ -556,7 +593,7 @@ static int accept_fail_timeout(acceptor *ac, bcast_err *err) {
   char missing[192] = "";
   size_t len = 0;
   for (uint32_t r = 0; r < p->world_size && len + 12 < sizeof missing; r++) {
-    int found = r == p->root_rank;
+    int found = r == p->root_rank || r < bcast__plan_nsources(p);
     for (size_t i = 0; i < ac->have; i++) found |= ac->peers[i].rank == r;
     if (!found) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%u", len ? "," : "", r);
   }
@@ -612,9 +649,12 @@ static int accept_all(int lfd, acceptor *ac, double deadline, bcast_err *err) {
   return rc;
 }
 
-/* The cast worker fills slot k % 2 with bucket k while the main thread sends. */
+/* The cast worker fills slot j % 2 with this source's j-th bucket while the
+ * main thread sends. */
 typedef struct caster {
   const bcast_plan *p;
+  const size_t *mine; /* this source's buckets, in plan order */
+  size_t nmine;
   const bcast_tensor *local;
   const uint32_t *map;
   int threads;
@@ -636,8 +676,10 @@ static void cast_bucket(caster *c, size_t k, uint8_t *buf) {
     const bcast_slice *sl = &b->slices[s];
     const bcast_tensor *t = &c->local[c->map[sl->tensor]];
     size_t ssz = bcast_dtype_size(t->storage_dtype);
+    /* A shard's data starts at its first element (bind checked the range). */
+    const uint8_t *src = (const uint8_t *)t->data + (sl->elem_offset - t->shard_offset) * ssz;
     if (sl->bucket_offset > end) memset(buf + end, 0, sl->bucket_offset - end); /* padding */
-    if (bcast__cast_parallel(buf + sl->bucket_offset, b->wire_dtype, (const uint8_t *)t->data + sl->elem_offset * ssz,
+    if (bcast__cast_parallel(buf + sl->bucket_offset, b->wire_dtype, src,
                              t->storage_dtype, sl->elem_count, c->threads))
       c->failed = (int)k + 1;
     end = sl->bucket_offset + sl->elem_count * wsz;
@@ -646,8 +688,9 @@ static void cast_bucket(caster *c, size_t k, uint8_t *buf) {
 
 static void *caster_main(void *arg) {
   caster *c = arg;
-  for (size_t k = 0; k < c->p->nbuckets; k++) {
-    int s = (int)(k & 1);
+  for (size_t j = 0; j < c->nmine; j++) {
+    size_t k = c->mine[j];
+    int s = (int)(j & 1);
     pthread_mutex_lock(&c->mu);
     while (c->ready[s] && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
     int stop = c->stop;
@@ -656,7 +699,7 @@ static void *caster_main(void *arg) {
     double t0 = bcast__now();
     cast_bucket(c, k, c->buf[s]);
     uint64_t sum = c->p->checksum == BCAST_CHECKSUM_XXH3_64 ? bcast_checksum64(c->buf[s], c->p->buckets[k].bytes) : 0;
-    c->bt[k].cast_s = bcast__now() - t0;
+    c->bt[j].cast_s = bcast__now() - t0;
     pthread_mutex_lock(&c->mu);
     c->sum[s] = sum;
     c->ready[s] = 1;
@@ -753,6 +796,14 @@ static int collect_acks(const bcast_plan *p, peer *peers, size_t np, const bcast
     double inflight = (double)max_bucket(p) + 2.0 * SOCK_BUF;
     dl = bcast__deadline(BUCKET_SLACK_S + inflight * fanout / (p->min_gbps * 1e9), p->deadline_unix_ms);
   }
+  /* Several sources: receivers confirm once every source's buckets are in,
+   * so this source also waits for the slowest other one, within the bounds
+   * that source's buckets are held to. */
+  if (bcast__plan_nsources(p) > 1) {
+    double end = bcast__deadline(1e9, p->deadline_unix_ms);
+    dl += others_bound_s(p, io);
+    if (dl > end) dl = end; /* never past the plan's deadline */
+  }
   for (size_t i = 0; i < np; i++) {
     int status = 0;
     char msg[512];
@@ -772,8 +823,9 @@ static int collect_acks(const bcast_plan *p, peer *peers, size_t np, const bcast
 
 static int send_all(caster *c, peer *peers, size_t np, const bcast__host_io *io, bcast_err *err) {
   const bcast_plan *p = c->p;
-  for (size_t k = 0; k < p->nbuckets; k++) {
-    int s = (int)(k & 1);
+  for (size_t j = 0; j < c->nmine; j++) {
+    size_t k = c->mine[j];
+    int s = (int)(j & 1);
     pthread_mutex_lock(&c->mu);
     while (!c->ready[s]) pthread_cond_wait(&c->cv, &c->mu);
     uint64_t sum = c->sum[s];
@@ -785,7 +837,7 @@ static int send_all(caster *c, peer *peers, size_t np, const bcast__host_io *io,
     double t0 = bcast__now();
     int rc = send_bucket(p, k, c->buf[s], sum, peers, np, io->cancel_fd,
                          bucket_deadline(p, k, io, BUCKET_SLACK_S), err);
-    c->bt[k].wire_s = bcast__now() - t0;
+    c->bt[j].wire_s = bcast__now() - t0;
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);
     c->ready[s] = 0;
@@ -795,23 +847,34 @@ static int send_all(caster *c, peer *peers, size_t np, const bcast__host_io *io,
   return collect_acks(p, peers, np, io, err);
 }
 
-int bcast__host_send(int lfd, const bcast_plan *p, const bcast_tensor *local, const uint32_t *map,
+int bcast__host_send(int lfd, const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
                      const bcast__host_io *io, int cast_threads, bcast_stats *stats, bcast_err *err) {
   double t0 = bcast__now();
-  size_t np = p->world_size - 1;
+  size_t np = receivers(p), nmine = 0;
+  uint64_t mb = 0, bytes = 0;
+  for (size_t b = 0; b < p->nbuckets; b++)
+    if (p->buckets[b].source_rank == rank) {
+      nmine++;
+      bytes += p->buckets[b].bytes;
+      if (p->buckets[b].bytes > mb) mb = p->buckets[b].bytes;
+    }
   peer *peers = calloc(np ? np : 1, sizeof *peers);
-  bcast_bucket_timing *bt = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *bt);
-  uint64_t mb = max_bucket(p);
-  caster c = {.p = p, .local = local, .map = map, .threads = cast_threads, .bt = bt};
+  bcast_bucket_timing *bt = calloc(nmine ? nmine : 1, sizeof *bt);
+  size_t *mine = malloc((nmine ? nmine : 1) * sizeof *mine);
+  caster c = {.p = p, .mine = mine, .nmine = nmine, .local = local, .map = map, .threads = cast_threads, .bt = bt};
   uint32_t refused = 0;
   c.buf[0] = malloc(mb ? mb : 1);
   c.buf[1] = malloc(mb ? mb : 1);
   int rc = BCAST_OK;
-  if (!peers || !bt || !c.buf[0] || !c.buf[1]) {
+  if (!peers || !bt || !mine || !c.buf[0] || !c.buf[1]) {
     rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for two %llu-byte wire buffers", (unsigned long long)mb);
     goto out;
   }
-  for (size_t b = 0; b < p->nbuckets; b++) bt[b].bucket = (uint32_t)b;
+  for (size_t b = 0, j = 0; b < p->nbuckets; b++)
+    if (p->buckets[b].source_rank == rank) {
+      bt[j].bucket = (uint32_t)b;
+      mine[j++] = b;
+    }
   acceptor ac = {.p = p, .io = io, .peers = peers, .want = np};
   rc = accept_all(lfd, &ac, bcast__deadline(io->timeout_s, p->deadline_unix_ms), err);
   /* Whatever is still pending is not a receiver of this plan. */
@@ -837,10 +900,13 @@ out:
   for (size_t i = 0; peers && i < np; i++)
     if (peers[i].c.fd > 0) bcast__conn_close(&peers[i].c);
   free(peers);
+  free(mine);
   free(c.buf[0]);
   free(c.buf[1]);
   if (rc == BCAST_OK && stats) {
-    fill_stats(stats, p, t0, bt);
+    double wire = 0;
+    for (size_t j = 0; j < nmine; j++) wire += bt[j].wire_s;
+    fill_stats(stats, p, t0, bt, nmine, bytes, wire);
     stats->refused_connections = refused;
     bt = NULL;
   }
@@ -850,13 +916,14 @@ out:
 
 /* ======================= receiver ============================================ */
 
-static int connect_root(const bcast_plan *p, int cancel_fd, double deadline, int *fdp, bcast_err *err) {
+static int connect_root(const bcast_plan *p, const char *ep, int cancel_fd, double deadline, int *fdp,
+                        bcast_err *err) {
   char host[256], port[32];
-  if (split_addr(p->host_endpoint, host, sizeof host, port, sizeof port))
-    return bcast__fail(err, BCAST_EINVAL, "plan '%s': host_endpoint '%s' is not host:port", p->id, p->host_endpoint);
+  if (split_addr(ep, host, sizeof host, port, sizeof port))
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': host_endpoint '%s' is not host:port", p->id, ep);
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
   int g = getaddrinfo(host, port, &hints, &res);
-  if (g) return bcast__fail(err, BCAST_EIO, "host_endpoint '%s': %s", p->host_endpoint, gai_strerror(g));
+  if (g) return bcast__fail(err, BCAST_EIO, "host_endpoint '%s': %s", ep, gai_strerror(g));
   int e = 0;
   for (;;) {
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
@@ -892,7 +959,7 @@ static int connect_root(const bcast_plan *p, int cancel_fd, double deadline, int
   freeaddrinfo(res);
   if (e == ECANCELED) return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled before the root answered", p->id);
   return bcast__fail(err, BCAST_ETIMEDOUT, "plan '%s': root at %s not reachable before the deadline: %s", p->id,
-                     p->host_endpoint, strerror(e ? e : ETIMEDOUT));
+                     ep, strerror(e ? e : ETIMEDOUT));
 }
 
 /* The root closed the connection before its challenge: a root shedding
@@ -901,18 +968,18 @@ static int connect_root(const bcast_plan *p, int cancel_fd, double deadline, int
 
 /* Answers the root's challenge and checks the root's proof in return.  0,
  * HANDSHAKE_RETRY, or a negative code with err filled. */
-static int handshake(bcast__conn *c, const bcast_plan *p, uint32_t rank, int cancel_fd, double deadline,
-                     bcast_err *err) {
+static int handshake(bcast__conn *c, const bcast_plan *p, const char *ep, uint32_t rank, int cancel_fd,
+                     double deadline, bcast_err *err) {
   uint8_t ch[CHALLENGE_BYTES];
   if (io_full(c, ch, sizeof ch, 0, cancel_fd, deadline)) {
     int e = errno;
     if (e == EPIPE || e == ECONNRESET) return HANDSHAKE_RETRY;
     return bcast__fail(err, io_code(e), "plan '%s': no handshake challenge from root %s: %s", p->id,
-                       p->host_endpoint, strerror(e));
+                       ep, strerror(e));
   }
   if (get32(ch) != MAGIC_CHALLENGE || get32(ch + 4) != PROTO_VERSION)
     return bcast__fail(err, BCAST_EPEER, "plan '%s': root %s does not speak data-channel protocol version %u",
-                       p->id, p->host_endpoint, PROTO_VERSION);
+                       p->id, ep, PROTO_VERSION);
   uint8_t h[BCAST_HELLO_MAX], *nonce = ch + 8;
   size_t idlen = strnlen(p->id, sizeof p->id - 1);
   put32(h, MAGIC_HELLO);
@@ -932,17 +999,17 @@ static int handshake(bcast__conn *c, const bcast_plan *p, uint32_t rank, int can
     int e = errno;
     if (e == EPIPE || e == ECONNRESET)
       return bcast__fail(err, BCAST_EMISMATCH, "plan '%s': root %s closed the connection without accepting rank %u: "
-                         "it holds another plan or another secret", p->id, p->host_endpoint, rank);
-    return bcast__fail(err, io_code(e), "plan '%s': handshake with root %s failed: %s", p->id, p->host_endpoint,
+                         "it holds another plan or another secret", p->id, ep, rank);
+    return bcast__fail(err, io_code(e), "plan '%s': handshake with root %s failed: %s", p->id, ep,
                        strerror(e));
   }
   int32_t status = (int32_t)get32(r + 4);
   uint32_t len = get32(r + 8);
   if (get32(r) != MAGIC_REPLY || len > 511 || (status == 0 && len != BCAST_MAC_BYTES))
-    return bcast__fail(err, BCAST_EPEER, "plan '%s': root %s sent a malformed reply", p->id, p->host_endpoint);
+    return bcast__fail(err, BCAST_EPEER, "plan '%s': root %s sent a malformed reply", p->id, ep);
   char msg[512];
   if (io_full(c, msg, len, 0, cancel_fd, deadline))
-    return bcast__fail(err, io_code(errno), "plan '%s': reply of root %s cut short: %s", p->id, p->host_endpoint,
+    return bcast__fail(err, io_code(errno), "plan '%s': reply of root %s cut short: %s", p->id, ep,
                        strerror(errno));
   if (status) {
     msg[len] = 0;
@@ -959,7 +1026,7 @@ static int handshake(bcast__conn *c, const bcast_plan *p, uint32_t rank, int can
   bcast__wipe(want, sizeof want);
   if (!ok)
     return bcast__fail(err, BCAST_EPEER, "plan '%s': root %s did not prove it holds the plan's secret: its data "
-                       "is not taken", p->id, p->host_endpoint);
+                       "is not taken", p->id, ep);
   if (p->tls) {
     uint8_t key[BCAST_SECRET_BYTES];
     char tw[256] = "";
@@ -969,27 +1036,27 @@ static int handshake(bcast__conn *c, const bcast_plan *p, uint32_t rank, int can
     bcast__wipe(key, sizeof key);
     if (rc)
       return bcast__fail(err, e == ECANCELED || e == ETIMEDOUT ? io_code(e) : BCAST_EPEER,
-                         "plan '%s': TLS with root %s failed: %s", p->id, p->host_endpoint, tw);
+                         "plan '%s': TLS with root %s failed: %s", p->id, ep, tw);
   }
   return BCAST_OK;
 }
 
 /* Connects and authenticates, again while the root closes connections
  * before challenging them and the deadline allows. */
-static int connect_and_handshake(const bcast_plan *p, uint32_t rank, const bcast__host_io *io, bcast__conn *c,
-                                 bcast_err *err) {
+static int connect_and_handshake(const bcast_plan *p, const char *ep, uint32_t rank, const bcast__host_io *io,
+                                 bcast__conn *c, bcast_err *err) {
   double deadline = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
   for (;;) {
     *c = (bcast__conn){.fd = -1};
-    int rc = connect_root(p, io->cancel_fd, deadline, &c->fd, err);
+    int rc = connect_root(p, ep, io->cancel_fd, deadline, &c->fd, err);
     if (rc) return rc;
-    rc = handshake(c, p, rank, io->cancel_fd, deadline, err);
+    rc = handshake(c, p, ep, rank, io->cancel_fd, deadline, err);
     if (rc == BCAST_OK) return BCAST_OK;
     bcast__conn_close(c);
     if (rc != HANDSHAKE_RETRY) return rc;
     if (bcast__now() + 0.05 >= deadline)
       return bcast__fail(err, BCAST_ETIMEDOUT, "plan '%s': root %s closed every connection before its challenge "
-                         "until the deadline", p->id, p->host_endpoint);
+                         "until the deadline", p->id, ep);
     struct pollfd pf = {io->cancel_fd, POLLIN, 0};
     if (io->cancel_fd >= 0 && poll(&pf, 1, 50) == 1)
       return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled before the root answered", p->id);
@@ -1009,8 +1076,9 @@ static void scatter(const bcast_plan *p, size_t k, const uint8_t *buf, const bca
 
 /* Receives bucket k into buf, verifies it, scatters it.  On a checksum error
  * the ACK tells the root why before the connection closes. */
-static int recv_bucket(bcast__conn *c, const bcast_plan *p, size_t k, uint8_t *buf, const bcast_tensor *local,
-                       const uint32_t *map, const bcast__host_io *io, bcast_bucket_timing *bt, bcast_err *err) {
+static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size_t k, uint8_t *buf,
+                       const bcast_tensor *local, const uint32_t *map, const bcast__host_io *io,
+                       bcast_bucket_timing *bt, bcast_err *err) {
   const bcast_bucket *b = &p->buckets[k];
   /* Longer than the root's own bound: when a peer holds the bucket up, the
    * root, which can name it, speaks first. */
@@ -1024,13 +1092,13 @@ static int recv_bucket(bcast__conn *c, const bcast_plan *p, size_t k, uint8_t *b
     if (e == ETIMEDOUT && p->min_gbps > 0)
       return bcast__fail(err, BCAST_ETIMEDOUT, "root %s stalled at bucket %zu (layer %u): observed %.3g GB/s (%.1f "
                          "of %.1f MB in %.2f s), expected at least %.3g GB/s per receiver for host mode",
-                         p->host_endpoint, k, b->layer, el > 0 ? (double)took / el / 1e9 : 0, (double)took / 1e6,
+                         ep, k, b->layer, el > 0 ? (double)took / el / 1e9 : 0, (double)took / 1e6,
                          (double)b->bytes / 1e6, el, per_receiver_floor(p));
-    return bcast__fail(err, io_code(e), "root %s: bucket %zu (layer %u) not received: %s", p->host_endpoint, k,
+    return bcast__fail(err, io_code(e), "root %s: bucket %zu (layer %u) not received: %s", ep, k,
                        b->layer, e == EPIPE ? "connection closed" : strerror(e));
   }
   if (get32(h) != MAGIC_BUCKET || get32(h + 4) != k || get64(h + 8) != b->bytes)
-    return bcast__fail(err, BCAST_EPEER, "root %s: bad header for bucket %zu (layer %u)", p->host_endpoint, k, b->layer);
+    return bcast__fail(err, BCAST_EPEER, "root %s: bad header for bucket %zu (layer %u)", ep, k, b->layer);
   double t1 = bcast__now();
   if (p->checksum == BCAST_CHECKSUM_XXH3_64) {
     uint64_t got = bcast_checksum64(buf, b->bytes), want = get64(h + 16);
@@ -1048,27 +1116,196 @@ static int recv_bucket(bcast__conn *c, const bcast_plan *p, size_t k, uint8_t *b
   return BCAST_OK;
 }
 
+/* Several sources: a receiver confirms to every source only once it has
+ * every source's buckets, so a source that returns OK knows each receiver
+ * holds the whole version, not just its shard of it. */
+typedef struct ack_gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint32_t received, want; /* sources whose buckets all arrived, of want */
+  int aborted;
+} ack_gate;
+
+/* 0 once every source's buckets are in; -1 when the receive was aborted. */
+static int gate_pass(ack_gate *g) {
+  if (!g) return 0;
+  pthread_mutex_lock(&g->mu);
+  g->received++;
+  pthread_cond_broadcast(&g->cv);
+  while (g->received < g->want && !g->aborted) pthread_cond_wait(&g->cv, &g->mu);
+  int aborted = g->aborted;
+  pthread_mutex_unlock(&g->mu);
+  return aborted ? -1 : 0;
+}
+
+static void gate_abort(ack_gate *g) {
+  pthread_mutex_lock(&g->mu);
+  g->aborted = 1;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* One source's stream into this receiver: its buckets, in plan order, then
+ * the ACK (after the gate, when there is one).  bt has an entry per plan
+ * bucket; only this source's are written (sources scatter into disjoint
+ * elements, the plan tiles every tensor), and *wire_s sums this source's
+ * time on the wire. */
+static int recv_source(const bcast_plan *p, uint32_t src, uint32_t rank, const bcast_tensor *local,
+                       const uint32_t *map, const bcast__host_io *io, ack_gate *gate, bcast_bucket_timing *bt,
+                       double *wire_s, bcast_err *err) {
+  const char *ep = bcast_plan_source_endpoint(p, src);
+  if (!ep[0]) return bcast__fail(err, BCAST_EINVAL, "plan '%s': host mode without host_endpoint", p->id);
+  bcast__conn c;
+  int rc = connect_and_handshake(p, ep, rank, io, &c, err);
+  if (rc) return rc;
+  uint64_t mb = 0;
+  for (size_t k = 0; k < p->nbuckets; k++)
+    if (p->buckets[k].source_rank == src && p->buckets[k].bytes > mb) mb = p->buckets[k].bytes;
+  uint8_t *buf = malloc(mb ? mb : 1);
+  if (!buf) rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a %llu-byte wire buffer", (unsigned long long)mb);
+  for (size_t k = 0; k < p->nbuckets && !rc; k++) {
+    if (p->buckets[k].source_rank != src) continue;
+    rc = recv_bucket(&c, p, ep, k, buf, local, map, io, &bt[k], err);
+    *wire_s += bt[k].wire_s;
+  }
+  if (!rc && gate_pass(gate))
+    rc = bcast__fail(err, BCAST_ECANCELED, "plan '%s': another source's stream failed", p->id);
+  if (!rc && send_status(&c, MAGIC_ACK, 0, "", io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms)))
+    rc = bcast__fail(err, BCAST_EPEER, "root %s: final confirmation not delivered: %s", ep, strerror(errno));
+  bcast__conn_close(&c);
+  free(buf);
+  return rc;
+}
+
+/* Several sources: a thread per source, each a blocking stream of its own
+ * (recv_source, the one-source code as it is), rather than one poll loop
+ * over every source's connection: the per-bucket deadlines, TLS state and
+ * error naming stay per stream, and a receiver has a few sources, not
+ * hundreds.  The calling thread watches the engine's cancel fd and the
+ * threads' exits; the first failure (or a cancel) writes the `abort` pipe,
+ * which every thread takes as its cancel fd, so they all end at their next
+ * wait and the receiver reports the failure of the source that failed. */
+typedef struct src_job {
+  const bcast_plan *p;
+  uint32_t src, rank;
+  const bcast_tensor *local;
+  const uint32_t *map;
+  bcast__host_io io;
+  ack_gate *gate;
+  bcast_bucket_timing *bt;
+  double wire_s;
+  int rc;
+  bcast_err err;
+  int notify_fd; /* the thread writes its source rank here when it ends */
+} src_job;
+
+static void *src_job_main(void *arg) {
+  src_job *j = arg;
+  j->rc = recv_source(j->p, j->src, j->rank, j->local, j->map, &j->io, j->gate, j->bt, &j->wire_s, &j->err);
+  ssize_t w = write(j->notify_fd, &j->src, sizeof j->src); /* 4 bytes: atomic on a pipe */
+  (void)w;
+  return NULL;
+}
+
+static void pipe_close(int fd[2]) {
+  if (fd[0] >= 0) close(fd[0]);
+  if (fd[1] >= 0) close(fd[1]);
+}
+
+static int recv_sources(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
+                        const bcast__host_io *io, bcast_bucket_timing *bt, double *wire_alone_s, bcast_err *err) {
+  uint32_t ns = bcast__plan_nsources(p);
+  int abort_p[2] = {-1, -1}, notify_p[2] = {-1, -1};
+  src_job *jobs = calloc(ns, sizeof *jobs);
+  pthread_t *tids = calloc(ns, sizeof *tids);
+  if (!jobs || !tids) {
+    free(jobs);
+    free(tids);
+    return bcast__fail(err, BCAST_ENOMEM, "out of memory for %u source streams", ns);
+  }
+  if (pipe2(abort_p, O_CLOEXEC | O_NONBLOCK) || pipe2(notify_p, O_CLOEXEC)) {
+    int e = errno;
+    pipe_close(abort_p);
+    free(jobs);
+    free(tids);
+    return bcast__fail(err, BCAST_EIO, "plan '%s': pipe for the source streams: %s", p->id, strerror(e));
+  }
+  ack_gate gate = {.want = ns};
+  pthread_mutex_init(&gate.mu, NULL);
+  pthread_cond_init(&gate.cv, NULL);
+  uint32_t started = 0;
+  int rc = BCAST_OK;
+  for (; started < ns; started++) {
+    src_job *j = &jobs[started];
+    *j = (src_job){.p = p, .src = started, .rank = rank, .local = local, .map = map, .io = *io, .gate = &gate,
+                   .bt = bt, .notify_fd = notify_p[1]};
+    j->io.cancel_fd = abort_p[0];
+    if (pthread_create(&tids[started], NULL, src_job_main, j)) {
+      rc = bcast__fail(err, BCAST_ENOMEM, "plan '%s': cannot start the stream of source rank %u", p->id, started);
+      break;
+    }
+  }
+  int aborted = rc != BCAST_OK, cancelled = 0;
+  int64_t failed = -1;
+  if (aborted) {
+    ssize_t w = write(abort_p[1], "x", 1);
+    (void)w;
+    gate_abort(&gate);
+  }
+  for (uint32_t done = 0; done < started;) {
+    struct pollfd pf[2] = {{notify_p[0], POLLIN, 0}, {io->cancel_fd, POLLIN, 0}};
+    int n = poll(pf, !aborted && io->cancel_fd >= 0 ? 2 : 1, -1);
+    if (n < 0) continue; /* EINTR; the threads end by their own deadlines regardless */
+    if (pf[1].revents && !aborted) {
+      cancelled = aborted = 1;
+      ssize_t w = write(abort_p[1], "x", 1);
+      (void)w;
+      gate_abort(&gate);
+    }
+    uint32_t who;
+    if (!(pf[0].revents & POLLIN) || read(notify_p[0], &who, sizeof who) != (ssize_t)sizeof who || who >= ns)
+      continue;
+    done++;
+    if (jobs[who].rc && !aborted) {
+      failed = who;
+      aborted = 1;
+      ssize_t w = write(abort_p[1], "x", 1); /* the others stop at their next wait */
+      (void)w;
+      gate_abort(&gate);
+    }
+  }
+  for (uint32_t i = 0; i < started; i++) pthread_join(tids[i], NULL);
+  pthread_cond_destroy(&gate.cv);
+  pthread_mutex_destroy(&gate.mu);
+  *wire_alone_s = 0;
+  for (uint32_t i = 0; i < started; i++)
+    if (jobs[i].wire_s > *wire_alone_s) *wire_alone_s = jobs[i].wire_s;
+  if (!rc && failed >= 0)
+    rc = bcast__fail(err, jobs[failed].rc, "source rank %u: %s", (uint32_t)failed, jobs[failed].err.msg);
+  else if (!rc && cancelled)
+    rc = bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled while receiving from %u sources", p->id, ns);
+  pipe_close(abort_p);
+  pipe_close(notify_p);
+  free(jobs);
+  free(tids);
+  return rc;
+}
+
 int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
                      const bcast__host_io *io, bcast_stats *stats, bcast_err *err) {
   double t0 = bcast__now();
   if (!p->has_secret)
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': no data-channel secret: host mode cannot authenticate "
                        "its root", p->id);
-  bcast__conn c;
-  int rc = connect_and_handshake(p, rank, io, &c, err);
-  if (rc) return rc;
-  uint64_t mb = max_bucket(p);
-  uint8_t *buf = malloc(mb ? mb : 1);
   bcast_bucket_timing *bt = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *bt);
-  if (!buf || !bt) rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a %llu-byte wire buffer", (unsigned long long)mb);
-  for (size_t k = 0; k < p->nbuckets && !rc; k++) rc = recv_bucket(&c, p, k, buf, local, map, io, &bt[k], err);
-  if (!rc && send_status(&c, MAGIC_ACK, 0, "", io->cancel_fd, bcast__deadline(io->timeout_s, p->deadline_unix_ms)))
-    rc = bcast__fail(err, BCAST_EPEER, "root %s: final confirmation not delivered: %s", p->host_endpoint,
-                     strerror(errno));
-  bcast__conn_close(&c);
-  free(buf);
+  if (!bt) return bcast__fail(err, BCAST_ENOMEM, "out of memory for %zu bucket timings", p->nbuckets);
+  for (size_t b = 0; b < p->nbuckets; b++) bt[b].bucket = (uint32_t)b;
+  double wire_alone_s = 0;
+  int rc = bcast__plan_nsources(p) > 1
+               ? recv_sources(p, rank, local, map, io, bt, &wire_alone_s, err)
+               : recv_source(p, p->root_rank, rank, local, map, io, NULL, bt, &wire_alone_s, err);
   if (rc == BCAST_OK && stats) {
-    fill_stats(stats, p, t0, bt);
+    fill_stats(stats, p, t0, bt, p->nbuckets, bcast_plan_wire_bytes(p), wire_alone_s);
     bt = NULL;
   }
   free(bt);

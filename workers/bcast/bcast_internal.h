@@ -30,6 +30,14 @@ double bcast__exposed_s(double total_s, double wire_alone_s);
  * shape, dtype (sender: storage dtype; receiver: wire dtype) and data. */
 int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender,
                      uint32_t *map, bcast_err *err);
+/* A host-mode source: binds only the tensors its own buckets carry (map[i] is
+ * UINT32_MAX for the others), takes shards, and checks every slice it sends
+ * lies inside what its local tensor holds. Local tensors are whole or shards
+ * (bcast_tensor.shard_offset); bcast__plan_bind refuses shards. */
+int bcast__plan_bind_source(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
+                            uint32_t *map, bcast_err *err);
+/* nsources, 1 when 0. */
+uint32_t bcast__plan_nsources(const bcast_plan *p);
 /* Casts n elements with up to `threads` threads (1: the calling thread only). */
 int bcast__cast_parallel(void *dst, bcast_dtype dst_dtype, const void *src,
                          bcast_dtype src_dtype, size_t n, int threads);
@@ -127,7 +135,10 @@ typedef struct bcast__host_io {
   int cancel_fd;
   const char *stale_id;
 } bcast__host_io;
-int bcast__host_send(int listen_fd, const bcast_plan *p, const bcast_tensor *local, const uint32_t *map,
+/* A source (`rank` < the plan's sources) serves its own buckets to every
+ * receiver; a receiver takes every source's (a stream per source). */
+int bcast__host_send(int listen_fd, const bcast_plan *p, uint32_t rank, const bcast_tensor *local,
+                     const uint32_t *map,
                      const bcast__host_io *io, int cast_threads, bcast_stats *stats, bcast_err *err);
 int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
                      const bcast__host_io *io, bcast_stats *stats, bcast_err *err);

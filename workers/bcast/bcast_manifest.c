@@ -203,3 +203,215 @@ int bcast_manifest_check_pb(const Rlorch__V1__WeightManifest *m, const bcast_man
     return bcast__fail(err, BCAST_EINVAL, "offload: unknown value %d", (int)m->offload);
   return bcast__specs_check(m->tensors, m->n_tensors, lim, err);
 }
+
+/* ---- shards of several source ranks --------------------------------------------------------- */
+
+uint64_t bcast_tensor_held(const bcast_tensor *t) {
+  return t->shard_elems ? t->shard_elems : bcast_tensor_elems(t);
+}
+
+/* One rank's piece of one tensor, while sorting. */
+typedef struct piece_ref {
+  const bcast_tensor *t;
+  uint32_t rank;
+  uint32_t index; /* in its rank's list */
+  uint64_t off, count;
+} piece_ref;
+
+static int ref_cmp(const void *a, const void *b) {
+  const piece_ref *x = a, *y = b;
+  int c = strncmp(x->t->name, y->t->name, BCAST_NAME_MAX);
+  if (c) return c;
+  if (x->off != y->off) return x->off < y->off ? -1 : 1;
+  return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+/* A tensor's first appearance: rank, then index in that rank's list. */
+typedef struct group_ref {
+  size_t start, end; /* in the sorted refs */
+  uint32_t rank, index;
+} group_ref;
+
+static int group_ref_cmp(const void *a, const void *b) {
+  const group_ref *x = a, *y = b;
+  if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+  return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static void shape_str(const bcast_tensor *t, char *out, size_t len) {
+  size_t k = (size_t)snprintf(out, len, "[");
+  for (uint32_t d = 0; d < t->ndim && d < BCAST_MAX_DIMS && k < len; d++)
+    k += (size_t)snprintf(out + k, len - k, "%s%llu", d ? ", " : "", (unsigned long long)t->shape[d]);
+  if (k < len) snprintf(out + k, len - k, "]");
+}
+
+/* What every rank holding part of one tensor must agree on. */
+static int piece_agrees(const piece_ref *ref, const piece_ref *o, bcast_err *err) {
+  const bcast_tensor *a = ref->t, *b = o->t;
+  const char *nm = a->name;
+  if (a->ndim != b->ndim || memcmp(a->shape, b->shape, a->ndim * sizeof a->shape[0])) {
+    char sa[200], sb[200];
+    shape_str(a, sa, sizeof sa);
+    shape_str(b, sb, sizeof sb);
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': rank %u and rank %u disagree on shape (%s vs %s)", nm,
+                       ref->rank, o->rank, sa, sb);
+  }
+  if (a->layer != b->layer)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': rank %u and rank %u disagree on layer (%u vs %u)", nm,
+                       ref->rank, o->rank, a->layer, b->layer);
+  if (a->storage_dtype != b->storage_dtype)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': rank %u and rank %u disagree on storage_dtype (%s vs %s)",
+                       nm, ref->rank, o->rank, bcast_dtype_name(a->storage_dtype),
+                       bcast_dtype_name(b->storage_dtype));
+  if (a->wire_dtype != b->wire_dtype)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': rank %u and rank %u disagree on wire_dtype (%s vs %s)",
+                       nm, ref->rank, o->rank, bcast_dtype_name(a->wire_dtype), bcast_dtype_name(b->wire_dtype));
+  return BCAST_OK;
+}
+
+static void edge_name(const piece_ref *r, const char *none, char *out, size_t len) {
+  if (r) snprintf(out, len, "rank %u", r->rank);
+  else snprintf(out, len, "%s", none);
+}
+
+/* refs[start, end) are one tensor's pieces by offset: they must tile it. */
+static int group_tiles(const piece_ref *refs, size_t start, size_t end, bcast_err *err) {
+  const char *nm = refs[start].t->name;
+  uint64_t elems = bcast_tensor_elems(refs[start].t), next = 0;
+  const piece_ref *last = NULL; /* the piece that reaches furthest so far */
+  char a[32], b[32];
+  for (size_t i = start; i < end; i++) {
+    const piece_ref *r = &refs[i];
+    if (r->off > next) {
+      edge_name(last, "the start", a, sizeof a);
+      return bcast__fail(err, BCAST_EINVAL, "tensor '%s': elements [%llu, %llu) of %llu are held by no rank "
+                         "(between %s and rank %u)", nm, (unsigned long long)next, (unsigned long long)r->off,
+                         (unsigned long long)elems, a, r->rank);
+    }
+    if (r->off < next)
+      return bcast__fail(err, BCAST_EINVAL, "tensor '%s': rank %u holds [%llu, %llu) and rank %u holds [%llu, "
+                         "%llu): they overlap", nm, last->rank, (unsigned long long)last->off,
+                         (unsigned long long)(last->off + last->count), r->rank, (unsigned long long)r->off,
+                         (unsigned long long)(r->off + r->count));
+    next = r->off + r->count;
+    last = r;
+  }
+  if (next < elems) {
+    edge_name(last, "the start", a, sizeof a);
+    snprintf(b, sizeof b, "the end");
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': elements [%llu, %llu) of %llu are held by no rank "
+                       "(between %s and %s)", nm, (unsigned long long)next, (unsigned long long)elems,
+                       (unsigned long long)elems, a, b);
+  }
+  return BCAST_OK;
+}
+
+/* Each rank's list on its own: the manifest's rules, then its ranges. */
+static int rank_check(const bcast_tensor *t, size_t n, uint32_t r, const bcast_manifest_limits *lim,
+                      bcast_err *err) {
+  int rc = bcast_manifest_check(t, n, lim, err);
+  if (rc) {
+    if (err) {
+      char m[sizeof err->msg - 32]; /* the prefix fits in what is cut */
+      snprintf(m, sizeof m, "%.*s", (int)sizeof m - 1, err->msg);
+      snprintf(err->msg, sizeof err->msg, "source rank %u: %s", r, m);
+    }
+    return rc;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint64_t elems = bcast_tensor_elems(&t[i]);
+    if (!t[i].shard_elems && t[i].shard_offset)
+      return bcast__fail(err, BCAST_EINVAL, "source rank %u: tensor #%zu '%s': shard_offset %llu without "
+                         "shard_elems", r, i, t[i].name, (unsigned long long)t[i].shard_offset);
+    if (t[i].shard_offset > elems || t[i].shard_elems > elems - t[i].shard_offset)
+      return bcast__fail(err, BCAST_EINVAL, "source rank %u: tensor #%zu '%s': shard [%llu, +%llu) outside its "
+                         "%llu elements", r, i, t[i].name, (unsigned long long)t[i].shard_offset,
+                         (unsigned long long)t[i].shard_elems, (unsigned long long)elems);
+  }
+  return BCAST_OK;
+}
+
+void bcast_shard_map_free(bcast_shard_map *m) {
+  if (!m) return;
+  free(m->tensors);
+  free(m->pieces);
+  free(m->first);
+  free(m);
+}
+
+static int map_fill(bcast_shard_map *m, const piece_ref *refs, group_ref *g, size_t ng) {
+  qsort(g, ng, sizeof *g, group_ref_cmp); /* order of first appearance */
+  m->tensors = calloc(ng ? ng : 1, sizeof *m->tensors);
+  m->first = calloc(ng + 1, sizeof *m->first);
+  m->pieces = calloc(m->npieces ? m->npieces : 1, sizeof *m->pieces);
+  if (!m->tensors || !m->first || !m->pieces) return BCAST_ENOMEM;
+  size_t k = 0;
+  for (size_t i = 0; i < ng; i++) {
+    bcast_tensor *t = &m->tensors[i];
+    *t = *refs[g[i].start].t;
+    t->data = NULL; /* the global view describes; it holds nothing */
+    t->device = 0;
+    t->shard_offset = t->shard_elems = 0;
+    m->first[i] = k;
+    for (size_t j = g[i].start; j < g[i].end; j++)
+      m->pieces[k++] = (bcast_piece){refs[j].rank, refs[j].off, refs[j].count};
+  }
+  m->first[ng] = k;
+  m->ntensors = ng;
+  return BCAST_OK;
+}
+
+int bcast_shards_check(const bcast_tensor *const *ranks, const size_t *n, size_t nranks,
+                       const bcast_manifest_limits *lim, bcast_shard_map **out, bcast_err *err) {
+  if (!out || (nranks && (!ranks || !n))) return bcast__fail(err, BCAST_EINVAL, "shards_check: NULL argument");
+  *out = NULL;
+  if (nranks == 0 || nranks > UINT32_MAX)
+    return bcast__fail(err, BCAST_EINVAL, "shards_check: %zu source ranks, want 1..%u", nranks, UINT32_MAX);
+  size_t total = 0;
+  for (size_t r = 0; r < nranks; r++) {
+    if (n[r] && !ranks[r]) return bcast__fail(err, BCAST_EINVAL, "source rank %zu: NULL tensor array", r);
+    int rc = rank_check(ranks[r], n[r], (uint32_t)r, lim, err);
+    if (rc) return rc;
+    if (__builtin_add_overflow(total, n[r], &total) || total > UINT32_MAX)
+      return bcast__fail(err, BCAST_EINVAL, "shards_check: more than %u pieces", UINT32_MAX);
+  }
+  piece_ref *refs = malloc((total ? total : 1) * sizeof *refs);
+  group_ref *g = malloc((total ? total : 1) * sizeof *g);
+  bcast_shard_map *m = calloc(1, sizeof *m);
+  int rc = BCAST_OK;
+  if (!refs || !g || !m) {
+    rc = bcast__fail(err, BCAST_ENOMEM, "out of memory checking %zu pieces", total);
+    goto out;
+  }
+  size_t k = 0;
+  for (size_t r = 0; r < nranks; r++)
+    for (size_t i = 0; i < n[r]; i++) {
+      const bcast_tensor *t = &ranks[r][i];
+      refs[k++] = (piece_ref){t, (uint32_t)r, (uint32_t)i, t->shard_offset, bcast_tensor_held(t)};
+    }
+  qsort(refs, total, sizeof *refs, ref_cmp);
+  size_t ng = 0;
+  for (size_t s = 0; s < total && !rc;) {
+    size_t e = s + 1;
+    while (e < total && !strncmp(refs[e].t->name, refs[s].t->name, BCAST_NAME_MAX)) e++;
+    size_t first = s; /* the lowest rank (then index) is the reference */
+    for (size_t i = s + 1; i < e; i++)
+      if (refs[i].rank < refs[first].rank) first = i;
+    for (size_t i = s; i < e && !rc; i++)
+      if (i != first) rc = piece_agrees(&refs[first], &refs[i], err);
+    if (!rc) rc = group_tiles(refs, s, e, err);
+    g[ng++] = (group_ref){s, e, refs[first].rank, refs[first].index};
+    s = e;
+  }
+  if (!rc) {
+    m->nranks = (uint32_t)nranks;
+    m->npieces = total;
+    if (map_fill(m, refs, g, ng)) rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a map of %zu pieces", total);
+  }
+out:
+  free(refs);
+  free(g);
+  if (rc) bcast_shard_map_free(m);
+  else *out = m;
+  return rc;
+}

@@ -94,6 +94,8 @@ static void plan_msg_free(Rlorch__V1__BroadcastPlan *m) {
   free(m->host_endpoint);
   free(m->mode_reason);
   free(m->nccl_unique_id.data);
+  for (size_t i = 0; m->source_endpoints && i < m->n_source_endpoints; i++) free(m->source_endpoints[i]);
+  free(m->source_endpoints);
   if (m->data_secret.data) bcast__wipe(m->data_secret.data, m->data_secret.len);
   free(m->data_secret.data);
   for (size_t i = 0; m->tensors && i < m->n_tensors; i++) spec_free(m->tensors[i]);
@@ -130,6 +132,14 @@ int bcast_plan_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan **out, bcast
       m->nccl_unique_id.len = sizeof p->nccl_id;
     }
   }
+  /* A one-source plan encodes as it did before there were several. */
+  if (ok && p->nsources > 1 && p->source_endpoints) {
+    ok = (m->source_endpoints = calloc(p->nsources, sizeof *m->source_endpoints)) != NULL;
+    for (uint32_t r = 0; ok && r < p->nsources; r++) {
+      ok = (m->source_endpoints[r] = strdup(p->source_endpoints[r] ? p->source_endpoints[r] : "")) != NULL;
+      m->n_source_endpoints = r + 1;
+    }
+  }
   if (ok && p->has_secret) {
     ok = (m->data_secret.data = malloc(sizeof p->secret)) != NULL;
     if (ok) {
@@ -147,6 +157,7 @@ int bcast_plan_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan **out, bcast
   m->mode = (Rlorch__V1__BroadcastMode)p->mode;
   m->world_size = p->world_size;
   m->root_rank = p->root_rank;
+  m->source_ranks = p->nsources > 1 ? p->nsources : 0;
   m->staging_budget_bytes = p->staging_budget;
   m->deadline_unix_ms = p->deadline_unix_ms;
   m->policy_version = p->policy_version;
@@ -205,6 +216,20 @@ static int plan_fields_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan *p
   p->mode = (bcast_mode)m->mode;
   p->world_size = m->world_size;
   p->root_rank = m->root_rank;
+  p->nsources = m->source_ranks > 1 ? m->source_ranks : 1;
+  if (m->n_source_endpoints && m->n_source_endpoints != p->nsources)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': %zu source endpoints for %u source ranks", p->id,
+                       m->n_source_endpoints, p->nsources);
+  if (m->n_source_endpoints) {
+    if (!(p->source_endpoints = calloc(p->nsources, sizeof *p->source_endpoints)))
+      return bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
+    for (uint32_t r = 0; r < p->nsources; r++) {
+      const char *e = m->source_endpoints[r] ? m->source_endpoints[r] : "";
+      if (strlen(e) >= sizeof p->host_endpoint)
+        return bcast__fail(err, BCAST_EINVAL, "plan '%s': source_endpoints[%u] longer than 255 bytes", p->id, r);
+      if (!(p->source_endpoints[r] = strdup(e))) return bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
+    }
+  }
   p->staging_budget = m->staging_budget_bytes;
   p->deadline_unix_ms = m->deadline_unix_ms;
   p->policy_version = m->policy_version;

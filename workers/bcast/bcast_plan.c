@@ -51,7 +51,7 @@ typedef struct plan_builder {
   size_t scap; /* slice capacity of the open (last) bucket */
 } plan_builder;
 
-static bcast_bucket *builder_open(plan_builder *b, uint32_t layer, bcast_dtype wire) {
+static bcast_bucket *builder_open(plan_builder *b, uint32_t layer, bcast_dtype wire, uint32_t source) {
   bcast_plan *p = b->p;
   if (p->nbuckets == b->bcap) {
     size_t cap = b->bcap ? b->bcap * 2 : 16;
@@ -65,8 +65,8 @@ static bcast_bucket *builder_open(plan_builder *b, uint32_t layer, bcast_dtype w
   k->index = (uint32_t)p->nbuckets;
   k->layer = layer;
   k->wire_dtype = wire;
-  k->source_rank = p->root_rank;
-  k->stage_rank = p->root_rank;
+  k->source_rank = source;
+  k->stage_rank = source;
   p->nbuckets++;
   b->scap = 0;
   return k;
@@ -86,21 +86,23 @@ static int builder_add(plan_builder *b, bcast_bucket *k, uint32_t tensor, uint64
   return BCAST_OK;
 }
 
-/* Places one tensor into the open bucket of its group, opening new ones as
- * needed.  A tensor that fits a fresh bucket is never split; a larger one
- * fills the open bucket's remainder, then whole buckets. */
-static int place_tensor(plan_builder *b, bcast_bucket **open, uint32_t ti) {
+/* Places elements [eoff, eoff + left) of one tensor, held by `source`, into
+ * the open bucket of its group and source, opening new ones as needed.  A
+ * piece that fits a fresh bucket is never split; a larger one fills the open
+ * bucket's remainder, then whole buckets. */
+static int place_piece(plan_builder *b, bcast_bucket **open, uint32_t ti, uint64_t eoff, uint64_t left,
+                       uint32_t source) {
   bcast_plan *p = b->p;
   const bcast_tensor *t = &p->tensors[ti];
   size_t esz = bcast_dtype_size(t->wire_dtype);
-  uint64_t left = bcast_tensor_elems(t), eoff = 0, budget = p->staging_budget;
+  uint64_t budget = p->staging_budget, start = eoff;
   while (left > 0) {
     bcast_bucket *k = *open;
     uint64_t off = k && k->nslices ? align_up(k->bytes) : 0;
     uint64_t room = k && off < budget ? (budget - off) / esz : 0;
     int fits_fresh = left * esz <= budget;
-    if (!k || room == 0 || (eoff == 0 && fits_fresh && room < left)) {
-      if (!(k = builder_open(b, t->layer, t->wire_dtype))) return BCAST_ENOMEM;
+    if (!k || room == 0 || (eoff == start && fits_fresh && room < left)) {
+      if (!(k = builder_open(b, t->layer, t->wire_dtype, source))) return BCAST_ENOMEM;
       *open = k;
       continue;
     }
@@ -145,24 +147,79 @@ static int opts_check(const bcast_plan_opts *o, uint64_t budget, bcast_err *err)
   return BCAST_OK;
 }
 
-static int plan_layout(bcast_plan *p, bcast_err *err) {
+/* Buckets [from, p->nbuckets) are one group's, source by source (starts[s]
+ * is where source s's begin, starts[ns] the end): interleaves them
+ * round-robin by source so that every source has a bucket to send at once. */
+static int interleave(bcast_plan *p, size_t from, const size_t *starts, uint32_t ns) {
+  size_t n = p->nbuckets - from;
+  if (ns < 2 || n < 2) return BCAST_OK;
+  bcast_bucket *tmp = malloc(n * sizeof *tmp);
+  if (!tmp) return BCAST_ENOMEM;
+  size_t k = 0;
+  for (size_t round = 0; k < n; round++)
+    for (uint32_t s = 0; s < ns; s++)
+      if (starts[s] + round < starts[s + 1]) tmp[k++] = p->buckets[starts[s] + round];
+  memcpy(p->buckets + from, tmp, n * sizeof *tmp);
+  free(tmp);
+  for (size_t i = from; i < p->nbuckets; i++) p->buckets[i].index = (uint32_t)i;
+  return BCAST_OK;
+}
+
+/* Lays out one group (keys[g0, g1): one layer and wire dtype), each source's
+ * pieces in manifest order into buckets of its own.  Without a map the one
+ * source is the root and holds every tensor whole. */
+static int layout_group(plan_builder *b, const group_key *keys, size_t g0, size_t g1, const bcast_shard_map *m,
+                        size_t *starts) {
+  bcast_plan *p = b->p;
+  uint32_t ns = m ? m->nranks : 1;
+  size_t from = p->nbuckets;
+  for (uint32_t s = 0; s < ns; s++) {
+    bcast_bucket *open = NULL; /* a new group, or a new source, starts a new bucket */
+    starts[s] = p->nbuckets;
+    for (size_t i = g0; i < g1; i++) {
+      uint32_t ti = (uint32_t)keys[i].index;
+      if (!m) {
+        if (place_piece(b, &open, ti, 0, bcast_tensor_elems(&p->tensors[ti]), p->root_rank)) return BCAST_ENOMEM;
+        continue;
+      }
+      for (size_t j = m->first[ti]; j < m->first[ti + 1]; j++)
+        if (m->pieces[j].rank == s &&
+            place_piece(b, &open, ti, m->pieces[j].elem_offset, m->pieces[j].elem_count, s))
+          return BCAST_ENOMEM;
+    }
+  }
+  starts[ns] = p->nbuckets;
+  return interleave(p, from, starts, ns);
+}
+
+static int plan_layout(bcast_plan *p, const bcast_shard_map *m, bcast_err *err) {
   size_t n = p->ntensors;
+  uint32_t ns = m ? m->nranks : 1;
   group_key *keys = malloc((n ? n : 1) * sizeof *keys);
-  if (!keys) return bcast__fail(err, BCAST_ENOMEM, "out of memory planning %zu tensors", n);
+  size_t *starts = malloc(((size_t)ns + 1) * sizeof *starts);
+  if (!keys || !starts) {
+    free(keys);
+    free(starts);
+    return bcast__fail(err, BCAST_ENOMEM, "out of memory planning %zu tensors", n);
+  }
   for (size_t i = 0; i < n; i++) keys[i] = (group_key){p->tensors[i].layer, (int)p->tensors[i].wire_dtype, i};
   qsort(keys, n, sizeof *keys, group_cmp);
   plan_builder b = {p, 0, 0};
-  bcast_bucket *open = NULL;
   int rc = BCAST_OK;
-  for (size_t i = 0; i < n && !rc; i++) {
-    if (i > 0 && (keys[i].layer != keys[i - 1].layer || keys[i].wire != keys[i - 1].wire))
-      open = NULL; /* a new group starts a new bucket */
-    rc = place_tensor(&b, &open, (uint32_t)keys[i].index);
+  for (size_t g0 = 0; g0 < n && !rc;) {
+    size_t g1 = g0 + 1;
+    while (g1 < n && keys[g1].layer == keys[g0].layer && keys[g1].wire == keys[g0].wire) g1++;
+    rc = layout_group(&b, keys, g0, g1, m, starts);
+    g0 = g1;
   }
   free(keys);
+  free(starts);
   if (rc) return bcast__fail(err, rc, "out of memory laying out buckets");
   return BCAST_OK;
 }
+
+static int plan_make(const bcast_tensor *tensors, size_t n, const bcast_shard_map *m, const bcast_plan_opts *o,
+                     uint64_t budget, bcast_plan **out, bcast_err *err);
 
 int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opts *o, bcast_plan **out,
                      bcast_err *err) {
@@ -172,6 +229,67 @@ int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opt
   int rc = opts_check(o, budget, err);
   if (rc) return rc;
   if ((rc = bcast_manifest_check(tensors, n, o->limits, err))) return rc;
+  for (size_t i = 0; i < n; i++)
+    if (bcast_tensor_held(&tensors[i]) != bcast_tensor_elems(&tensors[i]))
+      return bcast__fail(err, BCAST_EINVAL, "tensor #%zu '%s': a shard (elements [%llu, +%llu)); a plan of "
+                         "shards is built with bcast_plan_build_sharded", i, tensors[i].name,
+                         (unsigned long long)tensors[i].shard_offset, (unsigned long long)tensors[i].shard_elems);
+  return plan_make(tensors, n, NULL, o, budget, out, err);
+}
+
+/* Source endpoints of a several-source plan, owned by it. */
+static int endpoints_set(bcast_plan *p, const char *const *eps, uint32_t ns, bcast_err *err) {
+  if (!(p->source_endpoints = calloc(ns, sizeof *p->source_endpoints)))
+    return bcast__fail(err, BCAST_ENOMEM, "out of memory for %u source endpoints", ns);
+  for (uint32_t r = 0; r < ns; r++) {
+    const char *e = eps ? eps[r] : (r == 0 ? p->host_endpoint : "");
+    if (!e) e = "";
+    if (strlen(e) >= sizeof p->host_endpoint)
+      return bcast__fail(err, BCAST_EINVAL, "plan options: source_endpoints[%u] longer than 255 bytes", r);
+    if (!(p->source_endpoints[r] = strdup(e)))
+      return bcast__fail(err, BCAST_ENOMEM, "out of memory for %u source endpoints", ns);
+  }
+  if (eps && p->host_endpoint[0] && strcmp(p->host_endpoint, p->source_endpoints[0]))
+    return bcast__fail(err, BCAST_EINVAL, "plan options: host_endpoint '%s' is not source_endpoints[0] '%s'",
+                       p->host_endpoint, p->source_endpoints[0]);
+  if (!p->host_endpoint[0]) snprintf(p->host_endpoint, sizeof p->host_endpoint, "%s", p->source_endpoints[0]);
+  return BCAST_OK;
+}
+
+/* One source: its endpoint is host_endpoint, and the plan is today's. */
+static int endpoint_one(bcast_plan *p, const char *ep, bcast_err *err) {
+  if (strlen(ep) >= sizeof p->host_endpoint)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: source_endpoints[0] longer than 255 bytes");
+  if (p->host_endpoint[0] && strcmp(p->host_endpoint, ep))
+    return bcast__fail(err, BCAST_EINVAL, "plan options: host_endpoint '%s' is not source_endpoints[0] '%s'",
+                       p->host_endpoint, ep);
+  snprintf(p->host_endpoint, sizeof p->host_endpoint, "%s", ep);
+  return BCAST_OK;
+}
+
+int bcast_plan_build_sharded(const bcast_shard_map *m, const bcast_plan_opts *o, bcast_plan **out,
+                             bcast_err *err) {
+  if (!out || !o || !m) return bcast__fail(err, BCAST_EINVAL, "plan_build_sharded: NULL argument");
+  *out = NULL;
+  uint64_t budget = o->staging_budget ? o->staging_budget : PLAN_DEFAULT_BUDGET;
+  int rc = opts_check(o, budget, err);
+  if (rc) return rc;
+  if (m->nranks == 0 || m->nranks >= o->world_size)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: %u source ranks need a world_size above them, not %u",
+                       m->nranks, o->world_size);
+  if (o->root_rank != 0)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: root_rank %u; the sources are ranks 0..%u", o->root_rank,
+                       m->nranks - 1);
+  if (m->nranks > 1 && o->mode != BCAST_MODE_HOST)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: %u source ranks: %s mode has one source; only host mode "
+                       "sends from several", m->nranks, bcast_mode_name(o->mode));
+  if ((rc = bcast_manifest_check(m->tensors, m->ntensors, o->limits, err))) return rc;
+  return plan_make(m->tensors, m->ntensors, m, o, budget, out, err);
+}
+
+static int plan_make(const bcast_tensor *tensors, size_t n, const bcast_shard_map *m, const bcast_plan_opts *o,
+                     uint64_t budget, bcast_plan **out, bcast_err *err) {
+  int rc = BCAST_OK;
 
   bcast_plan *p = calloc(1, sizeof *p);
   if (!p || !(p->tensors = calloc(n ? n : 1, sizeof *p->tensors))) {
@@ -185,6 +303,7 @@ int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opt
     p->tensors[i] = tensors[i];
     p->tensors[i].data = NULL; /* a plan describes, it never points */
     p->tensors[i].device = 0;
+    p->tensors[i].shard_offset = p->tensors[i].shard_elems = 0;
   }
   p->world_size = o->world_size;
   p->root_rank = o->root_rank;
@@ -203,7 +322,14 @@ int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opt
     return bcast__fail(err, BCAST_EIO, "plan: no randomness for its secret (getrandom failed)");
   }
   p->has_secret = 1;
-  if ((rc = plan_layout(p, err))) {
+  p->nsources = m ? m->nranks : 1;
+  if (p->nsources > 1) rc = endpoints_set(p, o->source_endpoints, p->nsources, err);
+  else if (m && o->source_endpoints && o->source_endpoints[0]) rc = endpoint_one(p, o->source_endpoints[0], err);
+  if (rc) {
+    bcast_plan_free(p);
+    return rc;
+  }
+  if ((rc = plan_layout(p, m, err))) {
     bcast_plan_free(p);
     return rc;
   }
@@ -214,14 +340,35 @@ int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opt
 
 /* ---- validation of a whole plan (e.g. one received over the network) ------ */
 
-static int bucket_check(const bcast_plan *p, const bcast_bucket *k, size_t bi, uint64_t *next,
-                        bcast_err *err) {
+/* A slice of a several-source plan, kept to check the tiling once sorted. */
+typedef struct slice_ref {
+  uint32_t tensor;
+  uint32_t bucket;
+  uint64_t off, count;
+} slice_ref;
+
+static int slice_ref_cmp(const void *a, const void *b) {
+  const slice_ref *x = a, *y = b;
+  if (x->tensor != y->tensor) return x->tensor < y->tensor ? -1 : 1;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* next: a one-source plan's slices run in element order, tensor by tensor;
+ * refs (several sources): every slice, to be sorted and checked after. */
+static int bucket_check(const bcast_plan *p, const bcast_bucket *k, size_t bi, uint64_t *next, slice_ref *refs,
+                        size_t *nrefs, bcast_err *err) {
   if (k->index != bi) return bcast__fail(err, BCAST_EINVAL, "bucket %zu: index field is %u", bi, k->index);
   if (!bcast_dtype_size(k->wire_dtype))
     return bcast__fail(err, BCAST_EINVAL, "bucket %zu: unknown wire dtype %d", bi, (int)k->wire_dtype);
   if (k->source_rank >= p->world_size || k->stage_rank >= p->world_size)
     return bcast__fail(err, BCAST_EINVAL, "bucket %zu (layer %u): source rank %u or stage rank %u >= world size %u",
                        bi, k->layer, k->source_rank, k->stage_rank, p->world_size);
+  if (refs && k->source_rank >= p->nsources)
+    return bcast__fail(err, BCAST_EINVAL, "bucket %zu (layer %u): source rank %u, but the plan has %u sources "
+                       "(ranks 0..%u)", bi, k->layer, k->source_rank, p->nsources, p->nsources - 1);
+  if (refs && k->stage_rank != k->source_rank)
+    return bcast__fail(err, BCAST_EINVAL, "bucket %zu (layer %u): stage rank %u differs from its source rank %u",
+                       bi, k->layer, k->stage_rank, k->source_rank);
   if (k->nslices == 0 || !k->slices)
     return bcast__fail(err, BCAST_EINVAL, "bucket %zu (layer %u): no slices", bi, k->layer);
   size_t esz = bcast_dtype_size(k->wire_dtype);
@@ -241,6 +388,15 @@ static int bucket_check(const bcast_plan *p, const bcast_bucket *k, size_t bi, u
                          t->name, bi, (unsigned long long)sl->bucket_offset, (unsigned long long)want,
                          sl->bucket_offset < want ? "overlap" : "gap");
     uint64_t elems = bcast_tensor_elems(t);
+    if (refs) {
+      if (sl->elem_count == 0 || sl->elem_offset > elems || sl->elem_count > elems - sl->elem_offset)
+        return bcast__fail(err, BCAST_EINVAL, "tensor '%s': slice in bucket %zu covers elements %llu+%llu, outside "
+                           "its %llu", t->name, bi, (unsigned long long)sl->elem_offset,
+                           (unsigned long long)sl->elem_count, (unsigned long long)elems);
+      refs[(*nrefs)++] = (slice_ref){sl->tensor, (uint32_t)bi, sl->elem_offset, sl->elem_count};
+      end = sl->bucket_offset + sl->elem_count * esz;
+      continue;
+    }
     if (sl->elem_count == 0 || sl->elem_offset != next[sl->tensor] || sl->elem_count > elems - sl->elem_offset)
       return bcast__fail(err, BCAST_EINVAL,
                          "tensor '%s': slice in bucket %zu covers elements %llu+%llu, expected to start at %llu "
@@ -259,6 +415,55 @@ static int bucket_check(const bcast_plan *p, const bcast_bucket *k, size_t bi, u
   return BCAST_OK;
 }
 
+/* Several sources: the sorted slices tile every tensor exactly. */
+static int slices_tile(const bcast_plan *p, slice_ref *refs, size_t n, bcast_err *err) {
+  qsort(refs, n, sizeof *refs, slice_ref_cmp);
+  size_t i = 0;
+  for (uint32_t t = 0; t < p->ntensors; t++) {
+    const char *nm = p->tensors[t].name;
+    uint64_t elems = bcast_tensor_elems(&p->tensors[t]), next = 0;
+    for (; i < n && refs[i].tensor == t; i++) {
+      if (refs[i].off != next)
+        return bcast__fail(err, BCAST_EINVAL, "tensor '%s': slice in bucket %u starts at element %llu, expected "
+                           "%llu (%s)", nm, refs[i].bucket, (unsigned long long)refs[i].off,
+                           (unsigned long long)next, refs[i].off < next ? "overlap" : "gap");
+      next += refs[i].count;
+    }
+    if (next != elems)
+      return bcast__fail(err, BCAST_EINVAL, "tensor '%s': slices cover %llu of %llu elements", nm,
+                         (unsigned long long)next, (unsigned long long)elems);
+  }
+  return BCAST_OK;
+}
+
+/* The sources' count and endpoints. */
+static int sources_check(const bcast_plan *p, bcast_err *err) {
+  if (p->nsources <= 1) {
+    if (p->source_endpoints)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': source endpoints on a plan of one source", p->id);
+    return BCAST_OK;
+  }
+  if (p->nsources >= p->world_size)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': %u sources in a world of %u leave no receiver", p->id,
+                       p->nsources, p->world_size);
+  if (p->root_rank != 0)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': root_rank %u with %u sources; the sources are ranks 0..%u",
+                       p->id, p->root_rank, p->nsources, p->nsources - 1);
+  if (p->mode != BCAST_MODE_HOST)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': %u sources in %s mode, which has one source", p->id,
+                       p->nsources, bcast_mode_name(p->mode));
+  if (!p->source_endpoints)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': %u sources but no source endpoints", p->id, p->nsources);
+  for (uint32_t r = 0; r < p->nsources; r++)
+    if (!p->source_endpoints[r] || strnlen(p->source_endpoints[r], sizeof p->host_endpoint) >= sizeof p->host_endpoint)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': source_endpoints[%u] missing or longer than 255 bytes",
+                         p->id, r);
+  if (strcmp(p->source_endpoints[0], p->host_endpoint))
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': source_endpoints[0] '%s' is not host_endpoint '%s'", p->id,
+                       p->source_endpoints[0], p->host_endpoint);
+  return BCAST_OK;
+}
+
 int bcast_plan_validate(const bcast_plan *p, bcast_err *err) {
   if (!p) return bcast__fail(err, BCAST_EINVAL, "plan: NULL");
   if (strnlen(p->id, sizeof p->id) == sizeof p->id)
@@ -273,10 +478,30 @@ int bcast_plan_validate(const bcast_plan *p, bcast_err *err) {
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': NULL tensor or bucket array", p->id);
   if (p->nbuckets > UINT32_MAX)
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': too many buckets", p->id);
+  if ((rc = sources_check(p, err))) return rc;
   if ((rc = bcast_manifest_check(p->tensors, p->ntensors, NULL, err))) return rc;
+  for (size_t i = 0; i < p->ntensors; i++)
+    if (p->tensors[i].shard_offset || p->tensors[i].shard_elems)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': tensor '%s' describes a shard; a plan's tensors are whole",
+                         p->id, p->tensors[i].name);
+  if (p->nsources > 1) {
+    size_t total = 0;
+    for (size_t b = 0; b < p->nbuckets; b++) {
+      if (p->buckets[b].nslices > SIZE_MAX / sizeof(slice_ref) - total)
+        return bcast__fail(err, BCAST_EINVAL, "plan '%s': too many slices", p->id);
+      total += p->buckets[b].nslices;
+    }
+    slice_ref *refs = malloc((total ? total : 1) * sizeof *refs);
+    if (!refs) return bcast__fail(err, BCAST_ENOMEM, "out of memory validating plan '%s'", p->id);
+    size_t nrefs = 0;
+    for (size_t b = 0; b < p->nbuckets && !rc; b++) rc = bucket_check(p, &p->buckets[b], b, NULL, refs, &nrefs, err);
+    if (!rc) rc = slices_tile(p, refs, nrefs, err);
+    free(refs);
+    return rc;
+  }
   uint64_t *next = calloc(p->ntensors ? p->ntensors : 1, sizeof *next);
   if (!next) return bcast__fail(err, BCAST_ENOMEM, "out of memory validating plan '%s'", p->id);
-  for (size_t b = 0; b < p->nbuckets && !rc; b++) rc = bucket_check(p, &p->buckets[b], b, next, err);
+  for (size_t b = 0; b < p->nbuckets && !rc; b++) rc = bucket_check(p, &p->buckets[b], b, next, NULL, NULL, err);
   for (size_t i = 0; i < p->ntensors && !rc; i++)
     if (next[i] != bcast_tensor_elems(&p->tensors[i]))
       rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': slices cover %llu of %llu elements", p->tensors[i].name,
@@ -333,6 +558,11 @@ uint64_t bcast_plan_hash(const bcast_plan *p) {
   h_u64(&h, p->tls ? 1 : 0);
   h_u64(&h, p->has_nccl_id ? 1 : 0);
   if (p->has_nccl_id) h_bytes(&h, p->nccl_id, sizeof p->nccl_id);
+  /* Only when there are several: a one-source plan hashes as it always has. */
+  if (p->nsources > 1) {
+    h_bytes(&h, "sources", 7);
+    h_u64(&h, p->nsources);
+  }
   h_u64(&h, p->ntensors);
   for (size_t i = 0; i < p->ntensors; i++) {
     const bcast_tensor *t = &p->tensors[i];
@@ -369,8 +599,14 @@ uint64_t bcast_plan_hash(const bcast_plan *p) {
 
 /* ---- small helpers ----------------------------------------------------------- */
 
+static void endpoints_free(char **eps, uint32_t n) {
+  for (uint32_t r = 0; eps && r < n; r++) free(eps[r]);
+  free(eps);
+}
+
 void bcast_plan_free(bcast_plan *p) {
   if (!p) return;
+  endpoints_free(p->source_endpoints, p->nsources);
   bcast__wipe(p->secret, sizeof p->secret); /* freed memory is not a place to leave it */
   for (size_t b = 0; b < p->nbuckets; b++) free(p->buckets[b].slices);
   free(p->buckets);
@@ -382,6 +618,16 @@ uint64_t bcast_plan_wire_bytes(const bcast_plan *p) {
   uint64_t s = 0;
   for (size_t b = 0; b < p->nbuckets; b++) s += p->buckets[b].bytes;
   return s;
+}
+
+uint32_t bcast__plan_nsources(const bcast_plan *p) { return p->nsources > 1 ? p->nsources : 1; }
+
+int bcast_plan_sources(const bcast_plan *p) { return p ? (int)bcast__plan_nsources(p) : 0; }
+
+const char *bcast_plan_source_endpoint(const bcast_plan *p, uint32_t rank) {
+  if (!p || rank >= bcast__plan_nsources(p)) return "";
+  if (p->nsources <= 1 || !p->source_endpoints) return p->host_endpoint;
+  return p->source_endpoints[rank] ? p->source_endpoints[rank] : "";
 }
 
 void bcast_plan_set_nccl_id(bcast_plan *p, const uint8_t id[128]) {
@@ -397,6 +643,12 @@ bcast_plan *bcast_plan_dup(const bcast_plan *p) {
   q->tensors = NULL;
   q->buckets = NULL;
   q->nbuckets = 0;
+  q->source_endpoints = NULL;
+  if (p->source_endpoints) {
+    if (!(q->source_endpoints = calloc(p->nsources, sizeof *q->source_endpoints))) goto fail;
+    for (uint32_t r = 0; r < p->nsources; r++)
+      if (p->source_endpoints[r] && !(q->source_endpoints[r] = strdup(p->source_endpoints[r]))) goto fail;
+  }
   if (!(q->tensors = malloc((p->ntensors ? p->ntensors : 1) * sizeof *q->tensors))) goto fail;
   if (p->ntensors) memcpy(q->tensors, p->tensors, p->ntensors * sizeof *q->tensors);
   if (!(q->buckets = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *q->buckets))) goto fail;
@@ -425,11 +677,22 @@ static const bcast_tensor *find_local(const bcast_tensor **sorted, size_t n, con
   return hit ? *hit : NULL;
 }
 
-static int bind_one(const bcast_tensor *pt, const bcast_tensor *lt, int sender, bcast_err *err) {
+static int bind_one(const bcast_tensor *pt, const bcast_tensor *lt, int sender, int shards, bcast_err *err) {
   const char *nm = pt->name;
   if (!lt) return bcast__fail(err, BCAST_EINVAL, "tensor '%s': in the plan but missing from the local tensors", nm);
   if (lt->ndim != pt->ndim || memcmp(lt->shape, pt->shape, pt->ndim * sizeof pt->shape[0]) != 0)
     return bcast__fail(err, BCAST_EINVAL, "tensor '%s': local shape differs from the plan's", nm);
+  uint64_t elems = bcast_tensor_elems(pt);
+  if (lt->shard_offset > elems || lt->shard_elems > elems - lt->shard_offset ||
+      (!lt->shard_elems && lt->shard_offset))
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': local shard [%llu, +%llu) outside its %llu elements", nm,
+                       (unsigned long long)lt->shard_offset, (unsigned long long)lt->shard_elems,
+                       (unsigned long long)elems);
+  if (!shards && bcast_tensor_held(lt) != elems)
+    return bcast__fail(err, BCAST_EINVAL, "tensor '%s': the local tensor is a shard (elements [%llu, +%llu) of "
+                       "%llu); %s", nm, (unsigned long long)lt->shard_offset, (unsigned long long)lt->shard_elems,
+                       (unsigned long long)elems, sender ? "only a host-mode sender sends from shards"
+                                                         : "receivers hold whole tensors");
   if (sender && lt->storage_dtype != pt->storage_dtype)
     return bcast__fail(err, BCAST_EINVAL, "tensor '%s': local storage dtype %s, plan says %s", nm,
                        bcast_dtype_name(lt->storage_dtype), bcast_dtype_name(pt->storage_dtype));
@@ -442,8 +705,10 @@ static int bind_one(const bcast_tensor *pt, const bcast_tensor *lt, int sender, 
   return BCAST_OK;
 }
 
-int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender, uint32_t *map,
-                     bcast_err *err) {
+/* need: plan tensors to bind (NULL: all; the others map to UINT32_MAX);
+ * shards: local tensors may be shards (a host-mode sender). */
+static int bind_some(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender, const uint8_t *need,
+                     int shards, uint32_t *map, bcast_err *err) {
   if (n && !local) return bcast__fail(err, BCAST_EINVAL, "local tensors: NULL array");
   if (n > UINT32_MAX) return bcast__fail(err, BCAST_EINVAL, "local tensors: too many");
   for (size_t i = 0; i < n; i++)
@@ -456,11 +721,47 @@ int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, i
     if (name_cmp(&v[i - 1], &v[i]) == 0)
       rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': duplicate name in the local tensors", v[i]->name);
   for (size_t i = 0; i < p->ntensors && !rc; i++) {
+    if (need && !need[i]) {
+      if (map) map[i] = UINT32_MAX;
+      continue;
+    }
     const bcast_tensor *lt = find_local(v, n, p->tensors[i].name);
-    rc = bind_one(&p->tensors[i], lt, sender, err);
+    rc = bind_one(&p->tensors[i], lt, sender, shards, err);
     if (!rc && map) map[i] = (uint32_t)(lt - local);
   }
   free(v);
+  return rc;
+}
+
+int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender, uint32_t *map,
+                     bcast_err *err) {
+  return bind_some(p, local, n, sender, NULL, 0, map, err);
+}
+
+int bcast__plan_bind_source(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
+                            uint32_t *map, bcast_err *err) {
+  uint8_t *need = calloc(p->ntensors ? p->ntensors : 1, 1);
+  if (!need) return bcast__fail(err, BCAST_ENOMEM, "out of memory binding %zu tensors", p->ntensors);
+  for (size_t b = 0; b < p->nbuckets; b++)
+    if (p->buckets[b].source_rank == rank)
+      for (size_t s = 0; s < p->buckets[b].nslices; s++) need[p->buckets[b].slices[s].tensor] = 1;
+  int rc = bind_some(p, local, n, 1, need, 1, map, err);
+  free(need);
+  /* What this rank sends must be what it holds. */
+  for (size_t b = 0; b < p->nbuckets && !rc; b++) {
+    const bcast_bucket *k = &p->buckets[b];
+    if (k->source_rank != rank) continue;
+    for (size_t s = 0; s < k->nslices && !rc; s++) {
+      const bcast_slice *sl = &k->slices[s];
+      const bcast_tensor *lt = &local[map[sl->tensor]];
+      uint64_t lo = lt->shard_offset, hi = lo + bcast_tensor_held(lt);
+      if (sl->elem_offset < lo || sl->elem_offset + sl->elem_count > hi)
+        rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': bucket %zu of source rank %u carries elements [%llu, "
+                         "%llu), but this rank holds [%llu, %llu)", p->tensors[sl->tensor].name, b, rank,
+                         (unsigned long long)sl->elem_offset, (unsigned long long)(sl->elem_offset + sl->elem_count),
+                         (unsigned long long)lo, (unsigned long long)hi);
+    }
+  }
   return rc;
 }
 
@@ -468,4 +769,17 @@ int bcast_plan_check_local(const bcast_plan *p, const bcast_tensor *local, size_
                            bcast_err *err) {
   if (!p) return bcast__fail(err, BCAST_EINVAL, "plan: NULL");
   return bcast__plan_bind(p, local, n, sender, NULL, err);
+}
+
+int bcast_plan_check_source(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
+                            bcast_err *err) {
+  if (!p) return bcast__fail(err, BCAST_EINVAL, "plan: NULL");
+  if (rank >= bcast__plan_nsources(p) && !(bcast__plan_nsources(p) == 1 && rank == p->root_rank))
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': rank %u is not one of its %u sources", p->id, rank,
+                       bcast__plan_nsources(p));
+  uint32_t *map = malloc((p->ntensors ? p->ntensors : 1) * sizeof *map);
+  if (!map) return bcast__fail(err, BCAST_ENOMEM, "out of memory checking %zu tensors", p->ntensors);
+  int rc = bcast__plan_bind_source(p, rank, local, n, map, err);
+  free(map);
+  return rc;
 }

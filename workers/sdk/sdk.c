@@ -571,6 +571,11 @@ SDK__EXPORT size_t rlorch_broadcast_id(rlorch_worker *w, char *buf, size_t len) 
   return n;
 }
 
+SDK__EXPORT const char *rlorch_data_address(const rlorch_worker *w) {
+  if (!w || w->ao.role != AGENT_ROLE_TRAINER || !w->xfer_ready) return NULL;
+  return agent_xfer_data_address(&w->xfer);
+}
+
 SDK__EXPORT rlorch_status rlorch_next(rlorch_worker *w, double timeout_s, rlorch_command **cmd,
                                       rlorch_error *err) {
   if (err) err->code = 0, err->message[0] = 0;

@@ -55,6 +55,11 @@ _RESIDENCY = {
     "host_pageable": C.RLORCH_RES_HOST_PAGEABLE,
     "host": C.RLORCH_RES_HOST_PAGEABLE,
 }
+_OFFLOAD = {
+    "none": C.RLORCH_OFFLOAD_NONE,
+    "params": C.RLORCH_OFFLOAD_PARAMS,
+    "params+optimizer": C.RLORCH_OFFLOAD_PARAMS_OPTIMIZER,
+}
 _LOG_LEVEL = {
     "debug": C.RLORCH_LOG_DEBUG,
     "info": C.RLORCH_LOG_INFO,
@@ -462,12 +467,19 @@ class Worker:
     next() is for one thread at a time; the reports may come from any
     thread; stop() from any thread but the callbacks; close() once nothing
     else runs on the worker. A worker not closed is kept alive (the library
-    may still call it) and closed when the interpreter exits."""
+    may still call it) and closed when the interpreter exits.
+
+    A trainer may say what it trains, as run specs require it: model (the
+    spec's preset name) and offload ("none", "params", "params+optimizer":
+    where its weights and optimizer live); one restored from its own
+    checkpoint says which run and version its tensors hold (held_run_id,
+    held_version). token is the bearer token itself, instead of token_file."""
 
     def __init__(self, role, orchestrator, tensors=(), name=None, token_file=None,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None, device=-1,
                  data_listen=None, max_concurrent_requests=8, connect_timeout_s=30.0,
-                 on_broadcast_before=None, on_broadcast_after=None, log_level="info"):
+                 on_broadcast_before=None, on_broadcast_after=None, log_level="info",
+                 token=None, model=None, offload=None, held_run_id=None, held_version=0):
         if role not in _ROLE:
             raise _invalid(f"options.role: {role!r} is neither 'trainer' nor 'inference'")
         self.role = role
@@ -509,6 +521,12 @@ class Worker:
         o.tls_cert_file = cstr("tls_cert_file", tls_cert_file)
         o.tls_key_file = cstr("tls_key_file", tls_key_file)
         o.data_listen = cstr("data_listen", data_listen)
+        o.token = cstr("token", token)
+        o.model = cstr("model", model)
+        o.held_run_id = cstr("held_run_id", held_run_id)
+        if offload is not None:
+            o.offload = _int(ctypes.c_int, _enum(_OFFLOAD, offload, "options.offload"))
+        setnum("held_version", held_version)
         setnum("device", device)
         setnum("max_concurrent_requests", max_concurrent_requests)
         setnum("connect_timeout_s", connect_timeout_s)
