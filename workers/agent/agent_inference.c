@@ -101,7 +101,8 @@ typedef struct agent__inference {
   /* The signal thread: SIGINT/SIGTERM stop the worker. */
   pthread_t sig_tid;
   int sig_started;
-  atomic_int sig_exit;
+  atomic_int sig_exit;  /* set by inference__signal_stop */
+  atomic_int sig_ended; /* the thread returned after a signal */
 } agent__inference;
 
 typedef struct inference__job {
@@ -545,6 +546,7 @@ static void *inference__signal_main(void *arg) {
     if (atomic_load(&in->sig_exit)) return NULL; /* the agent is done: our own wake-up */
     agent_log_info("signal", "signal=%s action=stop", sig == SIGINT ? "SIGINT" : "SIGTERM");
     rlorch_stop(in->w);
+    atomic_store(&in->sig_ended, 1);
     return NULL;
   }
 }
@@ -552,7 +554,7 @@ static void *inference__signal_main(void *arg) {
 static void inference__signal_stop(agent__inference *in) {
   if (!in->sig_started) return;
   atomic_store(&in->sig_exit, 1);
-  pthread_kill(in->sig_tid, SIGTERM);
+  if (!atomic_load(&in->sig_ended)) pthread_kill(in->sig_tid, SIGTERM); /* wakes its sigwait */
   pthread_join(in->sig_tid, NULL);
   in->sig_started = 0;
 }
