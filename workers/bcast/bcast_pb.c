@@ -33,6 +33,8 @@ static Rlorch__V1__TensorSpec *spec_new(const bcast_tensor *t) {
   s->n_shape = nd;
   memcpy(s->shape, t->shape, nd * sizeof *s->shape);
   s->residency = (Rlorch__V1__Residency)t->residency;
+  s->shard_offset = t->shard_offset;
+  s->shard_elems = t->shard_elems;
   return s;
 }
 
@@ -47,6 +49,8 @@ static void spec_to_tensor(const Rlorch__V1__TensorSpec *s, bcast_tensor *t) {
   t->ndim = (uint32_t)s->n_shape;
   memcpy(t->shape, s->shape, s->n_shape * sizeof *t->shape);
   t->residency = (bcast_residency)s->residency;
+  t->shard_offset = s->shard_offset;
+  t->shard_elems = s->shard_elems;
 }
 
 /* ---- plan ------------------------------------------------------------------------ */
