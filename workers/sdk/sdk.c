@@ -285,7 +285,10 @@ static int sdk__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t
     *n = w->nbound;
     return rc;
   }
-  int rc = bcast_plan_check_local(p, w->t, w->n, sender, err);
+  /* A trainer group's rank sends only its own part (it may hold shards). */
+  int rc = sender && bcast_plan_sources(p) > 1
+               ? bcast_plan_check_source(p, w->so.o.trainer_rank, w->t, w->n, err)
+               : bcast_plan_check_local(p, w->t, w->n, sender, err);
   if (rc) return rc;
   if (sender) {
     *local = w->t;
