@@ -8,6 +8,8 @@
 # the same step seeds), so the receivers of every group hold, step by step,
 # exactly the weights a lone trainer's receivers hold: whole tensors, the
 # union of the ranks' parts, each rank's AdamW step that of a lone trainer.
+# Then a rank killed mid-plan and started again on its checkpoint, and the
+# tiling errors Register names (an overlap, a gap, a shape mismatch, ...).
 source "$(dirname "$0")/lib.sh"
 need_cmd python3
 
@@ -96,6 +98,86 @@ for tag in two four; do
       "$tag ranks: receiver $r holds, after each step, the weights a lone trainer's receivers hold"
   done
 done
+
+# ---- a rank lost mid-plan ---------------------------------------------------------------
+# Two ranks, each with its own checkpoint directory. Rank 1 is killed
+# (SIGKILL) once the plan of step 3 is built, i.e. after both ranks trained
+# step 3 and saved it: the plan is aborted, the run waits naming the rank
+# missing, and rank 1 started again on its checkpoint holds the version
+# rank 0 holds, so step 3 is planned again. No step is lost or recorded
+# twice; every broadcast is verified.
+KSTEPS=6
+start_rank() { # R LOG
+  "$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --name "trainer-kill-$1" --preset 100m \
+    --layers 2 --device -1 --threads 1 --rank "$1" --ranks 2 --checkpoint-dir "$TEST_TMP/ckpt-$1" \
+    --log-level info >"$TEST_TMP/trainer.kill.$2.log" 2>&1 &
+  RANK_PID=$!
+  track_pid $RANK_PID
+}
+serve_start || { finish; exit 1; }
+start_rank 0 0
+R0=$RANK_PID
+start_rank 1 1
+R1=$RANK_PID
+for r in 0 1; do
+  "$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" --name "inference-kill-$r" --device -1 \
+    --log-level info --latency-ms-mean 20 --latency-ms-std 5 >"$TEST_TMP/inference.kill.$r.log" 2>&1 &
+  track_pid $!
+done
+wait_until 60 live_count_is 4
+RUN="$(ctl --json start-run --name group-kill --preset 100m --steps $KSTEPS --rollouts-per-step 8 \
+  --group-size 2 --max-async-level 1 | json_get id)"
+assert_ne "" "$RUN" "kill: the run starts"
+wait_log 120 "event=plan_built run=$RUN plan=$RUN/step-3 "
+assert_eq 0 "$?" "kill: the daemon built the plan of step 3"
+kill -KILL "$R1"
+wait "$R1" 2>/dev/null
+waiting() { [[ "$(ctl --json get-run "$RUN" | json_get message)" == *"rank 1 missing"* ]]; }
+wait_until 30 waiting
+assert_eq 0 "$?" "kill: the run waits, saying rank 1 is missing: $(ctl --json get-run "$RUN" | json_get message)"
+assert_contains "$(grep "event=broadcast_aborted run=$RUN plan=$RUN/step-3" "$SERVE_LOG")" \
+  "participant_lost" "kill: the pending plan of step 3 is aborted: its participant is lost"
+start_rank 1 2
+wait_log 60 "event=checkpoint_restored .* run=$RUN policy_version=4 " "$TEST_TMP/trainer.kill.2.log"
+assert_eq 0 "$?" "kill: rank 1 restarts from its checkpoint, holding step 3's version"
+timeout 240 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" watch-run "$RUN" >/dev/null
+out="$(ctl --json get-run "$RUN")"
+assert_eq RUN_STATE_SUCCEEDED "$(json_get state "$out")" "kill: the run succeeds: $(json_get message "$out")"
+assert_eq ok "$(steps_once "$RUN" "$KSTEPS")" \
+  "kill: steps 0..$((KSTEPS - 1)) recorded once each, versions continuous, all verified"
+kill -TERM "$R0" "$RANK_PID" 2>/dev/null
+wait "$R0" "$RANK_PID" 2>/dev/null
+
+# ---- tiling errors at Register ------------------------------------------------------------
+# Raw registrations of ranks (no agent): each group size is a group of its own.
+W=/rlorch.v1.Worker
+reg() { # RANK RANKS TENSORS-JSON
+  grpc_call --method $W/Register --json "{\"role\":\"WORKER_ROLE_TRAINER\",\"name\":\"raw-$2-$1\",\
+\"capabilities\":{\"trainer_rank\":$1,\"trainer_ranks\":$2},\"manifest\":{\"tensors\":$3}}"
+}
+sh() { # NAME OFFSET COUNT [SHAPE]: a tensor part, fp32 stored, bf16 on the wire
+  printf '{"name":"%s","storage_dtype":1,"wire_dtype":2,"shape":%s,"residency":3,"shard_offset":%s,"shard_elems":%s}' \
+    "$1" "${4:-[4,4]}" "$2" "$3"
+}
+assert_status OK "$(reg 0 2 "[$(sh w 0 10)]")" "rank 0 of 2 holding [0, 10) registers"
+assert_status_details INVALID_ARGUMENT \
+  "manifest of trainer rank 1 of 2: tensor 'w': rank 0 holds [0, 10) and rank 1 holds [8, 16): they overlap" \
+  "$(reg 1 2 "[$(sh w 8 8)]")" "an overlap with a registered rank is refused, naming the tensor and both ranks"
+assert_status OK "$(reg 0 3 "[$(sh w 0 5)]")" "rank 0 of 3 holding [0, 5) registers"
+assert_status OK "$(reg 2 3 "[$(sh w 10 6)]")" "rank 2 of 3 holding [10, 16) registers: the group is not whole yet"
+assert_status_details INVALID_ARGUMENT \
+  "manifest of trainer rank 1 of 3: tensor 'w': elements [8, 10) of 16 are held by no rank (between rank 1 and rank 2)" \
+  "$(reg 1 3 "[$(sh w 5 3)]")" "the last rank's Register shows a gap, naming the tensor, the range and the ranks around it"
+assert_status OK "$(reg 0 4 "[$(sh w 0 4)]")" "rank 0 of 4 registers"
+assert_status_details INVALID_ARGUMENT "manifest of trainer rank 1 of 4: tensor 'w': rank 0 and rank 1 disagree on shape" \
+  "$(reg 1 4 "[$(sh w 4 4 '[2,8]')]")" "a shape other than a registered rank's is refused, naming both ranks"
+assert_status_details INVALID_ARGUMENT "manifest of trainer rank 1 of 5: source rank 1: tensor #0 'w': shard [12, +8) outside its 16 elements" \
+  "$(reg 1 5 "[$(sh w 12 8)]")" "a part past the tensor's end is refused"
+assert_status_details INVALID_ARGUMENT "capabilities.trainer_rank: 2 is not below trainer_ranks 2" \
+  "$(reg 2 2 "[$(sh w 0 8)]")" "a rank past its group is refused"
+assert_status_details INVALID_ARGUMENT "manifest: tensor 'w' is a shard (elements [0, 8) of 16), but a trainer of 1 rank sends whole tensors" \
+  "$(reg 0 0 "[$(sh w 0 8)]")" "a lone trainer's shard is refused"
+serve_stop
 
 # ---- bad ranks are named ------------------------------------------------------------
 assert_exit 2 "$RLORCH_BIN" trainer --orchestrator 127.0.0.1:1 --rank 2 --ranks 2

@@ -532,12 +532,9 @@ int agent_trainer_run(const agent_opts *o) {
   agent_log_devices(&tr.caps, tr.device);
   agent_adamw_defaults(&tr.hp);
   /* A group's ranks send over the host transport, from host memory. */
-  if (tr.o.trainer_ranks > 1 && (tr.device >= 0 || tr.o.checkpoint_dir)) {
-    agent_log_error("fatal", "reason=\"--ranks %u: %s\"", tr.o.trainer_ranks,
-                    tr.device >= 0 ? "a trainer group's rank keeps its part in host memory; start "
-                                     "it with --device -1"
-                                   : "--checkpoint-dir is not supported for a trainer group's rank "
-                                     "yet");
+  if (tr.o.trainer_ranks > 1 && tr.device >= 0) {
+    agent_log_error("fatal", "reason=\"--ranks %u: a trainer group's rank keeps its part in host "
+                    "memory; start it with --device -1\"", tr.o.trainer_ranks);
     agent_log_info("exit", "status=1");
     return 1;
   }
