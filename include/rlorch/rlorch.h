@@ -367,7 +367,10 @@ typedef struct rlorch_batch {
 
 /* Trainer, with a TRAIN command not yet reported: streams the step's batch
  * from the orchestrator (retrying as rlorch's own trainer does) and checks
- * it is the step's. Blocks. RLORCH_OK and *out (rlorch_batch_free), or
+ * it is the step's; a rank of a sharded trainer gets its share (its
+ * groups of the batch, options.trainer_rank of trainer_ranks, while
+ * rlorch_train.n_rollouts counts the whole batch). Blocks. RLORCH_OK and
+ * *out (rlorch_batch_free), or
  * RLORCH_E_REFUSED when the orchestrator no longer holds that batch (skip
  * the step: report it with rlorch_report_error), RLORCH_E_STOPPED, ... */
 rlorch_status rlorch_fetch_batch(rlorch_worker *w, const rlorch_command *train, rlorch_batch **out,

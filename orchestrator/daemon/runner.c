@@ -404,10 +404,11 @@ static int hold_batch(runner *r, const sched_action *a, Rlorch__V1__Rollout *con
   return 0;
 }
 
-/* The rank of held-batch member `id`, or -1 when it is none of them. */
+/* The rank of held-batch member `id`, or -1 when it is none of them.
+ * Scheduler ids start at 1: a member 0 is a rank whose TRAIN did not come. */
 static int batch_rank(const held_batch *b, uint32_t id) {
-  for (uint32_t i = 0; b->held && i < b->ranks; i++)
-    if (b->members[i] == id && (i == 0 || id != 0)) return (int)i;
+  for (uint32_t i = 0; id != 0 && b->held && i < b->ranks; i++)
+    if (b->members[i] == id) return (int)i;
   return -1;
 }
 

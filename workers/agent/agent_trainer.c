@@ -20,7 +20,15 @@
  * starts from it when it finds one: the version it then registers with is
  * the checkpoint's (options.held_run_id/held_version), so a resumed run
  * carries on as after an orchestrator restart (docs/RELIABILITY.md says what
- * each case gives). */
+ * each case gives).
+ *
+ * With --ranks N (N > 1) the process is rank --rank R of a sharded trainer:
+ * of every preset tensor it holds only elements [R*E/N, (R+1)*E/N), in host
+ * memory of its own, each the value a lone trainer holds there, and its
+ * AdamW step runs per element with a lone trainer's element indices, so
+ * the ranks together hold, step after step, what one trainer would. The
+ * library registers the parts (options.shards), fetches the rank's share of
+ * each batch and sends its part of each broadcast. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
