@@ -175,6 +175,13 @@ assert_status_details INVALID_ARGUMENT "manifest of trainer rank 1 of 5: source 
   "$(reg 1 5 "[$(sh w 12 8)]")" "a part past the tensor's end is refused"
 assert_status_details INVALID_ARGUMENT "capabilities.trainer_rank: 2 is not below trainer_ranks 2" \
   "$(reg 2 2 "[$(sh w 0 8)]")" "a rank past its group is refused"
+assert_status_details INVALID_ARGUMENT "capabilities.trainer_ranks: 1025 is over the limit of 1024" \
+  "$(reg 0 1025 "[$(sh w 0 8)]")" "a group over 1024 ranks is refused"
+workers="$(grpc_call --method /rlorch.v1.Control/ListWorkers --json '{}')"
+assert_eq 4 "$(json_get message.workers "$workers" | python3 -c '
+import json, sys
+print(sum(1 for w in json.load(sys.stdin) if w.get("name", "").startswith("raw-")))')" \
+  "only the 4 registrations that passed left workers behind"
 assert_status_details INVALID_ARGUMENT "manifest: tensor 'w' is a shard (elements [0, 8) of 16), but a trainer of 1 rank sends whole tensors" \
   "$(reg 0 0 "[$(sh w 0 8)]")" "a lone trainer's shard is refused"
 serve_stop
