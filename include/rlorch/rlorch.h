@@ -264,6 +264,13 @@ rlorch_status rlorch_stop_status(rlorch_worker *w, rlorch_error *err);
  * generation began. */
 uint64_t rlorch_policy_version(const rlorch_worker *w);
 
+/* The orchestrator's id of the plan ("run-1/step-4") that the broadcast
+ * callbacks running now are about (on_bind, on_broadcast_before, _after),
+ * for their logs to name the broadcast as the orchestrator's do: copied into
+ * buf (at most len bytes, NUL included); "" outside those callbacks. Returns
+ * the id's length. (API 2) */
+size_t rlorch_broadcast_id(rlorch_worker *w, char *buf, size_t len);
+
 /* Trainer (API 2): where its receivers connect for the weights, as Register
  * announces it: options.data_listen with the port the system chose for ":0"
  * ("0.0.0.0:41731"), known from rlorch_create on, valid until rlorch_free.
@@ -332,6 +339,8 @@ typedef struct rlorch_command {
  * tensors while the caller changes them. */
 rlorch_status rlorch_next(rlorch_worker *w, double timeout_s, rlorch_command **cmd,
                           rlorch_error *err);
+/* A GENERATE command freed unanswered (aborted, dropped) is no longer in
+ * flight for the worker's figures (Heartbeat.stats.requests_active). */
 void rlorch_command_free(rlorch_command *cmd);
 
 /* ---- a trainer's batch ------------------------------------------------------- */
@@ -381,9 +390,11 @@ void rlorch_batch_free(rlorch_batch *b);
 
 /* One completion of a generation request. */
 typedef struct rlorch_rollout {
-  const uint32_t *token_ids;    /* the completion, >= 1 token */
-  size_t n_tokens;
-  const float *logprobs;        /* n_tokens natural-log probabilities (<= 0), or NULL */
+  const uint32_t *token_ids;    /* the completion; NULL: its length only (API 2: a synthetic
+                                   load whose ids no trainer reads, e.g. a benchmark's) */
+  size_t n_tokens;              /* >= 1 */
+  const float *logprobs;        /* n_tokens natural-log probabilities (<= 0), or NULL (always
+                                   without token_ids) */
   const double *rewards;        /* 1..16 finite values */
   size_t n_rewards;
   rlorch_finish finish_reason;

@@ -20,6 +20,7 @@
  * SIGTERM with nothing wrong. */
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,13 +48,31 @@ static pthread_rwlock_t weights_lock = PTHREAD_RWLOCK_INITIALIZER;
 static int torn;
 static unsigned broadcasts_ok, broadcasts_failed;
 
+/* The worker, once started: the callbacks ask it which plan they are about. */
+static _Atomic(rlorch_worker *) worker;
+static char before_id[128];
+
 static void before(void *ud, uint64_t version) {
   (void)ud, (void)version;
   pthread_rwlock_wrlock(&weights_lock);
+  rlorch_worker *w = atomic_load(&worker);
+  if (w && !rlorch_broadcast_id(w, before_id, sizeof before_id))
+    FAIL("before version %llu: rlorch_broadcast_id names no plan", (unsigned long long)version);
 }
 
 static void after(void *ud, int ok, uint64_t version) {
   (void)ud;
+  rlorch_worker *w = atomic_load(&worker);
+  char id[128], cut[4];
+  if (w) {
+    size_t n = rlorch_broadcast_id(w, id, sizeof id);
+    if (!n || n != strlen(id) || (before_id[0] && strcmp(id, before_id)))
+      FAIL("after version %llu: rlorch_broadcast_id says \"%s\" (%zu bytes), before said \"%s\"",
+           (unsigned long long)version, id, n, before_id);
+    if (rlorch_broadcast_id(w, cut, sizeof cut) != n || strlen(cut) != sizeof cut - 1 ||
+        strncmp(cut, id, sizeof cut - 1))
+      FAIL("rlorch_broadcast_id into %zu bytes: \"%s\", not the start of \"%s\"", sizeof cut, cut, id);
+  }
   uint64_t bad = 0, n = 0;
   if (ok) {
     for (size_t k = 0; k < SDK_MODEL_N; k++)
@@ -147,6 +166,10 @@ static void bad_reports(rlorch_worker *w, const rlorch_command *cmd, const rlorc
   r[0].n_tokens = 0;
   expect(rlorch_report_rollouts(w, cmd, 0, r, n, &err), RLORCH_E_INVALID, &err,
          "rollouts[0].token_ids: a completion has at least one token", "an empty completion");
+  r[0] = good[0];
+  r[0].token_ids = NULL; /* a length only */
+  expect(rlorch_report_rollouts(w, cmd, 0, r, n, &err), RLORCH_E_INVALID, &err,
+         "rollouts[0].logprobs: set without token_ids", "log-probabilities of a length only");
   r[0] = good[0];
   expect(rlorch_report_rollouts(w, cmd, rlorch_policy_version(w) + 5, r, n, &err), RLORCH_E_INVALID,
          &err, "is newer than the", "a version the worker does not hold");
@@ -276,6 +299,10 @@ int main(int argc, char **argv) {
   o.on_broadcast_after = after;
   rlorch_worker *w = sdk_model_start(&o);
   if (!w) return 1;
+  atomic_store(&worker, w);
+  char none[8] = "x";
+  if (rlorch_broadcast_id(NULL, none, sizeof none) != 0 || none[0])
+    FAIL("rlorch_broadcast_id of no worker: \"%s\"", none);
   rlorch_error err;
   unsigned requests = 0, rollouts = 0, aborts = 0, aborted_held = 0;
   while (!stop_asked) {
@@ -320,6 +347,7 @@ int main(int argc, char **argv) {
   }
   while (nheld) rlorch_command_free(held[--nheld]);
   rlorch_stop(w);
+  atomic_store(&worker, NULL);
   rlorch_command *cmd = NULL;
   rlorch_status rc;
   while ((rc = rlorch_next(w, 5, &cmd, &err)) == RLORCH_OK) rlorch_command_free(cmd);

@@ -17,6 +17,7 @@
 #include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc.h"
 #include "workers/agent/agent.h"
+#include "workers/agent/agent_pb.h"
 #include "workers/agent/agent_weights.h"
 #include "workers/bcast/bcast.h"
 #include "workers/bcast/bcast_pb.h"
@@ -386,6 +387,40 @@ Test(agent_inference, registers_its_pool_and_answers_a_group) {
   fake_stop();
 }
 
+/* Completions longer than AGENT_PB_SHAPED_TOKENS_MAX go as their length only:
+ * a report of very long synthetic ones stays within max_rollout_bytes. */
+Test(agent_inference, very_long_completions_go_as_their_length) {
+  fake_start();
+  K.opts.rollout.dist = AGENT_DIST_NORMAL;
+  K.opts.rollout.tokens_mean = 3 * AGENT_PB_SHAPED_TOKENS_MAX;
+  K.opts.rollout.tokens_std = 0;
+  agent_start();
+  Rlorch__V1__RolloutRequest rq = RLORCH__V1__ROLLOUT_REQUEST__INIT;
+  rq.request_id = 1;
+  rq.count = 2;
+  send_rollout(&rq);
+  Rlorch__V1__SamplingParams sp = RLORCH__V1__SAMPLING_PARAMS__INIT;
+  sp.max_tokens = 16; /* short: sent whole */
+  sp.temperature = 1;
+  rq.request_id = 2;
+  rq.sampling = &sp;
+  send_rollout(&rq);
+  const Rlorch__V1__RolloutResult *r = wait_result(1), *s = wait_result(2);
+  cr_assert_eq(r->n_rollouts, 2u);
+  for (size_t i = 0; i < r->n_rollouts; i++) {
+    cr_assert_gt(r->rollouts[i]->tokens, AGENT_PB_SHAPED_TOKENS_MAX);
+    cr_assert_eq(r->rollouts[i]->n_completion_token_ids, 0u, "no ids, its length only");
+    cr_assert_eq(r->rollouts[i]->n_completion_logprobs, 0u);
+    cr_assert_eq(r->rollouts[i]->n_rewards, 1u, "scored from the whole completion");
+  }
+  cr_assert_eq(s->n_rollouts, 2u);
+  for (size_t i = 0; i < s->n_rollouts; i++) {
+    cr_assert_eq(s->rollouts[i]->n_completion_token_ids, s->rollouts[i]->tokens);
+    cr_assert_eq(s->rollouts[i]->n_completion_logprobs, s->rollouts[i]->tokens);
+  }
+  fake_stop();
+}
+
 static int stats_active(void *arg) {
   const Rlorch__V1__WorkerStats *s = last_stats();
   return s && s->requests_active == *(uint32_t *)arg;
@@ -479,8 +514,10 @@ Test(agent_inference, aborted_requests_send_nothing) {
     rq.request_id = id;
     send_rollout(&rq);
   }
-  uint32_t one = 1;
-  cr_assert(wait_until(stats_active, &one), "request 1 is being generated");
+  /* In flight from its arrival to its answer: the three are, request 1
+   * generating (4 x 100 ms), 2 and 3 queued behind it. */
+  uint32_t three = 3;
+  cr_assert(wait_until(stats_active, &three), "the three requests are held");
   send_abort(2); /* still queued behind 1 */
   send_abort(1); /* generating */
   const Rlorch__V1__RolloutResult *r = wait_result(3);

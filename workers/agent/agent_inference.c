@@ -1,55 +1,67 @@
 /* `rlorch inference`: synthetic generation with the policy version held, the
- * receiving side of the broadcast.
+ * receiving side of the broadcast. A program on the public API (rlorch.h),
+ * as any embedded engine is: the library registers, streams commands, sends
+ * heartbeats (its figures count the requests reported), executes every
+ * broadcast into the buffers this agent places (on_bind) and reports what it
+ * is given; the agent generates.
  *
  * Rollout requests are served by a pool of generator threads, as an engine
- * batches many sequences: the command thread only queues a request, so up to
- * `concurrency` are generated at once and a plan or trigger queued behind
- * them is not held up. The orchestrator bounds how many are in flight
- * (max_requests_per_worker, and at most the pool's size, which Register
- * announces as Capabilities.max_concurrent_requests); requests beyond the
- * pool wait in its queue.
+ * batches many sequences: the main thread only queues each request that
+ * rlorch_next hands it, so up to `concurrency` are generated at once, and a
+ * broadcast (the library's command thread) is not held up by them. The
+ * orchestrator bounds how many are in flight (max_requests_per_worker, and at
+ * most the pool's size, which the library announces from
+ * max_concurrent_requests); requests beyond the pool wait in its queue.
  *
  * A request is one group: `count` completions of its prompt (agent_rollout.h),
  * each completion's latency slept in turn, then scored by the reward hook and
- * reported in one RolloutResult. What is not sent:
- * - a request aborted (AbortCommand.request_id) while queued is dropped; one
- *   aborted while generating stops at its next completion and sends nothing
- *   (the orchestrator would ignore it). Aborts are handled in command order,
- *   so one queued behind a broadcast the command thread executes waits for it;
+ * reported in one rlorch_report_rollouts. What is not sent:
+ * - a request aborted (RLORCH_CMD_ABORT) while queued is dropped; one aborted
+ *   while generating stops at once and sends nothing (the orchestrator would
+ *   ignore it). Aborts come in command order, so one behind a broadcast waits
+ *   for it;
  * - a request whose reward hook fails, or that finds no memory, is answered
- *   with no rollout at all, and the reason is logged as an error: an empty
- *   result frees the orchestrator's slot, so the request does not stay in
- *   flight, and no group goes out with made-up rewards.
+ *   with no rollout at all (rlorch_report_error), the reason logged as an
+ *   error: that frees the orchestrator's slot, so the request does not stay
+ *   in flight, and no group goes out with made-up rewards;
+ * - a request received before the worker registered again (the orchestrator
+ *   restarted or forgot it): the library refuses its report, and the answer
+ *   is dropped (stale_answer_dropped).
  *
  * Versions are transactional: a group is generated from one whole version and
- * labelled with it. With one set of buffers (the default) a broadcast takes
- * the weights lock for writing, so it waits for the groups being generated
- * and generation waits for it; a broadcast that fails leaves the buffers torn
- * (part new, part old), and until one succeeds every request is answered with
- * no rollout. With --double-buffer the broadcast writes the other set while
- * generation goes on from the current one, and the lock is taken only to swap
- * them; a failed broadcast leaves the current version as it was. */
+ * labelled with it. The version served is the agent's own, changed under the
+ * weights lock together with the buffers it names. With one set of buffers
+ * (the default) a broadcast takes that lock for writing (on_broadcast_before
+ * to on_broadcast_after), so it waits for the groups being generated and
+ * generation waits for it; a broadcast that fails leaves the buffers torn
+ * (part new, part old), and until one succeeds every request is answered
+ * with no rollout. With --double-buffer the library writes the other set
+ * while generation goes on from the current one, and the lock is taken only
+ * to swap them; a failed broadcast leaves the current version as it was. */
 #define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
+#include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "workers/agent/agent_log.h"
+#include "rlorch/rlorch.h"
 #include "workers/agent/agent.h"
-#include "workers/agent/agent_core.h"
-#include "workers/agent/agent_pb.h"
+#include "workers/agent/agent_core.h" /* agent_block_signals, agent_pick_device, agent_log_devices */
+#include "workers/agent/agent_log.h"
+#include "workers/agent/agent_pb.h" /* AGENT_PB_SHAPED_TOKENS_MAX */
 #include "workers/agent/agent_rollout.h"
-#include "workers/agent/agent_weights.h"
-#include "workers/agent/agent_xfer.h"
 #include "workers/bcast/bcast_preset.h"
 
 #ifdef RLORCH_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
+/* One set of receive buffers, in wire dtype, shaped like a plan's tensors. */
 typedef struct inference__set {
   bcast_tensor *t;
   size_t n;
@@ -61,49 +73,48 @@ typedef struct agent__inference {
   bcast_caps caps;
   int device;
   agent_rollout_gen gen; /* thread-safe: the generator threads share it */
-  agent *a;
-  /* Receive buffers in wire dtype, from the first plan: `cur` holds the
-   * version served; with double buffering `next` is the one a broadcast
-   * writes. `retired`: a set replaced by a new layout, freed after the next
-   * broadcast: a colocated sender keeps its mapping of it until it imports
-   * the new export, and CUDA IPC memory must outlive the mappings of it. */
+  rlorch_worker *w;
+  /* Receive buffers, from the first plan: `cur` holds the version served;
+   * with double buffering `next` is the one a broadcast writes. `retired`: a
+   * set replaced by a new layout, freed after the next successful broadcast:
+   * a colocated sender keeps its mapping of it until it imports the new
+   * export, and CUDA IPC memory must outlive the mappings of it. Touched on
+   * the library's command thread only (the callbacks), then at exit. */
   inference__set cur, next, retired;
   /* Read-held by a generator from the version it reads to its group's last
    * completion; write-held by a broadcast into `cur` (one set) or by the swap
-   * (two), writers first. Guards `torn` and, with two sets, which is `cur`. */
+   * (two), writers first. Guards `torn` and `version`, and with two sets
+   * which set is `cur`. */
   pthread_rwlock_t wlock;
-  int torn;    /* one set: the last broadcast into it failed part-way */
-  int writing; /* one set: the command thread write-holds wlock for a broadcast */
-  agent_xfer xfer;
-  Rlorch__V1__Capabilities caps_pb;
-  Rlorch__V1__RegisterRequest reg;
+  int torn;         /* one set: the last broadcast into it failed part-way */
+  int writing;      /* one set: the command thread write-holds wlock for a broadcast */
+  uint64_t version; /* the version `cur` holds */
   /* The generator pool. */
   pthread_mutex_t mu;   /* guards the queue, the active list, quit and the jobs' aborted flags */
   pthread_cond_t cond;  /* queue grew, or quit */
+  pthread_cond_t wake;  /* a job aborted, or quit: a latency being slept ends (CLOCK_MONOTONIC) */
   struct inference__job *head, *tail; /* queued, not started */
   struct inference__job *active;      /* being generated */
   int quit;
   pthread_t *tids;
   size_t nthreads;
-  /* Heartbeat.stats: written by the generator threads, read by the heartbeat
-   * thread. Rollouts and tokens count every completion whose latency was
-   * slept, sent or not (an abort, a failed reward); seconds are each
-   * request's wall time, from its start to its report. */
-  atomic_uint requests_active;
-  atomic_uint_fast64_t rollouts_generated, tokens_generated, generate_ns;
+  /* The signal thread: SIGINT/SIGTERM stop the worker. */
+  pthread_t sig_tid;
+  int sig_started;
+  atomic_int sig_exit;  /* set by inference__signal_stop */
+  atomic_int sig_ended; /* the thread returned after a signal */
 } agent__inference;
 
 typedef struct inference__job {
-  Rlorch__V1__RolloutRequest *msg; /* a copy: the command is freed once queued */
-  agent_request rq;                /* points into msg */
-  uint64_t registration;           /* agent_registration when it was queued */
+  rlorch_command *cmd; /* kind GENERATE, owned until reported or dropped */
+  agent_request rq;    /* points into cmd */
   int aborted;
   struct inference__job *next;
 } inference__job;
 
 static void inference__job_free(inference__job *j) {
   if (!j) return;
-  if (j->msg) rlorch__v1__rollout_request__free_unpacked(j->msg, NULL);
+  rlorch_command_free(j->cmd);
   free(j);
 }
 
@@ -119,28 +130,43 @@ static void inference__free_buffers(agent__inference *in) {
   inference__set_free(&in->next);
 }
 
+/* NULL when the set holds tensors laid out as the plan's, else why not. */
+static const char *inference__layout_differs(const inference__set *b, const rlorch_tensor *t,
+                                             size_t n, char *why, size_t len) {
+  if (b->n != n) return snprintf(why, len, "%zu tensors, the plan %zu", b->n, n), why;
+  for (size_t i = 0; i < n; i++) {
+    const bcast_tensor *h = &b->t[i];
+    if (strcmp(h->name, t[i].name) != 0 || h->layer != t[i].layer ||
+        (int)h->wire_dtype != (int)t[i].wire_dtype || h->ndim != t[i].ndim ||
+        memcmp(h->shape, t[i].shape, t[i].ndim * sizeof *t[i].shape) != 0)
+      return snprintf(why, len, "tensor %zu: '%s' held, the plan's '%s' differs", i, h->name,
+                      t[i].name), why;
+  }
+  return NULL;
+}
+
 /* Allocates buffers shaped like the plan's tensors into b (GPU memory with a
  * device, host memory otherwise). */
-static int inference__set_alloc(agent__inference *in, const bcast_plan *p, inference__set *b,
-                                bcast_err *err) {
-  b->t = calloc(p->ntensors ? p->ntensors : 1, sizeof *b->t);
-  if (!b->t) {
-    err->code = BCAST_ENOMEM;
-    snprintf(err->msg, sizeof err->msg, "receive buffers: no memory");
-    return BCAST_ENOMEM;
+static int inference__set_alloc(agent__inference *in, const rlorch_tensor *t, size_t n,
+                                inference__set *b, char *msg, size_t len) {
+  b->t = calloc(n ? n : 1, sizeof *b->t);
+  if (!b->t) return snprintf(msg, len, "receive buffers: no memory"), -1;
+  b->n = n;
+  for (size_t i = 0; i < n; i++) {
+    bcast_tensor *h = &b->t[i];
+    snprintf(h->name, sizeof h->name, "%s", t[i].name);
+    h->layer = t[i].layer;
+    h->storage_dtype = h->wire_dtype = (bcast_dtype)t[i].wire_dtype;
+    h->ndim = t[i].ndim;
+    memcpy(h->shape, t[i].shape, t[i].ndim * sizeof *t[i].shape);
+    h->residency = in->device >= 0 ? BCAST_RES_GPU : BCAST_RES_HOST_PAGEABLE;
+    h->device = in->device;
   }
-  memcpy(b->t, p->tensors, p->ntensors * sizeof *b->t);
-  b->n = p->ntensors;
-  for (size_t i = 0; i < b->n; i++) {
-    b->t[i].residency = in->device >= 0 ? BCAST_RES_GPU : BCAST_RES_HOST_PAGEABLE;
-    b->t[i].device = in->device;
-    b->t[i].data = NULL;
-  }
-  int rc = bcast_storage_alloc(b->t, b->n, BCAST_FILL_RECEIVER, 0, &b->storage, err);
-  if (!rc) rc = bcast_plan_check_local(p, b->t, b->n, 0, err);
-  if (rc) {
+  bcast_err err = {0};
+  if (bcast_storage_alloc(b->t, b->n, BCAST_FILL_RECEIVER, 0, &b->storage, &err)) {
+    snprintf(msg, len, "receive buffers: %s", err.msg);
     inference__set_free(b);
-    return rc;
+    return -1;
   }
   agent_log_info("receive_buffers", "tensors=%zu bytes=%llu where=%s set=%s", b->n,
                  (unsigned long long)bcast_storage_bytes(b->storage),
@@ -148,104 +174,97 @@ static int inference__set_alloc(agent__inference *in, const bcast_plan *p, infer
   return 0;
 }
 
-/* The set the broadcast writes (the other one with double buffering), made
- * or remade to the plan's layout; the one it replaces is retired (the
- * previous retired one goes now). */
-static int inference__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
-                           bcast_err *err) {
+/* options.on_bind: the set the broadcast writes (the other one with double
+ * buffering), made or remade to the plan's layout; the one it replaces is
+ * retired (the previous retired one goes now). */
+static int inference__bind(void *ud, uint64_t version, rlorch_tensor *t, size_t n, char *msg,
+                           size_t len) {
   agent__inference *in = ud;
+  (void)version;
   inference__set *b = in->o.double_buffer ? &in->next : &in->cur;
-  if (!b->t || bcast_plan_check_local(p, b->t, b->n, 0, err) != 0) {
+  char why[256];
+  const char *differs = b->t ? inference__layout_differs(b, t, n, why, sizeof why) : "none yet";
+  if (differs) {
     if (b->t) {
-      agent_log_info("receive_buffers_realloc", "reason=\"%s\"", err->msg);
+      agent_log_info("receive_buffers_realloc", "reason=\"%s\"", differs);
       inference__set_free(&in->retired);
       in->retired = *b;
       memset(b, 0, sizeof *b);
     }
-    int rc = inference__set_alloc(in, p, b, err);
-    if (rc) return rc;
+    if (inference__set_alloc(in, t, n, b, msg, len)) return -1;
   }
-  *local = b->t;
-  *n = b->n;
+  for (size_t i = 0; i < n; i++) {
+    t[i].residency = (rlorch_residency)b->t[i].residency;
+    t[i].device = b->t[i].device;
+    t[i].data = b->t[i].data;
+  }
   return 0;
 }
 
 /* One set: the broadcast is about to write the version served, so it waits
  * for the groups being generated from it, and new ones wait for it. */
-static void inference__begin(void *ud, const bcast_plan *p) {
+static void inference__before(void *ud, uint64_t version) {
   agent__inference *in = ud;
-  (void)p;
+  (void)version;
   if (in->o.double_buffer) return;
   pthread_rwlock_wrlock(&in->wlock);
   in->writing = 1;
 }
 
-/* After a broadcast: on success the checksum of the weights received, in plan
- * order (the plan's tensors are the buffers' order), then they are served at
- * the plan's version; on failure one set is torn, two keep the current one. */
-static int inference__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, char *err,
-                           size_t errlen) {
+/* After a broadcast (the library checked the weights received): on success
+ * they are served at its version; on failure one set is torn, two keep the
+ * current one. */
+static void inference__after(void *ud, int ok, uint64_t version) {
   agent__inference *in = ud;
-  int rc = 0;
-  if (ok) {
-    inference__set_free(&in->retired); /* every sender mapping of it is closed by now */
-    const inference__set *b = in->o.double_buffer ? &in->next : &in->cur;
-    rc = agent_weights_checksum(b->t, b->n, AGENT_WEIGHTS_WIRE, checksum, err, errlen);
-  }
+  char plan[128]; /* the orchestrator's id, for the events */
+  rlorch_broadcast_id(in->w, plan, sizeof plan);
   if (in->o.double_buffer) {
-    if (ok && !rc) {
+    if (ok) {
       pthread_rwlock_wrlock(&in->wlock);
       inference__set t = in->cur;
       in->cur = in->next;
       in->next = t;
-      agent_set_policy_version(in->a, p->policy_version);
+      in->version = version;
       pthread_rwlock_unlock(&in->wlock);
     }
   } else if (in->writing) {
-    int was = in->torn;
-    in->torn = !ok || rc;
-    if (!in->torn) agent_set_policy_version(in->a, p->policy_version);
+    int was = in->torn, torn = !ok;
+    in->torn = torn;
+    if (ok) in->version = version;
+    uint64_t held = in->version;
     in->writing = 0;
     pthread_rwlock_unlock(&in->wlock);
-    if (in->torn && !was)
+    if (torn && !was)
       agent_log_warn("weights_torn", "plan_id=%s version_held=%llu action=\"serve no rollout until "
-                     "a broadcast succeeds\"", p->id, (unsigned long long)agent_policy_version(in->a));
+                     "a broadcast succeeds\"", plan, (unsigned long long)held);
   }
-  if (ok && !rc)
-    agent_log_info("policy_version", "version=%llu", (unsigned long long)p->policy_version);
-  else if (!ok && in->o.double_buffer)
-    agent_log_info("weights_kept", "plan_id=%s version=%llu", p->id,
-                   (unsigned long long)agent_policy_version(in->a));
-  return rc;
+  if (ok) {
+    inference__set_free(&in->retired); /* every sender mapping of it is closed by now */
+    agent_log_info("policy_version", "version=%llu", (unsigned long long)version);
+  } else if (in->o.double_buffer) {
+    pthread_rwlock_rdlock(&in->wlock);
+    uint64_t held = in->version;
+    pthread_rwlock_unlock(&in->wlock);
+    agent_log_info("weights_kept", "plan_id=%s version=%llu", plan, (unsigned long long)held);
+  }
 }
 
-/* Reports res (no rollout at all is a valid answer: it frees the
- * orchestrator's slot) for request `request_id`, received under registration
- * `registration`. Request ids are the orchestrator's per registration: after
- * the worker registered again (the orchestrator restarted or forgot it) the
- * request is gone there, and its id may name another one, so the answer is
- * dropped rather than sent. */
-static void inference__send(agent__inference *in, Rlorch__V1__RolloutResult *res, uint64_t tokens,
-                            uint64_t version, uint64_t registration) {
-  if (registration != agent_registration(in->a)) {
-    agent_log_info("stale_answer_dropped", "request_id=%llu count=%zu reason=\"the request came "
-                   "before the worker registered again\"", (unsigned long long)res->request_id,
-                   res->n_rollouts);
-    return;
-  }
-  Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
-  req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS;
-  req.rollouts = res;
-  agent_log_debug("rollouts", "request_id=%llu count=%zu tokens=%llu version=%llu",
-                  (unsigned long long)res->request_id, res->n_rollouts,
-                  (unsigned long long)tokens, (unsigned long long)version);
-  agent_report(in->a, &req);
+/* ---- serving a request ------------------------------------------------------ */
+
+/* The version to label a group with; wlock read-held. The agent's own, but
+ * never above the library's: a command of a new run starts the library's
+ * count at 0 again (the weights held are that run's starting point), which
+ * the agent hears of only with the run's first broadcast. */
+static uint64_t inference__served(const agent__inference *in) {
+  uint64_t lib = rlorch_policy_version(in->w);
+  return in->version < lib ? in->version : lib;
 }
 
-static void inference__send_none(agent__inference *in, uint64_t request_id, uint64_t registration) {
-  Rlorch__V1__RolloutResult res = RLORCH__V1__ROLLOUT_RESULT__INIT;
-  res.request_id = request_id;
-  inference__send(in, &res, 0, agent_policy_version(in->a), registration);
+static int inference__stopping(agent__inference *in) {
+  pthread_mutex_lock(&in->mu);
+  int q = in->quit;
+  pthread_mutex_unlock(&in->mu);
+  return q;
 }
 
 static int inference__aborted(agent__inference *in, const inference__job *j) {
@@ -255,16 +274,88 @@ static int inference__aborted(agent__inference *in, const inference__job *j) {
   return a;
 }
 
+/* Sleeps `s` seconds, ending early when the job is aborted or the pool quits. */
+static void inference__sleep(agent__inference *in, const inference__job *j, double s) {
+  if (!(s > 0)) return;
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  double ns = (double)until.tv_nsec + (s - floor(s)) * 1e9;
+  until.tv_sec += (time_t)s + (time_t)(ns / 1e9);
+  until.tv_nsec = (long)fmod(ns, 1e9);
+  pthread_mutex_lock(&in->mu);
+  while (!in->quit && !j->aborted &&
+         pthread_cond_timedwait(&in->wake, &in->mu, &until) == 0) {
+  }
+  pthread_mutex_unlock(&in->mu);
+}
+
+/* What a refused report means here. RLORCH_E_STOPPED while the worker runs:
+ * the request came before it registered again (the orchestrator restarted or
+ * forgot it), so the request is gone there and its id may name another one;
+ * the answer is dropped. */
+static void inference__report_failed(agent__inference *in, const inference__job *j, size_t count,
+                                     rlorch_status rc, const rlorch_error *err) {
+  if (rc == RLORCH_E_STOPPED && rlorch_stop_status(in->w, NULL) == RLORCH_E_STATE) {
+    agent_log_info("stale_answer_dropped", "request_id=%llu count=%zu reason=\"the request came "
+                   "before the worker registered again\"", (unsigned long long)j->rq.request_id,
+                   count);
+  } else if (rc != RLORCH_E_STOPPED) { /* stopping: nothing more is sent */
+    /* The library logged the refusal itself (report_refused). */
+    agent_log_warn("answer_not_delivered", "request_id=%llu code=%s reason=\"%s\"",
+                   (unsigned long long)j->rq.request_id, rlorch_status_name(rc), err->message);
+  }
+}
+
+/* Answers with no rollout at all: it frees the orchestrator's slot. The
+ * library logs the answer (rollouts_failed, with `why`). */
+static void inference__send_none(agent__inference *in, const inference__job *j, const char *why) {
+  rlorch_error err;
+  rlorch_status rc = rlorch_report_error(in->w, j->cmd, why, &err);
+  if (rc) inference__report_failed(in, j, 0, rc, &err);
+}
+
+/* Reports the scored group g, generated from `version`. */
+static void inference__send(agent__inference *in, const inference__job *j, const agent_group *g,
+                            uint64_t version, uint64_t tokens) {
+  rlorch_rollout *r = calloc(g->n ? g->n : 1, sizeof *r);
+  if (!r) {
+    inference__send_none(in, j, "no memory for the report");
+    return;
+  }
+  for (uint32_t i = 0; i < g->n; i++) {
+    const agent_completion *c = &g->c[i];
+    /* A very long synthetic completion goes as its length only, so that its
+     * report stays within the orchestrator's max_rollout_bytes. */
+    int shaped = c->ntokens > AGENT_PB_SHAPED_TOKENS_MAX;
+    r[i] = (rlorch_rollout){.token_ids = shaped ? NULL : c->token_ids, .n_tokens = c->ntokens,
+                            .logprobs = shaped ? NULL : c->logprobs, .rewards = c->rewards,
+                            .n_rewards = c->nrewards,
+                            .finish_reason = (rlorch_finish)c->finish, .seconds = c->seconds};
+  }
+  agent_log_debug("rollouts", "request_id=%llu count=%u tokens=%llu version=%llu",
+                  (unsigned long long)j->rq.request_id, g->n, (unsigned long long)tokens,
+                  (unsigned long long)version);
+  rlorch_error err;
+  rlorch_status rc = rlorch_report_rollouts(in->w, j->cmd, version, r, g->n, &err);
+  free(r);
+  if (rc == RLORCH_E_INVALID) {
+    /* Not the orchestrator's doing (the version, say, after a new run began):
+     * still an answer, so that the request does not stay in flight. The
+     * library logs it as rollouts_failed with this reason. */
+    inference__send_none(in, j, err.message);
+  } else if (rc) {
+    inference__report_failed(in, j, g->n, rc, &err);
+  }
+}
+
 /* Generates, sleeps, scores and reports one request (the header says what is
  * not sent); on a generator thread. */
 static void inference__serve(agent__inference *in, inference__job *j) {
   const agent_request *rq = &j->rq;
-  atomic_fetch_add(&in->requests_active, 1);
-  double t0 = agent_now();
   pthread_rwlock_rdlock(&in->wlock);
   /* The version held when generation starts: never older than the one the
    * orchestrator counted the request at. */
-  uint64_t version = agent_policy_version(in->a);
+  uint64_t version = inference__served(in);
   char err[1024];
   agent_group g;
   if (in->torn) {
@@ -272,34 +363,30 @@ static void inference__serve(agent__inference *in, inference__job *j) {
     agent_log_warn("rollouts_refused", "request_id=%llu group_id=%llu reason=\"the weights are torn "
                    "by a failed broadcast\" action=\"answer with no rollout\"",
                    (unsigned long long)rq->request_id, (unsigned long long)rq->group_id);
-    inference__send_none(in, rq->request_id, j->registration);
-    goto done;
+    inference__send_none(in, j, "the weights are torn by a failed broadcast");
+    return;
   }
-  if (agent_group_generate(&in->gen, rq, agent_id_tag(in->a), version, &g, err, sizeof err)) {
+  /* Rollout ids are the library's: the generator's rank is left 0. */
+  if (agent_group_generate(&in->gen, rq, 0, version, &g, err, sizeof err)) {
     pthread_rwlock_unlock(&in->wlock);
-    agent_log_error("rollouts_failed", "request_id=%llu group_id=%llu reason=\"%s\" action=\"answer "
-                    "with no rollout\"", (unsigned long long)rq->request_id,
-                    (unsigned long long)rq->group_id, err);
-    inference__send_none(in, rq->request_id, j->registration);
-    goto done;
+    inference__send_none(in, j, err);
+    return;
   }
   uint32_t made = 0;
   uint64_t tokens = 0;
   int aborted = 0;
-  for (; made < g.n && !agent_stopping(in->a) && !(aborted = inference__aborted(in, j)); made++) {
+  for (; made < g.n && !inference__stopping(in) && !(aborted = inference__aborted(in, j)); made++) {
     double t = agent_now();
-    agent_sleep(in->a, g.c[made].latency_s);
+    inference__sleep(in, j, g.c[made].latency_s);
     g.c[made].seconds = agent_now() - t;
     tokens += g.c[made].ntokens;
   }
-  atomic_fetch_add(&in->rollouts_generated, made);
-  atomic_fetch_add(&in->tokens_generated, tokens);
   if (!aborted) aborted = inference__aborted(in, j); /* during the last sleep */
   agent_log_debug("group_generated", "request_id=%llu version=%llu made=%u of=%u",
                   (unsigned long long)rq->request_id, (unsigned long long)version, made, g.n);
-  /* Scored outside the lock: the group is made, and its reports may wait. */
+  /* Scored outside the lock: the group is made, and its report may wait. */
   pthread_rwlock_unlock(&in->wlock);
-  if (agent_stopping(in->a)) {
+  if (inference__stopping(in)) {
     /* Leaving: the report would be dropped anyway. */
   } else if (aborted) {
     agent_log_debug("request_aborted", "request_id=%llu state=generating made=%u of=%u action=\"send "
@@ -308,23 +395,14 @@ static void inference__serve(agent__inference *in, inference__job *j) {
     agent_log_error("reward_failed", "request_id=%llu group_id=%llu reason=\"%s\" action=\"answer "
                     "with no rollout\"", (unsigned long long)rq->request_id,
                     (unsigned long long)rq->group_id, err);
-    inference__send_none(in, rq->request_id, j->registration);
+    inference__send_none(in, j, err);
   } else {
-    Rlorch__V1__RolloutResult *res = agent_pb_rollout_result(&g);
-    if (res) {
-      inference__send(in, res, tokens, version, j->registration);
-      agent_pb_rollout_result_free(res);
-    } else {
-      agent_log_error("rollouts_failed", "request_id=%llu reason=\"no memory for the report\" "
-                      "action=\"answer with no rollout\"", (unsigned long long)rq->request_id);
-      inference__send_none(in, rq->request_id, j->registration);
-    }
+    inference__send(in, j, &g, version, tokens);
   }
   agent_group_free(&g);
-done:
-  atomic_fetch_add(&in->generate_ns, (uint_fast64_t)((agent_now() - t0) * 1e9));
-  atomic_fetch_sub(&in->requests_active, 1);
 }
+
+/* ---- the pool ------------------------------------------------------------------- */
 
 /* Unlinks j from the list at *head; 1 when it was there. */
 static int inference__unlink(inference__job **head, inference__job *j) {
@@ -357,7 +435,7 @@ static void *inference__worker_main(void *arg) {
   return NULL;
 }
 
-/* AbortCommand.request_id: drops the request if it still waits, or makes its
+/* RLORCH_CMD_ABORT: drops the request if it still waits, or makes its
  * generation stop and send nothing. */
 static void inference__abort_request(agent__inference *in, uint64_t request_id, const char *why) {
   const char *state = "finished or unknown";
@@ -375,6 +453,7 @@ static void inference__abort_request(agent__inference *in, uint64_t request_id, 
   for (inference__job *j = in->active; !drop && j; j = j->next) {
     if (j->rq.request_id != request_id) continue;
     j->aborted = 1;
+    pthread_cond_broadcast(&in->wake);
     state = "generating";
     break;
   }
@@ -382,14 +461,6 @@ static void inference__abort_request(agent__inference *in, uint64_t request_id, 
   inference__job_free(drop);
   agent_log_debug("request_aborted", "request_id=%llu state=\"%s\" reason=\"%s\"",
                   (unsigned long long)request_id, state, why ? why : "");
-}
-
-static void inference__stats(Rlorch__V1__WorkerStats *s, void *ud) {
-  agent__inference *in = ud;
-  s->requests_active = atomic_load(&in->requests_active);
-  s->rollouts_generated = atomic_load(&in->rollouts_generated);
-  s->tokens_generated = atomic_load(&in->tokens_generated);
-  s->generate_seconds = (double)atomic_load(&in->generate_ns) * 1e-9;
 }
 
 /* Starts `n` generator threads; 0, or -1 with err filled (none left running). */
@@ -413,6 +484,7 @@ static void inference__pool_stop(agent__inference *in) {
   pthread_mutex_lock(&in->mu);
   in->quit = 1;
   pthread_cond_broadcast(&in->cond);
+  pthread_cond_broadcast(&in->wake);
   pthread_mutex_unlock(&in->mu);
   for (size_t i = 0; i < in->nthreads; i++) pthread_join(in->tids[i], NULL);
   free(in->tids);
@@ -426,62 +498,115 @@ static void inference__pool_stop(agent__inference *in) {
   in->tail = NULL;
 }
 
-/* Queues a request for the pool; -1 (fatal) only when out of memory. */
-static int inference__rollout(agent__inference *in, const Rlorch__V1__RolloutRequest *r) {
+/* Queues a GENERATE command for the pool, which owns it from here. */
+static void inference__queue(agent__inference *in, rlorch_command *cmd) {
   inference__job *j = calloc(1, sizeof *j);
-  /* A deep copy through the wire format: the job owns all it points to. */
-  size_t n = rlorch__v1__rollout_request__get_packed_size(r);
-  uint8_t *buf = malloc(n ? n : 1);
-  if (j && buf) {
-    rlorch__v1__rollout_request__pack(r, buf);
-    j->msg = rlorch__v1__rollout_request__unpack(NULL, n, buf);
+  if (!j) {
+    /* Answered rather than lost: the orchestrator would wait on it. */
+    inference__job tmp = {.cmd = cmd, .rq = {.request_id = cmd->generate.request_id}};
+    inference__send_none(in, &tmp, "no memory to queue the request"); /* logged as rollouts_failed */
+    rlorch_command_free(cmd);
+    return;
   }
-  free(buf);
-  if (!j || !j->msg) {
-    inference__job_free(j);
-    agent_log_error("fatal", "reason=\"no memory to queue request %llu\"",
-                    (unsigned long long)r->request_id);
-    return -1;
-  }
-  agent_pb_request(j->msg, &j->rq);
-  j->registration = agent_registration(in->a);
+  const rlorch_generate *g = &cmd->generate;
+  j->cmd = cmd;
+  j->rq.request_id = g->request_id;
+  j->rq.group_id = g->group_id;
+  j->rq.count = g->count;
+  j->rq.prompt_token_ids = g->prompt_token_ids;
+  j->rq.n_prompt = g->n_prompt_token_ids;
+  j->rq.prompt_metadata = g->prompt_metadata;
+  j->rq.n_metadata = g->n_prompt_metadata;
+  j->rq.sampling.temperature = g->sampling.temperature;
+  j->rq.sampling.max_tokens = g->sampling.max_tokens;
+  j->rq.sampling.stop_token_ids = g->sampling.stop_token_ids;
+  j->rq.sampling.nstop = g->sampling.n_stop_token_ids;
+  j->rq.sampling.seed = g->sampling.seed;
   pthread_mutex_lock(&in->mu);
   if (in->tail) in->tail->next = j;
   else in->head = j;
   in->tail = j;
   pthread_cond_signal(&in->cond);
   pthread_mutex_unlock(&in->mu);
-  return 0;
 }
 
-/* An abort about a request, a plan, or (neither named) the plan pending. */
-static void inference__abort(agent__inference *in, const Rlorch__V1__Command *cmd) {
-  const Rlorch__V1__AbortCommand *ab = cmd->abort;
-  if (!ab) return;
-  if (ab->request_id) inference__abort_request(in, ab->request_id, ab->reason);
-  /* Not for a request only: an abort without a plan id drops whatever plan
-   * is pending. */
-  if ((ab->plan_id && ab->plan_id[0]) || !ab->request_id) agent_xfer_on_abort(&in->xfer, cmd);
-}
+/* ---- signals, the command loop ------------------------------------------------- */
 
-static int inference__command(agent *a, const Rlorch__V1__Command *cmd, void *ud) {
-  agent__inference *in = ud;
-  /* A new run's count of versions starts at 0: the agent core has seen to it. */
-  switch (cmd->kind_case) {
-  case RLORCH__V1__COMMAND__KIND_ROLLOUT: return inference__rollout(in, cmd->rollout);
-  case RLORCH__V1__COMMAND__KIND_PLAN: agent_xfer_on_plan(&in->xfer, a, cmd); return 0;
-  case RLORCH__V1__COMMAND__KIND_TRIGGER: agent_xfer_on_trigger(&in->xfer, a, cmd); return 0;
-  case RLORCH__V1__COMMAND__KIND_ABORT: inference__abort(in, cmd); return 0;
-  case RLORCH__V1__COMMAND__KIND_SHUTDOWN:
-    agent_log_info("shutdown", "reason=\"%s\"", cmd->shutdown->reason ? cmd->shutdown->reason : "");
-    return 1;
-  case RLORCH__V1__COMMAND__KIND_TRAIN:
-    agent_log_warn("command_ignored", "kind=train reason=\"an inference worker does not train\"");
-    return 0;
-  default:
-    agent_log_warn("command_ignored", "kind=%d reason=\"unknown command\"", (int)cmd->kind_case);
-    return 0;
+/* SIGINT or SIGTERM stops the worker, also while it waits for its first
+ * registration; the library's own threads take neither. */
+static void *inference__signal_main(void *arg) {
+  agent__inference *in = arg;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (atomic_load(&in->sig_exit)) return NULL; /* the agent is done: our own wake-up */
+    agent_log_info("signal", "signal=%s action=stop", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rlorch_stop(in->w);
+    atomic_store(&in->sig_ended, 1);
+    return NULL;
   }
+}
+
+static void inference__signal_stop(agent__inference *in) {
+  if (!in->sig_started) return;
+  atomic_store(&in->sig_exit, 1);
+  if (!atomic_load(&in->sig_ended)) pthread_kill(in->sig_tid, SIGTERM); /* wakes its sigwait */
+  pthread_join(in->sig_tid, NULL);
+  in->sig_started = 0;
+}
+
+/* Pulls commands until the worker stops; 0, or 1 when it could not go on. */
+static int inference__loop(agent__inference *in) {
+  for (;;) {
+    rlorch_command *cmd = NULL;
+    rlorch_error err;
+    rlorch_status rc = rlorch_next(in->w, -1, &cmd, &err);
+    if (rc == RLORCH_E_STOPPED) return 0;
+    if (rc == RLORCH_TIMEOUT) continue;
+    if (rc) {
+      agent_log_error("fatal", "reason=\"%s\"", err.message);
+      return 1;
+    }
+    switch (cmd->kind) {
+    case RLORCH_CMD_GENERATE: inference__queue(in, cmd); continue;
+    case RLORCH_CMD_ABORT:
+      inference__abort_request(in, cmd->abort.request_id, cmd->abort.reason);
+      break;
+    case RLORCH_CMD_SHUTDOWN: /* the library logged it; the worker stops */
+      rlorch_command_free(cmd);
+      return 0;
+    default:
+      agent_log_warn("command_ignored", "kind=%d reason=\"not an inference worker's\"", (int)cmd->kind);
+      break;
+    }
+    rlorch_command_free(cmd);
+  }
+}
+
+/* The worker's options from the agent's settings. */
+static void inference__options(agent__inference *in, rlorch_options *ro) {
+  rlorch_options_init(ro, sizeof *ro, RLORCH_ROLE_INFERENCE);
+  const agent_opts *o = &in->o;
+  ro->orchestrator = o->orchestrator;
+  ro->name = o->name;
+  if (o->token) ro->token = o->token;
+  else ro->token_file = o->token_file;
+  ro->tls_ca_file = o->tls_ca_file;
+  ro->tls_cert_file = o->tls_client_cert_file;
+  ro->tls_key_file = o->tls_client_key_file;
+  ro->device = in->device;
+  ro->max_concurrent_requests = o->concurrency;
+  ro->connect_timeout_s = INFINITY; /* registration is retried without a limit */
+  ro->on_bind = inference__bind;
+  ro->bind_ud = in;
+  ro->on_broadcast_before = inference__before;
+  ro->on_broadcast_after = inference__after;
+  ro->broadcast_ud = in;
+  /* ro->log stays NULL: the library logs through the process's agent_log. */
 }
 
 int agent_inference_run(const agent_opts *o) {
@@ -490,18 +615,26 @@ int agent_inference_run(const agent_opts *o) {
   in.o = *o;
   pthread_mutex_init(&in.mu, NULL);
   pthread_cond_init(&in.cond, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&in.wake, &ca);
+  pthread_condattr_destroy(&ca);
   pthread_rwlockattr_t ra;
   pthread_rwlockattr_init(&ra);
   /* A broadcast must not wait behind a stream of new groups. */
   pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
   pthread_rwlock_init(&in.wlock, &ra);
   pthread_rwlockattr_destroy(&ra);
+  /* First, before any thread exists: every later one inherits the mask, and
+   * the signal thread alone takes SIGINT and SIGTERM. */
   agent_block_signals();
-  char err[1024];
+  char msg[1024];
+  int status = 1;
   bcast_caps_probe(&in.caps);
-  if (agent_pick_device(&in.o, &in.caps, &in.device, err, sizeof err)) {
-    agent_log_error("fatal", "reason=\"%s\"", err);
-    return 1;
+  if (agent_pick_device(&in.o, &in.caps, &in.device, msg, sizeof msg)) {
+    agent_log_error("fatal", "reason=\"%s\"", msg);
+    goto out;
   }
 #ifdef RLORCH_HAVE_CUDA
   if (in.device >= 0) cudaSetDevice(in.device);
@@ -510,40 +643,48 @@ int agent_inference_run(const agent_opts *o) {
   agent_log_devices(&in.caps, in.device);
   uint64_t seed = in.o.seed_set ? in.o.seed : (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
   agent_rollout_gen_init(&in.gen, &in.o.rollout, seed, in.o.reward, in.o.reward_ud);
-  int status = 1;
-  agent *a = NULL;
-  agent_xfer_init(&in.xfer, 0, in.device, NULL, inference__bind, inference__done, &in, err,
-                  sizeof err);
-  in.xfer.begin = inference__begin;
-  rlorch__v1__register_request__init(&in.reg);
-  agent_caps_to_pb(&in.caps, in.device, &in.caps_pb);
-  in.caps_pb.max_concurrent_requests = in.o.concurrency;
-  in.reg.role = RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE;
-  in.reg.capabilities = &in.caps_pb;
-  if (agent_new(&in.o, &in.reg, inference__command, &in, &a, err, sizeof err)) {
-    agent_log_error("fatal", "reason=\"%s\"", err);
+  rlorch_options ro;
+  inference__options(&in, &ro);
+  rlorch_error err;
+  if (rlorch_create(&ro, &in.w, &err)) {
+    agent_log_error("fatal", "reason=\"%s\"", err.message);
     goto out;
   }
-  in.a = a;
-  if (inference__pool_start(&in, in.o.concurrency, err, sizeof err)) {
-    agent_log_error("fatal", "reason=\"%s\"", err);
+  int rc = pthread_create(&in.sig_tid, NULL, inference__signal_main, &in);
+  if (rc) {
+    agent_log_error("fatal", "reason=\"signal thread: %s\"", strerror(rc));
     goto out;
   }
-  agent_set_abort_fn(a, agent_xfer_abort_hook, &in.xfer);
-  agent_set_stats_fn(a, inference__stats, &in);
+  in.sig_started = 1;
+  if (inference__pool_start(&in, in.o.concurrency, msg, sizeof msg)) {
+    agent_log_error("fatal", "reason=\"%s\"", msg);
+    goto out;
+  }
   agent_log_info("inference_ready", "distribution=%s tokens_mean=%g tokens_std=%g latency_ms_mean=%g "
            "latency_ms_std=%g vocab_size=%u reward=%s concurrency=%u device=%d buffers=%s",
            in.o.rollout.dist == AGENT_DIST_NORMAL ? "normal" : "lognormal",
            in.o.rollout.tokens_mean, in.o.rollout.tokens_std, in.o.rollout.latency_ms_mean,
            in.o.rollout.latency_ms_std, in.o.rollout.vocab_size, in.o.reward ? "hook" : "builtin",
            in.o.concurrency, in.device, in.o.double_buffer ? "double" : "single");
-  status = agent_run(a);
+  rlorch_status st = rlorch_start(in.w, &err);
+  if (st == RLORCH_E_STOPPED) {
+    status = 0; /* a signal before it registered, or a failure: rlorch_stop_status says which */
+  } else if (st) {
+    /* A refusal was logged as register_refused already. */
+    if (st != RLORCH_E_REFUSED) agent_log_error("fatal", "reason=\"%s\"", err.message);
+  } else {
+    status = inference__loop(&in);
+  }
 out:
-  /* Before agent_free: the generator threads report through the agent. */
+  /* The generator threads report through the worker: they end before it. */
+  if (in.w) rlorch_stop(in.w);
   inference__pool_stop(&in);
-  agent_free(a);
-  agent_xfer_free(&in.xfer);
+  /* A failure of the library's own (logged where it happened) exits 1 too. */
+  if (in.w && status == 0 && rlorch_stop_status(in.w, NULL) != RLORCH_OK) status = 1;
+  inference__signal_stop(&in);
+  rlorch_free(in.w);
   inference__free_buffers(&in);
+  pthread_cond_destroy(&in.wake);
   pthread_cond_destroy(&in.cond);
   pthread_mutex_destroy(&in.mu);
   pthread_rwlock_destroy(&in.wlock);

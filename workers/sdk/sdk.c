@@ -69,8 +69,19 @@ static void sdk__log(void *ud, agent_log_level level, const char *event, const c
 
 /* ---- commands ------------------------------------------------------------------ */
 
+/* A generation request is no longer in flight here (the worker's figures). */
+static void sdk__settle_cmd(sdk_cmd *c) {
+  if (c->active && !atomic_exchange(&c->settled, 1)) atomic_fetch_sub(&c->active->n, 1);
+}
+
+static void sdk__active_put(sdk_active *a) {
+  if (a && atomic_fetch_sub(&a->refs, 1) == 1) free(a);
+}
+
 static void sdk__cmd_free(sdk_cmd *c) {
   if (!c) return;
+  sdk__settle_cmd(c);
+  sdk__active_put(c->active);
   if (c->msg) protobuf_c_message_free_unpacked(&c->msg->base, NULL);
   free(c);
 }
@@ -141,6 +152,11 @@ static int sdk__queue(rlorch_worker *w, const Rlorch__V1__Command *m, rlorch_com
   }
   c->t0 = agent_now();
   c->registration = agent_registration(w->a);
+  if (kind == RLORCH_CMD_GENERATE) {
+    c->active = w->active;
+    atomic_fetch_add(&w->active->refs, 1);
+    atomic_fetch_add(&w->active->n, 1);
+  }
   pthread_mutex_lock(&w->mu);
   if (w->tail) w->tail->next = c;
   else w->head = c;
@@ -152,7 +168,6 @@ static int sdk__queue(rlorch_worker *w, const Rlorch__V1__Command *m, rlorch_com
   }
   pthread_cond_broadcast(&w->cond);
   pthread_mutex_unlock(&w->mu);
-  if (kind == RLORCH_CMD_GENERATE) atomic_fetch_add(&w->requests_active, 1);
   return 0;
 }
 
@@ -271,6 +286,13 @@ static int sdk__bind_caller(rlorch_worker *w, const bcast_plan *p, bcast_err *er
   return bcast_plan_check_local(p, w->bound, w->nbound, 0, err);
 }
 
+/* The plan the broadcast callbacks are about (rlorch_broadcast_id); NULL: none. */
+static void sdk__bcast_id(rlorch_worker *w, const bcast_plan *p) {
+  pthread_mutex_lock(&w->mu);
+  snprintf(w->bcast_id, sizeof w->bcast_id, "%s", p ? p->id : "");
+  pthread_mutex_unlock(&w->mu);
+}
+
 /* The sender sends the caller's tensors as they are; a receiver's are
  * gathered in the plan's order (its checksum's order), pointing at the
  * caller's memory (or where on_bind put them): the engine writes straight
@@ -280,7 +302,9 @@ static int sdk__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t
   rlorch_worker *w = ud;
   int sender = w->ao.role == AGENT_ROLE_TRAINER;
   if (!sender && w->so.o.on_bind) {
+    sdk__bcast_id(w, p);
     int rc = sdk__bind_caller(w, p, err);
+    sdk__bcast_id(w, NULL);
     *local = w->bound;
     *n = w->nbound;
     return rc;
@@ -311,6 +335,7 @@ static int sdk__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t
 static void sdk__begin(void *ud, const bcast_plan *p) {
   rlorch_worker *w = ud;
   w->broadcasting = 1;
+  sdk__bcast_id(w, p);
   if (w->so.o.on_broadcast_before) w->so.o.on_broadcast_before(w->so.o.broadcast_ud, p->policy_version);
 }
 
@@ -328,6 +353,7 @@ static int sdk__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, 
     w->broadcasting = 0;
     if (w->so.o.on_broadcast_after)
       w->so.o.on_broadcast_after(w->so.o.broadcast_ud, ok && !rc, p->policy_version);
+    sdk__bcast_id(w, NULL);
   }
   return rc;
 }
@@ -336,7 +362,7 @@ static int sdk__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, 
 
 static void sdk__stats(Rlorch__V1__WorkerStats *s, void *ud) {
   rlorch_worker *w = ud;
-  s->requests_active = atomic_load(&w->requests_active);
+  s->requests_active = atomic_load(&w->active->n);
   s->rollouts_generated = atomic_load(&w->rollouts_generated);
   s->tokens_generated = atomic_load(&w->tokens_generated);
   s->generate_seconds = (double)atomic_load(&w->generate_ns) * 1e-9;
@@ -348,7 +374,11 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
   if (out) *out = NULL;
   if (!o || !out) return sdk_fail(err, RLORCH_E_INVALID, "rlorch_create: %s is NULL", o ? "out" : "options");
   rlorch_worker *w = calloc(1, sizeof *w);
-  if (!w) return sdk_fail(err, RLORCH_E_NOMEM, "no memory for a worker");
+  if (!w || !(w->active = calloc(1, sizeof *w->active))) {
+    free(w);
+    return sdk_fail(err, RLORCH_E_NOMEM, "no memory for a worker");
+  }
+  atomic_init(&w->active->refs, 1);
   pthread_mutex_init(&w->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -505,6 +535,7 @@ SDK__EXPORT void rlorch_free(rlorch_worker *w) {
   free(w->bound);
   free(w->pub_bound);
   sdk_opts_free(w);
+  sdk__active_put(w->active);
   pthread_cond_destroy(&w->cond);
   pthread_mutex_destroy(&w->mu);
   free(w);
@@ -532,6 +563,18 @@ SDK__EXPORT rlorch_status rlorch_stop_status(rlorch_worker *w, rlorch_error *err
 
 SDK__EXPORT uint64_t rlorch_policy_version(const rlorch_worker *w) {
   return w && w->a ? agent_policy_version(w->a) : 0;
+}
+
+SDK__EXPORT size_t rlorch_broadcast_id(rlorch_worker *w, char *buf, size_t len) {
+  if (!w) {
+    if (buf && len) buf[0] = 0;
+    return 0;
+  }
+  pthread_mutex_lock(&w->mu);
+  size_t n = strlen(w->bcast_id);
+  if (buf && len) snprintf(buf, len, "%s", w->bcast_id);
+  pthread_mutex_unlock(&w->mu);
+  return n;
 }
 
 SDK__EXPORT const char *rlorch_data_address(const rlorch_worker *w) {
@@ -795,8 +838,11 @@ SDK__EXPORT rlorch_status rlorch_report_step(rlorch_worker *w, const rlorch_comm
 /* ---- rollouts ----------------------------------------------------------------------- */
 
 static rlorch_status sdk__check_rollout(const rlorch_rollout *r, size_t i, rlorch_error *err) {
-  if (r->n_tokens < 1 || !r->token_ids)
+  if (r->n_tokens < 1)
     return sdk_fail(err, RLORCH_E_INVALID, "rollouts[%zu].token_ids: a completion has at least one token", i);
+  if (!r->token_ids && r->logprobs)
+    return sdk_fail(err, RLORCH_E_INVALID, "rollouts[%zu].logprobs: set without token_ids (a length "
+                    "only has none)", i);
   if (r->n_tokens > UINT32_MAX)
     return sdk_fail(err, RLORCH_E_INVALID, "rollouts[%zu].n_tokens: %zu is too many", i, r->n_tokens);
   for (size_t k = 0; r->logprobs && k < r->n_tokens; k++)
@@ -822,16 +868,6 @@ static rlorch_status sdk__check_rollout(const rlorch_rollout *r, size_t i, rlorc
   return RLORCH_OK;
 }
 
-/* A generation request is no longer in flight here (the worker's figures). */
-static void sdk__settle(rlorch_worker *w, const rlorch_command *gen) {
-  sdk_cmd *c = (sdk_cmd *)gen;
-  pthread_mutex_lock(&w->mu);
-  int was = c->settled;
-  c->settled = 1;
-  pthread_mutex_unlock(&w->mu);
-  if (!was) atomic_fetch_sub(&w->requests_active, 1);
-}
-
 static rlorch_status sdk__check_generate(rlorch_worker *w, const rlorch_command *gen,
                                          const char *fn, rlorch_error *err) {
   if (!w || !gen) return sdk_fail(err, RLORCH_E_INVALID, "%s: %s is NULL", fn, w ? "command" : "worker");
@@ -843,7 +879,7 @@ static rlorch_status sdk__check_generate(rlorch_worker *w, const rlorch_command 
   /* Request ids are the orchestrator's per registration: an answer under a
    * later one could be taken for another request's. */
   if (((const sdk_cmd *)gen)->registration != agent_registration(w->a)) {
-    sdk__settle(w, gen);
+    sdk__settle_cmd((sdk_cmd *)gen);
     return sdk_fail(err, RLORCH_E_STOPPED,
                     "%s: request %llu came before the worker registered again (the orchestrator "
                     "restarted or forgot it): the request is gone, nothing was sent", fn,
@@ -860,7 +896,7 @@ static rlorch_status sdk__send_result(rlorch_worker *w, const rlorch_command *ge
   req.rollouts = res;
   rpc_status st;
   int rc = agent_report_status(w->a, &req, &st);
-  sdk__settle(w, gen);
+  sdk__settle_cmd((sdk_cmd *)gen);
   atomic_fetch_add(&w->generate_ns,
                    (uint_fast64_t)((agent_now() - ((const sdk_cmd *)gen)->t0) * 1e9));
   return rc ? sdk__refused(err, "RolloutResult", &st) : RLORCH_OK;
@@ -902,8 +938,10 @@ SDK__EXPORT rlorch_status rlorch_report_rollouts(rlorch_worker *w, const rlorch_
     m->seconds = r->seconds;
     m->group_id = gen->generate.group_id;
     m->finish_reason = (Rlorch__V1__FinishReason)r->finish_reason;
-    m->n_completion_token_ids = r->n_tokens;
-    m->completion_token_ids = (uint32_t *)r->token_ids;
+    if (r->token_ids) {
+      m->n_completion_token_ids = r->n_tokens;
+      m->completion_token_ids = (uint32_t *)r->token_ids;
+    }
     if (r->logprobs) {
       m->n_completion_logprobs = r->n_tokens;
       m->completion_logprobs = (float *)r->logprobs;

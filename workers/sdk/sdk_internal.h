@@ -14,6 +14,15 @@
 /* What the version script (rlorch.map) may export. */
 #define SDK__EXPORT __attribute__((visibility("default")))
 
+/* The worker's count of generation requests in flight (Heartbeat.stats
+ * .requests_active), shared with its GENERATE commands: a command may be
+ * freed after the worker, and a request freed unanswered (aborted, dropped)
+ * is no longer in flight. Freed with the last of them. */
+typedef struct sdk_active {
+  atomic_uint refs;
+  atomic_uint n;
+} sdk_active;
+
 /* A command handed to the caller: the public part first (callers hold a
  * pointer to it), then the message it points into, a copy the command owns. */
 typedef struct sdk_cmd {
@@ -21,7 +30,8 @@ typedef struct sdk_cmd {
   Rlorch__V1__Command *msg;
   double t0; /* when it was queued, for the worker's figures */
   uint64_t registration; /* agent_registration when it came */
-  int settled; /* GENERATE: answered or found stale (no longer counted active); under mu */
+  sdk_active *active; /* GENERATE: counted in it until settled */
+  atomic_int settled;  /* GENERATE: answered, found stale or freed (no longer counted active) */
   struct sdk_cmd *next;
 } sdk_cmd;
 
@@ -65,9 +75,10 @@ struct rlorch_worker {
   int train_skip;      /* its batch was refused: the step is skipped, not failed */
   int train_fail;      /* the caller could not take it: the worker stops */
   int run_status;      /* agent_run's return: 0 stopped on purpose, 1 a fatal error */
+  char bcast_id[128];  /* the plan the broadcast callbacks running now are about; "" outside them */
   char stop_msg[512];  /* why it stopped when not on purpose */
 
-  atomic_uint requests_active;
+  sdk_active *active;
   atomic_uint_fast64_t rollouts_generated, tokens_generated, generate_ns;
   uint64_t rollout_counter; /* atomic builtins */
 };

@@ -669,6 +669,13 @@ class Worker:
         return int(lib.rlorch_policy_version(self._handle()))
 
     @property
+    def broadcast_id(self):
+        """In a broadcast callback, the plan id it is about; "" elsewhere."""
+        buf = ctypes.create_string_buffer(128)
+        lib.rlorch_broadcast_id(self._handle(), buf, len(buf))
+        return buf.value.decode()
+
+    @property
     def tensors(self):
         return list(self._tensors)
 

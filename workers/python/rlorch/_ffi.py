@@ -265,6 +265,7 @@ FUNCTIONS = {
     "rlorch_free": (None, [_worker_p]),
     "rlorch_stop_status": (rlorch_status, [_worker_p, _error_p]),
     "rlorch_policy_version": (c_uint64, [_worker_p]),
+    "rlorch_broadcast_id": (c_size_t, [_worker_p, c_char_p, c_size_t]),
     "rlorch_data_address": (c_char_p, [_worker_p]),
     "rlorch_next": (rlorch_status, [_worker_p, c_double, POINTER(_command_p), _error_p]),
     "rlorch_command_free": (None, [_command_p]),
