@@ -252,6 +252,14 @@ int bcast_plan_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan **out, bca
               !(p->buckets = calloc(m->n_buckets ? m->n_buckets : 1, sizeof *p->buckets))))
     rc = bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
   for (size_t i = 0; !rc && i < m->n_tensors; i++) {
+    /* A plan moves whole tensors: only a trainer rank's manifest has parts. */
+    if (m->tensors[i]->shard_offset || m->tensors[i]->shard_elems) {
+      rc = bcast__fail(err, BCAST_EINVAL, "tensor #%zu '%s': a plan's tensors are whole (shard_offset "
+                       "%llu, shard_elems %llu)", i, m->tensors[i]->name,
+                       (unsigned long long)m->tensors[i]->shard_offset,
+                       (unsigned long long)m->tensors[i]->shard_elems);
+      break;
+    }
     spec_to_tensor(m->tensors[i], &p->tensors[i]);
     p->ntensors = i + 1;
   }
