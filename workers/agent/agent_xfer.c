@@ -63,6 +63,12 @@ int agent_xfer_init_rank(agent_xfer *x, int sender, uint32_t rank, int device, c
 }
 
 static void agent__drop_plan(agent_xfer *x) {
+  if (x->begun && x->plan) {
+    uint64_t sum = 0;
+    char err[64];
+    x->done(x->ud, x->plan, 0, &sum, err, sizeof err);
+  }
+  x->begun = 0;
   bcast_plan_free(x->plan);
   x->plan = NULL;
   x->local = NULL;
@@ -169,6 +175,10 @@ void agent_xfer_on_plan(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd)
   x->plan = p;
   x->local = local;
   x->nlocal = n;
+  if (coloc && x->begin) {
+    x->begin(x->ud, p);
+    x->begun = 1;
+  }
   agent__ack_with(a, id, hash, "", coloc, coloc_len);
   free(coloc);
 }
@@ -210,7 +220,8 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
                                    tg->colocated[i]->export_bytes.data,
                                    tg->colocated[i]->export_bytes.len, &be);
   if (!rc) {
-    if (x->begin) x->begin(x->ud, x->plan);
+    if (x->begin && !x->begun) x->begin(x->ud, x->plan);
+    x->begun = 1;
     agent_log_info("broadcast_start", "plan_id=%s mode=%s rank=%u world=%u buckets=%zu bytes=%llu", id,
              bcast_mode_name(x->plan->mode), cmd->rank, x->plan->world_size, x->plan->nbuckets,
              (unsigned long long)bcast_plan_wire_bytes(x->plan));
@@ -225,6 +236,7 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
   uint64_t checksum = 0;
   char cerr[512] = "";
   int crc = x->done(x->ud, x->plan, rc == 0, &checksum, cerr, sizeof cerr);
+  x->begun = 0;
   /* Several sources: a source reports the checksum of its own part, a
    * receiver one per source, all from the tensors the plan executed on
    * (bcast_plan_source_checksum), so each is compared with its source's. */

@@ -18,8 +18,13 @@ typedef int (*agent_xfer_bind_fn)(void *ud, const bcast_plan *p, bcast_tensor **
 typedef int (*agent_xfer_done_fn)(void *ud, const bcast_plan *p, int ok, uint64_t *checksum,
                                   char *err, size_t errlen);
 
-/* Optional: right before the engine writes into the bound tensors (a
- * receiver) or reads them (the sender); `done` follows whatever the outcome. */
+/* Optional: before the bound tensors are written (a receiver) or read (the
+ * sender); `done` follows whatever the outcome. Right before the engine runs,
+ * except on a colocated receiver: there the sender's process writes into its
+ * tensors as soon as the sender has its own trigger, which may come before
+ * this process handles its own, so `begin` runs before the plan's ack, and a
+ * plan dropped unexecuted after it (aborted, replaced) ends with done(ok=0):
+ * the sender may have written part of it. */
 typedef void (*agent_xfer_begin_fn)(void *ud, const bcast_plan *p);
 
 typedef struct agent_xfer {
@@ -37,6 +42,7 @@ typedef struct agent_xfer {
   bcast_plan *plan;      /* acknowledged, not yet triggered */
   bcast_tensor *local;   /* bound to `plan` */
   size_t nlocal;
+  int begun;             /* begin ran for `plan`, its done not yet */
   agent_xfer_bind_fn bind;
   agent_xfer_done_fn done;
   agent_xfer_begin_fn begin; /* NULL: none; set after agent_xfer_init */
