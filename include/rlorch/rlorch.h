@@ -109,6 +109,18 @@ typedef struct rlorch_tensor {
   void *data;
 } rlorch_tensor;
 
+/* API 2. The part of one tensor a rank of a sharded trainer holds (FSDP2's
+ * local shard of a parameter, flattened): elements [element_offset,
+ * element_offset + element_count) of the row-major full tensor whose shape
+ * the rlorch_tensor gives; its `data` holds exactly those elements. The
+ * ranks' parts must tile every tensor exactly, or Register is refused
+ * naming the tensor and the ranks. A rank that holds none of a tensor
+ * leaves the tensor out of its options.tensors. */
+typedef struct rlorch_shard {
+  uint64_t element_offset;
+  uint64_t element_count; /* >= 1 */
+} rlorch_shard;
+
 /* ---- options ----------------------------------------------------------------- */
 
 typedef enum rlorch_role { RLORCH_ROLE_TRAINER = 1, RLORCH_ROLE_INFERENCE = 2 } rlorch_role;
@@ -192,6 +204,14 @@ typedef struct rlorch_options {
   uint64_t held_version;
   rlorch_bind_fn on_bind;       /* inference, optional: then options.tensors may be empty */
   void *bind_ud;
+  /* Trainer of several ranks (FSDP, ZeRO): one worker per rank, each
+   * registering its own shard; every rank sends its part of each broadcast
+   * and fetches its share of each batch (whole groups, rank r of N gets
+   * groups [r*G/N, (r+1)*G/N)). trainer_ranks 0 or 1: a lone trainer. */
+  uint32_t trainer_rank;        /* below trainer_ranks */
+  uint32_t trainer_ranks;       /* 0..1024 */
+  const rlorch_shard *shards;   /* NULL: whole tensors; else ntensors entries, shards[i] the
+                                   part tensors[i].data holds; copied at rlorch_create */
 } rlorch_options;
 
 /* Fills every field with its default for `role`, api_version included.
@@ -356,7 +376,10 @@ typedef struct rlorch_batch {
 
 /* Trainer, with a TRAIN command not yet reported: streams the step's batch
  * from the orchestrator (retrying as rlorch's own trainer does) and checks
- * it is the step's. Blocks. RLORCH_OK and *out (rlorch_batch_free), or
+ * it is the step's; a rank of a sharded trainer gets its share (its
+ * groups of the batch, options.trainer_rank of trainer_ranks, while
+ * rlorch_train.n_rollouts counts the whole batch). Blocks. RLORCH_OK and
+ * *out (rlorch_batch_free), or
  * RLORCH_E_REFUSED when the orchestrator no longer holds that batch (skip
  * the step: report it with rlorch_report_error), RLORCH_E_STOPPED, ... */
 rlorch_status rlorch_fetch_batch(rlorch_worker *w, const rlorch_command *train, rlorch_batch **out,

@@ -82,6 +82,13 @@ static const opt_field agent__trainer_fields[] = {
      .off = AF(opts.checkpoint_every, uint32_t), .min = 1, .max = 1000000, .metavar = "N",
      .help = "write the checkpoint after every N-th optimizer step (1: the run resumes without "
              "losing a step)"},
+    {.name = "rank", .flag = "--rank", .type = OPT_U32, .off = AF(opts.trainer_rank, uint32_t),
+     .min = 0, .max = 1023, .metavar = "R",
+     .help = "this process's rank in a trainer group of --ranks: it holds and sends rank R's "
+             "part of every tensor and fetches rank R's share of each batch"},
+    {.name = "ranks", .flag = "--ranks", .type = OPT_U32, .off = AF(opts.trainer_ranks, uint32_t),
+     .min = 0, .max = 1024, .metavar = "N",
+     .help = "ranks of the trainer group, one process each", .dflt = "0: a lone trainer"},
     {.name = "seed", .flag = "--seed", .type = OPT_U64, .off = AF(opts.seed, uint64_t),
      .metavar = "N", .help = "seed of the initial weights"},
     AGENT__TAIL,

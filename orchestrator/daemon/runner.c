@@ -45,7 +45,14 @@ typedef struct held_batch {
   uint64_t gen;      /* bumped at every hold and release, across runs: a share
                         cut from another batch is stale */
   uint64_t step;
-  uint32_t trainer;  /* scheduler id of the trainer the TRAIN command went to */
+  uint32_t trainer;  /* scheduler id of the trainer the TRAIN command went to (rank 0's) */
+  /* A trainer group: every rank fetches its share of the one batch, which is
+   * held until every rank reported the step done. A lone trainer is rank 0
+   * of 1. */
+  uint32_t ranks;
+  uint32_t members[SCHED_MAX_TRAINER_RANKS]; /* scheduler id of each rank's trainer */
+  uint8_t reported[SCHED_MAX_TRAINER_RANKS]; /* the rank reported the step done */
+  uint32_t nreported;
   uint64_t *ids;     /* batch order: whole groups one after the other */
   uint64_t *sorted;  /* the same ids ascending, for the sweep */
   size_t *sizes;     /* packed size of the rollout ids[i] */
@@ -378,6 +385,11 @@ static int hold_batch(runner *r, const sched_action *a, Rlorch__V1__Rollout *con
   b->gen++;
   b->step = a->step;
   b->trainer = a->worker;
+  b->ranks = a->trainer_ranks > 1 ? a->trainer_ranks : 1;
+  memset(b->members, 0, sizeof b->members);
+  memset(b->reported, 0, sizeof b->reported);
+  b->nreported = 0;
+  b->members[0] = a->worker;
   b->ids = ids;
   b->sorted = sorted;
   b->sizes = sizes;
@@ -392,6 +404,31 @@ static int hold_batch(runner *r, const sched_action *a, Rlorch__V1__Rollout *con
   return 0;
 }
 
+/* The rank of held-batch member `id`, or -1 when it is none of them.
+ * Scheduler ids start at 1: a member 0 is a rank whose TRAIN did not come. */
+static int batch_rank(const held_batch *b, uint32_t id) {
+  for (uint32_t i = 0; id != 0 && b->held && i < b->ranks; i++)
+    if (b->members[i] == id) return (int)i;
+  return -1;
+}
+
+/* A trainer group's rank r > 0: the batch rank 0's TRAIN (the same step,
+ * just before, in rank order) holds is its batch too. */
+static void act_train_rank(runner *r, const sched_action *a, Rlorch__V1__TrainStep *ts) {
+  held_batch *b = &r->batch;
+  if (b->held && b->step == a->step && a->trainer_rank < b->ranks) b->members[a->trainer_rank] = a->worker;
+  else
+    log_error("batch_not_held", "run=%s step=%" PRIu64 " rank=%u error=\"rank 0's batch is not "
+              "held\"", r->run->id, a->step, a->trainer_rank);
+  ts->groups = b->held ? b->groups : 0;
+  ts->group_size = b->held ? b->group_size : 0;
+  ts->batch_bytes = b->held ? b->bytes : 0;
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_TRAIN;
+  cmd.train = ts;
+  send_or_lose(r, a->worker, &cmd);
+}
+
 static void act_train(runner *r, const sched_action *a) {
   Rlorch__V1__TrainStep ts = RLORCH__V1__TRAIN_STEP__INIT;
   ts.step = a->step;
@@ -399,6 +436,12 @@ static void act_train(runner *r, const sched_action *a) {
   ts.n_rollout_ids = a->nrollouts;
   ts.batch_tokens = a->batch_tokens;
   ts.seed = step_seed(r->run->id, a->step);
+  ts.trainer_rank = a->trainer_rank;
+  ts.trainer_ranks = a->trainer_ranks > 1 ? a->trainer_ranks : 0;
+  if (a->trainer_rank > 0) {
+    act_train_rank(r, a, &ts);
+    return;
+  }
   uint32_t ids[WORKERS_MAX];
   size_t n;
   live_members(r, ids, &n);
@@ -472,6 +515,50 @@ static int plan_bounds_of(runner *r, bcast_mode mode, uint64_t wire_bytes, uint3
 }
 
 /* Builds the plan from the trainer's manifest and sends it to every participant. */
+/* A trainer group's plan: the ranks' manifests (each checked at Register;
+ * checked again, now together) tiled into one shard map, each rank the
+ * source of its own pieces and listening at its own data address. */
+static int build_sharded(runner *r, const sched_action *a, bcast_plan_opts *po, bcast_plan **plan,
+                         char *err, size_t errlen) {
+  uint32_t ns = a->trainer_ranks;
+  if (ns > a->nparticipants)
+    return snprintf(err, errlen, "%u sources but %zu participants", ns, a->nparticipants), -1;
+  bcast_tensor **lists = calloc(ns, sizeof *lists);
+  size_t *n = calloc(ns, sizeof *n);
+  const char **eps = calloc(ns, sizeof *eps);
+  bcast_err be = {0};
+  int rc = 0;
+  if (!lists || !n || !eps) {
+    rc = (snprintf(err, errlen, "out of memory"), -1);
+    goto out;
+  }
+  for (uint32_t i = 0; i < ns && rc == 0; i++) {
+    workers_entry *t = workers_by_id(r->workers, a->participants[i]);
+    if (!t || !t->manifest) {
+      rc = (snprintf(err, errlen, "no manifest of trainer rank %u", i), -1);
+      break;
+    }
+    if (bcast_manifest_from_pb(t->manifest, &lists[i], &n[i], &be) != 0)
+      rc = (snprintf(err, errlen, "manifest of trainer rank %u (%s): %s", i, t->name, be.msg), -1);
+    eps[i] = t->data_address;
+  }
+  bcast_shard_map *map = NULL;
+  if (rc == 0 &&
+      bcast_shards_check((const bcast_tensor *const *)lists, n, ns, po->limits, &map, &be) != 0)
+    rc = (snprintf(err, errlen, "trainer shards: %s", be.msg), -1);
+  po->source_endpoints = eps;
+  if (rc == 0 && bcast_plan_build_sharded(map, po, plan, &be) != 0)
+    rc = (snprintf(err, errlen, "plan: %s", be.msg), -1);
+  po->source_endpoints = NULL;
+  bcast_shard_map_free(map);
+out:
+  for (uint32_t i = 0; lists && i < ns; i++) free(lists[i]);
+  free(lists);
+  free(n);
+  free(eps);
+  return rc;
+}
+
 static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bounds *bounds,
                       char *err, size_t errlen) {
   workers_entry *t = workers_by_id(r->workers, a->participants[0]);
@@ -479,10 +566,11 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bou
   bcast_mode mode;
   if (sched_pb_bcast_mode(a->mode, &mode) != 0)
     return snprintf(err, errlen, "mode %s: not a broadcast mode", sched_mode_name(a->mode)), -1;
+  uint32_t sources = a->trainer_ranks > 1 ? a->trainer_ranks : 1;
   bcast_tensor *tensors = NULL;
   size_t nt = 0;
   bcast_err be = {0};
-  if (bcast_manifest_from_pb(t->manifest, &tensors, &nt, &be) != 0)
+  if (sources == 1 && bcast_manifest_from_pb(t->manifest, &tensors, &nt, &be) != 0)
     return snprintf(err, errlen, "trainer manifest: %s", be.msg), -1;
   /* Only NCCL modes use the communicator; colocated mode writes through CUDA IPC. */
   int nccl = mode == BCAST_MODE_DIRECT || mode == BCAST_MODE_STAGED;
@@ -505,11 +593,18 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bou
                         .tls = mode == BCAST_MODE_HOST && r->o->cfg->data_channel_tls,
                         .limits = &lim};
   bcast_plan *plan = NULL;
-  int rc = bcast_plan_build(tensors, nt, &po, &plan, &be);
-  free(tensors);
-  if (rc != 0) return snprintf(err, errlen, "plan: %s", be.msg), -1;
-  if (plan_bounds_of(r, mode, bcast_plan_wire_bytes(plan), (uint32_t)a->nparticipants - 1, bounds,
-                     err, errlen) != 0) {
+  if (sources > 1) {
+    if (build_sharded(r, a, &po, &plan, err, errlen) != 0) return -1;
+  } else {
+    int rc = bcast_plan_build(tensors, nt, &po, &plan, &be);
+    free(tensors);
+    if (rc != 0) return snprintf(err, errlen, "plan: %s", be.msg), -1;
+  }
+  /* Each source sends its own bytes to every receiver, at once: the
+   * slowest source carries about its share, so the whole plan's bytes over
+   * one link bound it from above. */
+  if (plan_bounds_of(r, mode, bcast_plan_wire_bytes(plan), (uint32_t)(a->nparticipants - sources),
+                     bounds, err, errlen) != 0) {
     bcast_plan_free(plan);
     return -1;
   }
@@ -530,9 +625,9 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bou
   }
   *hash = plan->hash;
   log_info("plan_built", "run=%s plan=%s mode=%s buckets=%zu wire_bytes=%" PRIu64
-           " participants=%zu ack_ms=%" PRId64 " broadcast_ms=%" PRId64 " min_gbps=%.3g"
+           " participants=%zu sources=%u ack_ms=%" PRId64 " broadcast_ms=%" PRId64 " min_gbps=%.3g"
            " bounds=\"%s\" reason=\"%s\"", r->run->id, a->plan_id, bcast_mode_name(mode),
-           plan->nbuckets, bcast_plan_wire_bytes(plan), a->nparticipants, bounds->ack_ms,
+           plan->nbuckets, bcast_plan_wire_bytes(plan), a->nparticipants, sources, bounds->ack_ms,
            bounds->broadcast_ms, bounds->min_gbps, bounds->expected, a->text);
   for (size_t i = 0; i < a->nparticipants; i++) {
     Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
@@ -697,11 +792,11 @@ static void act_commit(runner *r, const sched_action *a) {
         rec->gbps * (rec->mode == SCHED_MODE_HOST && rec->receivers > 1 ? rec->receivers : 1);
   log_info("step", "run=%s step=%" PRIu64 " mode=%s transport=%s used=%u dropped=%u "
            "train_s=%.4f bcast_s=%.4f h2d_s=%.4f cast_s=%.4f wire_s=%.4f exposed_s=%.4f "
-           "gbps=%.3f verified=%d",
+           "gbps=%.3f verified=%d sources=%u",
            r->run->id, rec->step, sched_mode_name(rec->mode), rec->transport, rec->rollouts_used,
            rec->rollouts_dropped, rec->train_seconds, rec->total_seconds, rec->h2d_seconds,
            rec->cast_seconds, rec->wire_seconds, rec->exposed_staging_seconds, rec->gbps,
-           rec->weights_verified);
+           rec->weights_verified, rec->sources ? rec->sources : 1);
   Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
   ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_STEP;
   ev.step = &pb;
@@ -740,7 +835,7 @@ static void act_worker_state(runner *r, const sched_action *a) {
     workers_mark_lost(r->workers, w, a->text);
     /* The step is redone with a fresh batch, or planned if the trainer that
      * attaches trained it (sched.h, "Resume"). */
-    if (r->batch.held && r->batch.trainer == a->worker) {
+    if (batch_rank(&r->batch, a->worker) >= 0) {
       release_batch(r, "the trainer was lost");
       rollouts_sweep(r);
     }
@@ -1101,13 +1196,22 @@ int runner_step_done(runner *r, workers_entry *w, uint64_t step, double train_se
   snprintf(w->version_run, sizeof w->version_run, "%s", r->run->id);
   sched_offload off;
   sched_pb_offload(w->manifest, &off);
-  int rc = sched_step_done(r->sched, mono(), w->id, step, train_seconds, &off);
+  /* A group's rank: StepDone.weights_checksum covers its tensors, not its
+   * part of the plan, so it does not stand for its broadcast's (0). */
+  int rc = sched_shard_step_done(r->sched, mono(), w->id, step, train_seconds, &off, 0);
   if (rc == SCHED_OK)
     metrics_gauge_set(r->o->m.last_step_time, NULL, (double)now_unix_ms() / 1000.0);
-  /* Whatever the scheduler made of the report, the trainer is done with the
-   * batch: its rollouts can go. */
-  if (r->batch.held && r->batch.step == step && r->batch.trainer == w->id) {
-    release_batch(r, "the trainer reported the step done");
+  /* Whatever the scheduler made of the report, the rank is done with the
+   * batch; once every rank is, its rollouts can go. */
+  held_batch *b = &r->batch;
+  int k = b->held && b->step == step ? batch_rank(b, w->id) : -1;
+  if (k >= 0 && !b->reported[k]) {
+    b->reported[k] = 1;
+    b->nreported++;
+  }
+  if (k >= 0 && b->nreported == b->ranks) {
+    release_batch(r, b->ranks > 1 ? "every trainer rank reported the step done"
+                                  : "the trainer reported the step done");
     rollouts_sweep(r);
   }
   return rc;
@@ -1123,7 +1227,7 @@ int runner_batch_share(runner *r, const workers_entry *w, uint64_t step, uint32_
     return snprintf(err, errlen, "worker %s (%s) is not the trainer of the active run %s",
                     w->api_id, w->name, r->run->id),
            SCHED_ESTATE;
-  if (!b->held || b->trainer != w->id)
+  if (batch_rank(b, w->id) < 0)
     return snprintf(err, errlen, "step %" PRIu64 "'s batch is not held (no step is being trained)",
                     step),
            SCHED_ESTATE;

@@ -115,6 +115,7 @@ void sched_pb_step_record_to_pb(const sched_step_record *r, Rlorch__V1__StepReco
   out->finished_unix_ms = r->finished_unix_ms;
   out->weights_verified = r->weights_verified != 0;
   out->receivers = r->receivers;
+  out->sources = r->sources;
 }
 
 void sched_pb_caps(const Rlorch__V1__Capabilities *c, sched_caps *out) {
@@ -127,6 +128,8 @@ void sched_pb_caps(const Rlorch__V1__Capabilities *c, sched_caps *out) {
   /* Cut, not refused: an over-long value only ever fails to match. */
   snprintf(out->gpu_uuid, sizeof out->gpu_uuid, "%s", c->gpu_uuid ? c->gpu_uuid : "");
   snprintf(out->host_id, sizeof out->host_id, "%s", c->host_id ? c->host_id : "");
+  out->trainer_rank = c->trainer_rank;
+  out->trainer_ranks = c->trainer_ranks;
 }
 
 void sched_pb_offload(const Rlorch__V1__WeightManifest *m, sched_offload *out) {
@@ -150,6 +153,10 @@ void sched_pb_offload(const Rlorch__V1__WeightManifest *m, sched_offload *out) {
 void sched_pb_bcast_report(const Rlorch__V1__BroadcastDone *d, sched_bcast_report *out) {
   memset(out, 0, sizeof *out);
   out->weights_checksum = d->weights_checksum;
+  /* Pointers into the message: the report lives no longer than it. */
+  out->source_checksums = d->source_checksums;
+  out->nsource_checksums = d->n_source_checksums > UINT32_MAX ? UINT32_MAX
+                                                                : (uint32_t)d->n_source_checksums;
   const Rlorch__V1__StepRecord *s = d->record;
   if (!s) return;
   snprintf(out->transport, sizeof out->transport, "%s", s->transport);

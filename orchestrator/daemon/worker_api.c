@@ -53,6 +53,81 @@ static int manifest_ok(rpc_call *call, orch *o, const Rlorch__V1__WeightManifest
   return 0;
 }
 
+/* A lone trainer sends whole tensors: a shard in its manifest would leave
+ * receivers with part of a tensor. Returns 1 when none is. */
+static int whole_tensors_ok(rpc_call *call, const Rlorch__V1__WeightManifest *m, uint32_t ranks) {
+  for (size_t i = 0; i < m->n_tensors; i++) {
+    const Rlorch__V1__TensorSpec *t = m->tensors[i];
+    uint64_t e = 1;
+    for (size_t d = 0; d < t->n_shape; d++) e *= t->shape[d];
+    if (t->shard_offset == 0 && (t->shard_elems == 0 || t->shard_elems == e)) continue;
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT,
+                  "manifest: tensor '%s' is a shard (elements [%" PRIu64 ", %" PRIu64 ") of %" PRIu64
+                  "), but a trainer of %u rank sends whole tensors (set capabilities.trainer_ranks)",
+                  t->name, t->shard_offset, t->shard_offset + t->shard_elems, e, ranks ? ranks : 1);
+    return 0;
+  }
+  return 1;
+}
+
+/* A rank of a trainer group: its manifest against those of the ranks
+ * registered so far (bcast_shards_check_partial: a shape, layer or dtype
+ * they disagree on, an overlap), and once the group is complete, with this
+ * rank, the tiling of every tensor (a gap shows only then). The live
+ * trainers of the same group size are the group; one holding this rank
+ * already is left out (the scheduler refuses a second live one). Returns 1
+ * when it passed. */
+static int group_manifest_ok(rpc_call *call, orch *o, const Rlorch__V1__WeightManifest *m,
+                             uint32_t rank, uint32_t ranks) {
+  bcast_tensor **lists = calloc(ranks, sizeof *lists);
+  size_t *n = calloc(ranks, sizeof *n);
+  bcast_err be = {0};
+  int ok = 0, rc = 0, complete = 1;
+  if (!lists || !n) {
+    rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory checking the shards");
+    goto out;
+  }
+  rc = bcast_manifest_from_pb(m, &lists[rank], &n[rank], &be);
+  for (size_t i = 0; rc == 0 && i < workers_count(o->workers); i++) {
+    workers_entry *w = workers_at(o->workers, i);
+    if (w->role != RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER ||
+        w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST || !w->caps || !w->manifest ||
+        w->caps->trainer_ranks != ranks || w->caps->trainer_rank >= ranks ||
+        w->caps->trainer_rank == rank || lists[w->caps->trainer_rank])
+      continue;
+    rc = bcast_manifest_from_pb(w->manifest, &lists[w->caps->trainer_rank],
+                                &n[w->caps->trainer_rank], &be);
+  }
+  if (rc != 0) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "manifest: %s", be.msg);
+    goto out;
+  }
+  for (uint32_t r = 0; r < ranks; r++)
+    if (!lists[r]) complete = 0;
+  bcast_manifest_limits lim = config_manifest_limits(o->cfg);
+  if (complete) {
+    bcast_shard_map *map = NULL;
+    rc = bcast_shards_check((const bcast_tensor *const *)lists, n, ranks, &lim, &map, &be);
+    bcast_shard_map_free(map);
+  } else {
+    rc = bcast_shards_check_partial((const bcast_tensor *const *)lists, n, ranks, &lim, &be);
+  }
+  if (rc != 0) {
+    log_warn("trainer_shards_refused", "rank=%u ranks=%u complete=%d error=\"%s\"", rank, ranks,
+             complete, be.msg);
+    rpc_call_fail(call, rc == BCAST_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                           : GRPC_STATUS_INVALID_ARGUMENT,
+                  "manifest of trainer rank %u of %u: %s", rank, ranks, be.msg);
+    goto out;
+  }
+  ok = 1;
+out:
+  for (uint32_t r = 0; lists && r < ranks; r++) free(lists[r]);
+  free(lists);
+  free(n);
+  return ok;
+}
+
 static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   orch *o = ud;
   /* Not const: the worker table takes the manifest out of it (rpc.h). */
@@ -86,6 +161,25 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     return;
   }
   if (q->manifest && !manifest_ok(call, o, q->manifest, "manifest")) return;
+  if (q->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER) {
+    uint32_t rank = q->capabilities ? q->capabilities->trainer_rank : 0;
+    uint32_t ranks = q->capabilities ? q->capabilities->trainer_ranks : 0;
+    if (ranks > SCHED_MAX_TRAINER_RANKS) {
+      rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT,
+                    "capabilities.trainer_ranks: %u is over the limit of %d", ranks,
+                    SCHED_MAX_TRAINER_RANKS);
+      return;
+    }
+    if (rank >= (ranks ? ranks : 1)) {
+      rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT,
+                    "capabilities.trainer_rank: %u is not below trainer_ranks %u%s", rank, ranks,
+                    ranks ? "" : " (0 is a lone trainer, rank 0)");
+      return;
+    }
+    if (ranks <= 1 ? !whole_tensors_ok(call, q->manifest, ranks)
+                   : !group_manifest_ok(call, o, q->manifest, rank, ranks))
+      return;
+  }
   char addr[WORKERS_ADDRESS_MAX];
   resolve_data_address(call, q->data_address, addr, sizeof addr);
   workers_entry *w = NULL;
@@ -114,7 +208,9 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   resp.heartbeat_interval_ms = o->cfg->heartbeat_interval_ms;
   /* Unique per worker (rollout ids are prefixed with it); the rank inside a
    * given plan is carried by each plan command. */
-  resp.rank = w->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER ? 0 : w->id;
+  resp.rank = w->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER
+                  ? (w->caps ? w->caps->trainer_rank : 0)
+                  : w->id;
   rpc_call_reply(call, &resp.base);
   runner_worker_registered(o->runner, w);
 }

@@ -83,6 +83,23 @@ def main():
            lambda: T(held_version=4))
     expect("a held run on an inference worker", E, "options.held_run_id: only a trainer restores",
            lambda: I(held_run_id="run-1"))
+    # A rank of a sharded trainer: a's 12 elements are the second half of a
+    # [6, 4] tensor.
+    half = [rlorch.Tensor("w", a, shape=(6, 4), wire_dtype="bf16")]
+    expect("a rank past its group", E, "options.trainer_rank: 2 is not below options.trainer_ranks 2",
+           lambda: T(tensors=half, trainer_rank=2, trainer_ranks=2, shards=[(12, 12)]))
+    expect("shards on a lone trainer", E, "options.shards: set with options.trainer_ranks 0",
+           lambda: T(tensors=half, shards=[(12, 12)]))
+    expect("a part past the tensor's end", E, "options.shards[0] 'w': elements [20, 20 + 12) are past",
+           lambda: T(tensors=half, trainer_rank=1, trainer_ranks=2, shards=[(20, 12)]))
+    expect("shards not parallel to the tensors", E, "options.shards: 2 entries for 1 tensors",
+           lambda: T(tensors=half, trainer_rank=1, trainer_ranks=2, shards=[(12, 12), (0, 1)]))
+    expect("a negative offset", E, "options.shards[0]: (-1, 12)",
+           lambda: T(tensors=half, trainer_rank=1, trainer_ranks=2, shards=[(-1, 12)]))
+    expect("ranks on an inference worker", E, "options.trainer_ranks: only a trainer has ranks",
+           lambda: I(trainer_ranks=2))
+    T(tensors=half, trainer_rank=1, trainer_ranks=2, shards=[(12, 12)]).close()
+    report(True, "a rank holding the second half of its tensor is created", "")
     expect("a storage dtype the library lacks", E, "storage_dtype: unknown value 9",
            lambda: T(tensors=[rlorch.Tensor("w", a.ctypes.data, shape=a.shape, dtype=9, wire_dtype="bf16",
                                             owner=a)]))

@@ -239,6 +239,50 @@ int main(int argc, char **argv) {
     o.model = long_model;
     create_fails(&o, RLORCH_E_INVALID, "options.model: more than 127 bytes", "a model name of 128 bytes");
   }
+  /* A rank of a sharded trainer: its rank, its group, its parts. */
+  {
+    rlorch_shard sh[4] = {{0, 32}, {32, 32}, {0, 64}, {10, 20}};
+    RESET(RLORCH_ROLE_TRAINER);
+    o.trainer_rank = 2;
+    o.trainer_ranks = 2;
+    create_fails(&o, RLORCH_E_INVALID, "options.trainer_rank: 2 is not below options.trainer_ranks 2",
+                 "a rank past its group");
+    RESET(RLORCH_ROLE_TRAINER);
+    o.trainer_rank = 1;
+    create_fails(&o, RLORCH_E_INVALID,
+                 "options.trainer_rank: 1 is not below options.trainer_ranks 0 (0: a lone trainer, rank 0)",
+                 "a rank without a group");
+    RESET(RLORCH_ROLE_TRAINER);
+    o.trainer_ranks = 1025;
+    create_fails(&o, RLORCH_E_INVALID, "options.trainer_ranks: 1025 is outside 0..1024",
+                 "a group over 1024 ranks");
+    RESET(RLORCH_ROLE_TRAINER);
+    o.shards = sh;
+    create_fails(&o, RLORCH_E_INVALID,
+                 "options.shards: set with options.trainer_ranks 0 (a lone trainer sends whole tensors)",
+                 "shards on a lone trainer");
+    RESET(RLORCH_ROLE_INFERENCE);
+    o.trainer_ranks = 2;
+    create_fails(&o, RLORCH_E_INVALID, "options.trainer_ranks: only a trainer has ranks",
+                 "ranks on an inference worker");
+    RESET(RLORCH_ROLE_TRAINER);
+    o.trainer_ranks = 2;
+    o.shards = sh;
+    sh[1] = (rlorch_shard){40, 32};
+    create_fails(&o, RLORCH_E_INVALID,
+                 "options.shards[1] 'b': elements [40, 40 + 32) are past the tensor's end (64 elements)",
+                 "a part past the tensor's end");
+    sh[1] = (rlorch_shard){UINT64_MAX, 2};
+    create_fails(&o, RLORCH_E_INVALID, "options.shards[1] 'b': elements [18446744073709551615, "
+                 "18446744073709551615 + 2) are past the tensor's end", "a part whose end overflows");
+    sh[1] = (rlorch_shard){32, 0};
+    create_fails(&o, RLORCH_E_INVALID, "options.shards[1] 'b': element_count 0 (a rank that holds "
+                 "none of a tensor leaves it out of options.tensors)", "an empty part");
+    sh[1] = (rlorch_shard){32, 32};
+    rlorch_worker *ws = NULL;
+    expect(rlorch_create(&o, &ws, &err), RLORCH_OK, &err, "", "a rank with parts inside its tensors");
+    rlorch_free(ws);
+  }
   {
     /* A caller built against version 1's header: its struct ends before
      * version 2's fields, and what lies past it is not read. */

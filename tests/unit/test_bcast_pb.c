@@ -119,6 +119,11 @@ Test(bcast_pb, tampered_plans_are_refused) {
   cr_assert_eq(q->deadline_unix_ms, 99);
   bcast_plan_free(q);
 
+  m->tensors[1]->shard_elems = 3; /* a plan never describes a part */
+  cr_assert_eq(bcast_plan_from_pb(m, &q, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "tensor #1 'b': a plan's tensors are whole"), "%s", err.msg);
+  m->tensors[1]->shard_elems = 0;
+
   m->tensors[2]->n_shape = 9;
   cr_assert_eq(bcast_plan_from_pb(m, &q, &err), BCAST_EINVAL);
   cr_assert(strstr(err.msg, "tensor #2 'c': shape: 9 dimensions"), "%s", err.msg);
@@ -162,9 +167,13 @@ Test(bcast_pb, tampered_plans_are_refused) {
 Test(bcast_pb, manifest_round_trip) {
   bcast_tensor t[] = {T("x", 3, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 10, 20, BCAST_RES_GPU),
                       T("y", 4, BCAST_DTYPE_U16, BCAST_DTYPE_U16, 7, 0, BCAST_RES_HOST_PINNED)};
+  t[0].shard_offset = 50; /* a trainer rank's part: carried both ways */
+  t[0].shard_elems = 120;
   Rlorch__V1__WeightManifest *m;
   bcast_err err = {0};
   cr_assert_eq(bcast_manifest_to_pb(t, 2, &m, &err), BCAST_OK);
+  cr_assert_eq(m->tensors[0]->shard_offset, 50);
+  cr_assert_eq(m->tensors[0]->shard_elems, 120);
   cr_assert_eq(m->storage_bytes, 200 * 4 + 7 * 2);
   cr_assert_eq(m->wire_bytes, 200 * 2 + 7 * 2);
   size_t len = rlorch__v1__weight_manifest__get_packed_size(m);
@@ -185,6 +194,8 @@ Test(bcast_pb, manifest_round_trip) {
     cr_assert_eq(back[i].residency, t[i].residency);
     cr_assert_eq(back[i].ndim, t[i].ndim);
     cr_assert_eq(memcmp(back[i].shape, t[i].shape, sizeof t[i].shape), 0);
+    cr_assert_eq(back[i].shard_offset, t[i].shard_offset);
+    cr_assert_eq(back[i].shard_elems, t[i].shard_elems);
     cr_assert_null(back[i].data);
   }
   free(back);

@@ -282,6 +282,43 @@ static void run_sharded(uint32_t nranks, int tls) {
                    "receiver %u: tensor %s differs from the full tensor's cast", nranks + i, w.m.full[t].name);
       free(ref);
     }
+    /* Each source's part as the receiver holds it sums as the source's own
+     * shard, cast to the wire dtype, does (bcast_plan_source_checksum). */
+    for (uint32_t r = 0; r < nranks; r++) {
+      uint64_t mine = 0, theirs = 0;
+      bcast_err e = {0};
+      cr_assert_eq(bcast_plan_source_checksum(p, r, w.m.shard[r], w.m.nshard[r], 0, &mine, &e), BCAST_OK,
+                   "%s", e.msg);
+      cr_assert_eq(bcast_plan_source_checksum(p, r, w.dst[i], w.m.n, 1, &theirs, &e), BCAST_OK, "%s", e.msg);
+      cr_assert_eq(mine, theirs, "receiver %u, source %u", nranks + i, r);
+    }
+  }
+  /* One element changed on a receiver changes the checksum of the source
+   * that sent it, and of that source only. */
+  if (nranks > 1) {
+    const bcast_slice *sl = &p->buckets[1].slices[0];
+    uint32_t src = p->buckets[1].source_rank;
+    bcast_tensor *t = NULL;
+    for (size_t k = 0; k < w.m.n; k++)
+      if (!strcmp(w.dst[0][k].name, p->tensors[sl->tensor].name)) t = &w.dst[0][k];
+    cr_assert_not_null(t);
+    uint64_t before[MAXS], after[MAXS];
+    bcast_err e = {0};
+    for (uint32_t r = 0; r < nranks; r++)
+      cr_assert_eq(bcast_plan_source_checksum(p, r, w.dst[0], w.m.n, 1, &before[r], &e), BCAST_OK, "%s", e.msg);
+    ((uint16_t *)t->data)[sl->elem_offset] ^= 1;
+    for (uint32_t r = 0; r < nranks; r++) {
+      cr_assert_eq(bcast_plan_source_checksum(p, r, w.dst[0], w.m.n, 1, &after[r], &e), BCAST_OK, "%s", e.msg);
+      if (r == src) cr_assert_neq(before[r], after[r], "source %u's part changed", r);
+      else cr_assert_eq(before[r], after[r], "source %u's part did not change", r);
+    }
+    /* A source whose tensors lack what the plan has it send is named. */
+    cr_assert_eq(bcast_plan_source_checksum(p, src, w.m.shard[(src + 1) % nranks],
+                                            w.m.nshard[(src + 1) % nranks], 0, &after[0], &e),
+                 BCAST_EINVAL);
+    cr_assert(strstr(e.msg, "tensor '") != NULL, "%s", e.msg);
+    cr_assert_eq(bcast_plan_source_checksum(p, nranks, w.dst[0], w.m.n, 1, &after[0], &e), BCAST_EINVAL);
+    cr_assert(strstr(e.msg, "source rank") != NULL, "%s", e.msg);
   }
   world_free(&w);
 }
@@ -386,6 +423,7 @@ Test(bcast_shard, one_source_is_the_plan_of_one_root_byte_for_byte) {
 
 /* ---- the tiling check --------------------------------------------------------------- */
 
+
 static int check_ranks(bcast_tensor (*ranks)[2], uint32_t nranks, const size_t *n, bcast_err *err) {
   const bcast_tensor *v[4];
   for (uint32_t r = 0; r < nranks; r++) v[r] = ranks[r];
@@ -410,6 +448,32 @@ static bcast_tensor piece(const char *name, uint64_t d0, uint64_t d1, uint64_t o
   t.shard_offset = off;
   t.shard_elems = count;
   return t;
+}
+
+/* The ranks heard from so far (an absent rank holds nothing): an overlap or
+ * a disagreement is found, a gap is not (only the whole group shows it). */
+Test(bcast_shard, partial_check_finds_overlaps_not_gaps) {
+  bcast_tensor a = piece("w", 4, 4, 0, 6), c = piece("w", 4, 4, 10, 6);
+  bcast_tensor over = piece("w", 4, 4, 4, 4), other = piece("w", 2, 8, 6, 4);
+  const bcast_tensor *v[3] = {&a, NULL, &c};
+  size_t n[3] = {1, 0, 1};
+  bcast_err err = {0};
+  cr_assert_eq(bcast_shards_check_partial(v, n, 3, NULL, &err), BCAST_OK, "%s", err.msg);
+  bcast_shard_map *map = NULL;
+  cr_assert_eq(bcast_shards_check(v, n, 3, NULL, &map, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "held by no rank") != NULL, "%s", err.msg);
+  v[1] = &over;
+  n[1] = 1;
+  cr_assert_eq(bcast_shards_check_partial(v, n, 3, NULL, &err), BCAST_EINVAL);
+  cr_assert_str_eq(err.msg, "tensor 'w': rank 0 holds [0, 6) and rank 1 holds [4, 8): they overlap");
+  v[1] = &other;
+  cr_assert_eq(bcast_shards_check_partial(v, n, 3, NULL, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "rank 0 and rank 1 disagree on shape") != NULL, "%s", err.msg);
+  /* A piece inside another, after a gap: still an overlap. */
+  bcast_tensor in = piece("w", 4, 4, 11, 2);
+  v[1] = &in;
+  cr_assert_eq(bcast_shards_check_partial(v, n, 3, NULL, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "they overlap") != NULL, "%s", err.msg);
 }
 
 Test(bcast_shard, tiling_errors_name_the_tensor_the_ranks_and_the_elements) {

@@ -20,6 +20,11 @@
 typedef struct agent__batch {
   const Rlorch__V1__TrainStep *ts;
   const agent_batch_sink *sink;
+  /* This rank's share (TrainStep.trainer_rank of trainer_ranks): rollouts
+   * [first, end) of the step's, in `groups` whole groups, cut as the
+   * orchestrator cuts it. A lone trainer's is the whole batch. */
+  size_t first, end;
+  uint32_t groups;
   size_t got; /* rollouts received, each the one the step names next */
   uint64_t completion_tokens;
   uint64_t messages;
@@ -30,21 +35,22 @@ typedef struct agent__batch {
 static int agent__on_chunk(const Rlorch__V1__BatchChunk *c, void *ud) {
   agent__batch *b = ud;
   const Rlorch__V1__TrainStep *ts = b->ts;
-  if (b->messages++ == 0 && (c->share_rollouts != ts->n_rollout_ids || c->share_groups != ts->groups)) {
+  size_t want = b->end - b->first;
+  if (b->messages++ == 0 && (c->share_rollouts != want || c->share_groups != b->groups)) {
     snprintf(b->err, sizeof b->err,
-             "the batch holds %u rollouts in %u groups, the train step %zu in %u",
-             c->share_rollouts, c->share_groups, ts->n_rollout_ids, ts->groups);
+             "the batch holds %u rollouts in %u groups, the train step's share %zu in %u",
+             c->share_rollouts, c->share_groups, want, b->groups);
     return 1;
   }
   for (size_t i = 0; i < c->n_rollouts; i++, b->got++) {
-    if (b->got == ts->n_rollout_ids) {
-      snprintf(b->err, sizeof b->err, "more rollouts than the train step's %zu", ts->n_rollout_ids);
+    if (b->got == want) {
+      snprintf(b->err, sizeof b->err, "more rollouts than the train step's share of %zu", want);
       return 1;
     }
-    if (c->rollouts[i]->id != ts->rollout_ids[b->got]) {
+    if (c->rollouts[i]->id != ts->rollout_ids[b->first + b->got]) {
       snprintf(b->err, sizeof b->err, "rollout %zu of the batch is %llu, the train step says %llu",
-               b->got, (unsigned long long)c->rollouts[i]->id,
-               (unsigned long long)ts->rollout_ids[b->got]);
+               b->first + b->got, (unsigned long long)c->rollouts[i]->id,
+               (unsigned long long)ts->rollout_ids[b->first + b->got]);
       return 1;
     }
     if (b->sink && b->sink->rollout && b->sink->rollout(b->sink->ud, c->rollouts[i])) {
@@ -64,17 +70,25 @@ int agent_batch_fetch(agent *a, const Rlorch__V1__TrainStep *ts, const agent_bat
   if (errlen) err[0] = 0;
   for (int attempt = 1;; attempt++) {
     agent__batch b = {.ts = ts, .sink = sink};
+    uint32_t ranks = ts->trainer_ranks ? ts->trainer_ranks : 1;
+    uint32_t rank = ts->trainer_rank < ranks ? ts->trainer_rank : 0;
+    uint64_t g0 = (uint64_t)rank * ts->groups / ranks, g1 = ((uint64_t)rank + 1) * ts->groups / ranks;
+    b.first = ranks > 1 ? (size_t)(g0 * ts->group_size) : 0;
+    b.end = ranks > 1 ? (size_t)(g1 * ts->group_size) : ts->n_rollout_ids;
+    if (b.first > ts->n_rollout_ids) b.first = ts->n_rollout_ids;
+    if (b.end > ts->n_rollout_ids) b.end = ts->n_rollout_ids;
+    b.groups = ranks > 1 ? (uint32_t)(g1 - g0) : ts->groups;
     if (sink && sink->begin) sink->begin(sink->ud);
     rpc_status st = {0};
     double t0 = agent_now();
-    grpc_status_code code = agent_fetch_batch(a, ts->step, 0, 1, timeout, agent__on_chunk, &b, &st);
+    grpc_status_code code = agent_fetch_batch(a, ts->step, rank, ranks, timeout, agent__on_chunk, &b, &st);
     if (agent_stopping(a)) {
       snprintf(err, errlen, "step %llu: the worker is stopping", (unsigned long long)ts->step);
       return 1;
     }
-    if (code == GRPC_STATUS_OK && !b.err[0] && b.got != ts->n_rollout_ids)
+    if (code == GRPC_STATUS_OK && !b.err[0] && b.got != b.end - b.first)
       snprintf(b.err, sizeof b.err, "%zu of the train step's %zu rollouts arrived", b.got,
-               ts->n_rollout_ids);
+               b.end - b.first);
     if (code == GRPC_STATUS_OK && !b.err[0]) {
       agent_log_debug("batch", "step=%llu rollouts=%zu groups=%u completion_tokens=%llu bytes=%llu "
                       "messages=%llu fetch_s=%.4f", (unsigned long long)ts->step, b.got, ts->groups,

@@ -170,11 +170,11 @@ static int save_body(ckpt_io *io, const agent_ckpt *c) {
     return -1;
   for (size_t i = 0; i < c->n; i++) {
     uint32_t len = (uint32_t)strnlen(c->t[i].name, sizeof c->t[i].name);
-    if (put_u32(io, len) || put_bytes(io, c->t[i].name, len) || put_u64(io, bcast_tensor_elems(&c->t[i])))
+    if (put_u32(io, len) || put_bytes(io, c->t[i].name, len) || put_u64(io, bcast_tensor_held(&c->t[i])))
       return -1;
   }
   for (size_t i = 0; i < c->n; i++)
-    if (put_mem(io, c->t[i].data, bcast_tensor_elems(&c->t[i]) * sizeof(float),
+    if (put_mem(io, c->t[i].data, bcast_tensor_held(&c->t[i]) * sizeof(float),
                 c->t[i].residency == BCAST_RES_GPU))
       return -1;
   if (put_mem(io, c->m, c->total * sizeof(float), c->state_on_gpu) ||
@@ -264,10 +264,10 @@ static int load_header(ckpt_io *io, agent_ckpt *c) {
     }
     if (get_bytes(io, name, len) || get_u64(io, &elems)) return -1;
     name[len] = 0;
-    if (strcmp(name, c->t[i].name) != 0 || elems != bcast_tensor_elems(&c->t[i])) {
+    if (strcmp(name, c->t[i].name) != 0 || elems != bcast_tensor_held(&c->t[i])) {
       snprintf(io->err, io->errlen, "checkpoint %s: tensor %zu is %s of %llu elements, this trainer's %s "
                "of %llu", io->path, i, name, (unsigned long long)elems, c->t[i].name,
-               (unsigned long long)bcast_tensor_elems(&c->t[i]));
+               (unsigned long long)bcast_tensor_held(&c->t[i]));
       return -1;
     }
   }
@@ -294,7 +294,7 @@ int agent_ckpt_load(const char *dir, agent_ckpt *c, char *err, size_t errlen) {
   agent_ckpt got = *c;
   int rc = load_header(&io, &got);
   for (size_t i = 0; i < c->n && !rc; i++)
-    rc = get_mem(&io, c->t[i].data, bcast_tensor_elems(&c->t[i]) * sizeof(float),
+    rc = get_mem(&io, c->t[i].data, bcast_tensor_held(&c->t[i]) * sizeof(float),
                  c->t[i].residency == BCAST_RES_GPU);
   if (!rc) rc = get_mem(&io, c->m, c->total * sizeof(float), c->state_on_gpu);
   if (!rc) rc = get_mem(&io, c->v, c->total * sizeof(float), c->state_on_gpu);

@@ -10,8 +10,9 @@
  * checksum are derived from them again on load. Layout (little endian):
  *   "RLCK" u32 format, u64 total elements, u64 tensors, u64 optimizer steps,
  *   u64 policy version, run id[64], preset[32], u32 layers, then per tensor
- *   u32 name length, name, u64 elements; then the weights of every tensor in
- *   order, m, v (fp32); then XXH3-64 of every byte before it.
+ *   u32 name length, name, u64 elements (a trainer rank's: those of its
+ *   part); then the weights of every tensor in order, m, v (fp32); then
+ *   XXH3-64 of every byte before it.
  * A file that does not match the trainer (another preset, layer count or
  * tensor list) or whose digest is wrong is refused with a message naming
  * what differs: the trainer then exits rather than train from it. */

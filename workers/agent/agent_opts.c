@@ -38,6 +38,11 @@ int agent_opts_check(const agent_opts *o, char *err, size_t errlen) {
              o->tls_client_cert_file ? "--tls-client-key" : "--tls-client-cert");
     return -1;
   }
+  if (o->trainer_rank >= (o->trainer_ranks ? o->trainer_ranks : 1)) {
+    snprintf(err, errlen, "--rank: %u is not below --ranks %u%s", o->trainer_rank, o->trainer_ranks,
+             o->trainer_ranks ? "" : " (0: a lone trainer, rank 0)");
+    return -1;
+  }
   if (o->role == AGENT_ROLE_INFERENCE && agent_rollout_cfg_check(&o->rollout, err, errlen))
     return -1;
   if (o->role == AGENT_ROLE_INFERENCE && (o->concurrency < 1 || o->concurrency > 1024)) {

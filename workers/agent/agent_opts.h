@@ -43,6 +43,11 @@ typedef struct agent_opts {
    * every checkpoint_every-th optimizer step and read at start; NULL: none. */
   const char *checkpoint_dir;
   uint32_t checkpoint_every; /* >= 1; default 1 */
+  /* Trainer of a group of trainer_ranks ranks (one process each): this
+   * process is rank trainer_rank and holds that rank's dim-0-contiguous
+   * element range of every tensor (agent_trainer.c). 0 or 1 ranks: alone. */
+  uint32_t trainer_rank;
+  uint32_t trainer_ranks;
   uint64_t seed;            /* initial weights / rollout rng */
   int seed_set;
   agent_rollout_cfg rollout;

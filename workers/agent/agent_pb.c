@@ -41,6 +41,8 @@ Rlorch__V1__WeightManifest *agent_pb_manifest(const bcast_tensor *t, size_t n, c
     s->residency = (Rlorch__V1__Residency)t[i].residency;
     s->n_shape = t[i].ndim;
     s->shape = shape;
+    s->shard_offset = t[i].shard_offset; /* a trainer rank's part; 0/0: the whole tensor */
+    s->shard_elems = t[i].shard_elems;
     for (uint32_t d = 0; d < t[i].ndim; d++) *shape++ = t[i].shape[d];
     ptrs[i] = s;
     uint64_t e = bcast_tensor_elems(&t[i]);

@@ -20,7 +20,15 @@
  * starts from it when it finds one: the version it then registers with is
  * the checkpoint's (options.held_run_id/held_version), so a resumed run
  * carries on as after an orchestrator restart (docs/RELIABILITY.md says what
- * each case gives). */
+ * each case gives).
+ *
+ * With --ranks N (N > 1) the process is rank --rank R of a sharded trainer:
+ * of every preset tensor it holds only elements [R*E/N, (R+1)*E/N), in host
+ * memory of its own, each the value a lone trainer holds there, and its
+ * AdamW step runs per element with a lone trainer's element indices, so
+ * the ranks together hold, step after step, what one trainer would. The
+ * library registers the parts (options.shards), fetches the rank's share of
+ * each batch and sends its part of each broadcast. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -62,6 +70,13 @@ typedef struct agent__trainer {
   bcast_storage *shadow_storage;
   const bcast_tensor *send;  /* what the manifest describes: shadow, else t */
   rlorch_tensor *pub;        /* send, as the library takes them */
+  /* A rank of a trainer group (--ranks N > 1): t holds this rank's part of
+   * each tensor (shard_offset, shard_elems), in memory of its own (not
+   * storage), and first[i] is the index of t[i]'s first element in the
+   * whole model, so the synthetic gradient, seeded per element, is a lone
+   * trainer's. pub_shards is the parts as the library takes them. */
+  uint64_t *first;
+  rlorch_shard *pub_shards;
   float *m, *v; /* optimizer state, total elements each */
   agent_adamw_span *spans;
   uint64_t total;
@@ -84,6 +99,10 @@ static void trainer__free(agent__trainer *tr) {
   free(tr->v);
   free(tr->spans);
   free(tr->pub);
+  free(tr->pub_shards);
+  if (tr->first)
+    for (size_t i = 0; i < tr->n; i++) free(tr->t[i].data);
+  free(tr->first);
   bcast_storage_free(tr->shadow_storage);
   free(tr->shadow);
   bcast_storage_free(tr->storage);
@@ -143,8 +162,9 @@ static int trainer__alloc_optimizer(agent__trainer *tr, char *err, size_t errlen
   }
   uint64_t off = 0;
   for (size_t i = 0; i < tr->n; i++) {
-    uint64_t e = bcast_tensor_elems(&tr->t[i]);
-    tr->spans[i] = (agent_adamw_span){tr->t[i].data, tr->m + off, tr->v + off, e, off,
+    uint64_t e = bcast_tensor_held(&tr->t[i]);
+    tr->spans[i] = (agent_adamw_span){tr->t[i].data, tr->m + off, tr->v + off, e,
+                                      tr->first ? tr->first[i] : off,
                                       tr->shadow ? tr->shadow[i].data : NULL};
     off += e;
   }
@@ -160,7 +180,8 @@ static const char *trainer__residency_name(bcast_residency r) {
  * wire dtype, pinned when a GPU will read it. Filled from the master before
  * the first checksum (agent_adamw_shadow_cpu), then by every step. */
 static int trainer__alloc_shadow(agent__trainer *tr, char *err, size_t errlen) {
-  if (tr->opt_gpu || tr->o.offload != AGENT_OFFLOAD_PARAMS_OPTIMIZER || !tr->o.bf16_shadow)
+  if (tr->opt_gpu || tr->o.offload != AGENT_OFFLOAD_PARAMS_OPTIMIZER || !tr->o.bf16_shadow ||
+      tr->first)
     return 0;
   tr->shadow = calloc(tr->n ? tr->n : 1, sizeof *tr->shadow);
   if (!tr->shadow) {
@@ -232,6 +253,48 @@ static int trainer__checkpoint(agent__trainer *tr, const char *run_id, uint64_t 
   return 0;
 }
 
+/* A group's rank R of N: of every tensor of E elements, elements
+ * [R*E/N, (R+1)*E/N) (dim-0 contiguous in row-major order; a rank whose
+ * range of a small tensor is empty leaves that tensor out), each holding
+ * the value a lone trainer's storage holds there (bcast_preset_value), in
+ * host memory of its own: only the part is allocated. */
+static int trainer__shard(agent__trainer *tr, char *err, size_t errlen) {
+  uint64_t R = tr->o.trainer_rank, N = tr->o.trainer_ranks;
+  tr->first = calloc(tr->n ? tr->n : 1, sizeof *tr->first);
+  if (!tr->first) {
+    snprintf(err, errlen, "no memory");
+    return -1;
+  }
+  size_t k = 0;
+  uint64_t base = 0;
+  for (size_t i = 0; i < tr->n; i++) {
+    uint64_t e = bcast_tensor_elems(&tr->t[i]);
+    uint64_t lo = (uint64_t)((unsigned __int128)e * R / N);
+    uint64_t hi = (uint64_t)((unsigned __int128)e * (R + 1) / N);
+    if (hi > lo) {
+      bcast_tensor t = tr->t[i];
+      t.shard_offset = lo;
+      t.shard_elems = hi - lo;
+      t.residency = BCAST_RES_HOST_PAGEABLE;
+      t.device = -1;
+      float *d = malloc((size_t)(hi - lo) * sizeof *d);
+      if (!d) {
+        snprintf(err, errlen, "tensor %s: no memory for %llu elements", t.name,
+                 (unsigned long long)(hi - lo));
+        tr->n = k; /* what is allocated so far is freed */
+        return -1;
+      }
+      for (uint64_t j = lo; j < hi; j++) d[j - lo] = bcast_preset_value(tr->o.seed, (uint32_t)i, j);
+      t.data = d;
+      tr->first[k] = base + lo;
+      tr->t[k++] = t;
+    }
+    base += e;
+  }
+  tr->n = k;
+  return 0;
+}
+
 /* The weights, the optimizer state, the checkpoint if any, and the tensors
  * the library is to send, as rlorch_tensor. */
 static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
@@ -243,11 +306,13 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
     snprintf(err, errlen, "--preset %s: %s", tr->o.preset, be.msg);
     return -1;
   }
-  for (size_t i = 0; i < tr->n; i++) tr->total += bcast_tensor_elems(&tr->t[i]);
-  if (bcast_storage_alloc(tr->t, tr->n, BCAST_FILL_SENDER, tr->o.seed, &tr->storage, &be)) {
+  if (tr->o.trainer_ranks > 1) {
+    if (trainer__shard(tr, err, errlen)) return -1;
+  } else if (bcast_storage_alloc(tr->t, tr->n, BCAST_FILL_SENDER, tr->o.seed, &tr->storage, &be)) {
     snprintf(err, errlen, "master weights: %s", be.msg);
     return -1;
   }
+  for (size_t i = 0; i < tr->n; i++) tr->total += bcast_tensor_held(&tr->t[i]);
   if (trainer__alloc_shadow(tr, err, errlen)) return -1;
   if (trainer__alloc_optimizer(tr, err, errlen)) return -1;
   if (trainer__restore(tr, err, errlen)) return -1;
@@ -258,7 +323,8 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
   if (agent_weights_checksum(tr->send, tr->n, AGENT_WEIGHTS_STORAGE, &tr->checksum, err, errlen))
     return -1;
   tr->pub = calloc(tr->n ? tr->n : 1, sizeof *tr->pub);
-  if (!tr->pub) {
+  if (tr->first) tr->pub_shards = calloc(tr->n ? tr->n : 1, sizeof *tr->pub_shards);
+  if (!tr->pub || (tr->first && !tr->pub_shards)) {
     snprintf(err, errlen, "no memory");
     return -1;
   }
@@ -269,6 +335,9 @@ static int trainer__setup(agent__trainer *tr, char *err, size_t errlen) {
                                  .wire_dtype = (rlorch_dtype)s->wire_dtype, .ndim = s->ndim,
                                  .shape = s->shape, .residency = (rlorch_residency)s->residency,
                                  .device = s->device, .data = s->data};
+    if (tr->pub_shards)
+      tr->pub_shards[i] = (rlorch_shard){.element_offset = s->shard_offset,
+                                         .element_count = s->shard_elems};
   }
   return 0;
 }
@@ -294,6 +363,9 @@ static int trainer__create(agent__trainer *tr, char *err, size_t errlen) {
   ro.connect_timeout_s = INFINITY;
   ro.tensors = tr->pub;
   ro.ntensors = tr->n;
+  ro.shards = tr->pub_shards;
+  ro.trainer_rank = tr->o.trainer_rank;
+  ro.trainer_ranks = tr->o.trainer_ranks;
   ro.model = tr->o.preset;
   ro.offload = (rlorch_offload)tr->o.offload;
   if (tr->ckpt.run_id[0]) {
@@ -308,12 +380,13 @@ static int trainer__create(agent__trainer *tr, char *err, size_t errlen) {
   const char *addr = rlorch_data_address(tr->w);
   agent_log_info("trainer_ready",
            "preset=%s tensors=%zu params=%llu offload=%s weights=%s optimizer=%s "
-           "bf16_shadow=%s device=%d gpu=\"%s\" data_address=%s checksum=%016llx",
+           "bf16_shadow=%s device=%d gpu=\"%s\" data_address=%s checksum=%016llx rank=%u ranks=%u",
            tr->o.preset, tr->n, (unsigned long long)tr->total, agent_offload_name(tr->o.offload),
            trainer__residency_name(tr->residency), tr->opt_gpu ? "gpu" : "cpu",
            tr->shadow ? trainer__residency_name(tr->shadow[0].residency) : "off", tr->device,
            tr->device >= 0 ? tr->caps.gpu_name : "", addr ? addr : "",
-           (unsigned long long)tr->checksum);
+           (unsigned long long)tr->checksum, tr->o.trainer_rank,
+           tr->o.trainer_ranks ? tr->o.trainer_ranks : 1);
   return 0;
 }
 
@@ -466,6 +539,13 @@ int agent_trainer_run(const agent_opts *o) {
   bcast_caps_select_device(&tr.caps, tr.device);
   agent_log_devices(&tr.caps, tr.device);
   agent_adamw_defaults(&tr.hp);
+  /* A group's ranks send over the host transport, from host memory. */
+  if (tr.o.trainer_ranks > 1 && tr.device >= 0) {
+    agent_log_error("fatal", "reason=\"--ranks %u: a trainer group's rank keeps its part in host "
+                    "memory; start it with --device -1\"", tr.o.trainer_ranks);
+    agent_log_info("exit", "status=1");
+    return 1;
+  }
   trainer__placement(&tr);
   trainer__signals sig = {0};
   int status = 1;

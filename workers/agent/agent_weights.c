@@ -113,7 +113,7 @@ static int agent__check_tensor(const bcast_tensor *t, agent_weights_src src, cha
              bcast_dtype_name(sd), bcast_dtype_name(t->wire_dtype));
     return -1;
   }
-  if (bcast_tensor_elems(t) && !t->data) {
+  if (bcast_tensor_held(t) && !t->data) {
     snprintf(err, errlen, "checksum: tensor %s has no data", t->name);
     return -1;
   }
@@ -175,7 +175,7 @@ int agent_weights_checksum(const bcast_tensor *t, size_t n, agent_weights_src sr
   size_t nsegs = 0;
   for (size_t i = 0; i < n; i++) {
     if (agent__check_tensor(&t[i], src, err, errlen)) return -1;
-    nsegs += (size_t)((bcast_tensor_elems(&t[i]) + AGENT_WEIGHTS_SEGMENT_ELEMS - 1) /
+    nsegs += (size_t)((bcast_tensor_held(&t[i]) + AGENT_WEIGHTS_SEGMENT_ELEMS - 1) /
                       AGENT_WEIGHTS_SEGMENT_ELEMS);
   }
   agent__job j = {.t = t, .src = src, .nsegs = nsegs};
@@ -189,7 +189,7 @@ int agent_weights_checksum(const bcast_tensor *t, size_t n, agent_weights_src sr
   }
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
-    for (uint64_t off = 0, e = bcast_tensor_elems(&t[i]); off < e;
+    for (uint64_t off = 0, e = bcast_tensor_held(&t[i]); off < e;
          off += AGENT_WEIGHTS_SEGMENT_ELEMS, k++)
       segs[k] = (agent__seg){(uint32_t)i, off,
                              e - off < AGENT_WEIGHTS_SEGMENT_ELEMS ? e - off

@@ -38,6 +38,12 @@ static int agent__engine(agent_xfer *x, uint32_t rank, bcast_err *err) {
 int agent_xfer_init(agent_xfer *x, int sender, int device, const char *listen,
                     agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
                     size_t errlen) {
+  return agent_xfer_init_rank(x, sender, 0, device, listen, bind, done, ud, err, errlen);
+}
+
+int agent_xfer_init_rank(agent_xfer *x, int sender, uint32_t rank, int device, const char *listen,
+                         agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
+                         size_t errlen) {
   memset(x, 0, sizeof *x);
   pthread_mutex_init(&x->mu, NULL);
   x->mu_ready = 1;
@@ -49,7 +55,7 @@ int agent_xfer_init(agent_xfer *x, int sender, int device, const char *listen,
   x->ud = ud;
   if (!sender) return 0;
   bcast_err be = {0};
-  if (agent__engine(x, 0, &be)) {
+  if (agent__engine(x, rank, &be)) {
     snprintf(err, errlen, "broadcast engine (listen %s): %s", x->listen, be.msg);
     return -1;
   }
@@ -178,12 +184,14 @@ void agent_xfer_on_plan(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd)
 }
 
 static void agent__done(agent *a, const char *id, const char *error, Rlorch__V1__StepRecord *rec,
-                        uint64_t checksum) {
+                        uint64_t checksum, uint64_t *sums, size_t nsums) {
   Rlorch__V1__BroadcastDone d = RLORCH__V1__BROADCAST_DONE__INIT;
   d.plan_id = (char *)id;
   d.error = (char *)error;
   d.record = rec;
   d.weights_checksum = checksum;
+  d.source_checksums = sums;
+  d.n_source_checksums = nsums;
   Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
   req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE;
   req.broadcast_done = &d;
@@ -199,7 +207,7 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
              id, (unsigned long long)tg->plan_hash, x->plan ? x->plan->id : "(none)",
              (unsigned long long)(x->plan ? x->plan->hash : 0));
     agent_log_warn("trigger_refused", "plan_id=%s error=\"%s\"", id, msg);
-    agent__done(a, id, msg, NULL, 0);
+    agent__done(a, id, msg, NULL, 0, NULL, 0);
     return;
   }
   bcast_err be = {0};
@@ -229,6 +237,26 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
   char cerr[512] = "";
   int crc = x->done(x->ud, x->plan, rc == 0, &checksum, cerr, sizeof cerr);
   x->begun = 0;
+  /* Several sources: a source reports the checksum of its own part, a
+   * receiver one per source, all from the tensors the plan executed on
+   * (bcast_plan_source_checksum), so each is compared with its source's. */
+  uint32_t ns = (uint32_t)bcast_plan_sources(x->plan);
+  uint64_t *sums = NULL;
+  size_t nsums = 0;
+  if (!rc && !crc && ns > 1) {
+    bcast_err se = {0};
+    if (cmd->rank < ns) {
+      crc = bcast_plan_source_checksum(x->plan, cmd->rank, x->local, x->nlocal, 0, &checksum, &se);
+    } else if (!(sums = calloc(ns, sizeof *sums))) {
+      crc = -1;
+      snprintf(se.msg, sizeof se.msg, "out of memory");
+    } else {
+      nsums = ns;
+      for (uint32_t j = 0; j < ns && !crc; j++)
+        crc = bcast_plan_source_checksum(x->plan, j, x->local, x->nlocal, 1, &sums[j], &se);
+    }
+    if (crc) snprintf(cerr, sizeof cerr, "source checksum: %.480s", se.msg);
+  }
   if (rc) {
     snprintf(msg, sizeof msg, "%s: %s", bcast_strerror(rc), be.msg);
     /* A cancelled plan was aborted by the orchestrator: expected, not a fault. */
@@ -244,7 +272,9 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
              (unsigned long long)checksum);
   }
   Rlorch__V1__StepRecord *rec = agent_pb_record(rc ? NULL : &st, x->plan);
-  agent__done(a, id, msg, rec, checksum);
+  if (msg[0]) nsums = 0;
+  agent__done(a, id, msg, rec, checksum, sums, nsums);
+  free(sums);
   agent_pb_record_free(rec);
   bcast_stats_free(&st);
   agent__drop_plan(x);

@@ -54,6 +54,12 @@ typedef struct agent_xfer {
 int agent_xfer_init(agent_xfer *x, int sender, int device, const char *listen,
                     agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
                     size_t errlen);
+/* The same for a sender of plan rank `rank` (a trainer group's rank r is
+ * source rank r of every plan): its engine listens as that rank, so its
+ * data address stays the one Register announced. */
+int agent_xfer_init_rank(agent_xfer *x, int sender, uint32_t rank, int device, const char *listen,
+                         agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
+                         size_t errlen);
 void agent_xfer_free(agent_xfer *x);
 const char *agent_xfer_data_address(const agent_xfer *x); /* "" when none */
 bcast_engine *agent_xfer_engine(agent_xfer *x);

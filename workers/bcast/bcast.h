@@ -166,6 +166,10 @@ typedef struct bcast_shard_map {
 int bcast_shards_check(const bcast_tensor *const *ranks, const size_t *n, size_t nranks,
                        const bcast_manifest_limits *lim, bcast_shard_map **out, bcast_err *err);
 void bcast_shard_map_free(bcast_shard_map *m);
+/* The same rules on the ranks heard from so far (absent ones with n[r] 0):
+ * everything but gaps, which only the whole group can show. No map. */
+int bcast_shards_check_partial(const bcast_tensor *const *ranks, const size_t *n, size_t nranks,
+                               const bcast_manifest_limits *lim, bcast_err *err);
 
 /* ---- plans -------------------------------------------------------------- */
 typedef struct bcast_slice {
@@ -324,6 +328,19 @@ int bcast_plan_check_local(const bcast_plan *p, const bcast_tensor *local, size_
  * absent.  What bcast_engine_execute checks on a host-mode source. */
 int bcast_plan_check_source(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
                             bcast_err *err);
+/* The checksum of source rank `source`'s part of the plan (bcast_sum.c):
+ * XXH3 64 streamed over the wire-dtype bytes of its slices, bucket by
+ * bucket in plan order, slices in bucket order, padding left out (one
+ * source: every bucket). Each slice is read from the `local` tensor of its
+ * name, which must hold its range (a shard's shard_offset is honoured) in
+ * host memory: in the wire dtype when `wire` (a receiver after the
+ * broadcast), else in its storage dtype, cast as the engine casts (a
+ * source). The same bytes give the same value on both sides, so a receiver
+ * that reports it for every source proves it holds every source's part.
+ * BCAST_EINVAL naming a tensor that is missing or short, BCAST_ENOTSUP for
+ * GPU-resident data, BCAST_ENOMEM. */
+int bcast_plan_source_checksum(const bcast_plan *p, uint32_t source, const bcast_tensor *local,
+                               size_t n, int wire, uint64_t *out, bcast_err *err);
 /* Sets the NCCL unique id and recomputes the hash (the id is covered). */
 void bcast_plan_set_nccl_id(bcast_plan *p, const uint8_t id[128]);
 /* Deep copy (tensors, buckets, slices); NULL when out of memory. */

@@ -275,14 +275,14 @@ static void edge_name(const piece_ref *r, const char *none, char *out, size_t le
 }
 
 /* refs[start, end) are one tensor's pieces by offset: they must tile it. */
-static int group_tiles(const piece_ref *refs, size_t start, size_t end, bcast_err *err) {
+static int group_tiles(const piece_ref *refs, size_t start, size_t end, int gaps_ok, bcast_err *err) {
   const char *nm = refs[start].t->name;
   uint64_t elems = bcast_tensor_elems(refs[start].t), next = 0;
   const piece_ref *last = NULL; /* the piece that reaches furthest so far */
   char a[32], b[32];
   for (size_t i = start; i < end; i++) {
     const piece_ref *r = &refs[i];
-    if (r->off > next) {
+    if (r->off > next && !gaps_ok) {
       edge_name(last, "the start", a, sizeof a);
       return bcast__fail(err, BCAST_EINVAL, "tensor '%s': elements [%llu, %llu) of %llu are held by no rank "
                          "(between %s and rank %u)", nm, (unsigned long long)next, (unsigned long long)r->off,
@@ -293,10 +293,12 @@ static int group_tiles(const piece_ref *refs, size_t start, size_t end, bcast_er
                          "%llu): they overlap", nm, last->rank, (unsigned long long)last->off,
                          (unsigned long long)(last->off + last->count), r->rank, (unsigned long long)r->off,
                          (unsigned long long)(r->off + r->count));
-    next = r->off + r->count;
-    last = r;
+    if (r->off + r->count > next || !last) {
+      next = r->off + r->count;
+      last = r;
+    }
   }
-  if (next < elems) {
+  if (next < elems && !gaps_ok) {
     edge_name(last, "the start", a, sizeof a);
     snprintf(b, sizeof b, "the end");
     return bcast__fail(err, BCAST_EINVAL, "tensor '%s': elements [%llu, %llu) of %llu are held by no rank "
@@ -361,8 +363,9 @@ static int map_fill(bcast_shard_map *m, const piece_ref *refs, group_ref *g, siz
   return BCAST_OK;
 }
 
-int bcast_shards_check(const bcast_tensor *const *ranks, const size_t *n, size_t nranks,
-                       const bcast_manifest_limits *lim, bcast_shard_map **out, bcast_err *err) {
+static int shards_check(const bcast_tensor *const *ranks, const size_t *n, size_t nranks,
+                        const bcast_manifest_limits *lim, int gaps_ok, bcast_shard_map **out,
+                        bcast_err *err) {
   if (!out || (nranks && (!ranks || !n))) return bcast__fail(err, BCAST_EINVAL, "shards_check: NULL argument");
   *out = NULL;
   if (nranks == 0 || nranks > UINT32_MAX)
@@ -399,11 +402,11 @@ int bcast_shards_check(const bcast_tensor *const *ranks, const size_t *n, size_t
       if (refs[i].rank < refs[first].rank) first = i;
     for (size_t i = s; i < e && !rc; i++)
       if (i != first) rc = piece_agrees(&refs[first], &refs[i], err);
-    if (!rc) rc = group_tiles(refs, s, e, err);
+    if (!rc) rc = group_tiles(refs, s, e, gaps_ok, err);
     g[ng++] = (group_ref){s, e, refs[first].rank, refs[first].index};
     s = e;
   }
-  if (!rc) {
+  if (!rc && !gaps_ok) {
     m->nranks = (uint32_t)nranks;
     m->npieces = total;
     if (map_fill(m, refs, g, ng)) rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a map of %zu pieces", total);
@@ -411,7 +414,18 @@ int bcast_shards_check(const bcast_tensor *const *ranks, const size_t *n, size_t
 out:
   free(refs);
   free(g);
-  if (rc) bcast_shard_map_free(m);
+  if (rc || gaps_ok) bcast_shard_map_free(m);
   else *out = m;
   return rc;
+}
+
+int bcast_shards_check(const bcast_tensor *const *ranks, const size_t *n, size_t nranks,
+                       const bcast_manifest_limits *lim, bcast_shard_map **out, bcast_err *err) {
+  return shards_check(ranks, n, nranks, lim, 0, out, err);
+}
+
+int bcast_shards_check_partial(const bcast_tensor *const *ranks, const size_t *n, size_t nranks,
+                               const bcast_manifest_limits *lim, bcast_err *err) {
+  bcast_shard_map *m = NULL;
+  return shards_check(ranks, n, nranks, lim, 1, &m, err);
 }

@@ -33,6 +33,8 @@ static Rlorch__V1__TensorSpec *spec_new(const bcast_tensor *t) {
   s->n_shape = nd;
   memcpy(s->shape, t->shape, nd * sizeof *s->shape);
   s->residency = (Rlorch__V1__Residency)t->residency;
+  s->shard_offset = t->shard_offset;
+  s->shard_elems = t->shard_elems;
   return s;
 }
 
@@ -47,6 +49,8 @@ static void spec_to_tensor(const Rlorch__V1__TensorSpec *s, bcast_tensor *t) {
   t->ndim = (uint32_t)s->n_shape;
   memcpy(t->shape, s->shape, s->n_shape * sizeof *t->shape);
   t->residency = (bcast_residency)s->residency;
+  t->shard_offset = s->shard_offset;
+  t->shard_elems = s->shard_elems;
 }
 
 /* ---- plan ------------------------------------------------------------------------ */
@@ -248,6 +252,14 @@ int bcast_plan_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan **out, bca
               !(p->buckets = calloc(m->n_buckets ? m->n_buckets : 1, sizeof *p->buckets))))
     rc = bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
   for (size_t i = 0; !rc && i < m->n_tensors; i++) {
+    /* A plan moves whole tensors: only a trainer rank's manifest has parts. */
+    if (m->tensors[i]->shard_offset || m->tensors[i]->shard_elems) {
+      rc = bcast__fail(err, BCAST_EINVAL, "tensor #%zu '%s': a plan's tensors are whole (shard_offset "
+                       "%llu, shard_elems %llu)", i, m->tensors[i]->name,
+                       (unsigned long long)m->tensors[i]->shard_offset,
+                       (unsigned long long)m->tensors[i]->shard_elems);
+      break;
+    }
     spec_to_tensor(m->tensors[i], &p->tensors[i]);
     p->ntensors = i + 1;
   }

@@ -309,7 +309,10 @@ static int sdk__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t
     *n = w->nbound;
     return rc;
   }
-  int rc = bcast_plan_check_local(p, w->t, w->n, sender, err);
+  /* A trainer group's rank sends only its own part (it may hold shards). */
+  int rc = sender && bcast_plan_sources(p) > 1
+               ? bcast_plan_check_source(p, w->so.o.trainer_rank, w->t, w->n, err)
+               : bcast_plan_check_local(p, w->t, w->n, sender, err);
   if (rc) return rc;
   if (sender) {
     *local = w->t;
@@ -391,8 +394,9 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
   }
   char msg[1024];
   int trainer = w->ao.role == AGENT_ROLE_TRAINER;
-  if (agent_xfer_init(&w->xfer, trainer, w->device, w->ao.data_listen, sdk__bind, sdk__done, w, msg,
-                      sizeof msg)) {
+  /* A trainer group's rank r is source rank r of every plan. */
+  if (agent_xfer_init_rank(&w->xfer, trainer, w->so.o.trainer_rank, w->device, w->ao.data_listen,
+                           sdk__bind, sdk__done, w, msg, sizeof msg)) {
     rc = sdk_fail(err, RLORCH_E_IO, "options.data_listen: %s", msg);
     goto fail;
   }
@@ -401,6 +405,8 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
   rlorch__v1__register_request__init(&w->reg);
   agent_caps_to_pb(&w->caps, w->device, &w->caps_pb);
   w->reg.capabilities = &w->caps_pb;
+  w->caps_pb.trainer_rank = w->so.o.trainer_rank;
+  w->caps_pb.trainer_ranks = w->so.o.trainer_ranks;
   if (trainer) {
     w->manifest = agent_pb_manifest(w->t, w->n, w->so.model, (int)w->so.o.offload);
     if (!w->manifest) {

@@ -107,7 +107,8 @@ static rlorch_status sdk__tensor(const rlorch_worker *w, const rlorch_tensor *in
   return RLORCH_OK;
 }
 
-static rlorch_status sdk__tensors(rlorch_worker *w, const rlorch_options *o, rlorch_error *err) {
+static rlorch_status sdk__tensors(rlorch_worker *w, const rlorch_options *o,
+                                  const rlorch_shard *shards, rlorch_error *err) {
   if (o->ntensors && !o->tensors)
     return sdk_fail(err, RLORCH_E_INVALID, "options.tensors: NULL with ntensors %zu", o->ntensors);
   if (o->ntensors == 0 && w->ao.role == AGENT_ROLE_TRAINER)
@@ -127,6 +128,23 @@ static rlorch_status sdk__tensors(rlorch_worker *w, const rlorch_options *o, rlo
   if (rc)
     return sdk_fail(err, rc == BCAST_ENOMEM ? RLORCH_E_NOMEM : RLORCH_E_INVALID, "options.tensors: %s",
                     be.msg);
+  /* A rank's parts: inside their tensors, none empty. Whether the ranks
+   * tile each tensor only the orchestrator, which hears from every rank,
+   * can tell. */
+  for (size_t i = 0; shards && i < w->n; i++) {
+    const rlorch_shard *sh = &shards[i];
+    uint64_t e = bcast_tensor_elems(&w->t[i]), end;
+    if (sh->element_count == 0)
+      return sdk_fail(err, RLORCH_E_INVALID, "options.shards[%zu] '%s': element_count 0 (a rank that "
+                      "holds none of a tensor leaves it out of options.tensors)", i, w->t[i].name);
+    if (__builtin_add_overflow(sh->element_offset, sh->element_count, &end) || end > e)
+      return sdk_fail(err, RLORCH_E_INVALID, "options.shards[%zu] '%s': elements [%llu, %llu + %llu) are "
+                      "past the tensor's end (%llu elements)", i, w->t[i].name,
+                      (unsigned long long)sh->element_offset, (unsigned long long)sh->element_offset,
+                      (unsigned long long)sh->element_count, (unsigned long long)e);
+    w->t[i].shard_offset = sh->element_offset;
+    w->t[i].shard_elems = sh->element_count;
+  }
   return RLORCH_OK;
 }
 
@@ -154,6 +172,19 @@ static rlorch_status sdk__check_v2(const rlorch_options *o, rlorch_error *err) {
     return sdk_fail(err, RLORCH_E_INVALID, "options.held_run_id: more than 127 bytes");
   if (o->on_bind && trainer)
     return sdk_fail(err, RLORCH_E_INVALID, "options.on_bind: a trainer sends its own tensors");
+  if ((o->trainer_rank || o->trainer_ranks || o->shards) && !trainer)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.%s: only a trainer has ranks",
+                    o->shards ? "shards" : o->trainer_ranks ? "trainer_ranks" : "trainer_rank");
+  if (o->trainer_ranks > 1024)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.trainer_ranks: %u is outside 0..1024",
+                    o->trainer_ranks);
+  if (o->trainer_rank >= (o->trainer_ranks ? o->trainer_ranks : 1))
+    return sdk_fail(err, RLORCH_E_INVALID, "options.trainer_rank: %u is not below options.trainer_ranks "
+                    "%u%s", o->trainer_rank, o->trainer_ranks,
+                    o->trainer_ranks ? "" : " (0: a lone trainer, rank 0)");
+  if (o->shards && o->trainer_ranks <= 1)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.shards: set with options.trainer_ranks %u (a lone "
+                    "trainer sends whole tensors)", o->trainer_ranks);
   if (o->on_bind && o->ntensors)
     return sdk_fail(err, RLORCH_E_INVALID, "options.on_bind: set with %zu options.tensors (on_bind "
                     "chooses every broadcast's memory: leave the tensors empty)", o->ntensors);
@@ -209,6 +240,8 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
       sdk__dup(v->held_run_id, &so->held_run_id))
     return sdk_fail(err, RLORCH_E_NOMEM, "no memory for the options");
   so->o.tensors = NULL; /* converted into w->t below; the caller's array may go */
+  const rlorch_shard *shards = so->o.shards; /* a version 1 caller's: NULL */
+  so->o.shards = NULL;  /* the same */
   agent_role role = o->role == RLORCH_ROLE_TRAINER ? AGENT_ROLE_TRAINER : AGENT_ROLE_INFERENCE;
   agent_opts_defaults(role, &w->ao);
   w->ao.orchestrator = so->orchestrator;
@@ -233,7 +266,7 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
                     w->caps.cuda_built ? "" : "; this library is built without CUDA");
   w->device = o->device;
   bcast_caps_select_device(&w->caps, w->device);
-  return sdk__tensors(w, o, err);
+  return sdk__tensors(w, o, shards, err);
 }
 
 void sdk_opts_free(rlorch_worker *w) {

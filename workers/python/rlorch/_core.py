@@ -473,13 +473,20 @@ class Worker:
     spec's preset name) and offload ("none", "params", "params+optimizer":
     where its weights and optimizer live); one restored from its own
     checkpoint says which run and version its tensors hold (held_run_id,
-    held_version). token is the bearer token itself, instead of token_file."""
+    held_version). token is the bearer token itself, instead of token_file.
+
+    A rank of a sharded trainer (FSDP, ZeRO) says its rank and its group's
+    size (trainer_rank, trainer_ranks) and, parallel to tensors, the part of
+    each it holds: shards[i] = (element_offset, element_count) of the
+    row-major full tensor, whose shape the Tensor gives (pass shape= the full
+    shape: the array holds only the part)."""
 
     def __init__(self, role, orchestrator, tensors=(), name=None, token_file=None,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None, device=-1,
                  data_listen=None, max_concurrent_requests=8, connect_timeout_s=30.0,
                  on_broadcast_before=None, on_broadcast_after=None, log_level="info",
-                 token=None, model=None, offload=None, held_run_id=None, held_version=0):
+                 token=None, model=None, offload=None, held_run_id=None, held_version=0,
+                 trainer_rank=0, trainer_ranks=0, shards=None):
         if role not in _ROLE:
             raise _invalid(f"options.role: {role!r} is neither 'trainer' nor 'inference'")
         self.role = role
@@ -527,6 +534,8 @@ class Worker:
         if offload is not None:
             o.offload = _int(ctypes.c_int, _enum(_OFFLOAD, offload, "options.offload"))
         setnum("held_version", held_version)
+        setnum("trainer_rank", trainer_rank)
+        setnum("trainer_ranks", trainer_ranks)
         setnum("device", device)
         setnum("max_concurrent_requests", max_concurrent_requests)
         setnum("connect_timeout_s", connect_timeout_s)
@@ -568,6 +577,20 @@ class Worker:
             c.shape = shape
         o.tensors = arr if n else None
         o.ntensors = n
+        self._shards = None
+        if shards is not None:
+            shards = list(shards)
+            if len(shards) != n:
+                raise _invalid(f"options.shards: {len(shards)} entries for {n} tensors")
+            self._shards = (C.rlorch_shard * max(n, 1))()
+            for i, sh in enumerate(shards):
+                try:
+                    off, cnt = sh
+                    self._shards[i].element_offset = _int(ctypes.c_uint64, off)
+                    self._shards[i].element_count = _int(ctypes.c_uint64, cnt)
+                except (OverflowError, TypeError, ValueError) as e:
+                    raise _invalid(f"options.shards[{i}]: {sh!r}: {e}") from None
+            o.shards = self._shards
 
         wp = ctypes.POINTER(C.rlorch_worker)()
         err = C.rlorch_error()

@@ -96,6 +96,10 @@ class rlorch_tensor(Structure):
     ]
 
 
+class rlorch_shard(Structure):
+    _fields_ = [("element_offset", c_uint64), ("element_count", c_uint64)]
+
+
 rlorch_log_fn = CFUNCTYPE(None, c_void_p, rlorch_log_level, c_char_p, c_char_p)
 rlorch_broadcast_before_fn = CFUNCTYPE(None, c_void_p, c_uint64)
 rlorch_broadcast_after_fn = CFUNCTYPE(None, c_void_p, c_int, c_uint64)
@@ -141,6 +145,9 @@ class rlorch_options(Structure):
         ("held_version", c_uint64),
         ("on_bind", rlorch_bind_fn),
         ("bind_ud", c_void_p),
+        ("trainer_rank", c_uint32),
+        ("trainer_ranks", c_uint32),
+        ("shards", POINTER(rlorch_shard)),
     ]
 
 
@@ -238,7 +245,7 @@ class rlorch_rollout(Structure):
     ]
 
 
-STRUCTS = [rlorch_error, rlorch_tensor, rlorch_options, rlorch_sampling, rlorch_generate,
+STRUCTS = [rlorch_error, rlorch_tensor, rlorch_shard, rlorch_options, rlorch_sampling, rlorch_generate,
            rlorch_train, rlorch_abort, rlorch_command, rlorch_batch_rollout, rlorch_batch,
            rlorch_rollout]
 

@@ -1,0 +1,102 @@
+/* The checksum of one source's part of a plan, the same on both sides of a
+ * broadcast of several sources: a source computes it from its shard, each
+ * receiver from its own tensors once the broadcast is in, so what is
+ * compared is what each side holds, not what crossed the wire. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "workers/bcast/bcast_internal.h"
+
+#define SUM_CHUNK_ELEMS 65536 /* elements cast at a time on a source */
+
+static int name_cmp(const void *a, const void *b) {
+  const bcast_tensor *x = *(const bcast_tensor *const *)a, *y = *(const bcast_tensor *const *)b;
+  return strncmp(x->name, y->name, BCAST_NAME_MAX);
+}
+
+/* Elements [off, off + count) of `t`, which must hold them, into the hash in
+ * the wire dtype `wd`: as they are when `wire` (or when storage is the wire
+ * dtype), else cast a chunk at a time through `buf`. */
+static int sum_range(XXH3_state_t *h, const bcast_tensor *t, bcast_dtype wd, int wire, uint64_t off,
+                     uint64_t count, void *buf, bcast_err *err) {
+  bcast_dtype have = wire ? wd : t->storage_dtype;
+  size_t hs = bcast_dtype_size(have), ws = bcast_dtype_size(wd);
+  const uint8_t *src = (const uint8_t *)t->data + (off - t->shard_offset) * hs;
+  if (have == wd) {
+    if (XXH3_64bits_update(h, src, count * ws) != XXH_OK)
+      return bcast__fail(err, BCAST_EIO, "tensor '%s': checksum update failed", t->name);
+    return BCAST_OK;
+  }
+  for (uint64_t done = 0; done < count;) {
+    size_t k = count - done < SUM_CHUNK_ELEMS ? (size_t)(count - done) : SUM_CHUNK_ELEMS;
+    int rc = bcast_cast_cpu(buf, wd, src + done * hs, have, k);
+    if (rc) return bcast__fail(err, rc, "tensor '%s': cast from %s to %s failed", t->name,
+                               bcast_dtype_name(have), bcast_dtype_name(wd));
+    if (XXH3_64bits_update(h, buf, k * ws) != XXH_OK)
+      return bcast__fail(err, BCAST_EIO, "tensor '%s': checksum update failed", t->name);
+    done += k;
+  }
+  return BCAST_OK;
+}
+
+int bcast_plan_source_checksum(const bcast_plan *p, uint32_t source, const bcast_tensor *local,
+                               size_t n, int wire, uint64_t *out, bcast_err *err) {
+  if (!p || !out || (n && !local))
+    return bcast__fail(err, BCAST_EINVAL, "source_checksum: NULL argument");
+  uint32_t ns = (uint32_t)bcast_plan_sources(p);
+  if (source >= ns)
+    return bcast__fail(err, BCAST_EINVAL, "source_checksum: source rank %u, the plan has %u", source, ns);
+  const bcast_tensor **by_name = malloc((n ? n : 1) * sizeof *by_name);
+  void *buf = malloc((size_t)SUM_CHUNK_ELEMS * 4);
+  XXH3_state_t *h = XXH3_createState();
+  int rc = BCAST_OK;
+  if (!by_name || !buf || !h) {
+    rc = bcast__fail(err, BCAST_ENOMEM, "source_checksum: out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) by_name[i] = &local[i];
+  qsort(by_name, n, sizeof *by_name, name_cmp);
+  XXH3_64bits_reset(h);
+  for (size_t b = 0; b < p->nbuckets && !rc; b++) {
+    const bcast_bucket *bk = &p->buckets[b];
+    if (ns > 1 && bk->source_rank != source) continue;
+    for (size_t s = 0; s < bk->nslices && !rc; s++) {
+      const bcast_slice *sl = &bk->slices[s];
+      const bcast_tensor *pt = &p->tensors[sl->tensor];
+      const bcast_tensor key_t = *pt, *key = &key_t;
+      const bcast_tensor **hit = bsearch(&key, by_name, n, sizeof *by_name, name_cmp);
+      if (!hit) {
+        rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': not among the %zu local tensors", pt->name, n);
+        break;
+      }
+      const bcast_tensor *t = *hit;
+      uint64_t lo = t->shard_offset, hi = lo + bcast_tensor_held(t);
+      if (sl->elem_offset < lo || sl->elem_offset + sl->elem_count > hi) {
+        rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': source rank %u sends [%llu, %llu), the local "
+                         "tensor holds [%llu, %llu)", pt->name, source,
+                         (unsigned long long)sl->elem_offset,
+                         (unsigned long long)(sl->elem_offset + sl->elem_count), (unsigned long long)lo,
+                         (unsigned long long)hi);
+        break;
+      }
+      if (t->residency == BCAST_RES_GPU) {
+        rc = bcast__fail(err, BCAST_ENOTSUP, "tensor '%s': on a GPU; a source checksum reads host memory",
+                         pt->name);
+        break;
+      }
+      if (!t->data) {
+        rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': no data", pt->name);
+        break;
+      }
+      rc = sum_range(h, t, pt->wire_dtype, wire, sl->elem_offset, sl->elem_count, buf, err);
+    }
+  }
+  if (!rc) *out = XXH3_64bits_digest(h);
+out:
+  if (h) XXH3_freeState(h);
+  free(buf);
+  free(by_name);
+  return rc;
+}
