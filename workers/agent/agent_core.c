@@ -61,13 +61,11 @@ struct agent {
   char reg_run[64];       /* the run id the RegisterRequest points to */
   atomic_int stop;
   atomic_uint_fast64_t policy_version;
-  int signo;   /* the signal that stopped the agent, 0 if none */
   int refused; /* registration refused for good: exit 1 */
   rpc_status refusal; /* what the refusal said */
 
-  pthread_t attach_tid, hb_tid, sig_tid;
-  int attach_started, hb_started, sig_started;
-  atomic_int sig_exit;
+  pthread_t attach_tid, hb_tid;
+  int attach_started, hb_started;
 };
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -539,7 +537,7 @@ void agent_block_signals(void) {
 }
 
 static void *agent__signal_main(void *arg) {
-  agent *a = arg;
+  agent_signals *s = arg;
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -547,14 +545,30 @@ static void *agent__signal_main(void *arg) {
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
-    if (atomic_load(&a->sig_exit)) return NULL; /* agent_run is done: our own wake-up */
+    if (atomic_load(&s->done)) return NULL; /* agent_signals_stop's own wake-up */
     agent_log_info("signal", "signal=%s action=stop", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    pthread_mutex_lock(&a->mu);
-    if (!a->signo) a->signo = sig;
-    pthread_mutex_unlock(&a->mu);
-    agent__request_stop(a);
+    s->fn(s->ud);
+    atomic_store(&s->ended, 1);
     return NULL;
   }
+}
+
+int agent_signals_start(agent_signals *s, void (*fn)(void *ud), void *ud) {
+  s->fn = fn;
+  s->ud = ud;
+  atomic_store(&s->done, 0);
+  atomic_store(&s->ended, 0);
+  int rc = pthread_create(&s->tid, NULL, agent__signal_main, s);
+  s->started = rc == 0;
+  return rc;
+}
+
+void agent_signals_stop(agent_signals *s) {
+  if (!s->started) return;
+  atomic_store(&s->done, 1);
+  if (!atomic_load(&s->ended)) pthread_kill(s->tid, SIGTERM); /* wakes its sigwait */
+  pthread_join(s->tid, NULL);
+  s->started = 0;
 }
 
 /* ---- lifecycle -------------------------------------------------------------- */
@@ -642,17 +656,9 @@ static void agent__join(agent *a) {
   if (a->attach_started) pthread_join(a->attach_tid, NULL);
   if (a->hb_started) pthread_join(a->hb_tid, NULL);
   a->attach_started = a->hb_started = 0;
-  if (a->sig_started) {
-    atomic_store(&a->sig_exit, 1);
-    pthread_kill(a->sig_tid, SIGTERM);
-    pthread_join(a->sig_tid, NULL);
-    a->sig_started = 0;
-  }
 }
 
 int agent_run(agent *a) {
-  if (!a->opts.no_signal_thread)
-    a->sig_started = pthread_create(&a->sig_tid, NULL, agent__signal_main, a) == 0;
   int status = 0;
   if (agent__register(a, 0) < 0) goto out;
   a->attach_started = pthread_create(&a->attach_tid, NULL, agent__attach_main, a) == 0;

@@ -3,8 +3,8 @@
  *
  * Threads: the caller's thread runs agent_run and executes commands one at a
  * time, in order; an attach thread reads the Attach stream and queues
- * commands; a heartbeat thread reports liveness every heartbeat interval; a
- * signal thread turns SIGINT/SIGTERM into a stop. Either background thread
+ * commands; a heartbeat thread reports liveness every heartbeat interval.
+ * Signals are the host program's (agent_signals below). Either background thread
  * re-registers when the orchestrator no longer knows the worker (once per
  * loss), and every retry backs off: the agent never spins on a dead server.
  * An abort is the one command also seen ahead of the queue (agent_set_abort_fn):
@@ -13,6 +13,8 @@
 #ifndef RLORCH_AGENT_CORE_H
 #define RLORCH_AGENT_CORE_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +45,24 @@ typedef void (*agent_stats_fn)(Rlorch__V1__WorkerStats *stats, void *ud);
  * any thread exists, so every later thread inherits the mask and the signal
  * thread alone receives them. */
 void agent_block_signals(void);
+
+/* The signal thread of a program that blocked SIGINT and SIGTERM
+ * (agent_block_signals): it takes the first of them, logs it (event=signal)
+ * and calls fn(ud) once, from its own thread. */
+typedef struct agent_signals {
+  pthread_t tid;
+  int started;
+  atomic_int done;  /* set by agent_signals_stop */
+  atomic_int ended; /* the thread returned after a signal */
+  void (*fn)(void *ud);
+  void *ud;
+} agent_signals;
+
+/* 0, or the pthread_create error. */
+int agent_signals_start(agent_signals *s, void (*fn)(void *ud), void *ud);
+/* Ends and joins the thread (fn is not called after it returns): call it
+ * before whatever fn touches goes. Fine on a zeroed, never started one. */
+void agent_signals_stop(agent_signals *s);
 
 /* reg: the Register request (role, capabilities, manifest, data address),
  * owned by the caller and left unchanged while the agent lives; the worker

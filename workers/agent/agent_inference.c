@@ -98,11 +98,7 @@ typedef struct agent__inference {
   int quit;
   pthread_t *tids;
   size_t nthreads;
-  /* The signal thread: SIGINT/SIGTERM stop the worker. */
-  pthread_t sig_tid;
-  int sig_started;
-  atomic_int sig_exit;  /* set by inference__signal_stop */
-  atomic_int sig_ended; /* the thread returned after a signal */
+  agent_signals sig; /* SIGINT/SIGTERM stop the worker */
 } agent__inference;
 
 typedef struct inference__job {
@@ -534,30 +530,7 @@ static void inference__queue(agent__inference *in, rlorch_command *cmd) {
 
 /* SIGINT or SIGTERM stops the worker, also while it waits for its first
  * registration; the library's own threads take neither. */
-static void *inference__signal_main(void *arg) {
-  agent__inference *in = arg;
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  for (;;) {
-    int sig = 0;
-    if (sigwait(&set, &sig) != 0) continue;
-    if (atomic_load(&in->sig_exit)) return NULL; /* the agent is done: our own wake-up */
-    agent_log_info("signal", "signal=%s action=stop", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    rlorch_stop(in->w);
-    atomic_store(&in->sig_ended, 1);
-    return NULL;
-  }
-}
-
-static void inference__signal_stop(agent__inference *in) {
-  if (!in->sig_started) return;
-  atomic_store(&in->sig_exit, 1);
-  if (!atomic_load(&in->sig_ended)) pthread_kill(in->sig_tid, SIGTERM); /* wakes its sigwait */
-  pthread_join(in->sig_tid, NULL);
-  in->sig_started = 0;
-}
+static void inference__on_signal(void *w) { rlorch_stop(w); }
 
 /* Pulls commands until the worker stops; 0, or 1 when it could not go on. */
 static int inference__loop(agent__inference *in) {
@@ -650,12 +623,11 @@ int agent_inference_run(const agent_opts *o) {
     agent_log_error("fatal", "reason=\"%s\"", err.message);
     goto out;
   }
-  int rc = pthread_create(&in.sig_tid, NULL, inference__signal_main, &in);
+  int rc = agent_signals_start(&in.sig, inference__on_signal, in.w);
   if (rc) {
     agent_log_error("fatal", "reason=\"signal thread: %s\"", strerror(rc));
     goto out;
   }
-  in.sig_started = 1;
   if (inference__pool_start(&in, in.o.concurrency, msg, sizeof msg)) {
     agent_log_error("fatal", "reason=\"%s\"", msg);
     goto out;
@@ -681,7 +653,7 @@ out:
   inference__pool_stop(&in);
   /* A failure of the library's own (logged where it happened) exits 1 too. */
   if (in.w && status == 0 && rlorch_stop_status(in.w, NULL) != RLORCH_OK) status = 1;
-  inference__signal_stop(&in);
+  agent_signals_stop(&in.sig);
   rlorch_free(in.w);
   inference__free_buffers(&in);
   pthread_cond_destroy(&in.wake);

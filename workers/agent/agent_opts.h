@@ -71,10 +71,6 @@ typedef struct agent_opts {
   const char *tls_ca_file;
   const char *tls_client_cert_file;
   const char *tls_client_key_file;
-  /* 1: agent_run leaves SIGINT and SIGTERM to the host (an embedding
-   * library's process has its own handlers); 0 (the default): a signal
-   * thread of the agent turns them into a stop. */
-  int no_signal_thread;
 } agent_opts;
 
 /* Fills every field with its default for role. */

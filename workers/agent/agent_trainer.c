@@ -390,45 +390,9 @@ static int trainer__create(agent__trainer *tr, char *err, size_t errlen) {
   return 0;
 }
 
-/* ---- signals: SIGINT and SIGTERM stop the worker -------------------------- */
-
-/* The library's threads block every signal and main blocked these two
- * (agent_block_signals) before any thread existed, so this thread alone
- * takes them. It ends after the first, or when trainer__signals_end wakes it
- * with `done` set. */
-typedef struct trainer__signals {
-  pthread_t tid;
-  int started;
-  atomic_int done;  /* set by trainer__signals_end */
-  atomic_int ended; /* the thread returned after a signal */
-  rlorch_worker *w;
-} trainer__signals;
-
-static void *trainer__signal_main(void *arg) {
-  trainer__signals *s = arg;
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  for (;;) {
-    int sig = 0;
-    if (sigwait(&set, &sig) != 0) continue;
-    if (atomic_load(&s->done)) return NULL; /* our own wake-up: the worker is going */
-    agent_log_info("signal", "signal=%s action=stop", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    rlorch_stop(s->w);
-    atomic_store(&s->ended, 1);
-    return NULL;
-  }
-}
-
-/* Before rlorch_free: the thread must not stop a freed worker. */
-static void trainer__signals_end(trainer__signals *s) {
-  if (!s->started) return;
-  atomic_store(&s->done, 1);
-  if (!atomic_load(&s->ended)) pthread_kill(s->tid, SIGTERM); /* wakes its sigwait */
-  pthread_join(s->tid, NULL);
-  s->started = 0;
-}
+/* SIGINT and SIGTERM stop the worker (agent_signals), also while it waits
+ * for its first registration. */
+static void trainer__on_signal(void *w) { rlorch_stop(w); }
 
 /* ---- the steps -------------------------------------------------------------- */
 
@@ -547,15 +511,13 @@ int agent_trainer_run(const agent_opts *o) {
     return 1;
   }
   trainer__placement(&tr);
-  trainer__signals sig = {0};
+  agent_signals sig = {0};
   int status = 1;
   if (trainer__setup(&tr, err, sizeof err) || trainer__create(&tr, err, sizeof err)) {
     agent_log_error("fatal", "reason=\"%s\"", err);
     goto out;
   }
-  sig.w = tr.w;
-  sig.started = pthread_create(&sig.tid, NULL, trainer__signal_main, &sig) == 0;
-  if (!sig.started) {
+  if (agent_signals_start(&sig, trainer__on_signal, tr.w)) {
     agent_log_error("fatal", "reason=\"cannot start the signal thread\"");
     goto out;
   }
@@ -569,7 +531,7 @@ int agent_trainer_run(const agent_opts *o) {
     agent_log_error("fatal", "reason=\"%s\"", e.message);
   }
 out:
-  trainer__signals_end(&sig);
+  agent_signals_stop(&sig); /* before rlorch_free: no stop of a freed worker */
   rlorch_free(tr.w);
   trainer__free(&tr);
   agent_log_info("exit", "status=%d", status);

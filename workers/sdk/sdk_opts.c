@@ -255,7 +255,6 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
   w->ao.device = o->device;
   w->ao.device_set = 1;
   w->ao.concurrency = o->max_concurrent_requests;
-  w->ao.no_signal_thread = 1; /* the embedding process keeps its own signals */
   char msg[512];
   if (agent_opts_check(&w->ao, msg, sizeof msg))
     return sdk_fail(err, RLORCH_E_INVALID, "options: %s", msg);
