@@ -90,15 +90,19 @@ def recompute_gaps(snapshots, bf16, fp32, t, temperature):
     return gaps, missing
 
 
-def train_step(model, opt, t, temperature):
+def train_step(model, opt, t, temperature, off=None):
+    """One AdamW step on the GRPO loss; with `off` (Offloaded) the passes run
+    on its GPU copy and the step on the pinned host parameters."""
     rewards = t["rewards"].float()
     if rewards.dim() == 2:                    # one column per reward: the task has one
         rewards = rewards[:, 0]
     adv = P.group_advantages(rewards, t["group_ids"])
-    new = model.token_logprobs(t["prompt_ids"], t["completion_ids"], temperature)
+    new = (off or model).token_logprobs(t["prompt_ids"], t["completion_ids"], temperature)
     loss = P.grpo_loss(new, t["logprobs"].float(), adv, t["completion_mask"])
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    if off:
+        off.gradients_to_host()
     opt.step()                                # in place: the manifest's memory
     return rewards, loss.item()
 
@@ -128,20 +132,6 @@ class Offloaded:
             m.grad = g
         torch.cuda.synchronize()
         self.compute.zero_grad(set_to_none=True)
-
-
-def train_step_offloaded(off, opt, t, temperature):
-    rewards = t["rewards"].float()
-    if rewards.dim() == 2:
-        rewards = rewards[:, 0]
-    adv = P.group_advantages(rewards, t["group_ids"])
-    new = off.token_logprobs(t["prompt_ids"], t["completion_ids"], temperature)
-    loss = P.grpo_loss(new, t["logprobs"].float(), adv, t["completion_mask"])
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    off.gradients_to_host()
-    opt.step()                                # on the CPU, in place: the pinned manifest's memory
-    return rewards, loss.item()
 
 
 def check_batch(t):
@@ -203,10 +193,7 @@ def main():
                 t = {k: v.to(device) for k, v in batch.to_torch().items()}
                 check_batch(t)
                 gaps, missing = recompute_gaps(snapshots, check_bf16, check_fp32, t, args.temperature)
-                if off:
-                    rewards, loss = train_step_offloaded(off, opt, t, args.temperature)
-                else:
-                    rewards, loss = train_step(model, opt, t, args.temperature)
+                rewards, loss = train_step(model, opt, t, args.temperature, off)
             except (rlorch.RlorchError, ValueError, KeyError) as e:
                 # The library stops the worker after a failed step (the
                 # orchestrator redoes it when a trainer attaches): exit non-zero.
