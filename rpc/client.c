@@ -23,7 +23,6 @@ struct rpc_client {
   grpc_channel *ch;
   grpc_slice auth_key, auth_value;
   int has_auth;
-  int streams_wait_for_ready;
   uv_mutex_t mu;
   rpc__open *streams; /* open blocking streams, for rpc_client_cancel_streams */
   int streams_cancelled;
@@ -96,7 +95,6 @@ int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t
     rpc_client_free(c);
     return -1;
   }
-  c->streams_wait_for_ready = o->streams_wait_for_ready;
   c->ch = grpc_channel_create(o->target, cr, &ca);
   grpc_channel_credentials_release(cr);
   if (o->token && *o->token) {
@@ -126,6 +124,26 @@ void rpc_client_free(rpc_client *c) {
   uv_mutex_destroy(&c->mu);
   free(c);
   grpc_shutdown();
+}
+
+int rpc_client_wait_ready(rpc_client *c, double timeout_s) {
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  gpr_timespec end = rpc__deadline(timeout_s);
+  int ready = 0, tag = 0;
+  for (;;) {
+    grpc_connectivity_state s = grpc_channel_check_connectivity_state(c->ch, 1);
+    if (s == GRPC_CHANNEL_READY) {
+      ready = 1;
+      break;
+    }
+    if (s == GRPC_CHANNEL_SHUTDOWN) break;
+    grpc_channel_watch_connectivity_state(c->ch, s, end, cq, &tag);
+    grpc_event ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (!ev.success) break; /* the deadline came with the state unchanged */
+  }
+  grpc_completion_queue_shutdown(cq);
+  grpc_completion_queue_destroy(cq);
+  return ready;
 }
 
 /* What one blocking call needs, kept together so every path cleans up alike. */
@@ -189,7 +207,6 @@ static grpc_call_error rpc__ccall_send(rpc_client *cl, rpc__ccall *k, grpc_byte_
   size_t n = 0;
   memset(ops, 0, sizeof ops);
   ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-  if (!unary && cl->streams_wait_for_ready) ops[n].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
   ops[n].data.send_initial_metadata.count = cl->has_auth ? 1 : 0;
   ops[n++].data.send_initial_metadata.metadata = cl->has_auth ? &k->auth : NULL;
   ops[n].op = GRPC_OP_SEND_MESSAGE;

@@ -138,16 +138,15 @@ typedef struct rpc_client_opts {
                                 (the server then verified by gRPC's default roots
                                 unless tls_ca_file is set) */
   const char *tls_key_file;  /* its PEM private key */
-  /* 1: a stream started while the server is unreachable waits for the
-   * channel to connect (gRPC's wait-for-ready; its reconnect backoff is at
-   * most 1 s) until its deadline or a cancel, instead of failing at once:
-   * a long-lived stream is then open again as soon as its server is back.
-   * Unary calls always fail fast. */
-  int streams_wait_for_ready;
 } rpc_client_opts;
 
 int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t errlen);
 void rpc_client_free(rpc_client *c);
+/* Waits up to timeout_s for the channel to be connected, asking it to connect
+ * now if it is idle or between attempts: 1 once it is, 0 when the time ran
+ * out (or the channel is shut down). For a caller that retries a failed call
+ * without waiting out a backoff the server may be back within. */
+int rpc_client_wait_ready(rpc_client *c, double timeout_s);
 
 /* Blocking unary call. On OK, *resp is a message to free with
  * protobuf_c_message_free_unpacked(*resp, NULL). Returns the status code. */

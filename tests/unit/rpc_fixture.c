@@ -251,7 +251,7 @@ void fx_start_opts(rpc_server_opts o) {
       {WATCHRUN, RPC_SERVER_STREAM, &rlorch__v1__watch_run_request__descriptor,
        &rlorch__v1__run_event__descriptor, 1, h_watchrun, &F},
   };
-  if (!o.listen) o.listen = "127.0.0.1:0";
+  o.listen = "127.0.0.1:0";
   o.on_call_done = fx__hook;
   o.hook_ud = &F;
   char err[256] = "";

@@ -75,8 +75,8 @@ typedef struct fx {
 /* The one fixture of the running test. */
 extern fx F;
 
-/* Starts the server with these options (hook and handlers are set here,
- * listen too unless given); start() with the defaults. */
+/* Starts the server with these options (listen, hook and handlers are set
+ * here); start() with the defaults. */
 void fx_start_opts(rpc_server_opts o);
 void fx_start(void);
 /* Graceful shutdown from the loop thread; asserts done() ran once and the

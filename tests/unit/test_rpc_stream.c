@@ -1,10 +1,10 @@
 /* rpc server and client over loopback (rpc_fixture.h). Server streams: order
- * of many messages, cancellation by the client, waiting for a server that is
- * not up yet. */
+ * of many messages, cancellation by the client. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rpc_fixture.h"
@@ -180,33 +180,31 @@ Test(rpc_stream, shutdown_ends_a_paced_stream_without_calling_it_again) {
   rpc_client_free(s.c);
 }
 
-/* A client with streams_wait_for_ready: a stream started while nothing
- * listens waits, and runs once the server comes up on that address; without
- * it the stream fails at once. */
-Test(rpc_stream, wait_for_ready_stream_opens_when_the_server_comes_up) {
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* rpc_client_wait_ready: 1 at once for a live server; 0 after its timeout
+ * when nothing listens (the caller then retries). */
+Test(rpc_stream, wait_ready_says_whether_the_server_can_be_reached) {
   fx_start();
   char target[64];
   snprintf(target, sizeof target, "%s", F.target);
+  rpc_client *c = fx_client(NULL);
+  double t0 = mono_s();
+  cr_assert_eq(rpc_client_wait_ready(c, 5.0), 1);
+  cr_assert_lt(mono_s() - t0, 2.0, "a live server is reached without waiting out the timeout");
+  rpc_client_free(c);
   fx_stop();
+  rpc_client *dead = NULL;
   char err[256];
-  rpc_client *fast = NULL, *patient = NULL;
   rpc_client_opts o = {.target = target};
-  cr_assert_eq(rpc_client_new(&o, &fast, err, sizeof err), 0, "%s", err);
-  o.streams_wait_for_ready = 1;
-  cr_assert_eq(rpc_client_new(&o, &patient, err, sizeof err), 0, "%s", err);
-  fx_streamer now = {.c = fast, .run_id = "done", .n = 3};
-  fx_stream_thread(&now);
-  cr_assert_eq(now.code, GRPC_STATUS_UNAVAILABLE, "%s", rpc_status_name(now.code));
-  fx_streamer s = {.c = patient, .run_id = "done", .n = 3, .code = GRPC_STATUS_UNKNOWN};
-  uv_thread_t th;
-  uv_thread_create(&th, fx_stream_thread, &s);
-  usleep(500 * 1000);
-  cr_assert_eq(s.got, 0, "nothing can have arrived: no server");
-  fx_start_opts((rpc_server_opts){.listen = target});
-  uv_thread_join(&th);
-  cr_assert_eq(s.code, GRPC_STATUS_OK, "%s: %s", rpc_status_name(s.code), s.st.message);
-  cr_assert_eq(s.got, 3);
-  rpc_client_free(fast);
-  rpc_client_free(patient);
-  fx_stop();
+  cr_assert_eq(rpc_client_new(&o, &dead, err, sizeof err), 0, "%s", err);
+  t0 = mono_s();
+  cr_assert_eq(rpc_client_wait_ready(dead, 0.5), 0);
+  double took = mono_s() - t0;
+  cr_assert(took >= 0.4 && took < 3.0, "it waits its timeout, no more: %.3f s", took);
+  rpc_client_free(dead);
 }

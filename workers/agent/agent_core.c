@@ -22,6 +22,12 @@
 #define AGENT__CALL_TIMEOUT_S 10.0
 #define AGENT__BACKOFF_MIN_S 0.1
 #define AGENT__BACKOFF_MAX_S 5.0
+/* While the orchestrator is unreachable the command stream's retry waits for
+ * the channel to connect, at most this long a try (the agent's stop is
+ * noticed between tries): a restarted orchestrator is found, the worker
+ * forgotten and registered again as soon as it listens, not after a backoff
+ * grown to seconds. */
+#define AGENT__ATTACH_WAIT_MAX_S 1.0
 #define AGENT__REPORT_GIVE_UP_S 120.0
 
 typedef enum { AGENT__CONN_UNKNOWN = 0, AGENT__CONN_UP, AGENT__CONN_DOWN } agent__conn;
@@ -383,8 +389,15 @@ static void *agent__attach_main(void *arg) {
       agent_log_debug("attach_failed", "code=%s msg=\"%s\"", rpc_status_name(code), st.message);
       if (code != GRPC_STATUS_CANCELLED) agent__set_conn(a, AGENT__CONN_DOWN, &st);
     }
-    /* Not past a new registration: then there is an id to open a stream under. */
-    agent__sleep(a, backoff, &gen);
+    /* Not past a new registration: then there is an id to open a stream
+     * under. An unreachable orchestrator is waited for by the channel. */
+    if (code == GRPC_STATUS_UNAVAILABLE) {
+      double t0 = agent_now();
+      int up = rpc_client_wait_ready(a->rpc, backoff < AGENT__ATTACH_WAIT_MAX_S ? backoff : AGENT__ATTACH_WAIT_MAX_S);
+      if (!up && agent_now() - t0 < AGENT__BACKOFF_MIN_S) agent__sleep(a, AGENT__BACKOFF_MIN_S, &gen);
+    } else {
+      agent__sleep(a, backoff, &gen);
+    }
     backoff = agent__backoff_next(backoff);
   }
   return NULL;
@@ -608,15 +621,11 @@ int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_comma
   pthread_mutex_init(&a->reg_mu, NULL);
   a->hb_ms = 1000;
   /* The orchestrator bounds what it sends (batch chunks, commands) by its own
-   * max_message_bytes, up to 2 GiB: take whatever it is configured to. The
-   * command stream waits for a restarting orchestrator rather than failing
-   * and backing off: it opens (and finds the worker forgotten, so the agent
-   * registers again) within the channel's reconnect backoff of the
-   * orchestrator's return, not after the agent's own backoff has grown. */
+   * max_message_bytes, up to 2 GiB: take whatever it is configured to. */
   rpc_client_opts co = {.target = o->orchestrator, .token = a->token[0] ? a->token : NULL,
                         .max_message_bytes = 0x7fffffff, .tls_ca_file = o->tls_ca_file,
                         .tls_cert_file = o->tls_client_cert_file,
-                        .tls_key_file = o->tls_client_key_file, .streams_wait_for_ready = 1};
+                        .tls_key_file = o->tls_client_key_file};
   if (rpc_client_new(&co, &a->rpc, err, errlen) != 0) {
     agent_free(a);
     return -1;
