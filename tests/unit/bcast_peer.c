@@ -159,3 +159,17 @@ int bp_root_accept(int fd, const bcast_plan *p, const uint8_t *secret, const uin
   mac(secret, "rlorch.bcast.reply/2", hello + 24, nonce, bp_get32(hello + 8), p->hash, p->id, r + 12);
   return send(fd, r, sizeof r, MSG_NOSIGNAL) == (ssize_t)sizeof r ? 0 : -1;
 }
+
+void *bp_reference(const bcast_tensor *t) {
+  uint64_t n = bcast_tensor_elems(t);
+  uint16_t *w = malloc(n * 2);
+  for (uint64_t i = 0; w && i < n; i++) {
+    if (t->storage_dtype != BCAST_DTYPE_FP32) {
+      w[i] = ((const uint16_t *)t->data)[i];
+      continue;
+    }
+    float x = ((const float *)t->data)[i];
+    w[i] = t->wire_dtype == BCAST_DTYPE_BF16 ? bcast_f32_to_bf16(x) : bcast_f32_to_f16(x);
+  }
+  return w;
+}

@@ -15,6 +15,11 @@
 #define BP_MAC 32
 #define BP_CHALLENGE 40
 
+/* Reference wire bytes of one whole sender tensor, cast element by element
+ * with the scalar casts (a 16-bit storage copied): what every receiver must
+ * hold after the broadcast. malloc'd, 2 bytes per element. */
+void *bp_reference(const bcast_tensor *t);
+
 /* A connected loopback TCP client of addr ("127.0.0.1:port"), or -1. */
 int bp_dial(const char *addr);
 /* Reads exactly n bytes; 0, or -1 (closed, error, timeout). */

@@ -72,21 +72,6 @@ static void fixture_free(fixture *f) {
   for (size_t i = 0; i < f->n; i++) free(f->src[i].data);
 }
 
-/* Reference wire bytes of one tensor: scalar casts, element by element. */
-static void *reference(const bcast_tensor *t) {
-  uint64_t n = bcast_tensor_elems(t);
-  uint16_t *w = malloc(n * 2);
-  for (uint64_t i = 0; i < n; i++) {
-    if (t->storage_dtype != BCAST_DTYPE_FP32) {
-      w[i] = ((const uint16_t *)t->data)[i];
-      continue;
-    }
-    float x = ((const float *)t->data)[i];
-    w[i] = t->wire_dtype == BCAST_DTYPE_BF16 ? bcast_f32_to_bf16(x) : bcast_f32_to_f16(x);
-  }
-  return w;
-}
-
 static bcast_plan *make_plan_tls(const fixture *f, uint32_t world, const char *endpoint, uint64_t budget,
                                  int tls) {
   bcast_plan_opts o = {.id = "test/step-1", .mode = BCAST_MODE_HOST, .staging_budget = budget,
@@ -137,7 +122,7 @@ static void receiver_child(const fixture *f, const bcast_plan *p, uint32_t rank)
     CHILD_FAIL("stats: transport %s, %u buckets", st.transport, st.nbuckets);
   void *ref[6];
   for (size_t i = 0; i < f->n; i++) {
-    ref[i] = reference(&f->src[i]);
+    ref[i] = bp_reference(&f->src[i]);
     if (memcmp(ref[i], dst[f->n - 1 - i].data, bcast_tensor_elems(&f->src[i]) * 2))
       CHILD_FAIL("tensor %s differs from the reference cast", f->src[i].name);
   }

@@ -126,21 +126,6 @@ static bcast_shard_map *shard_map(const model *m) {
   return map;
 }
 
-/* Reference wire bytes of one whole tensor: scalar casts, element by element. */
-static void *reference(const bcast_tensor *t) {
-  uint64_t n = bcast_tensor_elems(t);
-  uint16_t *w = malloc(n * 2);
-  for (uint64_t i = 0; i < n; i++) {
-    if (t->storage_dtype != BCAST_DTYPE_FP32) {
-      w[i] = ((const uint16_t *)t->data)[i];
-      continue;
-    }
-    float x = ((const float *)t->data)[i];
-    w[i] = t->wire_dtype == BCAST_DTYPE_BF16 ? bcast_f32_to_bf16(x) : bcast_f32_to_f16(x);
-  }
-  return w;
-}
-
 static bcast_engine *engine(uint32_t rank, const char *listen, double timeout) {
   bcast_engine_opts o = {.rank = rank, .device = -1, .timeout_s = timeout, .host_listen = listen};
   bcast_engine *e = NULL;
@@ -277,7 +262,7 @@ static void run_sharded(uint32_t nranks, int tls) {
     cr_assert_leq(x->st.wire_alone_s, x->st.wire_s + 1e-9);
     cr_assert_gt(x->st.wire_alone_s, 0);
     for (size_t t = 0; t < w.m.n; t++) {
-      void *ref = reference(&w.m.full[t]);
+      void *ref = bp_reference(&w.m.full[t]);
       cr_assert_eq(memcmp(ref, w.dst[i][w.m.n - 1 - t].data, bcast_tensor_elems(&w.m.full[t]) * 2), 0,
                    "receiver %u: tensor %s differs from the full tensor's cast", nranks + i, w.m.full[t].name);
       free(ref);
