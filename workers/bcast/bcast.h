@@ -76,6 +76,15 @@ int bcast_cast_supported(bcast_dtype from, bcast_dtype to);
 #define BCAST_MAX_DIMS 8
 #define BCAST_NAME_MAX 128
 
+/* A receiver's part of one tensor (see "receiver views" below). */
+typedef enum { BCAST_PART_WHOLE = 0, BCAST_PART_SLICE = 1, BCAST_PART_NONE = 2 } bcast_part_kind;
+typedef struct bcast_part {
+  int kind;        /* bcast_part_kind */
+  uint32_t dim;    /* BCAST_PART_SLICE: the dimension cut */
+  uint64_t start;  /* BCAST_PART_SLICE: first index along dim */
+  uint64_t count;  /* BCAST_PART_SLICE: indices along dim, >= 1 */
+} bcast_part;
+
 typedef struct bcast_tensor {
   char name[BCAST_NAME_MAX];
   uint32_t layer;
@@ -94,7 +103,48 @@ typedef struct bcast_tensor {
    * whole tensors, and a plan never describes a shard. */
   uint64_t shard_offset;
   uint64_t shard_elems;
+  /* A receiver's part (tensor or expert parallel, see "receiver views"):
+   * which part of the tensor `data` holds, dense and row-major in the part's
+   * own shape. Zero (BCAST_PART_WHOLE): the whole tensor. Must equal the
+   * part the plan's view gives this receiver; senders leave it zero. */
+  bcast_part part;
 } bcast_tensor;
+
+/* ---- receiver views: receivers that hold part of the model ------------------
+ * A tensor-parallel engine rank holds a slab of some 2-D weights (rows:
+ * column-parallel, dim 0; columns: row-parallel, dim 1) and whole copies of
+ * the small ones; an expert-parallel rank holds some experts' tensors whole
+ * and none of the others.  A part is one of:
+ *   WHOLE  every element (the default, zero);
+ *   SLICE  indices [start, start + count) along dimension `dim`, every index
+ *          of the other dimensions; held dense, in the full shape with
+ *          shape[dim] replaced by count, row-major;
+ *   NONE   nothing: the receiver does not hold the tensor (and need not
+ *          list it among its local tensors).
+ * A plan gives each receiver rank a view (one part per plan tensor) and
+ * delivers it exactly its parts: on the host transport every source sends a
+ * receiver only the bytes of its view, packed, in plan order (slice by slice
+ * of every bucket, each slice restricted to the part, in increasing element
+ * order). */
+
+/* The elements of `t` (full shape) that part `pt` holds; 0 for NONE. */
+uint64_t bcast_part_elems(const bcast_tensor *t, const bcast_part *pt);
+
+/* What a receiver asks for, by tensor name: tensors it does not list are
+ * received whole. */
+typedef struct bcast_part_spec {
+  const char *name;
+  bcast_part part;
+} bcast_part_spec;
+
+typedef struct bcast_receiver_view {
+  const bcast_part_spec *parts;
+  size_t nparts;
+} bcast_receiver_view;
+
+/* No view: the rank holds every tensor whole (every source, and receivers
+ * that asked for nothing). */
+#define BCAST_VIEW_WHOLE 0xffffffffu
 
 uint64_t bcast_tensor_elems(const bcast_tensor *t);
 /* Elements `t` holds itself: shard_elems, or the whole tensor when 0. */
@@ -259,6 +309,16 @@ typedef struct bcast_plan {
   /* Source ranks 0..nsources-1 (0 or 1: one, the root).  Covered by the hash
    * when above 1. */
   uint32_t nsources;
+  /* Receiver views (see "receiver views"): nviews distinct views, view v's
+   * part of tensor i at view_parts[v * ntensors + i]; rank_view[r] (world_size
+   * entries) is rank r's view or BCAST_VIEW_WHOLE (every source's).  nviews 0:
+   * every receiver holds every tensor whole, view_parts and rank_view NULL.
+   * Builders keep one view per distinct set of parts, in order of the first
+   * rank that has it, and never make a view of all-WHOLE parts.  Covered by
+   * the hash when nviews > 0 (every part and every rank's view). */
+  uint32_t nviews;
+  bcast_part *view_parts;
+  uint32_t *rank_view;
   /* Fields below are not covered by the hash (see above). */
   /* Host mode with nsources > 1: where each source listens, nsources
    * strings (malloc'd, owned by the plan; entry 0 equals host_endpoint);
@@ -292,6 +352,14 @@ typedef struct bcast_plan_opts {
   /* bcast_plan_build_sharded: each source's data address ("host:port"),
    * the map's nranks of them, or NULL (filled in later, as host_endpoint). */
   const char *const *source_endpoints;
+  /* Receiver views: world_size entries indexed by rank, or NULL (every
+   * receiver whole). An entry with no parts is a whole receiver; a source's
+   * entry must have none. Each part is resolved against the plan's tensors by
+   * name and refused, naming the rank, the tensor and the field, when the
+   * name is unknown or listed twice, dim >= ndim, count 0, start + count past
+   * shape[dim], or the kind is unknown. A view that leaves a receiver
+   * nothing at all is refused too. */
+  const bcast_receiver_view *receiver_views;
 } bcast_plan_opts;
 
 /* Buckets per layer and per wire dtype, slices concatenated at fixed offsets,
@@ -312,6 +380,14 @@ int bcast_plan_build_sharded(const bcast_shard_map *m, const bcast_plan_opts *op
  * other than its source, an empty or too long source endpoint, and
  * endpoints that contradict host_endpoint. */
 int bcast_plan_validate(const bcast_plan *p, bcast_err *err);
+/* Rank `rank`'s part of tensor `tensor` (NULL when out of range); a static
+ * WHOLE part for ranks without a view. */
+const bcast_part *bcast_plan_part(const bcast_plan *p, uint32_t rank, size_t tensor);
+/* The view rank `rank` holds: its index below nviews, or BCAST_VIEW_WHOLE. */
+uint32_t bcast_plan_rank_view(const bcast_plan *p, uint32_t rank);
+/* Wire bytes a receiver of view `view` (BCAST_VIEW_WHOLE: whole) gets from
+ * source `source` (UINT32_MAX: from all of them), padding left out. */
+uint64_t bcast_plan_view_bytes(const bcast_plan *p, uint32_t view, uint32_t source);
 /* Where source `rank` of a host-mode plan listens ("" if the plan has none). */
 const char *bcast_plan_source_endpoint(const bcast_plan *p, uint32_t rank);
 /* How many sources send the plan: nsources, 1 when 0. */
@@ -322,6 +398,13 @@ uint64_t bcast_plan_wire_bytes(const bcast_plan *p);
 /* A participant's local tensors must match the plan by name, shape and dtype. */
 int bcast_plan_check_local(const bcast_plan *p, const bcast_tensor *local, size_t n,
                            int sender, bcast_err *err);
+/* A receiver rank's local tensors against its view: every tensor whose part
+ * is not NONE is there with the plan's (full) shape and wire dtype, and its
+ * `part` equals the view's; NONE tensors may be absent.  What
+ * bcast_engine_execute checks on a receiver of a plan with views; for a rank
+ * without a view it is bcast_plan_check_local. */
+int bcast_plan_check_receiver(const bcast_plan *p, uint32_t rank, const bcast_tensor *local,
+                              size_t n, bcast_err *err);
 /* A source rank's local tensors (whole, or shards) against the plan: each
  * tensor its buckets carry is there, by name, shape and storage dtype, and
  * holds every element range they carry; tensors it sends nothing of may be
@@ -341,6 +424,15 @@ int bcast_plan_check_source(const bcast_plan *p, uint32_t rank, const bcast_tens
  * GPU-resident data, BCAST_ENOMEM. */
 int bcast_plan_source_checksum(const bcast_plan *p, uint32_t source, const bcast_tensor *local,
                                size_t n, int wire, uint64_t *out, bcast_err *err);
+/* The same over view `view`'s parts only (BCAST_VIEW_WHOLE: the function
+ * above): the bytes a receiver of that view gets from `source`, in the order
+ * it gets them (each slice restricted to the part, in element order).  A
+ * receiver reads its local part tensors (`wire`); a source reads its shard
+ * and computes one per view of the plan, so each receiver's sum is compared
+ * with its source's sum for the receiver's view. */
+int bcast_plan_view_checksum(const bcast_plan *p, uint32_t source, uint32_t view,
+                             const bcast_tensor *local, size_t n, int wire, uint64_t *out,
+                             bcast_err *err);
 /* Sets the NCCL unique id and recomputes the hash (the id is covered). */
 void bcast_plan_set_nccl_id(bcast_plan *p, const uint8_t id[128]);
 /* Deep copy (tensors, buckets, slices); NULL when out of memory. */
