@@ -22,6 +22,7 @@
 #include "orchestrator/common/pbjson.h"
 #include "orchestrator/daemon/group_table.h"
 #include "orchestrator/daemon/now.h"
+#include "orchestrator/daemon/parts.h"
 #include "orchestrator/daemon/prompt_source.h"
 #include "orchestrator/daemon/rollout_store.h"
 #include "orchestrator/daemon/sched_pb.h"
@@ -559,8 +560,43 @@ out:
   return rc;
 }
 
+static void receiver_views_free(bcast_receiver_view *v, size_t n) {
+  for (size_t i = 0; v && i < n; i++) free((void *)v[i].parts);
+  free(v);
+}
+
+/* The receivers' parts (RegisterRequest.parts), as the planner takes them:
+ * one view per rank, the sources' empty. The specs point into the worker
+ * entries, which outlive the plan's build. 0, or -1 with err. */
+static int receiver_views(runner *r, const sched_action *a, uint32_t sources,
+                          bcast_receiver_view **out, char *err, size_t errlen) {
+  *out = NULL;
+  size_t with = 0;
+  for (size_t i = sources; i < a->nparticipants; i++) {
+    workers_entry *w = workers_by_id(r->workers, a->participants[i]);
+    if (w && w->nparts) with++;
+  }
+  if (!with) return 0;
+  bcast_receiver_view *v = calloc(a->nparticipants, sizeof *v);
+  if (!v) return snprintf(err, errlen, "out of memory"), -1;
+  for (size_t i = sources; i < a->nparticipants; i++) {
+    workers_entry *w = workers_by_id(r->workers, a->participants[i]);
+    if (!w || !w->nparts) continue;
+    bcast_part_spec *specs = NULL;
+    char why[512];
+    if (parts_from_pb(w->parts, w->nparts, 0, &specs, why, sizeof why) != 0) {
+      snprintf(err, errlen, "inference worker %s: %s", w->name, why);
+      receiver_views_free(v, a->nparticipants);
+      return -1;
+    }
+    v[i] = (bcast_receiver_view){.parts = specs, .nparts = w->nparts};
+  }
+  *out = v;
+  return 0;
+}
+
 static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bounds *bounds,
-                      char *err, size_t errlen) {
+                      uint32_t **rank_view, uint32_t *nviews, char *err, size_t errlen) {
   workers_entry *t = workers_by_id(r->workers, a->participants[0]);
   if (!t || !t->manifest) return snprintf(err, errlen, "no trainer manifest"), -1;
   bcast_mode mode;
@@ -593,13 +629,33 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bou
                         .tls = mode == BCAST_MODE_HOST && r->o->cfg->data_channel_tls,
                         .limits = &lim};
   bcast_plan *plan = NULL;
-  if (sources > 1) {
-    if (build_sharded(r, a, &po, &plan, err, errlen) != 0) return -1;
-  } else {
-    int rc = bcast_plan_build(tensors, nt, &po, &plan, &be);
+  bcast_receiver_view *views = NULL;
+  if (receiver_views(r, a, sources, &views, err, errlen) != 0) {
     free(tensors);
-    if (rc != 0) return snprintf(err, errlen, "plan: %s", be.msg), -1;
+    return -1;
   }
+  /* A lone trainer's manifest is at hand: a receiver whose parts do not fit
+   * it is named, not just its rank. */
+  for (size_t i = sources; views && sources == 1 && i < a->nparticipants; i++) {
+    workers_entry *w = workers_by_id(r->workers, a->participants[i]);
+    char why[600];
+    if (views[i].nparts && parts_fit(tensors, nt, views[i].parts, views[i].nparts, why, sizeof why)) {
+      snprintf(err, errlen, "inference worker %s: %s", w ? w->name : "?", why);
+      receiver_views_free(views, a->nparticipants);
+      free(tensors);
+      return -1;
+    }
+  }
+  po.receiver_views = views;
+  int brc = 0;
+  if (sources > 1) {
+    brc = build_sharded(r, a, &po, &plan, err, errlen);
+  } else if ((brc = bcast_plan_build(tensors, nt, &po, &plan, &be)) != 0) {
+    snprintf(err, errlen, "plan: %s", be.msg);
+  }
+  free(tensors);
+  receiver_views_free(views, a->nparticipants);
+  if (brc != 0) return -1;
   /* Each source sends its own bytes to every receiver, at once: the
    * slowest source carries about its share, so the whole plan's bytes over
    * one link bound it from above. */
@@ -624,6 +680,9 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bou
     return snprintf(err, errlen, "plan encoding: %s", be.msg), -1;
   }
   *hash = plan->hash;
+  *nviews = plan->nviews;
+  if (plan->nviews && (*rank_view = malloc(plan->world_size * sizeof **rank_view)) != NULL)
+    memcpy(*rank_view, plan->rank_view, plan->world_size * sizeof **rank_view);
   log_info("plan_built", "run=%s plan=%s mode=%s buckets=%zu wire_bytes=%" PRIu64
            " participants=%zu sources=%u ack_ms=%" PRId64 " broadcast_ms=%" PRId64 " min_gbps=%.3g"
            " bounds=\"%s\" reason=\"%s\"", r->run->id, a->plan_id, bcast_mode_name(mode),
@@ -648,7 +707,8 @@ static void act_build_plan(runner *r, const sched_action *a) {
     log_info("catchup_planned", "run=%s plan=%s policy_version=%" PRIu64 " receivers=%zu", r->run->id,
              a->plan_id, a->policy_version, a->nparticipants ? a->nparticipants - 1 : 0);
   plan_bounds b = {0};
-  if (build_plan(r, a, &hash, &b, err, sizeof err) != 0) {
+  uint32_t *rank_view = NULL, nviews = 0;
+  if (build_plan(r, a, &hash, &b, &rank_view, &nviews, err, sizeof err) != 0) {
     log_error("plan_failed", "run=%s plan=%s error=\"%s\"", r->run->id, a->plan_id, err);
     sched_plan_built(r->sched, mono(), a->plan_id, 0, err);
     return;
@@ -656,6 +716,12 @@ static void act_build_plan(runner *r, const sched_action *a) {
   if (sched_plan_limits(r->sched, mono(), a->plan_id, b.ack_ms, b.broadcast_ms, b.expected) != 0)
     log_error("plan_limits_refused", "run=%s plan=%s error=\"%s\"", r->run->id, a->plan_id,
               sched_last_error(r->sched));
+  /* Receivers that hold part of the model are verified against their view. */
+  if (nviews && (!rank_view || sched_plan_views(r->sched, mono(), a->plan_id, rank_view,
+                                                a->nparticipants, nviews) != 0))
+    log_error("plan_views_refused", "run=%s plan=%s error=\"%s\"", r->run->id, a->plan_id,
+              rank_view ? sched_last_error(r->sched) : "out of memory");
+  free(rank_view);
   publish_broadcast(r, a, RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_PLANNED, a->text);
   sched_plan_built(r->sched, mono(), a->plan_id, hash, NULL);
 }

@@ -157,6 +157,9 @@ void sched_pb_bcast_report(const Rlorch__V1__BroadcastDone *d, sched_bcast_repor
   out->source_checksums = d->source_checksums;
   out->nsource_checksums = d->n_source_checksums > UINT32_MAX ? UINT32_MAX
                                                                 : (uint32_t)d->n_source_checksums;
+  out->view_checksums = d->view_checksums;
+  out->nview_checksums = d->n_view_checksums > UINT32_MAX ? UINT32_MAX
+                                                            : (uint32_t)d->n_view_checksums;
   const Rlorch__V1__StepRecord *s = d->record;
   if (!s) return;
   snprintf(out->transport, sizeof out->transport, "%s", s->transport);

@@ -11,6 +11,7 @@
 #include "orchestrator/common/log.h"
 #include "orchestrator/daemon/now.h"
 #include "orchestrator/daemon/orch.h"
+#include "orchestrator/daemon/parts.h"
 #include "orchestrator/daemon/rollout_check.h"
 #include "orchestrator/daemon/runner.h"
 #include "orchestrator/daemon/sched_pb.h"
@@ -128,6 +129,47 @@ out:
   return ok;
 }
 
+/* An inference worker's parts (RegisterRequest.parts): well formed, and
+ * fitting the manifest of the lone trainer registered now, if there is one
+ * (a trainer that comes later, or a group, is checked when a plan is built).
+ * Returns 1 when they passed. */
+static int parts_ok(rpc_call *call, orch *o, const Rlorch__V1__RegisterRequest *q) {
+  if (!q->n_parts) return 1;
+  char err[600];
+  if (q->role != RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT,
+                  "parts: only an inference worker holds part of the model (a trainer rank "
+                  "describes its shard with TensorSpec.shard_offset and shard_elems)");
+    return 0;
+  }
+  bcast_manifest_limits lim = config_manifest_limits(o->cfg);
+  bcast_part_spec *specs = NULL;
+  if (parts_from_pb(q->parts, q->n_parts, lim.max_manifest_tensors, &specs, err, sizeof err)) {
+    rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s", err);
+    return 0;
+  }
+  int ok = 1;
+  for (size_t i = 0; ok && i < workers_count(o->workers); i++) {
+    workers_entry *t = workers_at(o->workers, i);
+    if (t->role != RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER ||
+        t->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST || !t->manifest ||
+        (t->caps && t->caps->trainer_ranks > 1))
+      continue;
+    bcast_tensor *tensors = NULL;
+    size_t nt = 0;
+    bcast_err be = {0};
+    if (bcast_manifest_from_pb(t->manifest, &tensors, &nt, &be) != 0) continue; /* checked at its Register */
+    if (parts_fit(tensors, nt, specs, q->n_parts, err, sizeof err) != 0) {
+      rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s (against the manifest of trainer %s)",
+                    err, t->name);
+      ok = 0;
+    }
+    free(tensors);
+  }
+  free(specs);
+  return ok;
+}
+
 static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   orch *o = ud;
   /* Not const: the worker table takes the manifest out of it (rpc.h). */
@@ -180,6 +222,7 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
                    : !group_manifest_ok(call, o, q->manifest, rank, ranks))
       return;
   }
+  if (!parts_ok(call, o, q)) return;
   char addr[WORKERS_ADDRESS_MAX];
   resolve_data_address(call, q->data_address, addr, sizeof addr);
   workers_entry *w = NULL;
@@ -195,6 +238,7 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
                   workers_last_error(o->workers));
     return;
   }
+  workers_take_parts(w, q);
   /* What it kept across a restart or a gap: the run compares it with its own. */
   w->policy_version = q->policy_version;
   snprintf(w->version_run, sizeof w->version_run, "%s", q->run_id);

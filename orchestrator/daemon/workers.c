@@ -45,9 +45,25 @@ static void workers__manifest_free(Rlorch__V1__WeightManifest *m) {
   if (m) protobuf_c_message_free_unpacked(&m->base, NULL);
 }
 
+static void workers__parts_free(workers_entry *w) {
+  for (size_t i = 0; i < w->nparts; i++) protobuf_c_message_free_unpacked(&w->parts[i]->base, NULL);
+  free(w->parts);
+  w->parts = NULL;
+  w->nparts = 0;
+}
+
+void workers_take_parts(workers_entry *w, Rlorch__V1__RegisterRequest *q) {
+  workers__parts_free(w);
+  w->parts = q->parts;
+  w->nparts = q->n_parts;
+  q->parts = NULL;
+  q->n_parts = 0;
+}
+
 static void workers__entry_free(workers_entry *w) {
   if (w->caps) protobuf_c_message_free_unpacked(&w->caps->base, NULL);
   workers__manifest_free(w->manifest);
+  workers__parts_free(w);
   free(w->coloc_export);
   free(w);
 }

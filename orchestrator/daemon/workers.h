@@ -40,6 +40,10 @@ typedef struct workers_entry {
   char name[WORKERS_NAME_MAX];
   Rlorch__V1__Capabilities *caps;          /* owned copy, or NULL */
   Rlorch__V1__WeightManifest *manifest;    /* owned (trainer: always one), or NULL */
+  /* Inference: the parts of the model it holds (RegisterRequest.parts),
+   * owned, checked at Register; none: every tensor whole. */
+  Rlorch__V1__TensorPart **parts;
+  size_t nparts;
   char data_address[WORKERS_ADDRESS_MAX];
   rpc_call *attach;                        /* open command stream, or NULL */
   uint64_t cmd_seq;
@@ -113,6 +117,9 @@ const char *workers_last_error(const workers_table *t);
  * with protobuf-c's default allocator, taken out of a request: a manifest
  * can be large, and is never copied). */
 void workers_set_manifest(workers_entry *w, Rlorch__V1__WeightManifest *m);
+/* Takes the request's parts (decoded with protobuf-c's default allocator,
+ * as the manifest), leaving it none. */
+void workers_take_parts(workers_entry *w, Rlorch__V1__RegisterRequest *q);
 /* Keeps a copy of the colocated export acked for plan_id (len 0: drops it); 0 or
  * -1 out of memory (the old one is dropped either way). */
 int workers_set_coloc_export(workers_entry *w, const char *plan_id, const uint8_t *b, size_t len);

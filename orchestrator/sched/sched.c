@@ -83,6 +83,14 @@ typedef struct sched__step {
   size_t src_cap;
   uint64_t *rx_sums;           /* per receiver (rank - nsrc), nsrc checksums each; 0: none */
   size_t rx_cap;
+  /* Receiver views (sched_plan_views): nviews 0, or each receiver's view
+   * (SCHED_VIEW_WHOLE: every tensor whole) and each source's checksum of
+   * what each view gets from it (nsrc x nviews; 0: not reported). */
+  uint32_t nviews;
+  uint32_t *rx_view;
+  size_t rx_view_cap;
+  uint64_t *src_view_sums;
+  size_t src_view_cap;
   uint32_t ntrained;           /* ranks that reported the step training done */
   int failing;                 /* a participant reported a broadcast error */
   int64_t failing_since;       /* when the first one came */
@@ -896,6 +904,7 @@ static void sched__plan_reset(sched *s) {
   memset(st->done, 0, st->nparts);
   memset(st->src, 0, st->nsrc * sizeof *st->src);
   memset(st->rx_sums, 0, (st->nparts - st->nsrc) * st->nsrc * sizeof *st->rx_sums);
+  st->nviews = 0;
   st->hash = 0;
   st->failing = 0;
   st->fail_msg[0] = '\0';
@@ -1191,6 +1200,8 @@ void sched_free(sched *s) {
   free(s->st.done);
   free(s->st.src);
   free(s->st.rx_sums);
+  free(s->st.rx_view);
+  free(s->st.src_view_sums);
   free(s->pscratch);
   free(s->acts);
   free(s->act_off);
@@ -1803,6 +1814,42 @@ int sched_plan_limits(sched *s, int64_t now, const char *plan_id, int64_t ack_ti
   return SCHED_OK;
 }
 
+int sched_plan_views(sched *s, int64_t now, const char *plan_id, const uint32_t *rank_view,
+                     size_t nranks, uint32_t nviews) {
+  if (sched__begin(s, now)) return SCHED_EINVAL;
+  if (!plan_id) return sched__fail_arg(s, SCHED_EINVAL, "plan_id: NULL");
+  if (!sched__plan_pending(s) || strcmp(plan_id, s->st.plan_id) != 0)
+    return sched__fail_arg(s, SCHED_ESTALE, "plan %s: not the pending plan", plan_id);
+  sched__step *st = &s->st;
+  if (st->phase != SCHED__PLANNING)
+    return sched__fail_arg(s, SCHED_ESTATE, "plan %s: already built", plan_id);
+  if (!nviews) {
+    st->nviews = 0;
+    return SCHED_OK;
+  }
+  if (!rank_view || nranks != st->nparts)
+    return sched__fail_arg(s, SCHED_EINVAL, "plan %s: %zu rank views for %zu participants",
+                           plan_id, rank_view ? nranks : 0, st->nparts);
+  for (size_t r = 0; r < nranks; r++) {
+    uint32_t v = rank_view[r];
+    if (r < st->nsrc && v != SCHED_VIEW_WHOLE)
+      return sched__fail_arg(s, SCHED_EINVAL, "plan %s: source rank %zu has view %" PRIu32
+                             "; a source holds its tensors whole", plan_id, r, v);
+    if (v != SCHED_VIEW_WHOLE && v >= nviews)
+      return sched__fail_arg(s, SCHED_EINVAL, "plan %s: rank %zu has view %" PRIu32 " of %" PRIu32,
+                             plan_id, r, v, nviews);
+  }
+  size_t nrx = st->nparts - st->nsrc;
+  if (sched__grow(&st->rx_view, &st->rx_view_cap, nrx ? nrx : 1, sizeof *st->rx_view) ||
+      sched__grow(&st->src_view_sums, &st->src_view_cap, (size_t)st->nsrc * nviews,
+                  sizeof *st->src_view_sums))
+    return sched__fail_arg(s, SCHED_EINVAL, "plan %s: out of memory for its views", plan_id);
+  memcpy(st->rx_view, rank_view + st->nsrc, nrx * sizeof *st->rx_view);
+  memset(st->src_view_sums, 0, (size_t)st->nsrc * nviews * sizeof *st->src_view_sums);
+  st->nviews = nviews;
+  return SCHED_OK;
+}
+
 int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id, uint64_t hash,
                      const char *error) {
   if (sched__begin(s, now)) return SCHED_EINVAL;
@@ -1890,10 +1937,13 @@ static void sched__record(sched *s, int64_t now, uint64_t version, sched_step_re
   r->sources = st->nsrc;
   r->weights_verified = 1;
   for (uint32_t j = 0; j < st->nsrc; j++) {
-    uint64_t want = sched__source_sum(s, j);
-    if (!want) r->weights_verified = 0;
-    for (size_t i = 0; i < r->receivers; i++)
-      if (st->rx_sums[i * st->nsrc + j] != want) r->weights_verified = 0;
+    uint64_t whole = sched__source_sum(s, j);
+    for (size_t i = 0; i < r->receivers; i++) {
+      uint32_t v = st->nviews ? st->rx_view[i] : SCHED_VIEW_WHOLE;
+      uint64_t want = v == SCHED_VIEW_WHOLE ? whole : st->src_view_sums[j * st->nviews + v];
+      if (!want || st->rx_sums[i * st->nsrc + j] != want) r->weights_verified = 0;
+    }
+    if (!whole && !st->nviews) r->weights_verified = 0;
   }
 }
 
@@ -2004,10 +2054,23 @@ int sched_broadcast_done(sched *s, int64_t now, uint32_t worker, const char *pla
                            w->name, report->nsource_checksums,
                            report->source_checksums ? "" : " (NULL)", plan_id, ns,
                            ns == 1 ? "" : "s");
+  if (rank < ns && report->nview_checksums &&
+      (report->nview_checksums != s->st.nviews || !report->view_checksums))
+    return sched__fail_arg(s, SCHED_EINVAL,
+                           "trainer %s: view_checksums: %" PRIu32 " given%s, plan %s has %" PRIu32
+                           " receiver view%s",
+                           w->name, report->nview_checksums,
+                           report->view_checksums ? "" : " (NULL)", plan_id, s->st.nviews,
+                           s->st.nviews == 1 ? "" : "s");
   if (s->st.done[rank]) return SCHED_OK;
   s->st.done[rank] = 1;
+  if (rank < ns && report->nview_checksums)
+    memcpy(s->st.src_view_sums + (size_t)rank * s->st.nviews, report->view_checksums,
+           s->st.nviews * sizeof *s->st.src_view_sums);
   if (rank < ns) {
     s->st.src[rank] = *report;
+    s->st.src[rank].view_checksums = NULL; /* the caller's, for this call only */
+    s->st.src[rank].nview_checksums = 0;
     s->st.src[rank].transport[sizeof s->st.src[rank].transport - 1] = '\0';
     s->st.src[rank].source_checksums = NULL; /* the caller's, for this call only */
     s->st.src[rank].nsource_checksums = 0;

@@ -161,7 +161,9 @@
  *     different: the step is not verified). Each receiver reports one
  *     checksum per source (source_checksums); weights_verified = every
  *     receiver reported, for every source, that source's checksum. With one
- *     source the receiver's weights_checksum serves, as before.
+ *     source the receiver's weights_checksum serves, as before. A receiver
+ *     that holds part of the model (a view, sched_plan_views) is compared
+ *     with each source's checksum of that view instead.
  *   - Figures: the step record sums bytes and buckets over the sources, takes
  *     each time as the slowest source's, the transport from rank 0, gbps as
  *     the summed wire bytes over the slowest total; `sources` says how many.
@@ -368,6 +370,11 @@ typedef struct sched_bcast_report {
   uint64_t weights_checksum; /* 0: not computed */
   const uint64_t *source_checksums; /* receiver: one per source rank; 0: not computed */
   uint32_t nsource_checksums;
+  /* Source of a plan with receiver views (sched_plan_views): its checksum of
+   * what each view's receivers get from it, nviews of them (the caller owns
+   * the array for the call), or none. Any other count is SCHED_EINVAL. */
+  const uint64_t *view_checksums;
+  uint32_t nview_checksums;
 } sched_bcast_report;
 
 /* One rollout as an inference worker reports it. Ids are unique within a run. */
@@ -580,6 +587,18 @@ int sched_plan_built(sched *s, int64_t now_ms, const char *plan_id, uint64_t has
  * out. SCHED_EINVAL for a bound <= 0, SCHED_ESTALE for another plan. */
 int sched_plan_limits(sched *s, int64_t now_ms, const char *plan_id, int64_t ack_timeout_ms,
                       int64_t broadcast_timeout_ms, const char *expected);
+
+/* The receiver views of the plan being built (receivers that hold part of
+ * the model): rank_view[r] for every rank of the plan (nranks is its
+ * participants), each below nviews or SCHED_VIEW_WHOLE, the sources' always
+ * WHOLE. A receiver of view v is then verified against each source's
+ * checksum for view v (sched_bcast_report.view_checksums) instead of its
+ * whole one. nviews 0 (the default of every plan): no views. Call it before
+ * sched_plan_built. SCHED_EINVAL for a bad entry or count, SCHED_ESTALE for
+ * another plan. */
+#define SCHED_VIEW_WHOLE 0xffffffffu
+int sched_plan_views(sched *s, int64_t now_ms, const char *plan_id, const uint32_t *rank_view,
+                     size_t nranks, uint32_t nviews);
 
 /* A participant acknowledged `plan_id` with `hash`; `error` non-empty: refused. */
 int sched_plan_acked(sched *s, int64_t now_ms, uint32_t worker, const char *plan_id,

@@ -35,15 +35,9 @@ static int agent__engine(agent_xfer *x, uint32_t rank, bcast_err *err) {
   return 0;
 }
 
-int agent_xfer_init(agent_xfer *x, int sender, int device, const char *listen,
+int agent_xfer_init(agent_xfer *x, int sender, uint32_t rank, int device, const char *listen,
                     agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
                     size_t errlen) {
-  return agent_xfer_init_rank(x, sender, 0, device, listen, bind, done, ud, err, errlen);
-}
-
-int agent_xfer_init_rank(agent_xfer *x, int sender, uint32_t rank, int device, const char *listen,
-                         agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
-                         size_t errlen) {
   memset(x, 0, sizeof *x);
   pthread_mutex_init(&x->mu, NULL);
   x->mu_ready = 1;
@@ -64,9 +58,8 @@ int agent_xfer_init_rank(agent_xfer *x, int sender, uint32_t rank, int device, c
 
 static void agent__drop_plan(agent_xfer *x) {
   if (x->begun && x->plan) {
-    uint64_t sum = 0;
     char err[64];
-    x->done(x->ud, x->plan, 0, &sum, err, sizeof err);
+    x->done(x->ud, x->plan, 0, NULL, err, sizeof err);
   }
   x->begun = 0;
   bcast_plan_free(x->plan);
@@ -152,7 +145,7 @@ void agent_xfer_on_plan(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd)
   }
   bcast_tensor *local = NULL;
   size_t n = 0;
-  if (x->bind(x->ud, p, &local, &n, &be)) {
+  if (x->bind(x->ud, p, cmd->rank, &local, &n, &be)) {
     bcast_plan_free(p);
     agent__ack(a, id, hash, be.msg);
     return;
@@ -183,15 +176,62 @@ void agent_xfer_on_plan(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd)
   free(coloc);
 }
 
+/* What a participant reports it holds after a broadcast: each side sums
+ * the same bytes, so each receiver's sums are compared with its sources'. */
+typedef struct agent__sums {
+  uint64_t whole;     /* weights_checksum */
+  uint64_t *per_src;  /* receiver: one per source, over its view; NULL: whole serves */
+  size_t nsrc;
+  uint64_t *per_view; /* source of a plan with views: one per view */
+  size_t nview;
+} agent__sums;
+
+/* Whether the done callback's whole checksum (agent_weights, the tensors as
+ * a list) is what this rank reports: a lone trainer and its whole
+ * receivers. Every other sum is the plan's own (bcast_plan_view_checksum),
+ * taken here, so nothing is hashed twice. */
+static int agent__whole_wanted(const bcast_plan *p, uint32_t rank) {
+  uint32_t ns = (uint32_t)bcast_plan_sources(p);
+  return ns == 1 && (rank == 0 || bcast_plan_rank_view(p, rank) == BCAST_VIEW_WHOLE);
+}
+
+static int agent__plan_sums(const agent_xfer *x, uint32_t rank, agent__sums *s, char *err,
+                            size_t errlen) {
+  const bcast_plan *p = x->plan;
+  uint32_t ns = (uint32_t)bcast_plan_sources(p), view = bcast_plan_rank_view(p, rank);
+  bcast_err se = {0};
+  int rc = 0;
+  if (rank < ns) {
+    if (ns > 1) rc = bcast_plan_source_checksum(p, rank, x->local, x->nlocal, 0, &s->whole, &se);
+    if (!rc && p->nviews && !(s->per_view = calloc(p->nviews, sizeof *s->per_view)))
+      rc = (snprintf(se.msg, sizeof se.msg, "out of memory"), -1);
+    if (s->per_view) s->nview = p->nviews;
+    for (uint32_t v = 0; !rc && v < s->nview; v++)
+      rc = bcast_plan_view_checksum(p, rank, v, x->local, x->nlocal, 0, &s->per_view[v], &se);
+  } else if (!agent__whole_wanted(p, rank)) {
+    if (!(s->per_src = calloc(ns, sizeof *s->per_src)))
+      rc = (snprintf(se.msg, sizeof se.msg, "out of memory"), -1);
+    else s->nsrc = ns;
+    for (uint32_t j = 0; !rc && j < ns; j++)
+      rc = bcast_plan_view_checksum(p, j, view, x->local, x->nlocal, 1, &s->per_src[j], &se);
+  }
+  if (rc) snprintf(err, errlen, "%s checksum: %.480s", rank < ns ? "view" : "source", se.msg);
+  return rc ? -1 : 0;
+}
+
 static void agent__done(agent *a, const char *id, const char *error, Rlorch__V1__StepRecord *rec,
-                        uint64_t checksum, uint64_t *sums, size_t nsums) {
+                        const agent__sums *sums) {
   Rlorch__V1__BroadcastDone d = RLORCH__V1__BROADCAST_DONE__INIT;
   d.plan_id = (char *)id;
   d.error = (char *)error;
   d.record = rec;
-  d.weights_checksum = checksum;
-  d.source_checksums = sums;
-  d.n_source_checksums = nsums;
+  if (sums && !error[0]) {
+    d.weights_checksum = sums->whole;
+    d.source_checksums = sums->per_src;
+    d.n_source_checksums = sums->nsrc;
+    d.view_checksums = sums->per_view;
+    d.n_view_checksums = sums->nview;
+  }
   Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
   req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE;
   req.broadcast_done = &d;
@@ -207,7 +247,7 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
              id, (unsigned long long)tg->plan_hash, x->plan ? x->plan->id : "(none)",
              (unsigned long long)(x->plan ? x->plan->hash : 0));
     agent_log_warn("trigger_refused", "plan_id=%s error=\"%s\"", id, msg);
-    agent__done(a, id, msg, NULL, 0, NULL, 0);
+    agent__done(a, id, msg, NULL, NULL);
     return;
   }
   bcast_err be = {0};
@@ -233,30 +273,12 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
     x->running[0] = 0;
     pthread_mutex_unlock(&x->mu);
   }
-  uint64_t checksum = 0;
+  agent__sums sums = {0};
   char cerr[512] = "";
-  int crc = x->done(x->ud, x->plan, rc == 0, &checksum, cerr, sizeof cerr);
+  int whole = agent__whole_wanted(x->plan, cmd->rank);
+  int crc = x->done(x->ud, x->plan, rc == 0, whole ? &sums.whole : NULL, cerr, sizeof cerr);
   x->begun = 0;
-  /* Several sources: a source reports the checksum of its own part, a
-   * receiver one per source, all from the tensors the plan executed on
-   * (bcast_plan_source_checksum), so each is compared with its source's. */
-  uint32_t ns = (uint32_t)bcast_plan_sources(x->plan);
-  uint64_t *sums = NULL;
-  size_t nsums = 0;
-  if (!rc && !crc && ns > 1) {
-    bcast_err se = {0};
-    if (cmd->rank < ns) {
-      crc = bcast_plan_source_checksum(x->plan, cmd->rank, x->local, x->nlocal, 0, &checksum, &se);
-    } else if (!(sums = calloc(ns, sizeof *sums))) {
-      crc = -1;
-      snprintf(se.msg, sizeof se.msg, "out of memory");
-    } else {
-      nsums = ns;
-      for (uint32_t j = 0; j < ns && !crc; j++)
-        crc = bcast_plan_source_checksum(x->plan, j, x->local, x->nlocal, 1, &sums[j], &se);
-    }
-    if (crc) snprintf(cerr, sizeof cerr, "source checksum: %.480s", se.msg);
-  }
+  if (!rc && !crc) crc = agent__plan_sums(x, cmd->rank, &sums, cerr, sizeof cerr);
   if (rc) {
     snprintf(msg, sizeof msg, "%s: %s", bcast_strerror(rc), be.msg);
     /* A cancelled plan was aborted by the orchestrator: expected, not a fault. */
@@ -269,12 +291,12 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
     msg[0] = 0;
     agent_log_info("broadcast_done", "plan_id=%s transport=%s seconds=%.3f gbps=%.2f exposed_s=%.3f checksum=%016llx",
              id, st.transport ? st.transport : "?", st.total_s, st.gbps, st.exposed_s,
-             (unsigned long long)checksum);
+             (unsigned long long)(sums.per_src ? sums.per_src[0] : sums.whole));
   }
   Rlorch__V1__StepRecord *rec = agent_pb_record(rc ? NULL : &st, x->plan);
-  if (msg[0]) nsums = 0;
-  agent__done(a, id, msg, rec, checksum, sums, nsums);
-  free(sums);
+  agent__done(a, id, msg, rec, &sums);
+  free(sums.per_src);
+  free(sums.per_view);
   agent_pb_record_free(rec);
   bcast_stats_free(&st);
   agent__drop_plan(x);

@@ -9,12 +9,17 @@
 #include "workers/agent/agent_core.h"
 #include "workers/bcast/bcast.h"
 
-/* Binds the local tensors to a plan: 0 and *local / *n, or a BCAST_E* code
- * with the reason in err (the plan is then refused). */
-typedef int (*agent_xfer_bind_fn)(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
-                                  bcast_err *err);
-/* After a broadcast: the checksum of the weights now held; on success the
- * receiver also adopts the plan's policy version. 0 or -1 with err set. */
+/* Binds the local tensors to a plan, as its rank `rank` (a receiver with a
+ * view binds its parts: bcast_plan_check_receiver): 0 and *local / *n, or a
+ * BCAST_E* code with the reason in err (the plan is then refused). */
+typedef int (*agent_xfer_bind_fn)(void *ud, const bcast_plan *p, uint32_t rank,
+                                  bcast_tensor **local, size_t *n, bcast_err *err);
+/* After a broadcast: on success the receiver adopts the plan's policy
+ * version. `checksum` non-NULL: also the checksum of the weights now held
+ * (agent_weights_checksum over the bound tensors), which a lone trainer and
+ * its whole receivers report; NULL when the plan's own sums serve (several
+ * sources, a receiver's view), which agent_xfer takes itself. 0 or -1 with
+ * err set. */
 typedef int (*agent_xfer_done_fn)(void *ud, const bcast_plan *p, int ok, uint64_t *checksum,
                                   char *err, size_t errlen);
 
@@ -50,16 +55,12 @@ typedef struct agent_xfer {
 } agent_xfer;
 
 /* The sender's engine exists from the start (its data address goes into
- * Register); receivers create theirs on the first trigger, with its rank. */
-int agent_xfer_init(agent_xfer *x, int sender, int device, const char *listen,
+ * Register), listening as plan rank `rank` (a trainer group's rank r is
+ * source rank r of every plan), so its data address stays the one Register
+ * announced; receivers create theirs on the first trigger, with its rank. */
+int agent_xfer_init(agent_xfer *x, int sender, uint32_t rank, int device, const char *listen,
                     agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
                     size_t errlen);
-/* The same for a sender of plan rank `rank` (a trainer group's rank r is
- * source rank r of every plan): its engine listens as that rank, so its
- * data address stays the one Register announced. */
-int agent_xfer_init_rank(agent_xfer *x, int sender, uint32_t rank, int device, const char *listen,
-                         agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
-                         size_t errlen);
 void agent_xfer_free(agent_xfer *x);
 const char *agent_xfer_data_address(const agent_xfer *x); /* "" when none */
 bcast_engine *agent_xfer_engine(agent_xfer *x);

@@ -297,8 +297,8 @@ static void sdk__bcast_id(rlorch_worker *w, const bcast_plan *p) {
  * gathered in the plan's order (its checksum's order), pointing at the
  * caller's memory (or where on_bind put them): the engine writes straight
  * into it. */
-static int sdk__bind(void *ud, const bcast_plan *p, bcast_tensor **local, size_t *n,
-                     bcast_err *err) {
+static int sdk__bind(void *ud, const bcast_plan *p, uint32_t rank, bcast_tensor **local,
+                     size_t *n, bcast_err *err) {
   rlorch_worker *w = ud;
   int sender = w->ao.role == AGENT_ROLE_TRAINER;
   if (!sender && w->so.o.on_bind) {
@@ -344,9 +344,10 @@ static int sdk__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, 
   rlorch_worker *w = ud;
   int rc = 0;
   if (w->ao.role == AGENT_ROLE_TRAINER) {
-    *checksum = w->checksum; /* the tensors have not changed since the step */
+    if (checksum) *checksum = w->checksum; /* the tensors have not changed since the step */
   } else if (ok) {
-    rc = agent_weights_checksum(w->bound, w->nbound, AGENT_WEIGHTS_WIRE, checksum, err, errlen);
+    if (checksum)
+      rc = agent_weights_checksum(w->bound, w->nbound, AGENT_WEIGHTS_WIRE, checksum, err, errlen);
     if (!rc) agent_set_policy_version(w->a, p->policy_version);
   }
   if (w->broadcasting) {
@@ -395,7 +396,7 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
   char msg[1024];
   int trainer = w->ao.role == AGENT_ROLE_TRAINER;
   /* A trainer group's rank r is source rank r of every plan. */
-  if (agent_xfer_init_rank(&w->xfer, trainer, w->so.o.trainer_rank, w->device, w->ao.data_listen,
+  if (agent_xfer_init(&w->xfer, trainer, w->so.o.trainer_rank, w->device, w->ao.data_listen,
                            sdk__bind, sdk__done, w, msg, sizeof msg)) {
     rc = sdk_fail(err, RLORCH_E_IO, "options.data_listen: %s", msg);
     goto fail;
