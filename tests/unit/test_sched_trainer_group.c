@@ -721,3 +721,136 @@ Test(sched_trainer_group, a_lone_trainer_keeps_its_actions_and_record) {
   cr_assert_str_eq(ri.message, "1 trainer and 2 inference workers attached");
   sched_free(h.s);
 }
+
+/* ---- receiver views (sched_plan_views) ---------------------------------------------------------- */
+
+/* Every participant reports broadcast done: source r's whole checksum is
+ * 1000 + r and its view v's 2000 + 10 v + r; a receiver of view v reports
+ * the view's sums (a whole one the whole sums), each then shifted by
+ * `skew[receiver index]`. Returns the step record's weights_verified. */
+static int bcast_views(fx *h, const uint32_t *rank_view, uint32_t nviews, const int *skew) {
+  h->now += 50;
+  uint32_t ns = h->plan_sources ? h->plan_sources : 1;
+  for (size_t i = 0; i < h->nparts; i++) {
+    sched_bcast_report rep = {.transport = "host-tcp"};
+    uint64_t sums[8];
+    if (i < ns) {
+      for (uint32_t v = 0; v < nviews; v++) sums[v] = 2000 + 10 * v + i;
+      rep.wire_bytes = 100;
+      rep.total_seconds = 0.1;
+      rep.weights_checksum = 1000 + i;
+      rep.view_checksums = sums;
+      rep.nview_checksums = nviews;
+    } else {
+      uint32_t v = rank_view[i];
+      for (uint32_t j = 0; j < ns; j++)
+        sums[j] = (v == SCHED_VIEW_WHOLE ? 1000 + j : 2000 + 10 * v + j) + (uint64_t)skew[i - ns];
+      rep.source_checksums = sums;
+      rep.nsource_checksums = ns;
+    }
+    cr_assert_eq(sched_broadcast_done(h->s, h->now, h->parts[i], h->plan_id, NULL, &rep), SCHED_OK,
+                 "%s", sched_last_error(h->s));
+  }
+  fx_drain(h);
+  cr_assert_eq(h->ncommit, 1, "%s", h->run_msg);
+  return h->records[0].weights_verified;
+}
+
+static void views_plan(fx *h, uint32_t n, const uint32_t *rank_view, uint32_t nviews) {
+  group_run(h, n, 1);
+  fx_answer(h, 0, 1, 0);
+  ranks_done(h, n, NULL);
+  cr_assert_eq(h->nplan, 1);
+  cr_assert_eq(sched_plan_views(h->s, h->now, h->plan_id, rank_view, h->nparts, nviews), SCHED_OK,
+               "%s", sched_last_error(h->s));
+  fx_build_and_ack(h);
+}
+
+Test(sched_trainer_group, a_receiver_of_a_view_is_verified_against_its_view) {
+  /* Two ranks; INF_A whole, INF_B holds view 1 of 2. */
+  const uint32_t rv[] = {SCHED_VIEW_WHOLE, SCHED_VIEW_WHOLE, SCHED_VIEW_WHOLE, 1};
+  const int exact[] = {0, 0}, off_b[] = {0, 1}, off_a[] = {3, 0};
+  fx h;
+  views_plan(&h, 2, rv, 2);
+  cr_assert_eq(bcast_views(&h, rv, 2, exact), 1);
+  sched_free(h.s);
+  views_plan(&h, 2, rv, 2);
+  cr_assert_eq(bcast_views(&h, rv, 2, off_b), 0, "a view's sum off by one");
+  sched_free(h.s);
+  views_plan(&h, 2, rv, 2);
+  cr_assert_eq(bcast_views(&h, rv, 2, off_a), 0, "a whole receiver's sum off");
+  sched_free(h.s);
+
+  /* The view receiver reporting the whole sums is not verified: it was to
+   * hold its part only, and the sums say otherwise. */
+  const uint32_t whole[] = {SCHED_VIEW_WHOLE, SCHED_VIEW_WHOLE, SCHED_VIEW_WHOLE,
+                            SCHED_VIEW_WHOLE};
+  views_plan(&h, 2, rv, 2);
+  cr_assert_eq(bcast_views(&h, whole, 2, exact), 0);
+  sched_free(h.s);
+}
+
+Test(sched_trainer_group, a_lone_trainer_with_view_receivers) {
+  fx h;
+  fx_to_plan(&h);
+  const uint32_t rv[] = {SCHED_VIEW_WHOLE, 0, SCHED_VIEW_WHOLE};
+  cr_assert_eq(sched_plan_views(h.s, h.now, h.plan_id, rv, h.nparts, 1), SCHED_OK, "%s",
+               sched_last_error(h.s));
+  fx_build_and_ack(&h);
+  const int exact[] = {0, 0};
+  cr_assert_eq(bcast_views(&h, rv, 1, exact), 1);
+  sched_free(h.s);
+}
+
+Test(sched_trainer_group, bad_views_and_view_sums_are_refused_by_name) {
+  fx h;
+  group_run(&h, 2, 1);
+  fx_answer(&h, 0, 1, 0);
+  ranks_done(&h, 2, NULL);
+  const uint32_t src_view[] = {0, SCHED_VIEW_WHOLE, SCHED_VIEW_WHOLE, 0};
+  cr_assert_eq(sched_plan_views(h.s, h.now, h.plan_id, src_view, h.nparts, 1), SCHED_EINVAL);
+  cr_assert(strstr(sched_last_error(h.s), "source rank 0 has view 0"), "%s", sched_last_error(h.s));
+  const uint32_t past[] = {SCHED_VIEW_WHOLE, SCHED_VIEW_WHOLE, 2, SCHED_VIEW_WHOLE};
+  cr_assert_eq(sched_plan_views(h.s, h.now, h.plan_id, past, h.nparts, 2), SCHED_EINVAL);
+  cr_assert(strstr(sched_last_error(h.s), "rank 2 has view 2 of 2"), "%s", sched_last_error(h.s));
+  cr_assert_eq(sched_plan_views(h.s, h.now, h.plan_id, past, 3, 2), SCHED_EINVAL);
+  cr_assert(strstr(sched_last_error(h.s), "3 rank views for 4 participants"), "%s",
+            sched_last_error(h.s));
+  cr_assert_eq(sched_plan_views(h.s, h.now, "other", past, h.nparts, 2), SCHED_ESTALE);
+  const uint32_t ok[] = {SCHED_VIEW_WHOLE, SCHED_VIEW_WHOLE, 0, SCHED_VIEW_WHOLE};
+  cr_assert_eq(sched_plan_views(h.s, h.now, h.plan_id, ok, h.nparts, 1), SCHED_OK);
+  fx_build_and_ack(&h);
+  cr_assert_eq(sched_plan_views(h.s, h.now, h.plan_id, ok, h.nparts, 1), SCHED_ESTATE,
+               "views are set before the plan is built");
+  /* A source giving the wrong number of view sums. */
+  uint64_t sums[3] = {1, 2, 3};
+  sched_bcast_report rep = {.transport = "host-tcp", .weights_checksum = 5,
+                            .view_checksums = sums, .nview_checksums = 3};
+  cr_assert_eq(sched_broadcast_done(h.s, h.now, h.parts[0], h.plan_id, NULL, &rep), SCHED_EINVAL);
+  cr_assert(strstr(sched_last_error(h.s), "view_checksums: 3 given, plan"), "%s",
+            sched_last_error(h.s));
+  cr_assert(strstr(sched_last_error(h.s), "has 1 receiver view"), "%s", sched_last_error(h.s));
+  sched_free(h.s);
+}
+
+Test(sched_trainer_group, a_plan_without_views_keeps_none_from_the_last) {
+  /* Views are per plan: the next step's plan, given none, verifies every
+   * receiver whole again. */
+  fx h;
+  const uint32_t rv[] = {SCHED_VIEW_WHOLE, SCHED_VIEW_WHOLE, 0, 0};
+  group_run(&h, 2, 2);
+  fx_answer(&h, 0, 1, 0);
+  ranks_done(&h, 2, NULL);
+  cr_assert_eq(sched_plan_views(h.s, h.now, h.plan_id, rv, h.nparts, 1), SCHED_OK);
+  fx_build_and_ack(&h);
+  const int exact[] = {0, 0};
+  cr_assert_eq(bcast_views(&h, rv, 1, exact), 1);
+  fx_answer(&h, 0, 11, 1);
+  ranks_done(&h, 2, NULL);
+  cr_assert_eq(h.nplan, 2);
+  fx_build_and_ack(&h);
+  bcast_group(&h, 0);
+  cr_assert_eq(h.ncommit, 2, "%s", h.run_msg);
+  cr_assert_eq(h.records[1].weights_verified, 1);
+  sched_free(h.s);
+}
