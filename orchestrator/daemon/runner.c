@@ -1108,6 +1108,7 @@ static void join_run(runner *r, workers_entry *w) {
   sched_caps caps;
   sched_offload off;
   sched_pb_caps(w->caps, &caps);
+  caps.holds_part = w->nparts > 0;
   sched_pb_offload(w->manifest, &off);
   int64_t now = mono();
   int rc = sched_worker_registered(r->sched, now, w->id, role, w->name, &caps,

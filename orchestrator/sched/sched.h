@@ -305,6 +305,9 @@ typedef struct sched_caps {
    * ranks is a lone trainer, stored as 1. Ignored for inference workers. */
   uint32_t trainer_rank;
   uint32_t trainer_ranks;
+  /* Inference only: it holds part of the model (RegisterRequest.parts), which
+   * only the host transport delivers (see sched_choose_mode). */
+  int holds_part;
 } sched_caps;
 
 /* Offload summary of the trainer's manifest: where its tensors live. */
@@ -657,9 +660,14 @@ typedef struct sched_participant {
  * the trainer's `offload` summary (a group's: summed over its ranks);
  * parts[0] is the trainer, or parts[0..S) its ranks, S =
  * parts[0].caps.trainer_ranks (0 or 1: one). Several sources run on the host
- * transport only: AUTO picks it, saying so, and any other override is
- * SCHED_ENOTSUP naming the mode and S; n <= S is SCHED_EINVAL. Two participants
- * share a GPU when both report the same host id and GPU UUID.
+ * transport, or colocated when every participant shares one GPU: AUTO picks
+ * colocated then, else host, saying so; the NCCL overrides are SCHED_ENOTSUP
+ * naming the mode and S, and a colocated override whose participants do not
+ * all share the GPU names the first that does not; n <= S is SCHED_EINVAL.
+ * Receivers that hold part of the model (sched_caps.holds_part) are served
+ * by the host transport alone: AUTO picks it naming the first, any other
+ * override is SCHED_ENOTSUP naming it. Two participants share a GPU when both
+ * report the same host id and GPU UUID.
  * AUTO: colocated when there are receivers and every one shares the trainer's
  * GPU (and has CUDA); else host when CUDA or NCCL is missing on any
  * participant (the reason names the first one) or when two participants share

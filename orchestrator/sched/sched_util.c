@@ -224,12 +224,31 @@ static int sched__shared_gpu(const sched_participant *parts, size_t n, char *wha
   return 0;
 }
 
+/* The first receiver that holds part of the model, or NULL. */
+static const sched_participant *sched__holding_part(const sched_participant *parts, size_t n) {
+  uint32_t ns = parts[0].caps.trainer_ranks > 1 ? parts[0].caps.trainer_ranks : 1;
+  for (size_t i = ns; i < n; i++)
+    if (parts[i].caps.holds_part) return &parts[i];
+  return NULL;
+}
+
+/* The first participant not on parts[0]'s GPU (parts[0] without one: parts[0]
+ * itself), or NULL when every one shares it. */
+static const sched_participant *sched__off_shared_gpu(const sched_participant *parts, size_t n) {
+  const sched_caps *c = &parts[0].caps;
+  if (c->cuda_devices == 0 || !c->gpu_uuid[0] || !c->host_id[0]) return &parts[0];
+  for (size_t i = 1; i < n; i++)
+    if (!sched__same_gpu(c, &parts[i].caps)) return &parts[i];
+  return NULL;
+}
+
 int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t n,
                       const sched_offload *off, sched_mode *mode, char *reason,
                       size_t reason_len) {
   char buf[SCHED_TEXT_MAX] = "";
   int rc = SCHED_OK;
   sched_mode m = policy;
+  const sched_participant *part = NULL;
   uint64_t host_t = 0, total_t = 0;
   if (off) {
     host_t = (uint64_t)off->pinned_tensors + off->pageable_tensors;
@@ -244,22 +263,50 @@ int sched_choose_mode(sched_mode policy, const sched_participant *parts, size_t 
   } else if (total_t == 0) {
     snprintf(buf, sizeof buf, "manifest has no tensors to broadcast");
     rc = SCHED_EINVAL;
+  } else if ((part = sched__holding_part(parts, n)) != NULL) {
+    /* Views (each receiver only its part) are cut on the host transport's
+     * per-receiver streams; a broadcast or a colocated write moves whole
+     * buckets. */
+    if (policy == SCHED_MODE_AUTO || policy == SCHED_MODE_HOST) {
+      m = SCHED_MODE_HOST;
+      snprintf(buf, sizeof buf, "%s%.100s holds part of the model: receivers' parts run on the "
+               "host transport", policy == SCHED_MODE_HOST ? "operator override: host; " : "",
+               sched__pname(part));
+    } else {
+      snprintf(buf, sizeof buf, "operator override %s cannot serve %.100s, which holds part of "
+               "the model: receivers' parts run on the host transport only",
+               sched_mode_name(policy), sched__pname(part));
+      rc = SCHED_ENOTSUP;
+    }
   } else if (parts[0].caps.trainer_ranks > 1) {
     uint32_t ns = parts[0].caps.trainer_ranks;
-    /* Only the host transport carries buckets from several roots at once
-     * (parallel streams); an NCCL broadcast or a CUDA IPC export has one. */
+    /* Buckets from several roots at once: the host transport's parallel
+     * streams, or every rank writing its own slices on one GPU; an NCCL
+     * broadcast has one root. */
+    const sched_participant *off_gpu = sched__off_shared_gpu(parts, n);
     if (n <= ns) {
       snprintf(buf, sizeof buf, "%" PRIu32 " trainer ranks and %zu participants: no receiver",
                ns, n);
       rc = SCHED_EINVAL;
+    } else if ((policy == SCHED_MODE_AUTO || policy == SCHED_MODE_COLOCATED) && !off_gpu) {
+      m = SCHED_MODE_COLOCATED;
+      snprintf(buf, sizeof buf, "%s%" PRIu32 " trainer ranks and all %zu receivers share GPU %s",
+               policy == SCHED_MODE_COLOCATED ? "operator override: colocated; " : "", ns, n - ns,
+               parts[0].caps.gpu_uuid);
     } else if (policy == SCHED_MODE_AUTO || policy == SCHED_MODE_HOST) {
       m = SCHED_MODE_HOST;
       snprintf(buf, sizeof buf, "%s%" PRIu32 " trainer ranks: several sources run on the host "
                "transport", policy == SCHED_MODE_HOST ? "operator override: host; " : "", ns);
+    } else if (policy == SCHED_MODE_COLOCATED) {
+      snprintf(buf, sizeof buf,
+               "operator override colocated cannot run %" PRIu32 " trainer ranks: %.60s does "
+               "not share %.60s's GPU",
+               ns, sched__pname(off_gpu), sched__pname(&parts[0]));
+      rc = SCHED_ENOTSUP;
     } else {
       snprintf(buf, sizeof buf,
                "operator override %s cannot run %" PRIu32 " trainer ranks: several sources run "
-               "on the host transport only",
+               "on the host transport, or colocated on one GPU",
                sched_mode_name(policy), ns);
       rc = SCHED_ENOTSUP;
     }

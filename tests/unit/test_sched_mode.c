@@ -15,6 +15,12 @@
 #define ON_B {.cuda_devices = 1, .nccl = 1, .gpu_uuid = "GPU-b", .host_id = "h1"}
 #define ON_A_ELSEWHERE {.cuda_devices = 1, .nccl = 1, .gpu_uuid = "GPU-a", .host_id = "h2"}
 #define NO_GPU_H1 {.cuda_devices = 0, .nccl = 1, .host_id = "h1"}
+/* A trainer group of two ranks on GPU "a"; receivers holding part of the model. */
+#define RANK_A(r) {.cuda_devices = 1, .nccl = 1, .gpu_uuid = "GPU-a", .host_id = "h1", \
+                   .trainer_rank = (r), .trainer_ranks = 2}
+#define PART {.cuda_devices = 1, .nccl = 1, .holds_part = 1}
+#define PART_ON_A {.cuda_devices = 1, .nccl = 1, .gpu_uuid = "GPU-a", .host_id = "h1", \
+                   .holds_part = 1}
 
 static const sched_offload ALL_GPU = {.gpu_tensors = 8, .gpu_bytes = 800};
 static const sched_offload MIXED = {.gpu_tensors = 6, .pinned_tensors = 1, .pageable_tensors = 1,
@@ -99,6 +105,29 @@ static const row ROWS[] = {
      SCHED_ENOTSUP, SCHED_MODE_STAGED, "needs a GPU per participant"},
     {"host override, colocated participants", SCHED_MODE_HOST, {ON_A, ON_A, ON_A}, &ALL_GPU,
      SCHED_OK, SCHED_MODE_HOST, "operator override: host"},
+    {"auto, a group and its receiver on one GPU", SCHED_MODE_AUTO, {RANK_A(0), RANK_A(1), ON_A},
+     &HOST_ONLY, SCHED_OK, SCHED_MODE_COLOCATED, "2 trainer ranks and all 1 receivers share GPU GPU-a"},
+    {"auto, a group and a receiver elsewhere", SCHED_MODE_AUTO, {RANK_A(0), RANK_A(1), ON_B},
+     &HOST_ONLY, SCHED_OK, SCHED_MODE_HOST, "2 trainer ranks: several sources run on the host"},
+    {"colocated override, a group and a receiver elsewhere", SCHED_MODE_COLOCATED,
+     {RANK_A(0), RANK_A(1), ON_B}, &HOST_ONLY, SCHED_ENOTSUP, SCHED_MODE_COLOCATED,
+     "cannot run 2 trainer ranks: inference-2 does not share trainer's GPU"},
+    {"colocated override, a group on one GPU", SCHED_MODE_COLOCATED, {RANK_A(0), RANK_A(1), ON_A},
+     &HOST_ONLY, SCHED_OK, SCHED_MODE_COLOCATED, "operator override: colocated; 2 trainer ranks"},
+    {"staged override, a group", SCHED_MODE_STAGED, {RANK_A(0), RANK_A(1), ON_A}, &HOST_ONLY,
+     SCHED_ENOTSUP, SCHED_MODE_STAGED, "several sources run on the host transport, or colocated"},
+    {"auto, a receiver holding part of the model", SCHED_MODE_AUTO, {GPU_OK, GPU_OK, PART},
+     &ALL_GPU, SCHED_OK, SCHED_MODE_HOST, "inference-2 holds part of the model: receivers' parts "
+     "run on the host transport"},
+    {"auto, a part on the trainer's GPU is not colocated", SCHED_MODE_AUTO, {ON_A, ON_A, PART_ON_A},
+     &ALL_GPU, SCHED_OK, SCHED_MODE_HOST, "inference-2 holds part of the model"},
+    {"auto, a group with a part receiver", SCHED_MODE_AUTO, {RANK_A(0), RANK_A(1), PART_ON_A},
+     &HOST_ONLY, SCHED_OK, SCHED_MODE_HOST, "holds part of the model"},
+    {"direct override, a part receiver", SCHED_MODE_DIRECT, {GPU_OK, GPU_OK, PART}, &ALL_GPU,
+     SCHED_ENOTSUP, SCHED_MODE_DIRECT, "operator override direct cannot serve inference-2, which "
+     "holds part of the model"},
+    {"host override, a part receiver", SCHED_MODE_HOST, {GPU_OK, PART, GPU_OK}, &ALL_GPU, SCHED_OK,
+     SCHED_MODE_HOST, "operator override: host; inference-1 holds part"},
     {"unknown policy", (sched_mode)9, {GPU_OK, GPU_OK, GPU_OK}, &ALL_GPU, SCHED_EINVAL,
      (sched_mode)9, "unknown broadcast policy 9"},
 };
