@@ -27,8 +27,10 @@
  * memory of its own, each the value a lone trainer holds there, and its
  * AdamW step runs per element with a lone trainer's element indices, so
  * the ranks together hold, step after step, what one trainer would. The
- * library registers the parts (options.shards), fetches the rank's share of
- * each batch and sends its part of each broadcast. */
+ * part lives where a lone trainer's weights would (--device, --offload: on
+ * the GPU, pinned or pageable host memory; no bf16 shadow). The library
+ * registers the parts (options.shards), fetches the rank's share of each
+ * batch and sends its part of each broadcast. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -87,6 +89,51 @@ typedef struct agent__trainer {
   rlorch_worker *w;
 } agent__trainer;
 
+/* A rank's part of a tensor lives where the trainer's weights live
+ * (trainer__placement): on its GPU, in pinned or in pageable host memory. */
+static void trainer__shard_free(bcast_tensor *t) {
+#ifdef RLORCH_HAVE_CUDA
+  if (t->residency == BCAST_RES_GPU) cudaFree(t->data);
+  else if (t->residency == BCAST_RES_HOST_PINNED) cudaFreeHost(t->data);
+  else free(t->data);
+#else
+  free(t->data);
+#endif
+  t->data = NULL;
+}
+
+/* Moves the host values `host` of t's part to t's residency; `host` is then
+ * t's data or freed. -1 with err when the memory cannot be had. */
+static int trainer__shard_place(bcast_tensor *t, float *host, char *err, size_t errlen) {
+  size_t bytes = (size_t)bcast_tensor_held(t) * sizeof *host;
+  if (t->residency == BCAST_RES_HOST_PAGEABLE) {
+    t->data = host;
+    return 0;
+  }
+#ifdef RLORCH_HAVE_CUDA
+  void *d = NULL;
+  cudaError_t e = t->residency == BCAST_RES_GPU ? cudaMalloc(&d, bytes) : cudaMallocHost(&d, bytes);
+  if (e == cudaSuccess)
+    e = t->residency == BCAST_RES_GPU ? cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice)
+                                      : (memcpy(d, host, bytes), cudaSuccess);
+  free(host);
+  if (e != cudaSuccess) {
+    if (d) t->residency == BCAST_RES_GPU ? cudaFree(d) : cudaFreeHost(d);
+    snprintf(err, errlen, "tensor %s: %zu bytes %s: %s", t->name, bytes,
+             t->residency == BCAST_RES_GPU ? "on the GPU" : "of pinned host memory",
+             cudaGetErrorString(e));
+    return -1;
+  }
+  t->data = d;
+  return 0;
+#else
+  free(host);
+  snprintf(err, errlen, "tensor %s: %zu bytes off pageable memory need a build with CUDA", t->name,
+           bytes);
+  return -1;
+#endif
+}
+
 static void trainer__free(agent__trainer *tr) {
 #ifdef RLORCH_HAVE_CUDA
   if (tr->opt_gpu) {
@@ -101,7 +148,7 @@ static void trainer__free(agent__trainer *tr) {
   free(tr->pub);
   free(tr->pub_shards);
   if (tr->first)
-    for (size_t i = 0; i < tr->n; i++) free(tr->t[i].data);
+    for (size_t i = 0; i < tr->n; i++) trainer__shard_free(&tr->t[i]);
   free(tr->first);
   bcast_storage_free(tr->shadow_storage);
   free(tr->shadow);
@@ -256,8 +303,8 @@ static int trainer__checkpoint(agent__trainer *tr, const char *run_id, uint64_t 
 /* A group's rank R of N: of every tensor of E elements, elements
  * [R*E/N, (R+1)*E/N) (dim-0 contiguous in row-major order; a rank whose
  * range of a small tensor is empty leaves that tensor out), each holding
- * the value a lone trainer's storage holds there (bcast_preset_value), in
- * host memory of its own: only the part is allocated. */
+ * the value a lone trainer's storage holds there (bcast_preset_value), where
+ * the trainer keeps its weights: only the part is allocated. */
 static int trainer__shard(agent__trainer *tr, char *err, size_t errlen) {
   uint64_t R = tr->o.trainer_rank, N = tr->o.trainer_ranks;
   tr->first = calloc(tr->n ? tr->n : 1, sizeof *tr->first);
@@ -275,8 +322,6 @@ static int trainer__shard(agent__trainer *tr, char *err, size_t errlen) {
       bcast_tensor t = tr->t[i];
       t.shard_offset = lo;
       t.shard_elems = hi - lo;
-      t.residency = BCAST_RES_HOST_PAGEABLE;
-      t.device = -1;
       float *d = malloc((size_t)(hi - lo) * sizeof *d);
       if (!d) {
         snprintf(err, errlen, "tensor %s: no memory for %llu elements", t.name,
@@ -285,7 +330,10 @@ static int trainer__shard(agent__trainer *tr, char *err, size_t errlen) {
         return -1;
       }
       for (uint64_t j = lo; j < hi; j++) d[j - lo] = bcast_preset_value(tr->o.seed, (uint32_t)i, j);
-      t.data = d;
+      if (trainer__shard_place(&t, d, err, errlen)) {
+        tr->n = k;
+        return -1;
+      }
       tr->first[k] = base + lo;
       tr->t[k++] = t;
     }
@@ -503,13 +551,6 @@ int agent_trainer_run(const agent_opts *o) {
   bcast_caps_select_device(&tr.caps, tr.device);
   agent_log_devices(&tr.caps, tr.device);
   agent_adamw_defaults(&tr.hp);
-  /* A group's ranks send over the host transport, from host memory. */
-  if (tr.o.trainer_ranks > 1 && tr.device >= 0) {
-    agent_log_error("fatal", "reason=\"--ranks %u: a trainer group's rank keeps its part in host "
-                    "memory; start it with --device -1\"", tr.o.trainer_ranks);
-    agent_log_info("exit", "status=1");
-    return 1;
-  }
   trainer__placement(&tr);
   agent_signals sig = {0};
   int status = 1;
