@@ -16,6 +16,10 @@
  *           GPU, or a bf16 pinned host copy). Floors, all measured here: fp32
  *           and bf16 bytes over the pinned host-to-device bandwidth, and a
  *           device-to-device copy moving the bytes the casts read and write.
+ *           --senders N: the model cut into dim-0 shards over 1, 2, 4, ... N
+ *           sender engines on GPU 0 (each rank of a sharded trainer writing
+ *           its own slices), --receivers engines on GPU 0; beside one sender
+ *           of the same bytes and the --master's floor, same run.
  * Ranks are two engines in this process, one thread each (GPU 0 sends, GPU 1
  * receives; NCCL refuses two ranks on one GPU; colocated: both on GPU 0). Only the public headers of the
  * engine are used, so what is timed is what a user of the library gets. */
@@ -47,8 +51,8 @@ typedef struct bb_args {
   uint32_t max_layers; /* 0: all */
   int master;          /* colocated: where the sender's weights live (BB_MASTER_*) */
   bool tls;            /* host: also the same plan with TLS on its data connection */
-  uint32_t senders;    /* host: sharded senders, up to this many; 0: the two-rank bench */
-  uint32_t receivers;  /* host with --senders: receiver engines */
+  uint32_t senders;    /* host, colocated: sharded senders, up to this many; 0: the two-rank bench */
+  uint32_t receivers;  /* with --senders: receiver engines */
   bool json;
 } bb_args;
 
@@ -93,10 +97,10 @@ static const opt_field bb__fields[] = {
      .help = "host: then the same plan with TLS on its data connection, against the plain one"},
     {.name = "senders", .flag = "--senders", .type = OPT_U32, .off = BBA(senders, uint32_t), .min = 0,
      .max = 16, .metavar = "N",
-     .help = "host: the model in dim-0 shards over 1, 2, 4, ... N sender ranks, against one sender",
+     .help = "host, colocated: the model in dim-0 shards over 1, 2, 4, ... N sender ranks, against one sender",
      .dflt = "0: one sender, one receiver"},
     {.name = "receivers", .flag = "--receivers", .type = OPT_U32, .off = BBA(receivers, uint32_t),
-     .min = 1, .max = 16, .metavar = "R", .help = "host with --senders: receiver ranks"},
+     .min = 1, .max = 16, .metavar = "R", .help = "with --senders: receiver ranks"},
     {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BBA(json, bool),
      .help = "one JSON object instead of text"},
 };
@@ -113,7 +117,9 @@ static const opt_cmd bb__cmd = {
              "          receivers, against one sender of the same bytes)\n"
              "  colocated  sender and receiver on GPU 0, the sender writing the receiver's bf16\n"
              "          buffers (--master host|gpu|bf16-host); floors: fp32 and bf16 pinned\n"
-             "          host-to-device, device-to-device copy",
+             "          host-to-device, device-to-device copy (--senders N: dim-0 shards over\n"
+             "          1, 2, 4, ... N senders on GPU 0 into --receivers receivers, against one\n"
+             "          sender and the master's floor)",
     .fields = bb__fields,
     .nfields = sizeof bb__fields / sizeof bb__fields[0],
 };
@@ -138,8 +144,9 @@ static int parse(int argc, char **argv, bb_args *a) {
     fprintf(stderr, "%s\n", st.err);
     return 2;
   }
-  if (a->senders && a->mode != BCAST_MODE_HOST) {
-    opt_fail(&st, opt_origin(&st, "senders"), "sharded senders run on the host transport only (--mode host)");
+  if (a->senders && a->mode != BCAST_MODE_HOST && a->mode != BCAST_MODE_COLOCATED) {
+    opt_fail(&st, opt_origin(&st, "senders"),
+             "sharded senders run on the host transport or colocated (--mode host|colocated)");
     fprintf(stderr, "%s\n", st.err);
     return 2;
   }
@@ -589,9 +596,13 @@ static size_t dim0_shards(const bcast_tensor *full, size_t n, uint32_t r, uint32
   return k;
 }
 
-/* One plan of `ns` sources and `nrx` receivers on fresh engines, timed. */
+/* One plan of `ns` sources and `nrx` receivers on fresh engines, timed. Host
+ * mode: every source listens on loopback. Colocated: every engine on GPU 0,
+ * each receiver's export imported by every source, as the control plane
+ * hands them over. */
 static int shard_run(const bb_args *a, const bcast_tensor *snd, size_t n, bcast_tensor *const *rcv, uint32_t ns,
                      bb_shard_run *out) {
+  int coloc = a->mode == BCAST_MODE_COLOCATED;
   uint32_t nrx = a->receivers, world = ns + nrx;
   bcast_engine **e = calloc(world, sizeof *e);
   bcast_tensor *sh = calloc((size_t)ns * (n ? n : 1), sizeof *sh);
@@ -608,20 +619,30 @@ static int shard_run(const bb_args *a, const bcast_tensor *snd, size_t n, bcast_
     goto out;
   }
   for (uint32_t i = 0; i < world; i++) {
-    bcast_engine_opts eo = {.rank = i, .device = -1, .timeout_s = 120, .host_listen = i < ns ? "127.0.0.1:0" : NULL};
+    bcast_engine_opts eo = {.rank = i, .device = coloc ? 0 : -1, .timeout_s = 120,
+                            .host_listen = !coloc && i < ns ? "127.0.0.1:0" : NULL};
     if (bcast_engine_new(&eo, &e[i], &err)) goto fail;
   }
   for (uint32_t r = 0; r < ns; r++) {
     ranks[r] = sh + (size_t)r * n;
     counts[r] = dim0_shards(snd, n, r, ns, sh + (size_t)r * n);
-    eps[r] = bcast_engine_data_address(e[r]);
+    eps[r] = coloc ? NULL : bcast_engine_data_address(e[r]);
   }
   if (bcast_shards_check(ranks, counts, ns, NULL, &map, &err)) goto fail;
   char id[64];
-  snprintf(id, sizeof id, "bench-senders-%u", ns);
-  bcast_plan_opts po = {.id = id, .mode = BCAST_MODE_HOST, .world_size = world, .root_rank = 0,
-                        .staging_budget = (uint64_t)a->budget_mib << 20, .source_endpoints = eps};
+  snprintf(id, sizeof id, "bench-%s-senders-%u", bcast_mode_name(a->mode), ns);
+  bcast_plan_opts po = {.id = id, .mode = a->mode, .world_size = world, .root_rank = 0,
+                        .staging_budget = (uint64_t)a->budget_mib << 20, .source_endpoints = coloc ? NULL : eps};
   if (bcast_plan_build_sharded(map, &po, &plan, &err)) goto fail;
+  for (uint32_t i = 0; coloc && i < nrx; i++) {
+    uint8_t *ex = NULL;
+    size_t exlen = 0;
+    if (bcast_engine_coloc_export(e[ns + i], plan, rcv[i], n, &ex, &exlen, &err)) goto fail;
+    int irc = 0;
+    for (uint32_t r = 0; r < ns && !irc; r++) irc = bcast_engine_coloc_import(e[r], plan, ns + i, ex, exlen, &err);
+    free(ex);
+    if (irc) goto fail;
+  }
   out->senders = ns;
   out->max_source_bytes = 0;
   for (uint32_t r = 0; r < ns; r++) {
@@ -659,58 +680,105 @@ static int sender_counts(uint32_t n, uint32_t *v) {
   return k;
 }
 
-static void report_senders(const bb_args *a, uint64_t params, uint64_t wire, const bb_shard_run *runs, int k) {
+/* fl: colocated, the floor measured in the same run (NULL in host mode,
+ * whose last column is the cost model's ratio instead). */
+static void report_senders(const bb_args *a, uint64_t params, uint64_t wire, const bb_shard_run *runs, int k,
+                           const bb_result *fl) {
   double base = runs[0].engine_s;
   uint32_t rx = a->receivers;
+  const char *mode = bcast_mode_name(a->mode);
+  const char *master = opt_enum_name(bb__masters, a->master);
   if (a->json) {
-    printf("{\"bench\":\"broadcast\",\"preset\":\"%s\",\"mode\":\"host\",\"reps\":%u,\"params\":%llu,"
-           "\"wire_bytes\":%llu,\"receivers\":%u,\"baseline\":\"one sender\",\"runs\":[",
-           a->preset, a->reps, (unsigned long long)params, (unsigned long long)wire, rx);
-    for (int i = 0; i < k; i++)
-      printf("%s{\"senders\":%u,\"engine_s\":%.6f,\"gbps\":%.3f,\"ratio\":%.4f,\"model_ratio\":%.4f}",
-             i ? "," : "", runs[i].senders, runs[i].engine_s, (double)wire * rx / runs[i].engine_s / 1e9,
-             runs[i].engine_s / base, (double)runs[i].max_source_bytes / (double)wire);
+    printf("{\"bench\":\"broadcast\",\"preset\":\"%s\",\"mode\":\"%s\",", a->preset, mode);
+    if (fl) printf("\"master\":\"%s\",", master);
+    printf("\"reps\":%u,\"params\":%llu,\"wire_bytes\":%llu,\"receivers\":%u,\"baseline\":\"one sender\",",
+           a->reps, (unsigned long long)params, (unsigned long long)wire, rx);
+    if (fl)
+      printf("\"floor\":\"%s\",\"floor_s\":%.6f,\"floor_gbps\":%.2f,", fl->floor_name, fl->floor_s,
+             fl->floor_gbps);
+    printf("\"runs\":[");
+    for (int i = 0; i < k; i++) {
+      printf("%s{\"senders\":%u,\"engine_s\":%.6f,\"gbps\":%.3f,\"ratio\":%.4f,", i ? "," : "", runs[i].senders,
+             runs[i].engine_s, (double)wire * rx / runs[i].engine_s / 1e9, runs[i].engine_s / base);
+      if (fl) printf("\"floor_ratio\":%.4f}", runs[i].engine_s / fl->floor_s);
+      else printf("\"model_ratio\":%.4f}", (double)runs[i].max_source_bytes / (double)wire);
+    }
     printf("]}\n");
     return;
   }
-  printf("broadcast %s, mode host, sharded senders: %.2f B params, %.2f GB to each of %u receivers, %u reps\n",
-         a->preset, params / 1e9, wire / 1e9, rx, a->reps);
-  printf("  senders  wall s    aggregate GB/s  vs one sender  cost model\n");
+  if (fl)
+    printf("broadcast %s, mode colocated (master %s), sharded senders on GPU 0: %.2f B params, %.2f GB to "
+           "each of %u receivers, %u reps\n", a->preset, master, params / 1e9, wire / 1e9, rx, a->reps);
+  else
+    printf("broadcast %s, mode host, sharded senders: %.2f B params, %.2f GB to each of %u receivers, %u reps\n",
+           a->preset, params / 1e9, wire / 1e9, rx, a->reps);
+  if (fl) printf("  floor %-10s %.4f s  (%.1f GB/s, measured in this run)\n", fl->floor_name, fl->floor_s,
+                 fl->floor_gbps);
+  printf("  senders  wall s    aggregate GB/s  vs one sender  %s\n", fl ? "vs floor" : "cost model");
   for (int i = 0; i < k; i++)
     printf("  %-7u  %.4f    %-14.3f  %.3fx         %.3fx\n", runs[i].senders, runs[i].engine_s,
            (double)wire * rx / runs[i].engine_s / 1e9, runs[i].engine_s / base,
-           (double)runs[i].max_source_bytes / (double)wire);
-  printf("  (aggregate: wire bytes x receivers / wall; cost model: the largest source's bytes over all,\n"
-         "   the wall-time ratio when each source has a link and cores of its own)\n");
+           fl ? runs[i].engine_s / fl->floor_s : (double)runs[i].max_source_bytes / (double)wire);
+  if (fl)
+    printf("  (aggregate: wire bytes x receivers / wall; floor: %s, every sender sharing this GPU's\n"
+           "   %s)\n", a->master == BB_MASTER_GPU ? "the bytes the casts read and write plus the copies to\n"
+           "   the other receivers, over the device-to-device bandwidth" : "the master's bytes over the "
+           "pinned host-to-device bandwidth", a->master == BB_MASTER_GPU ? "memory" : "PCIe link");
+  else
+    printf("  (aggregate: wire bytes x receivers / wall; cost model: the largest source's bytes over all,\n"
+           "   the wall-time ratio when each source has a link and cores of its own)\n");
 }
 
-/* The model once, in storage dtype; N dim-0 shards of it are views into it. */
+/* The model once, in storage dtype; N dim-0 shards of it are views into it.
+ * Colocated: the master where --master says (fp32 or bf16, pinned host or
+ * GPU 0), the receivers' bf16 buffers on GPU 0, and the floor measured
+ * first, on an idle device. */
 static int bench_senders(const bb_args *a) {
+  int coloc = a->mode == BCAST_MODE_COLOCATED;
+  if (coloc && !gpu_available(a)) return 1;
   bcast_preset_opts so = {.storage_dtype = BCAST_DTYPE_FP32, .wire_dtype = BCAST_DTYPE_BF16,
                           .residency = BCAST_RES_HOST_PAGEABLE, .max_layers = a->max_layers};
+  if (coloc) {
+    so.storage_dtype = a->master == BB_MASTER_BF16_HOST ? BCAST_DTYPE_BF16 : BCAST_DTYPE_FP32;
+    so.residency = a->master == BB_MASTER_GPU ? BCAST_RES_GPU : BCAST_RES_HOST_PINNED;
+    so.device = 0;
+  }
+  bcast_preset_opts ro = so;
+  if (coloc) ro.residency = BCAST_RES_GPU;
   bcast_tensor *snd = NULL, **rcv = calloc(a->receivers, sizeof *rcv);
   bcast_storage *ss = NULL, **rs = calloc(a->receivers, sizeof *rs);
   size_t n = 0, m = 0;
   bcast_err err = {0};
   bb_shard_run runs[BB_MAX_COUNTS];
   uint32_t counts[BB_MAX_COUNTS];
+  bb_result fl;
+  memset(&fl, 0, sizeof fl);
   int rc = 1, k = sender_counts(a->senders, counts);
   if (!rcv || !rs) {
     fprintf(stderr, "bench broadcast: out of memory\n");
     goto out;
   }
-  if (bcast_preset_manifest(a->preset, &so, &snd, &n, &err) ||
-      bcast_storage_alloc(snd, n, BCAST_FILL_SENDER, 42, &ss, &err))
-    goto fail;
+  if (bcast_preset_manifest(a->preset, &so, &snd, &n, &err)) goto fail;
+  uint64_t wire = 0, fp32 = 0;
+  for (size_t i = 0; i < n; i++) {
+    wire += bcast_tensor_elems(&snd[i]) * 2;
+    fp32 += bcast_tensor_elems(&snd[i]) * 4;
+  }
+  if (coloc) {
+    if (gpu_floor(a, fp32, wire, &fl, &err)) goto fail;
+    /* Each receiver past the first costs the GPU master one device copy of
+     * the wire bytes (a host master's copies do not cross PCIe). */
+    if (a->master == BB_MASTER_GPU)
+      fl.floor_s = ((double)(fp32 + wire) / 2 + (double)wire * (a->receivers - 1)) / (fl.d2d_gbps * 1e9);
+  }
+  if (bcast_storage_alloc(snd, n, BCAST_FILL_SENDER, 42, &ss, &err)) goto fail;
   for (uint32_t i = 0; i < a->receivers; i++)
-    if (bcast_preset_manifest(a->preset, &so, &rcv[i], &m, &err) ||
+    if (bcast_preset_manifest(a->preset, &ro, &rcv[i], &m, &err) ||
         bcast_storage_alloc(rcv[i], m, BCAST_FILL_RECEIVER, 0, &rs[i], &err))
       goto fail;
-  uint64_t wire = 0;
-  for (size_t i = 0; i < n; i++) wire += bcast_tensor_elems(&snd[i]) * 2;
   for (int i = 0; i < k; i++)
     if (shard_run(a, snd, n, rcv, counts[i], &runs[i])) goto out;
-  report_senders(a, bcast_preset_params(bcast_preset_find(a->preset), &so), wire, runs, k);
+  report_senders(a, bcast_preset_params(bcast_preset_find(a->preset), &so), wire, runs, k, coloc ? &fl : NULL);
   rc = 0;
   goto out;
 fail:

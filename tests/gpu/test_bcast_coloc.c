@@ -3,9 +3,13 @@
  * (pinned, pageable, mixed in one layer), a bf16 host copy, two receivers;
  * receiver memory outside the plan's tensors untouched; a receiver in
  * another process through CUDA IPC; bad exports and missing peers refused by
- * name; no GPU or host memory growth over 1,000 plans. Skips without a GPU. */
+ * name; no GPU or host memory growth over 1,000 plans; several sources (2
+ * and 4 trainer ranks, threads of this process, each writing its own dim-0
+ * shards) into two receivers at once, a source that never writes named by
+ * the receivers' timeout. Skips without a GPU. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -331,7 +335,7 @@ Test(coloc, refusals_name_what_is_wrong) {
   cr_assert_neq(bcast_engine_execute(snd, p, st, n, NULL, &err), BCAST_OK);
   cr_assert(strstr(err.msg, "export"), "%s", err.msg);
   cr_assert_eq(bcast_engine_coloc_export(snd, p, st, n, &ex, &len, &err), BCAST_EINVAL);
-  cr_assert(strstr(err.msg, "only receivers export"), "%s", err.msg);
+  cr_assert(strstr(err.msg, "only receivers export") && strstr(err.msg, "rank 0 is a sender"), "%s", err.msg);
   /* An export for another plan, a corrupted one, a truncated one. */
   cr_assert_eq(bcast_engine_coloc_export(rx, q, rt, m, &ex, &len, &err), BCAST_OK, "%s", err.msg);
   cr_assert_eq(bcast_engine_coloc_import(snd, p, 1, ex, len, &err), BCAST_EMISMATCH);
@@ -375,6 +379,302 @@ Test(coloc, refusals_name_what_is_wrong) {
   bcast_storage_free(rs);
   free(st);
   free(rt);
+}
+
+/* ---- several sources: a sharded trainer's ranks on the receivers' GPU ------------------- */
+
+#define MS_RX 2
+
+/* Rank r of ns: rows [rows r / ns, rows (r + 1) / ns) of every tensor, its
+ * dim-0 shard, `data` pointing into the full storage at the shard's first
+ * element (host or device alike); a tensor of fewer rows than ns goes whole
+ * to rank i % ns. Returns how many tensors rank r holds. */
+static size_t ms_shards(const bcast_tensor *full, size_t n, uint32_t r, uint32_t ns, bcast_tensor *out) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    const bcast_tensor *t = &full[i];
+    uint64_t elems = bcast_tensor_elems(t), rows = t->shape[0], row = elems / rows, lo = 0, hi = rows;
+    if (rows < ns && i % ns != r) continue;
+    if (rows >= ns) {
+      lo = rows * r / ns;
+      hi = rows * (r + 1) / ns;
+    }
+    if (hi == lo) continue;
+    out[k] = *t;
+    out[k].shard_offset = lo * row;
+    out[k].shard_elems = (hi - lo) * row == elems ? 0 : (hi - lo) * row;
+    out[k].data = (uint8_t *)t->data + lo * row * bcast_dtype_size(t->storage_dtype);
+    k++;
+  }
+  return k;
+}
+
+/* One participant's execute on a thread of its own: all run at once. */
+typedef struct ms_party {
+  bcast_engine *e;
+  const bcast_plan *p;
+  const bcast_tensor *local;
+  size_t n;
+  int rc;
+  bcast_err err;
+  bcast_stats st;
+  pthread_t tid;
+} ms_party;
+
+static void *ms_main(void *arg) {
+  ms_party *x = arg;
+  memset(&x->st, 0, sizeof x->st);
+  x->rc = bcast_engine_execute(x->e, x->p, x->local, x->n, &x->st, &x->err);
+  return NULL;
+}
+
+typedef struct ms_world {
+  uint32_t ns;
+  size_t n;
+  bcast_tensor *st;          /* the full model, storage dtype */
+  bcast_storage *ss;
+  bcast_tensor *shard;       /* ns x n: rank r's at shard + r n */
+  size_t nshard[8];
+  bcast_tensor *rt[MS_RX];   /* receivers' buffers, in slabs */
+  slab sl[MS_RX];
+  bcast_engine *e[8 + MS_RX];
+  bcast_plan *p;
+} ms_world;
+
+static void ms_init(ms_world *w, uint32_t ns, bcast_residency res, double timeout_s, uint64_t seed) {
+  memset(w, 0, sizeof *w);
+  cr_assert_leq(ns, 8);
+  w->ns = ns;
+  w->st = manifest(BCAST_DTYPE_FP32, res, 2, &w->n);
+  bcast_err err = {0};
+  cr_assert_eq(bcast_storage_alloc(w->st, w->n, BCAST_FILL_SENDER, seed, &w->ss, &err), 0, "%s", err.msg);
+  w->shard = calloc((size_t)ns * w->n, sizeof *w->shard);
+  cr_assert(w->shard);
+  const bcast_tensor *ranks[8];
+  for (uint32_t r = 0; r < ns; r++) {
+    w->nshard[r] = ms_shards(w->st, w->n, r, ns, w->shard + (size_t)r * w->n);
+    ranks[r] = w->shard + (size_t)r * w->n;
+  }
+  bcast_shard_map *map = NULL;
+  cr_assert_eq(bcast_shards_check(ranks, w->nshard, ns, NULL, &map, &err), BCAST_OK, "%s", err.msg);
+  char id[64];
+  snprintf(id, sizeof id, "coloc-ms-%u", ns);
+  /* A small budget: many buckets per source, the ring wrapping around. */
+  bcast_plan_opts po = {.id = id, .mode = BCAST_MODE_COLOCATED, .world_size = ns + MS_RX, .root_rank = 0,
+                        .staging_budget = 2u << 20};
+  cr_assert_eq(bcast_plan_build_sharded(map, &po, &w->p, &err), BCAST_OK, "%s", err.msg);
+  bcast_shard_map_free(map);
+  cr_assert_eq(bcast_plan_sources(w->p), (int)ns);
+  for (uint32_t r = 0; r < MS_RX; r++) {
+    size_t m = 0;
+    w->rt[r] = manifest(BCAST_DTYPE_FP32, BCAST_RES_GPU, 2, &m);
+    cr_assert_eq(m, w->n);
+    w->sl[r] = slab_new(w->rt[r], m);
+  }
+  for (uint32_t i = 0; i < ns + MS_RX; i++) w->e[i] = engine(i, timeout_s);
+  /* The control plane's part: every receiver's export to every source. */
+  for (uint32_t r = 0; r < MS_RX; r++) {
+    uint8_t *ex = NULL;
+    size_t len = 0;
+    cr_assert_eq(bcast_engine_coloc_export(w->e[ns + r], w->p, w->rt[r], w->n, &ex, &len, &err), BCAST_OK,
+                 "export of rank %u: %s", ns + r, err.msg);
+    for (uint32_t s = 0; s < ns; s++)
+      cr_assert_eq(bcast_engine_coloc_import(w->e[s], w->p, ns + r, ex, len, &err), BCAST_OK,
+                   "source %u importing rank %u: %s", s, ns + r, err.msg);
+    free(ex);
+  }
+}
+
+static void ms_free(ms_world *w) {
+  for (uint32_t i = 0; i < w->ns + MS_RX; i++) bcast_engine_free(w->e[i]);
+  for (uint32_t r = 0; r < MS_RX; r++) {
+    cudaFree(w->sl[r].base);
+    free(w->rt[r]);
+  }
+  bcast_plan_free(w->p);
+  bcast_storage_free(w->ss);
+  free(w->shard);
+  free(w->st);
+}
+
+/* Runs the participants whose `run` entry is set, all at once; the others
+ * never execute. */
+static void ms_exec(ms_world *w, const int *run, ms_party *pt) {
+  for (uint32_t i = 0; i < w->ns + MS_RX; i++) {
+    int src = i < w->ns;
+    pt[i] = (ms_party){.e = w->e[i], .p = w->p, .local = src ? w->shard + (size_t)i * w->n : w->rt[i - w->ns],
+                       .n = src ? w->nshard[i] : w->n};
+    if (run[i]) cr_assert_eq(pthread_create(&pt[i].tid, NULL, ms_main, &pt[i]), 0);
+  }
+  for (uint32_t i = 0; i < w->ns + MS_RX; i++)
+    if (run[i]) pthread_join(pt[i].tid, NULL);
+}
+
+/* Host copies of tensors (storage dtype for the sources' shards, wire dtype
+ * for a receiver's), for bcast_plan_source_checksum, which reads host memory. */
+static bcast_tensor *ms_host_copy(const bcast_tensor *t, size_t n, int wire) {
+  bcast_tensor *h = malloc((n ? n : 1) * sizeof *h);
+  cr_assert(h);
+  for (size_t i = 0; i < n; i++) {
+    h[i] = t[i];
+    size_t bytes = bcast_tensor_held(&t[i]) * bcast_dtype_size(wire ? t[i].wire_dtype : t[i].storage_dtype);
+    h[i].data = malloc(bytes ? bytes : 1);
+    cr_assert(h[i].data);
+    if (t[i].residency == BCAST_RES_GPU)
+      cr_assert_eq(cudaMemcpy(h[i].data, t[i].data, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    else
+      memcpy(h[i].data, t[i].data, bytes);
+    h[i].residency = BCAST_RES_HOST_PAGEABLE;
+  }
+  return h;
+}
+
+static void ms_host_free(bcast_tensor *h, size_t n) {
+  for (size_t i = 0; i < n; i++) free(h[i].data);
+  free(h);
+}
+
+static void multi_source(uint32_t ns, bcast_residency res) {
+  ms_world w;
+  ms_init(&w, ns, res, 30, 100 + ns);
+  int run[8 + MS_RX];
+  for (uint32_t i = 0; i < ns + MS_RX; i++) run[i] = 1;
+  ms_party pt[8 + MS_RX];
+  for (int round = 0; round < 2; round++) { /* again: the receivers wait anew for every source */
+    if (round == 1) { /* new values, so that the second round cannot pass on the first's bytes */
+      bcast_storage_free(w.ss);
+      bcast_err err = {0};
+      cr_assert_eq(bcast_storage_alloc(w.st, w.n, BCAST_FILL_SENDER, 200 + ns, &w.ss, &err), 0, "%s", err.msg);
+      for (uint32_t r = 0; r < ns; r++) w.nshard[r] = ms_shards(w.st, w.n, r, ns, w.shard + (size_t)r * w.n);
+    }
+    ms_exec(&w, run, pt);
+    for (uint32_t i = 0; i < ns + MS_RX; i++)
+      cr_assert_eq(pt[i].rc, BCAST_OK, "round %d, rank %u: %s", round, i, pt[i].err.msg);
+    for (uint32_t r = 0; r < MS_RX; r++) {
+      verify(w.st, w.rt[r], w.n);
+      slab_check(&w.sl[r], w.rt[r], w.n);
+    }
+    /* A source counts its own buckets and bytes. */
+    for (uint32_t s = 0; s < ns; s++) {
+      uint32_t nb = 0;
+      uint64_t bytes = 0;
+      for (size_t k = 0; k < w.p->nbuckets; k++)
+        if (w.p->buckets[k].source_rank == s) nb++, bytes += w.p->buckets[k].bytes;
+      cr_assert_gt(nb, 0, "source %u has buckets", s);
+      cr_assert_eq(pt[s].st.nbuckets, nb, "source %u: %u buckets in its stats, %u in the plan", s,
+                   pt[s].st.nbuckets, nb);
+      cr_assert_eq(pt[s].st.wire_bytes, bytes, "source %u", s);
+      cr_assert_str_eq(pt[s].st.transport, "in-process");
+      for (uint32_t j = 0; j < nb; j++)
+        cr_assert_eq(w.p->buckets[pt[s].st.buckets[j].bucket].source_rank, s);
+    }
+    /* Per-source checksums: each source's of its shard, cast, against each
+     * receiver's of what it holds. */
+    for (uint32_t r = 0; r < MS_RX; r++) {
+      bcast_tensor *rh = ms_host_copy(w.rt[r], w.n, 1);
+      for (uint32_t s = 0; s < ns; s++) {
+        bcast_tensor *sh = ms_host_copy(w.shard + (size_t)s * w.n, w.nshard[s], 0);
+        uint64_t want = 0, got = 0;
+        bcast_err err = {0};
+        cr_assert_eq(bcast_plan_source_checksum(w.p, s, sh, w.nshard[s], 0, &want, &err), BCAST_OK, "%s",
+                     err.msg);
+        cr_assert_eq(bcast_plan_source_checksum(w.p, s, rh, w.n, 1, &got, &err), BCAST_OK, "%s", err.msg);
+        cr_assert_eq(got, want, "receiver %u, source %u: checksum %016llx, the source's %016llx", ns + r, s,
+                     (unsigned long long)got, (unsigned long long)want);
+        ms_host_free(sh, w.nshard[s]);
+      }
+      ms_host_free(rh, w.n);
+    }
+    for (uint32_t i = 0; i < ns + MS_RX; i++) bcast_stats_free(&pt[i].st);
+  }
+  ms_free(&w);
+}
+
+Test(coloc_ms, two_sources_host_pinned_shards_into_two_receivers) {
+  NEED_GPU();
+  multi_source(2, BCAST_RES_HOST_PINNED);
+}
+
+Test(coloc_ms, two_sources_gpu_resident_shards_into_two_receivers) {
+  NEED_GPU();
+  multi_source(2, BCAST_RES_GPU);
+}
+
+Test(coloc_ms, four_sources_host_pinned_shards_into_two_receivers) {
+  NEED_GPU();
+  multi_source(4, BCAST_RES_HOST_PINNED);
+}
+
+Test(coloc_ms, four_sources_gpu_resident_shards_into_two_receivers) {
+  NEED_GPU();
+  multi_source(4, BCAST_RES_GPU);
+}
+
+/* Source 1 never executes: source 0 finishes its writes, and every receiver
+ * times out within its deadline naming source rank 1; a cancel still ends a
+ * receiver's wait at once. */
+Test(coloc_ms, a_source_that_never_writes_is_named_by_every_receiver) {
+  NEED_GPU();
+  ms_world w;
+  ms_init(&w, 2, BCAST_RES_GPU, 2, 7);
+  int run[2 + MS_RX] = {1, 0, 1, 1};
+  ms_party pt[2 + MS_RX];
+  struct timespec a, z;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  ms_exec(&w, run, pt);
+  clock_gettime(CLOCK_MONOTONIC, &z);
+  double took = (double)(z.tv_sec - a.tv_sec) + (double)(z.tv_nsec - a.tv_nsec) * 1e-9;
+  cr_assert_eq(pt[0].rc, BCAST_OK, "source 0: %s", pt[0].err.msg);
+  for (uint32_t r = 0; r < MS_RX; r++) {
+    ms_party *x = &pt[2 + r];
+    cr_assert_eq(x->rc, BCAST_ETIMEDOUT, "rank %u: rc %d: %s", 2 + r, x->rc, x->err.msg);
+    cr_assert(strstr(x->err.msg, "source rank 1") && strstr(x->err.msg, "waited"), "%s", x->err.msg);
+  }
+  cr_assert_lt(took, 10, "a 2 s deadline took %.1f s", took);
+  for (uint32_t i = 0; i < 2 + MS_RX; i++) bcast_stats_free(&pt[i].st);
+  /* Cancelled before it starts: ECANCELED, not a timeout. */
+  cr_assert_eq(bcast_engine_cancel(w.e[2], w.p->id), BCAST_OK);
+  bcast_err err = {0};
+  cr_assert_eq(bcast_engine_execute(w.e[2], w.p, w.rt[0], w.n, NULL, &err), BCAST_ECANCELED, "%s", err.msg);
+  ms_free(&w);
+}
+
+/* What several sources must not do: a source given another's shard, a
+ * receiver rank importing, an export of the wrong number of done words;
+ * and a shard in direct mode is still refused. */
+Test(coloc_ms, invalid_mixes_are_refused_by_name) {
+  NEED_GPU();
+  ms_world w;
+  ms_init(&w, 2, BCAST_RES_GPU, 5, 9);
+  bcast_err err = {0};
+  /* Source 1 executing with source 0's shards. */
+  cr_assert_eq(bcast_engine_execute(w.e[1], w.p, w.shard, w.nshard[0], NULL, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "of source rank 1 carries elements"), "%s", err.msg);
+  /* A receiver does not import, and a source does not export. */
+  cr_assert_eq(bcast_engine_coloc_import(w.e[2], w.p, 3, (const uint8_t *)"x", 1, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "only the senders (source ranks 0..1)"), "%s", err.msg);
+  uint8_t *ex = NULL;
+  size_t len = 0;
+  cr_assert_eq(bcast_engine_coloc_export(w.e[1], w.p, w.rt[0], w.n, &ex, &len, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "rank 1 is a sender"), "%s", err.msg);
+  cr_assert_eq(bcast_engine_coloc_import(w.e[0], w.p, 1, (const uint8_t *)"x", 1, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "rank 1, which is not a receiver"), "%s", err.msg);
+  /* An export made for a one-source plan of the same tensors has one done
+   * word, not two: refused by the source importing it against this plan. */
+  bcast_plan *one = plan(w.st, w.n, w.p->id, 2 + MS_RX, 2u << 20);
+  cr_assert_eq(bcast_engine_coloc_export(w.e[2], one, w.rt[0], w.n, &ex, &len, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_neq(bcast_engine_coloc_import(w.e[0], w.p, 2, ex, len, &err), BCAST_OK);
+  cr_assert(strstr(err.msg, "rank 2"), "%s", err.msg);
+  free(ex);
+  bcast_plan_free(one);
+  /* Direct mode takes whole tensors only. */
+  bcast_plan_opts po = {.id = "direct-shard", .mode = BCAST_MODE_DIRECT, .world_size = 2, .root_rank = 0};
+  bcast_plan *d = NULL;
+  cr_assert_eq(bcast_plan_build(w.st, w.n, &po, &d, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(bcast_engine_execute(w.e[0], d, w.shard, w.nshard[0], NULL, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "a shard") && strstr(err.msg, "direct mode needs whole tensors"), "%s", err.msg);
+  bcast_plan_free(d);
+  ms_free(&w);
 }
 
 /* ---- a receiver in another process ------------------------------------------------------ */

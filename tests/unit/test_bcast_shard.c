@@ -617,8 +617,8 @@ Test(bcast_shard, validation_names_what_is_inconsistent) {
   bcast_plan_opts o = {.id = "x", .mode = BCAST_MODE_DIRECT, .world_size = 4};
   bcast_plan *r = NULL;
   cr_assert_eq(bcast_plan_build_sharded(map, &o, &r, &err), BCAST_EINVAL);
-  cr_assert_str_eq(err.msg, "plan options: 2 source ranks: direct mode has one source; only host mode sends from "
-                   "several");
+  cr_assert_str_eq(err.msg, "plan options: 2 source ranks: direct mode has one source; only host and colocated "
+                   "mode send from several");
   o.mode = BCAST_MODE_HOST;
   o.world_size = 2;
   cr_assert_eq(bcast_plan_build_sharded(map, &o, &r, &err), BCAST_EINVAL);
@@ -666,6 +666,83 @@ Test(bcast_shard, protobuf_round_trip_keeps_sources_and_endpoints) {
   msg->n_source_endpoints = 4;
   msg->source_ranks = 4;
   bcast_pb_free(&msg->base);
+  bcast_plan_free(p);
+  bcast_shard_map_free(map);
+  model_free(&m);
+}
+
+/* Colocated mode takes several sources too (every trainer rank on the
+ * receivers' GPU, writing its own slices): the same layout, validation and
+ * source binding as host mode, no endpoints needed, and the plan survives
+ * the protobuf form. The GPU writes themselves are tests/gpu's. */
+Test(bcast_shard, colocated_plans_take_several_sources) {
+  model m;
+  model_init(&m, 4);
+  bcast_shard_map *map = shard_map(&m);
+  bcast_plan_opts o = {.id = "coloc/step-1", .mode = BCAST_MODE_COLOCATED, .staging_budget = 64 << 10,
+                       .world_size = 4 + RECEIVERS};
+  bcast_plan *p = NULL;
+  bcast_err err = {0};
+  cr_assert_eq(bcast_plan_build_sharded(map, &o, &p, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(bcast_plan_validate(p, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(bcast_plan_sources(p), 4);
+  /* The host plan of the same map, bucket for bucket: only the mode differs. */
+  const char *eps[4] = {"a:1", "b:2", "c:3", "d:4"};
+  bcast_plan *h = sharded_plan(map, eps, 64 << 10, 0);
+  cr_assert_eq(p->nbuckets, h->nbuckets);
+  for (size_t k = 0; k < p->nbuckets; k++) {
+    cr_assert_eq(p->buckets[k].source_rank, h->buckets[k].source_rank, "bucket %zu", k);
+    cr_assert_eq(p->buckets[k].stage_rank, p->buckets[k].source_rank, "bucket %zu", k);
+    cr_assert_eq(p->buckets[k].nslices, h->buckets[k].nslices, "bucket %zu", k);
+  }
+  cr_assert_neq(p->hash, h->hash, "the mode is covered by the hash");
+  bcast_plan_free(h);
+  /* Each source binds its own shards; another rank's shards are refused
+   * naming the tensor and the ranges. */
+  for (uint32_t r = 0; r < 4; r++)
+    cr_assert_eq(bcast_plan_check_source(p, r, m.shard[r], m.nshard[r], &err), BCAST_OK, "rank %u: %s", r,
+                 err.msg);
+  cr_assert_eq(bcast_plan_check_source(p, 1, m.shard[0], m.nshard[0], &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "of source rank 1 carries elements"), "%s", err.msg);
+  cr_assert_eq(bcast_plan_check_source(p, 4, m.shard[0], m.nshard[0], &err), BCAST_EINVAL);
+  cr_assert_str_eq(err.msg, "plan 'coloc/step-1': rank 4 is not one of its 4 sources");
+  /* Validation holds colocated plans to the host rules. */
+  bcast_plan *q = bcast_plan_dup(p);
+  q->buckets[1].source_rank = q->buckets[1].stage_rank = 4;
+  cr_assert_eq(bcast_plan_validate(q, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "source rank 4, but the plan has 4 sources (ranks 0..3)"), "%s", err.msg);
+  q->buckets[1].source_rank = 1;
+  cr_assert_eq(bcast_plan_validate(q, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "stage rank 4 differs from its source rank 1"), "%s", err.msg);
+  q->buckets[1].stage_rank = 1;
+  q->nsources = 6;
+  cr_assert_eq(bcast_plan_validate(q, &err), BCAST_EINVAL);
+  cr_assert_str_eq(err.msg, "plan 'coloc/step-1': 6 sources in a world of 6 leave no receiver");
+  q->nsources = 4;
+  q->mode = BCAST_MODE_DIRECT;
+  cr_assert_eq(bcast_plan_validate(q, &err), BCAST_EINVAL);
+  cr_assert_str_eq(err.msg, "plan 'coloc/step-1': 4 sources in direct mode, which has one source");
+  bcast_plan_free(q);
+  o.mode = BCAST_MODE_STAGED;
+  cr_assert_eq(bcast_plan_build_sharded(map, &o, &q, &err), BCAST_EINVAL);
+  cr_assert_str_eq(err.msg, "plan options: 4 source ranks: staged mode has one source; only host and colocated "
+                   "mode send from several");
+  /* Through the protobuf form, as the orchestrator sends it. */
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  cr_assert_eq(bcast_plan_pack(p, &buf, &len, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(bcast_plan_unpack(buf, len, &q, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(q->hash, p->hash);
+  cr_assert_eq(q->mode, BCAST_MODE_COLOCATED);
+  cr_assert_eq(q->nsources, 4);
+  cr_assert_eq(bcast_plan_validate(q, &err), BCAST_OK, "%s", err.msg);
+  bcast_plan_free(q);
+  free(buf);
+  /* An engine without a GPU refuses to run it, naming the mode, not the shards. */
+  bcast_engine *e = engine(0, NULL, 5);
+  cr_assert_neq(bcast_engine_execute(e, p, m.shard[0], m.nshard[0], NULL, &err), BCAST_OK);
+  cr_assert(strstr(err.msg, "colocated mode") && !strstr(err.msg, "a shard"), "%s", err.msg);
+  bcast_engine_free(e);
   bcast_plan_free(p);
   bcast_shard_map_free(map);
   model_free(&m);

@@ -191,7 +191,8 @@ Test(bench_broadcast, sharded_senders_json_runs_each_count_beside_one_sender) {
   }
   cr_assert(!strcmp(at + strcspn(at, "]"), "]}\n"), "one line: %s", j);
   bad((const char *[]){"--mode", "staged", "--senders", "2", NULL},
-      "rlorch bench broadcast: --senders: sharded senders run on the host transport only (--mode host)\n");
+      "rlorch bench broadcast: --senders: sharded senders run on the host transport or colocated (--mode "
+      "host|colocated)\n");
   bad((const char *[]){"--mode", "host", "--senders", "17", NULL},
       "rlorch bench broadcast: --senders: 17 out of range [0, 16]\n");
 }
@@ -211,6 +212,43 @@ Test(bench_broadcast, direct_mode_runs_or_says_what_is_missing) {
   cr_assert_eq(c.rc, 1);
   cr_assert(strstr(c.err, caps.cuda_built && caps.nccl_built ? "--mode direct needs 2 CUDA devices"
                                                               : "--mode direct needs a build with CUDA"),
+            "%s", c.err);
+  cr_assert_eq(c.out[0], 0);
+}
+
+/* Colocated --senders needs a GPU: with one it prints each sender count
+ * beside one sender and the master's floor, measured in the run; without,
+ * it says what is missing and prints nothing. */
+Test(bench_broadcast, colocated_senders_run_or_say_what_is_missing) {
+  bcast_caps caps;
+  bcast_caps_probe(&caps);
+  char why[256];
+  captured c;
+  run(&c, (const char *[]){"--mode", "colocated", "--senders", "2", "--receivers", "2", "--master", "gpu",
+                           "--layers", "1", "--reps", "1", "--budget-mib", "16", "--json", NULL});
+  if (bcast_mode_available(&caps, BCAST_MODE_COLOCATED, why, sizeof why)) {
+    cr_assert_eq(c.rc, 0, "stderr: %s", c.err);
+    const char *j = c.out, *at = j;
+    const char *head = "{\"bench\":\"broadcast\",\"preset\":\"100m\",\"mode\":\"colocated\",\"master\":\"gpu\",";
+    cr_assert(!strncmp(j, head, strlen(head)), "%s", j);
+    cr_assert(strstr(j, "\"floor\":\"d2d\""), "%s", j);
+    double floor_s = num(j, "floor_s", &at), base = 0;
+    cr_assert(floor_s > 0, "%s", j);
+    for (uint32_t want = 1; want <= 2; want++) {
+      cr_assert_eq(num(j, "senders", &at), want, "%s", j);
+      double s = num(j, "engine_s", &at);
+      num(j, "gbps", &at);
+      num(j, "ratio", &at);
+      double fr = num(j, "floor_ratio", &at);
+      if (want == 1) base = s;
+      cr_assert(s > 0 && base > 0, "%s", j);
+      cr_assert_float_eq(fr, s / floor_s, 1e-3 + 1e-3 * fr, "%s", j);
+    }
+    return;
+  }
+  cr_assert_eq(c.rc, 1);
+  cr_assert(strstr(c.err, caps.cuda_built ? "--mode colocated unavailable: " : "--mode colocated needs a build "
+                                                                                 "with CUDA"),
             "%s", c.err);
   cr_assert_eq(c.out[0], 0);
 }

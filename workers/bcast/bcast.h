@@ -563,7 +563,8 @@ int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err);
  * counts the plan's bytes once (what each receiver gets); on the root cast_s
  * is cast + checksum, on receivers verify + scatter; exposed_s = total_s -
  * wire_s (measured).  transport is "host-tcp" in host mode.
- * Several sources (bcast_plan.nsources > 1, host mode only): each source rank
+ * Several sources (bcast_plan.nsources > 1, host and colocated mode; colocated
+ * below): in host mode each source rank
  * (rank < nsources, each with its own host_listen) sends only its buckets,
  * from `local` tensors that may be shards (bcast_tensor.shard_offset), to
  * every receiver; each receiver connects to every source
@@ -598,17 +599,26 @@ int bcast_engine_cancel(bcast_engine *e, const char *plan_id);
  * plane (PlanAck.colocated_export). Its tensors must be cudaMalloc memory on
  * the engine's device in the wire dtype; the handles are made once per layout
  * and made again only when the buffers or the plan's tensors change. Each
- * export clears this receiver's done word.
+ * export clears this receiver's done words, one per source rank of the plan.
  * Sender: imports one export per receiver rank (a different process or this
  * one), before bcast_engine_execute. Mappings are kept while a receiver's
  * export stays the same, closed when it changes, when an executed plan no
  * longer has that receiver, and by bcast_engine_free. An export made on
  * another GPU or host is refused (BCAST_ENOTSUP, naming both); one for another
- * plan hash with BCAST_EMISMATCH.
- * Ordering: the sender's execute waits on the host until every write is done,
- * then sets each receiver's done word and waits for that; a receiver's
- * execute returns once its done word holds the plan's token. A receiver is
- * thus told the version is complete only after every write into it. */
+ * plan hash with BCAST_EMISMATCH, one with another number of done words than
+ * the plan's sources with BCAST_EINVAL.
+ * Several sources (nsources S > 1, bcast_plan_build_sharded): every source
+ * rank 0..S-1 is a sender that imports every receiver's export and executes
+ * with its own `local` tensors, whole or shards (bcast_tensor.shard_offset;
+ * host or GPU resident), staging and writing only its own buckets' slices;
+ * the sources run at once. Its stats count its own buckets and bytes.
+ * Ordering: a source's execute waits on the host until every write of its
+ * buckets is done, then sets its own done word in each receiver (a token of
+ * the plan hash and its rank) and waits for that; a receiver's execute
+ * returns once every source's done word holds that source's token. A
+ * receiver is thus told the version is complete only after every write of
+ * every source into it; a source that never writes makes it time out naming
+ * that source rank. */
 int bcast_engine_coloc_export(bcast_engine *e, const bcast_plan *p, const bcast_tensor *local,
                               size_t n, uint8_t **out, size_t *len, bcast_err *err);
 int bcast_engine_coloc_import(bcast_engine *e, const bcast_plan *p, uint32_t rank,

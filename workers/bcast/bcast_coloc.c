@@ -2,8 +2,8 @@
  *
  * A receiver exports, once per layout, where its wire-dtype tensors live: the
  * CUDA IPC handle of every allocation that holds one (a handle names a whole
- * allocation, so each tensor is an allocation and an offset in it) and a done
- * word of its own. The export travels through the control plane (the
+ * allocation, so each tensor is an allocation and an offset in it) and one
+ * done word per source rank of the plan. The export travels through the control plane (the
  * receiver's PlanAck, then the sender's trigger), so nothing is mapped or
  * written before every participant acked the plan. The sender maps each
  * allocation once and keeps the mapping while that receiver's export stays
@@ -16,12 +16,21 @@
  * buckets earlier finished (CUDA events), so the copy of bucket k+1 overlaps
  * the cast of bucket k.
  *
- * Ordering, the one rule: the sender waits on the host until both streams
- * drained (every write into every receiver done), then writes each
- * receiver's done word (the plan's token) and waits for that too; a
- * receiver's execute returns only once its done word holds the token. So a
- * receiver is told the version is complete only after every write finished,
- * and its BroadcastDone (and checksum) follow from there.
+ * Several sources (a sharded trainer, every rank on this GPU): each source is
+ * an engine of its own that imports every receiver's export, binds only the
+ * tensors its buckets carry (whole or shards), and stages, casts and writes
+ * only its own buckets' slices, all sources at once; the slices of different
+ * sources are disjoint (the plan tiles every tensor), so their writes never
+ * meet. One source is the case S = 1, the root writing every bucket.
+ *
+ * Ordering, the one rule: a source waits on the host until both its streams
+ * drained (every write of its buckets into every receiver done), then writes
+ * its own done word in each receiver (word s for source s, holding a token
+ * made of the plan hash and s, so that neither another source's word nor a
+ * word left from another plan can pass for it) and waits for that too; a
+ * receiver's execute returns only once all S words hold their tokens. So a
+ * receiver is told the version is complete only after every write of every
+ * source finished, and its BroadcastDone (and checksum) follow from there.
  *
  * Receivers in the sender's own process (a benchmark, an embedding program)
  * are recognised by a per-process nonce in the export: their pointers are
@@ -48,10 +57,13 @@
 /* ---- the export's format: little-endian, versioned ------------------------------- */
 
 #define COLOC_MAGIC 0x58434c52u /* "RLCX" */
-#define COLOC_VERSION 1u
+#define COLOC_VERSION 2u           /* 2: a done word per source (nflags) */
 #define COLOC_HANDLE_BYTES 64
-#define COLOC_FLAG_BYTES (2u << 20) /* the done word's allocation: a whole 2 MiB page of its own */
+#define COLOC_FLAG_BYTES (2u << 20) /* the done words' allocation: a whole 2 MiB page of its own */
 #define COLOC_MAX_ALLOCS (1u << 20)
+/* Sources one receiver waits for: every one a trainer rank on this GPU, so a
+ * few; the bound keeps the done words and their pinned read-back small. */
+#define COLOC_MAX_SOURCES 256u
 
 _Static_assert(sizeof(cudaIpcMemHandle_t) == COLOC_HANDLE_BYTES, "IPC handle size changed");
 
@@ -74,7 +86,8 @@ typedef struct coloc_desc {
   char gpu_uuid[48];
   char host_id[64];
   uint32_t flag_alloc;
-  uint64_t flag_offset;
+  uint64_t flag_offset; /* done word s (source s) at flag_offset + 8 s */
+  uint32_t nflags;      /* done words: the plan's sources */
   coloc_alloc *allocs;
   uint32_t nallocs;
   coloc_place *places; /* one per plan tensor */
@@ -94,8 +107,8 @@ struct bcast_coloc {
   /* receiver */
   coloc_desc mine; /* plan_hash: the plan exported for last */
   uint64_t sig;    /* layout the allocations and places were made for */
-  void *flag;      /* the done word */
-  uint64_t *pinned; /* [0]: done word read back, [1]: token to write (sender) */
+  void *flag;      /* the done words, one per source */
+  uint64_t *pinned; /* [0]: token to write (sender); [1 + s]: done word s read back */
   int armed;       /* an export was made for mine.plan_hash */
   /* sender */
   coloc_peer *peers;
@@ -137,7 +150,21 @@ static void coloc_init_once(void) {
     (void)cudaGetLastError();
 }
 
-static uint64_t coloc_token(uint64_t plan_hash) { return plan_hash ? plan_hash : 1; }
+/* Source s's token for a plan: never 0 (a cleared word), and different per
+ * source and per plan hash. */
+static uint64_t coloc_token(uint64_t plan_hash, uint32_t source) {
+  uint64_t v = plan_hash ^ (0x9E3779B97F4A7C15ull * ((uint64_t)source + 1));
+  return v ? v : 1;
+}
+
+/* The plan's sources and whether `rank` is one; its done word's index. */
+static uint32_t coloc_nsources(const bcast_plan *p) { return bcast__plan_nsources(p); }
+static int coloc_is_source(const bcast_plan *p, uint32_t rank) {
+  return coloc_nsources(p) > 1 ? rank < coloc_nsources(p) : rank == p->root_rank;
+}
+static uint32_t coloc_source_index(const bcast_plan *p, uint32_t rank) {
+  return coloc_nsources(p) > 1 ? rank : 0;
+}
 
 /* ---- serialisation -------------------------------------------------------------------- */
 
@@ -230,6 +257,7 @@ static int desc_write(const coloc_desc *d, uint8_t **out, size_t *len) {
   w_str(&w, d->host_id, sizeof d->host_id);
   w_u32(&w, d->flag_alloc);
   w_u64(&w, d->flag_offset);
+  w_u32(&w, d->nflags);
   w_u32(&w, d->nallocs);
   for (uint32_t i = 0; i < d->nallocs; i++) {
     w_bytes(&w, d->allocs[i].handle, COLOC_HANDLE_BYTES);
@@ -277,6 +305,7 @@ static int desc_read(const uint8_t *buf, size_t len, const bcast_plan *p, uint32
   r_str(&r, d->host_id, sizeof d->host_id);
   d->flag_alloc = r_u32(&r);
   d->flag_offset = r_u64(&r);
+  d->nflags = r_u32(&r);
   d->nallocs = r_u32(&r);
   if (r.bad || d->nallocs == 0 || d->nallocs > COLOC_MAX_ALLOCS ||
       (size_t)d->nallocs * (COLOC_HANDLE_BYTES + 16) > len - r.off)
@@ -325,10 +354,18 @@ static int desc_read(const uint8_t *buf, size_t len, const bcast_plan *p, uint32
                          rank, t->name, (unsigned long long)want);
     }
   }
-  if (d->flag_alloc >= d->nallocs || d->allocs[d->flag_alloc].bytes < 8 ||
-      d->flag_offset > d->allocs[d->flag_alloc].bytes - 8) {
+  if (d->nflags != coloc_nsources(p)) {
+    uint32_t nf = d->nflags;
     desc_clear(d);
-    return bcast__fail(err, BCAST_EINVAL, "rank %u: colocated export has no valid done word", rank);
+    return bcast__fail(err, BCAST_EINVAL,
+                       "rank %u: colocated export has %u done words, the plan has %u sources", rank,
+                       nf, coloc_nsources(p));
+  }
+  uint64_t flag_bytes = 8ull * d->nflags;
+  if (d->flag_alloc >= d->nallocs || d->allocs[d->flag_alloc].bytes < flag_bytes ||
+      d->flag_offset > d->allocs[d->flag_alloc].bytes - flag_bytes) {
+    desc_clear(d);
+    return bcast__fail(err, BCAST_EINVAL, "rank %u: colocated export has no valid done words", rank);
   }
   return BCAST_OK;
 }
@@ -343,7 +380,9 @@ int bcast__coloc_new(bcast_gpu *g, bcast_coloc **out, bcast_err *err) {
   c->owner = coloc_random();
   bcast__host_id(c->host, sizeof c->host);
   cudaError_t ce = cudaSetDevice(g->device);
-  if (ce == cudaSuccess) ce = cudaHostAlloc((void **)&c->pinned, 2 * sizeof(uint64_t), cudaHostAllocDefault);
+  if (ce == cudaSuccess)
+    ce = cudaHostAlloc((void **)&c->pinned, (1 + COLOC_MAX_SOURCES) * sizeof(uint64_t),
+                       cudaHostAllocDefault);
   if (ce != cudaSuccess) {
     c->pinned = NULL;
     bcast__coloc_free(c, g);
@@ -499,6 +538,7 @@ static int export_build(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint3
   }
   if (!rc) rc = alloc_of(&d, &cap, c->flag, "the done word", &d.flag_alloc, err);
   if (!rc) d.flag_offset = (uint64_t)(uintptr_t)c->flag - d.allocs[d.flag_alloc].base;
+  d.nflags = coloc_nsources(p);
   if (rc) {
     desc_clear(&d);
     return rc;
@@ -514,9 +554,14 @@ int bcast__coloc_export(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint3
                         bcast_err *err) {
   *out = NULL;
   *len = 0;
-  if (rank == p->root_rank)
-    return bcast__fail(err, BCAST_EINVAL, "plan '%s': rank %u is the sender; only receivers export",
-                       p->id, rank);
+  if (coloc_is_source(p, rank))
+    return bcast__fail(err, BCAST_EINVAL,
+                       "plan '%s': rank %u is a sender (source rank); only receivers export", p->id,
+                       rank);
+  if (coloc_nsources(p) > COLOC_MAX_SOURCES)
+    return bcast__fail(err, BCAST_ENOTSUP,
+                       "plan '%s': %u sources; colocated receivers wait for at most %u", p->id,
+                       coloc_nsources(p), COLOC_MAX_SOURCES);
   cudaError_t ce = cudaSetDevice(g->device);
   if (ce != cudaSuccess)
     return CUDA_FAIL(err, ce, "cudaSetDevice(%d): %s", g->device, cudaGetErrorString(ce));
@@ -524,7 +569,7 @@ int bcast__coloc_export(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint3
   if (!map) return bcast__fail(err, BCAST_ENOMEM, "colocated export: no memory");
   int rc = bcast__plan_bind(p, local, n, 0, map, err);
   uint64_t sig = rc ? 0 : layout_sig(p, local, map, g->device);
-  if (!rc && (sig != c->sig || !c->mine.nallocs)) {
+  if (!rc && (sig != c->sig || !c->mine.nallocs || c->mine.nflags != coloc_nsources(p))) {
     c->armed = 0;
     c->sig = 0;
     rc = export_build(c, g, p, rank, local, map, err);
@@ -532,11 +577,11 @@ int bcast__coloc_export(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint3
   }
   free(map);
   if (rc) return rc;
-  /* A fresh plan starts from a cleared done word; the sender sets it only
+  /* A fresh plan starts from cleared done words; the sources set theirs only
    * after the trigger, which comes after this export's ack. */
-  if ((ce = cudaMemsetAsync(c->flag, 0, 8, g->s_cast)) != cudaSuccess ||
+  if ((ce = cudaMemsetAsync(c->flag, 0, 8ull * coloc_nsources(p), g->s_cast)) != cudaSuccess ||
       (ce = cudaStreamSynchronize(g->s_cast)) != cudaSuccess)
-    return CUDA_FAIL(err, ce, "colocated export: clearing the done word: %s", cudaGetErrorString(ce));
+    return CUDA_FAIL(err, ce, "colocated export: clearing the done words: %s", cudaGetErrorString(ce));
   c->mine.plan_hash = p->hash;
   c->mine.process = coloc_process;
   c->mine.owner = c->owner;
@@ -573,10 +618,11 @@ static int peer_open(coloc_peer *pr, bcast_err *err) {
 
 int bcast__coloc_import(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_t rank,
                         const uint8_t *buf, size_t len, bcast_err *err) {
-  if (rank == p->root_rank || rank >= p->world_size)
+  if (coloc_is_source(p, rank) || rank >= p->world_size)
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': colocated export for rank %u, which is not a "
-                       "receiver of the plan (world %u, sender %u)", p->id, rank, p->world_size,
-                       p->root_rank);
+                       "receiver of the plan (world %u, %u source%s from rank %u)", p->id, rank,
+                       p->world_size, coloc_nsources(p), coloc_nsources(p) > 1 ? "s" : "",
+                       coloc_nsources(p) > 1 ? 0 : p->root_rank);
   if (!buf || !len)
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': rank %u sent no colocated export", p->id, rank);
   coloc_desc d;
@@ -664,7 +710,10 @@ static int cancelled(int fd) {
 typedef struct coloc_tx {
   bcast_gpu *g;
   const bcast_plan *p;
-  const bcast_tensor **src; /* plan tensor -> local */
+  uint32_t source;          /* this sender's source index: its done word */
+  uint32_t *own;            /* the buckets it sends, in plan order */
+  uint32_t nown;
+  const bcast_tensor **src; /* plan tensor -> local (NULL: not carried by this source) */
   uint8_t *access;          /* plan tensor -> AT_* */
   coloc_peer **rx;          /* receivers, rank order */
   uint32_t nrx;
@@ -697,6 +746,13 @@ static char *rx_ptr(const coloc_tx *x, uint32_t r, const bcast_slice *s) {
          s->elem_offset * bcast_dtype_size(x->p->tensors[s->tensor].wire_dtype);
 }
 
+/* Where a slice's first element is in the source's local tensor, which holds
+ * elements from its shard_offset on (0 for a whole tensor). */
+static const char *src_ptr(const coloc_tx *x, const bcast_slice *s) {
+  const bcast_tensor *t = x->src[s->tensor];
+  return (const char *)t->data + (s->elem_offset - t->shard_offset) * bcast_dtype_size(t->storage_dtype);
+}
+
 static size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
 /* Bytes of the raw staging ring and of the bounce ring one bucket needs. */
@@ -712,12 +768,16 @@ static void bucket_needs(const coloc_tx *x, const bcast_bucket *b, size_t *raw, 
   }
 }
 
-static int tx_bucket(coloc_tx *x, uint32_t k, bcast_err *err) {
+/* The j-th bucket of this source (plan bucket k = own[j]); the ring slot is
+ * j's, so a source's buckets fill the ring in turn whichever plan indices
+ * the other sources' buckets take between them. */
+static int tx_bucket(coloc_tx *x, uint32_t j, bcast_err *err) {
   bcast_gpu *g = x->g;
+  uint32_t k = x->own[j];
   const bcast_bucket *b = &x->p->buckets[k];
   bucket_ev *e = &g->ev[k];
-  uint32_t slot = k % g->nslots;
-  const bucket_ev *prev = k >= g->nslots ? &g->ev[k - g->nslots] : NULL;
+  uint32_t slot = j % g->nslots;
+  const bucket_ev *prev = j >= g->nslots ? &g->ev[x->own[j - g->nslots]] : NULL;
   /* Stage 1: host slices to the GPU. The slot is free once the cast that
    * read it, nslots buckets ago, finished. */
   if (prev) CK(cudaStreamWaitEvent(g->s_copy, prev->cast1, 0), "bucket %u: wait", k);
@@ -729,7 +789,7 @@ static int tx_bucket(coloc_tx *x, uint32_t k, bcast_err *err) {
     if (at == AT_DEVICE) continue;
     const bcast_tensor *t = x->src[s->tensor];
     size_t nb = (size_t)s->elem_count * bcast_dtype_size(t->storage_dtype);
-    const char *from = (const char *)t->data + s->elem_offset * bcast_dtype_size(t->storage_dtype);
+    const char *from = src_ptr(x, s);
     if (at == AT_HOST_BOUNCE) {
       int rc = prev ? tx_wait(x, prev->h2d1, k, "staging slot reuse", err) : BCAST_OK;
       if (rc) return rc;
@@ -761,7 +821,7 @@ static int tx_bucket(coloc_tx *x, uint32_t k, bcast_err *err) {
     char *dst0 = rx_ptr(x, 0, s);
     const char *from = NULL;
     if (x->access[s->tensor] == AT_DEVICE) {
-      from = (const char *)t->data + s->elem_offset * es;
+      from = src_ptr(x, s);
     } else if (t->storage_dtype != wire) {
       from = (const char *)g->raw[slot] + roff;
       roff += align256((size_t)s->elem_count * es);
@@ -790,6 +850,8 @@ static float ev_ms(cudaEvent_t a, cudaEvent_t b) {
   return ms;
 }
 
+/* A source's stats count its own buckets and bytes (with one source: the
+ * whole plan), as in host mode. */
 static int tx_stats(coloc_tx *x, double total, bcast_stats *st, bcast_err *err) {
   const bcast_plan *p = x->p;
   memset(st, 0, sizeof *st);
@@ -798,18 +860,19 @@ static int tx_stats(coloc_tx *x, double total, bcast_stats *st, bcast_err *err) 
   for (uint32_t r = 0; r < x->nrx; r++) ipc |= !x->rx[r]->same_process;
   st->transport = ipc ? "cuda-ipc" : "in-process";
   st->pcie_bytes = x->pcie;
-  st->wire_bytes = bcast_plan_wire_bytes(p);
-  st->nbuckets = (uint32_t)p->nbuckets;
-  st->buckets = calloc(p->nbuckets ? p->nbuckets : 1, sizeof *st->buckets);
+  st->nbuckets = x->nown;
+  st->buckets = calloc(x->nown ? x->nown : 1, sizeof *st->buckets);
   if (!st->buckets) return bcast__fail(err, BCAST_ENOMEM, "stats: no memory");
-  for (size_t k = 0; k < p->nbuckets; k++) {
+  for (uint32_t j = 0; j < x->nown; j++) {
+    uint32_t k = x->own[j];
     bucket_ev *e = &x->g->ev[k];
-    bcast_bucket_timing *bt = &st->buckets[k];
-    bt->bucket = (uint32_t)k;
+    bcast_bucket_timing *bt = &st->buckets[j];
+    bt->bucket = k;
     bt->h2d_s = ev_ms(e->h2d0, e->h2d1) / 1e3;
     bt->cast_s = ev_ms(e->cast0, e->cast1) / 1e3;
     st->h2d_s += bt->h2d_s;
     st->cast_s += bt->cast_s;
+    st->wire_bytes += p->buckets[k].bytes;
   }
   /* No wire to hide staging behind: the casts write the receivers' memory
    * themselves, so the whole time is exposed, measured. */
@@ -835,7 +898,7 @@ static int tx_receivers(bcast_coloc *c, coloc_tx *x, bcast_err *err) {
   }
   x->nrx = 0;
   for (uint32_t r = 0; r < p->world_size; r++) {
-    if (r == p->root_rank) continue;
+    if (coloc_is_source(p, r)) continue;
     coloc_peer *hit = NULL;
     for (size_t i = 0; i < c->npeers && !hit; i++)
       if (c->peers[i].rank == r) hit = &c->peers[i];
@@ -851,14 +914,17 @@ static int tx_receivers(bcast_coloc *c, coloc_tx *x, bcast_err *err) {
   return BCAST_OK;
 }
 
-/* Local tensors of the sender: GPU tensors on this device, host ones pinned
- * or registered (bounced when registration is refused). */
-static int tx_bind(coloc_tx *x, const bcast_tensor *local, size_t n, bcast_err *err) {
+/* Local tensors of a source: the ones its buckets carry, whole or shards
+ * holding every range it sends (bcast__plan_bind_source); GPU tensors on
+ * this device, host ones pinned or registered (bounced when registration is
+ * refused). */
+static int tx_bind(coloc_tx *x, uint32_t rank, const bcast_tensor *local, size_t n, bcast_err *err) {
   const bcast_plan *p = x->p;
   uint32_t *map = malloc((p->ntensors ? p->ntensors : 1) * sizeof *map);
   if (!map) return bcast__fail(err, BCAST_ENOMEM, "colocated execute: no memory");
-  int rc = bcast__plan_bind(p, local, n, 1, map, err);
+  int rc = bcast__plan_bind_source(p, rank, local, n, map, err);
   for (size_t i = 0; i < p->ntensors && !rc; i++) {
+    if (map[i] == UINT32_MAX) continue; /* another source's */
     const bcast_tensor *t = &local[map[i]];
     x->src[i] = t;
     if (!bcast__cuda_cast_supported(t->storage_dtype, p->tensors[i].wire_dtype)) {
@@ -878,7 +944,7 @@ static int tx_bind(coloc_tx *x, const bcast_tensor *local, size_t n, bcast_err *
         x->access[i] = AT_DEVICE;
       }
     } else {
-      size_t bytes = (size_t)bcast_tensor_elems(t) * bcast_dtype_size(t->storage_dtype);
+      size_t bytes = (size_t)bcast_tensor_held(t) * bcast_dtype_size(t->storage_dtype);
       x->access[i] = (uint8_t)bcast__gpu_host_access(x->g, t->data, bytes);
     }
   }
@@ -886,9 +952,21 @@ static int tx_bind(coloc_tx *x, const bcast_tensor *local, size_t n, bcast_err *
   return rc;
 }
 
-static int coloc_send(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, const bcast_tensor *local,
-                      size_t n, int cancel_fd, bcast_stats *stats, bcast_err *err) {
-  coloc_tx x = {.g = g, .p = p, .cancel_fd = cancel_fd};
+/* The buckets this source sends, in plan order. */
+static int tx_own(coloc_tx *x, uint32_t rank, bcast_err *err) {
+  const bcast_plan *p = x->p;
+  x->own = malloc((p->nbuckets ? p->nbuckets : 1) * sizeof *x->own);
+  if (!x->own) return bcast__fail(err, BCAST_ENOMEM, "colocated execute: no memory");
+  x->nown = 0;
+  for (size_t k = 0; k < p->nbuckets; k++)
+    if (p->buckets[k].source_rank == rank) x->own[x->nown++] = (uint32_t)k;
+  return BCAST_OK;
+}
+
+static int coloc_send(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_t rank,
+                      const bcast_tensor *local, size_t n, int cancel_fd, bcast_stats *stats,
+                      bcast_err *err) {
+  coloc_tx x = {.g = g, .p = p, .cancel_fd = cancel_fd, .source = coloc_source_index(p, rank)};
   x.src = calloc(p->ntensors ? p->ntensors : 1, sizeof *x.src);
   x.access = calloc(p->ntensors ? p->ntensors : 1, 1);
   x.rx = calloc(p->world_size, sizeof *x.rx);
@@ -897,11 +975,13 @@ static int coloc_send(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, const b
     rc = bcast__fail(err, BCAST_ENOMEM, "colocated execute: no memory");
     goto out;
   }
-  if ((rc = tx_receivers(c, &x, err)) || (rc = tx_bind(&x, local, n, err))) goto out;
+  if ((rc = tx_receivers(c, &x, err)) || (rc = tx_own(&x, rank, err)) ||
+      (rc = tx_bind(&x, rank, local, n, err)))
+    goto out;
   size_t raw_need = 0, bounce_need = 0;
-  for (size_t k = 0; k < p->nbuckets; k++) {
+  for (uint32_t j = 0; j < x.nown; j++) {
     size_t raw, bounce;
-    bucket_needs(&x, &p->buckets[k], &raw, &bounce);
+    bucket_needs(&x, &p->buckets[x.own[j]], &raw, &bounce);
     if (raw > raw_need) raw_need = raw;
     if (bounce > bounce_need) bounce_need = bounce;
   }
@@ -916,28 +996,29 @@ static int coloc_send(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, const b
   }
   x.deadline = bcast__deadline(g->timeout_s, p->deadline_unix_ms);
   double t0 = bcast__now();
-  for (uint32_t k = 0; k < p->nbuckets && !rc; k++) rc = tx_bucket(&x, k, err);
+  for (uint32_t j = 0; j < x.nown && !rc; j++) rc = tx_bucket(&x, j, err);
   /* Progress, bucket by bucket: each finished bucket re-arms the deadline. */
-  for (uint32_t k = 0; k < p->nbuckets && !rc; k++) {
-    rc = tx_wait(&x, g->ev[k].cast1, k, "writes into the receivers", err);
+  for (uint32_t j = 0; j < x.nown && !rc; j++) {
+    rc = tx_wait(&x, g->ev[x.own[j]].cast1, x.own[j], "writes into the receivers", err);
     double again = bcast__deadline(g->timeout_s, p->deadline_unix_ms);
     if (again > x.deadline) x.deadline = again;
   }
   cudaError_t ce = cudaSuccess;
-  /* Every write done, seen by the host, before any receiver is told. */
+  /* Every write of this source done, seen by the host, before any receiver
+   * is told. */
   if (!rc && ((ce = cudaStreamSynchronize(g->s_copy)) != cudaSuccess ||
               (ce = cudaStreamSynchronize(g->s_cast)) != cudaSuccess))
     rc = CUDA_FAIL(err, ce, "plan '%s': finishing the writes: %s", p->id, cudaGetErrorString(ce));
   double total = bcast__now() - t0;
   if (!rc) {
-    c->pinned[1] = coloc_token(p->hash);
+    c->pinned[0] = coloc_token(p->hash, x.source);
     for (uint32_t r = 0; r < x.nrx && !rc; r++) {
       const coloc_peer *pr = x.rx[r];
-      char *flag = (char *)pr->mapped[pr->d.flag_alloc] + pr->d.flag_offset;
-      if ((ce = cudaMemcpyAsync(flag, &c->pinned[1], 8, cudaMemcpyHostToDevice, g->s_cast)) !=
+      char *flag = (char *)pr->mapped[pr->d.flag_alloc] + pr->d.flag_offset + 8ull * x.source;
+      if ((ce = cudaMemcpyAsync(flag, &c->pinned[0], 8, cudaMemcpyHostToDevice, g->s_cast)) !=
           cudaSuccess)
-        rc = CUDA_FAIL(err, ce, "plan '%s': setting rank %u's done word: %s", p->id, pr->rank,
-                       cudaGetErrorString(ce));
+        rc = CUDA_FAIL(err, ce, "plan '%s': setting rank %u's done word of source rank %u: %s",
+                       p->id, pr->rank, rank, cudaGetErrorString(ce));
     }
     if (!rc && (ce = cudaStreamSynchronize(g->s_cast)) != cudaSuccess)
       rc = CUDA_FAIL(err, ce, "plan '%s': setting the done words: %s", p->id, cudaGetErrorString(ce));
@@ -951,7 +1032,21 @@ out:
   free(x.src);
   free(x.access);
   free(x.rx);
+  free(x.own);
   return rc;
+}
+
+/* The first source whose done word does not hold its token yet (ns: all do);
+ * *late: how many do not. */
+static uint32_t rx_missing(const bcast_coloc *c, const bcast_plan *p, uint32_t ns, uint32_t *late) {
+  uint32_t first = ns;
+  *late = 0;
+  for (uint32_t s = 0; s < ns; s++)
+    if (c->pinned[1 + s] != coloc_token(p->hash, s)) {
+      if (first == ns) first = s;
+      (*late)++;
+    }
+  return first;
 }
 
 static int coloc_recv(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_t rank,
@@ -961,6 +1056,7 @@ static int coloc_recv(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_
     return bcast__fail(err, BCAST_EINVAL,
                        "plan '%s': rank %u made no colocated export for it (bcast_engine_coloc_export "
                        "comes before the ack)", p->id, rank);
+  uint32_t ns = coloc_nsources(p);
   uint32_t *map = malloc((p->ntensors ? p->ntensors : 1) * sizeof *map);
   if (!map) return bcast__fail(err, BCAST_ENOMEM, "colocated execute: no memory");
   int rc = bcast__plan_bind(p, local, n, 0, map, err);
@@ -969,30 +1065,38 @@ static int coloc_recv(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint32_
                      "plan '%s': rank %u's tensors moved since its colocated export", p->id, rank);
   free(map);
   if (rc) return rc;
-  uint64_t want = coloc_token(p->hash);
   double t0 = bcast__now(), deadline = bcast__deadline(g->timeout_s, p->deadline_unix_ms);
   cudaError_t ce;
   for (;;) {
-    if ((ce = cudaMemcpyAsync(&c->pinned[0], c->flag, 8, cudaMemcpyDeviceToHost, g->s_cast)) !=
+    if ((ce = cudaMemcpyAsync(&c->pinned[1], c->flag, 8ull * ns, cudaMemcpyDeviceToHost, g->s_cast)) !=
             cudaSuccess ||
         (ce = cudaStreamSynchronize(g->s_cast)) != cudaSuccess)
-      return CUDA_FAIL(err, ce, "plan '%s': reading the done word: %s", p->id, cudaGetErrorString(ce));
-    if (c->pinned[0] == want) break;
+      return CUDA_FAIL(err, ce, "plan '%s': reading the done words: %s", p->id, cudaGetErrorString(ce));
+    uint32_t late = 0, first = rx_missing(c, p, ns, &late);
+    if (first == ns) break;
     if (cancelled(cancel_fd))
       return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled while waiting for the sender",
                          p->id);
-    if (bcast__now() > deadline)
+    if (bcast__now() > deadline) {
+      uint32_t who = ns > 1 ? first : p->root_rank;
+      if (late > 1)
+        return bcast__fail(err, BCAST_ETIMEDOUT,
+                           "plan '%s': rank %u waited %.1f s for the sender (source rank %u and %u "
+                           "more of %u sources) to finish its writes; none came by the deadline",
+                           p->id, rank, bcast__now() - t0, who, late - 1, ns);
       return bcast__fail(err, BCAST_ETIMEDOUT,
-                         "plan '%s': rank %u waited %.1f s for the sender (rank %u) to finish its "
-                         "writes; none came by the deadline",
-                         p->id, rank, bcast__now() - t0, p->root_rank);
+                         "plan '%s': rank %u waited %.1f s for the sender (source rank %u%s) to "
+                         "finish its writes; none came by the deadline",
+                         p->id, rank, bcast__now() - t0, who,
+                         ns > 1 ? ", the others are done" : "");
+    }
     nap(bcast__now() - t0 < 2e-3 ? 10e-6 : 100e-6);
   }
   double total = bcast__now() - t0;
   /* Cleared again, so that running the same plan once more waits anew. */
-  if ((ce = cudaMemsetAsync(c->flag, 0, 8, g->s_cast)) != cudaSuccess ||
+  if ((ce = cudaMemsetAsync(c->flag, 0, 8ull * ns, g->s_cast)) != cudaSuccess ||
       (ce = cudaStreamSynchronize(g->s_cast)) != cudaSuccess)
-    return CUDA_FAIL(err, ce, "plan '%s': clearing the done word: %s", p->id, cudaGetErrorString(ce));
+    return CUDA_FAIL(err, ce, "plan '%s': clearing the done words: %s", p->id, cudaGetErrorString(ce));
   if (stats) {
     memset(stats, 0, sizeof *stats);
     stats->mode = BCAST_MODE_COLOCATED;
@@ -1013,18 +1117,24 @@ int bcast__coloc_execute(bcast_coloc *c, bcast_gpu *g, const bcast_plan *p, uint
     return bcast__fail(err, BCAST_EINVAL, "colocated execute: NULL argument");
   if (p->mode != BCAST_MODE_COLOCATED)
     return bcast__fail(err, BCAST_EINVAL, "colocated execute: plan mode is %s", bcast_mode_name(p->mode));
-  for (size_t b = 0; b < p->nbuckets; b++)
+  uint32_t ns = coloc_nsources(p);
+  if (ns > COLOC_MAX_SOURCES)
+    return bcast__fail(err, BCAST_ENOTSUP, "plan '%s': %u sources; colocated receivers wait for at most %u",
+                       p->id, ns, COLOC_MAX_SOURCES);
+  /* One source stages every bucket on the root; several stage their own
+   * (validation holds source_rank < S and stage rank = source rank). */
+  for (size_t b = 0; ns == 1 && b < p->nbuckets; b++)
     if (p->buckets[b].source_rank != p->root_rank || p->buckets[b].stage_rank != p->root_rank)
       return bcast__fail(err, BCAST_ENOTSUP,
                          "bucket %zu (layer %u): source rank %u / stage rank %u differ from root %u; "
-                         "colocated mode sends and stages every bucket on the root",
+                         "colocated mode with one source sends and stages every bucket on the root",
                          b, p->buckets[b].layer, p->buckets[b].source_rank, p->buckets[b].stage_rank,
                          p->root_rank);
   cudaError_t ce = cudaSetDevice(g->device);
   if (ce != cudaSuccess)
     return CUDA_FAIL(err, ce, "cudaSetDevice(%d): %s", g->device, cudaGetErrorString(ce));
-  return rank == p->root_rank ? coloc_send(c, g, p, local, n, cancel_fd, stats, err)
-                              : coloc_recv(c, g, p, rank, local, n, cancel_fd, stats, err);
+  return coloc_is_source(p, rank) ? coloc_send(c, g, p, rank, local, n, cancel_fd, stats, err)
+                                  : coloc_recv(c, g, p, rank, local, n, cancel_fd, stats, err);
 }
 
 #else /* !RLORCH_HAVE_CUDA */

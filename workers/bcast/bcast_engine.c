@@ -163,14 +163,15 @@ static int plan_runnable(const bcast_engine *e, const bcast_plan *p, bcast_err *
   return BCAST_OK;
 }
 
-/* The GPU modes move whole tensors from one source (validation refuses a
- * plan of several there); a shard among the local tensors is refused here,
- * before any backend reads past it. */
+/* Direct and staged mode move whole tensors from one source (validation
+ * refuses a plan of several there); a shard among the local tensors is
+ * refused here, before any backend reads past it. Host and colocated
+ * sources bind shards themselves (bcast__plan_bind_source). */
 static int whole_tensors(const bcast_plan *p, const bcast_tensor *local, size_t n, bcast_err *err) {
   for (size_t i = 0; local && i < n; i++)
     if (local[i].shard_offset || (local[i].shard_elems && local[i].shard_elems != bcast_tensor_elems(&local[i])))
       return bcast__fail(err, BCAST_EINVAL, "tensor '%s': a shard (elements [%llu, +%llu)); %s mode needs whole "
-                         "tensors, only host mode sends from shards", local[i].name,
+                         "tensors, only host and colocated mode send from shards", local[i].name,
                          (unsigned long long)local[i].shard_offset, (unsigned long long)local[i].shard_elems,
                          bcast_mode_name(p->mode));
   return BCAST_OK;
@@ -305,7 +306,7 @@ int bcast_engine_execute(bcast_engine *e, const bcast_plan *p, const bcast_tenso
   if (stats) memset(stats, 0, sizeof *stats);
   if (!e || !p) return bcast__fail(err, BCAST_EINVAL, "engine_execute: NULL argument");
   int rc = plan_runnable(e, p, err);
-  if (!rc && p->mode != BCAST_MODE_HOST) rc = whole_tensors(p, local, n, err);
+  if (!rc && p->mode != BCAST_MODE_HOST && p->mode != BCAST_MODE_COLOCATED) rc = whole_tensors(p, local, n, err);
   if (rc) return rc;
   char stale[sizeof p->id];
   rc = cancel_begin(e, p, stale, sizeof stale, err);
@@ -348,9 +349,13 @@ int bcast_engine_coloc_export(bcast_engine *e, const bcast_plan *p, const bcast_
 int bcast_engine_coloc_import(bcast_engine *e, const bcast_plan *p, uint32_t rank, const uint8_t *buf,
                               size_t len, bcast_err *err) {
   int rc = coloc_ready(e, p, err);
-  if (!rc && e->o.rank != p->root_rank)
+  uint32_t ns = rc ? 1 : bcast__plan_nsources(p);
+  if (!rc && ns == 1 && e->o.rank != p->root_rank)
     rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': rank %u imports exports, but only the sender (rank %u) "
                      "writes into receivers", p->id, e->o.rank, p->root_rank);
+  if (!rc && ns > 1 && e->o.rank >= ns)
+    rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': rank %u imports exports, but only the senders (source "
+                     "ranks 0..%u) write into receivers", p->id, e->o.rank, ns - 1);
   return rc ? rc : bcast__coloc_import(e->coloc, e->gpu, p, rank, buf, len, err);
 }
 

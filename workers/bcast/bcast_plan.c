@@ -280,9 +280,9 @@ int bcast_plan_build_sharded(const bcast_shard_map *m, const bcast_plan_opts *o,
   if (o->root_rank != 0)
     return bcast__fail(err, BCAST_EINVAL, "plan options: root_rank %u; the sources are ranks 0..%u", o->root_rank,
                        m->nranks - 1);
-  if (m->nranks > 1 && o->mode != BCAST_MODE_HOST)
-    return bcast__fail(err, BCAST_EINVAL, "plan options: %u source ranks: %s mode has one source; only host mode "
-                       "sends from several", m->nranks, bcast_mode_name(o->mode));
+  if (m->nranks > 1 && o->mode != BCAST_MODE_HOST && o->mode != BCAST_MODE_COLOCATED)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: %u source ranks: %s mode has one source; only host and "
+                       "colocated mode send from several", m->nranks, bcast_mode_name(o->mode));
   if ((rc = bcast_manifest_check(m->tensors, m->ntensors, o->limits, err))) return rc;
   return plan_make(m->tensors, m->ntensors, m, o, budget, out, err);
 }
@@ -449,7 +449,9 @@ static int sources_check(const bcast_plan *p, bcast_err *err) {
   if (p->root_rank != 0)
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': root_rank %u with %u sources; the sources are ranks 0..%u",
                        p->id, p->root_rank, p->nsources, p->nsources - 1);
-  if (p->mode != BCAST_MODE_HOST)
+  /* Host mode sends each source's buckets over its own listener; colocated
+   * sources write straight into the receivers (a done word each). */
+  if (p->mode != BCAST_MODE_HOST && p->mode != BCAST_MODE_COLOCATED)
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': %u sources in %s mode, which has one source", p->id,
                        p->nsources, bcast_mode_name(p->mode));
   if (!p->source_endpoints)
