@@ -371,8 +371,12 @@ static int execute_host(bcast_engine *e, const bcast_plan *p, const bcast_tensor
   if (!map) return bcast__fail(err, BCAST_ENOMEM, "engine_execute: out of memory");
   /* A source binds what its buckets carry, from whole tensors or shards. */
   int rc = sender ? bcast__plan_bind_source(p, e->o.rank, local, n, map, err)
-                  : bcast__plan_bind(p, local, n, 0, map, err);
+                  : bcast__plan_bind_receiver(p, e->o.rank, local, n, map, err);
   if (!rc) rc = host_mode_check(e, p, local, map, sender, err);
+  /* The host copies of GPU tensors are of whole tensors. */
+  if (!rc && !sender && bcast_plan_rank_view(p, e->o.rank) != BCAST_VIEW_WHOLE && has_gpu_tensor(local, n))
+    rc = bcast__fail(err, BCAST_ENOTSUP, "plan '%s': rank %u holds part of the model; on the host transport "
+                     "a receiver of a view keeps its parts in host memory", p->id, e->o.rank);
   host_shadow h = {0};
   const bcast_tensor *caller = local;
   double t0 = bcast__now(), copy_s = 0;

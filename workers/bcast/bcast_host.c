@@ -413,8 +413,13 @@ int bcast__hello_parse(const uint8_t *b, size_t n, size_t *need, bcast__hello *h
 typedef struct peer {
   bcast__conn c;
   uint32_t rank;
+  uint32_t view; /* bcast_plan_rank_view of rank: what of each bucket it gets */
   uint64_t sent; /* bytes of the current bucket's header + payload written */
   short want;    /* what its connection waits for to write on (TLS may read) */
+  /* The current bucket as this receiver gets it: the whole wire buffer, or
+   * its view's bytes packed; len 0: nothing of this bucket, no header. */
+  const uint8_t *buf;
+  uint64_t len, sum;
 } peer;
 
 /* A connection accepted but not yet authenticated. */
@@ -738,23 +743,27 @@ static int peer_failed(const bcast_plan *p, peer *pr, size_t k, int e, double el
 /* Writes header + payload of bucket k to every receiver concurrently.  Every
  * wait polls the cancel fd too: a receiver that stopped reading (a stopped
  * process keeps its socket open) never holds the root past an abort. */
-static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64_t sum, peer *peers, size_t np,
-                       int cancel_fd, double deadline, bcast_err *err) {
-  uint8_t hdr[HEADER_BYTES];
-  uint64_t bytes = p->buckets[k].bytes, total = HEADER_BYTES + bytes;
+static int send_bucket(const bcast_plan *p, size_t k, peer *peers, size_t np, int cancel_fd, double deadline,
+                       bcast_err *err) {
   double t0 = bcast__now();
-  put32(hdr, MAGIC_BUCKET);
-  put32(hdr + 4, (uint32_t)k);
-  put64(hdr + 8, bytes);
-  put64(hdr + 16, sum);
-  for (size_t i = 0; i < np; i++) peers[i].sent = 0;
+  uint8_t (*hdr)[HEADER_BYTES] = malloc((np ? np : 1) * sizeof *hdr);
+  if (!hdr) return bcast__fail(err, BCAST_ENOMEM, "out of memory for %zu bucket headers", np);
+  for (size_t i = 0; i < np; i++) {
+    put32(hdr[i], MAGIC_BUCKET);
+    put32(hdr[i] + 4, (uint32_t)k);
+    put64(hdr[i] + 8, peers[i].len);
+    put64(hdr[i] + 16, peers[i].sum);
+    peers[i].sent = 0;
+  }
+  int rc = BCAST_OK;
   struct pollfd pf[np + 1];
   for (;;) {
     size_t waiting = 0;
     for (size_t i = 0; i < np; i++) {
       peer *pr = &peers[i];
+      uint64_t total = pr->len ? HEADER_BYTES + pr->len : 0;
       while (pr->sent < total) {
-        const uint8_t *src = pr->sent < HEADER_BYTES ? hdr + pr->sent : buf + (pr->sent - HEADER_BYTES);
+        const uint8_t *src = pr->sent < HEADER_BYTES ? hdr[i] + pr->sent : pr->buf + (pr->sent - HEADER_BYTES);
         size_t len = pr->sent < HEADER_BYTES ? HEADER_BYTES - pr->sent : total - pr->sent;
         ssize_t r = bcast__conn_io(&pr->c, (void *)src, len, 1, &pr->want);
         if (r > 0) {
@@ -763,24 +772,91 @@ static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64
         }
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        return peer_failed(p, pr, k, r < 0 ? errno : EPIPE, 0, err);
+        rc = peer_failed(p, pr, k, r < 0 ? errno : EPIPE, 0, err);
+        goto out;
       }
       if (pr->sent < total) pf[waiting++] = (struct pollfd){pr->c.fd, pr->want, 0};
     }
-    if (!waiting) return BCAST_OK;
+    if (!waiting) break;
     size_t npf = waiting;
     if (cancel_fd >= 0) pf[npf++] = (struct pollfd){cancel_fd, POLLIN, 0};
     int ms = poll_ms(deadline);
     int n = ms ? poll(pf, npf, ms) : 0;
-    if (n > 0 && cancel_fd >= 0 && pf[waiting].revents)
-      return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
+    if (n > 0 && cancel_fd >= 0 && pf[waiting].revents) {
+      rc = bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
+      break;
+    }
     if (n <= 0 && bcast__now() >= deadline) {
       /* Name the receiver furthest behind: the one holding the others up. */
       peer *slow = NULL;
       for (size_t i = 0; i < np; i++)
-        if (peers[i].sent < total && (!slow || peers[i].sent < slow->sent)) slow = &peers[i];
-      if (slow) return peer_failed(p, slow, k, ETIMEDOUT, bcast__now() - t0, err);
+        if (peers[i].len && peers[i].sent < HEADER_BYTES + peers[i].len && (!slow || peers[i].sent < slow->sent))
+          slow = &peers[i];
+      if (slow) {
+        rc = peer_failed(p, slow, k, ETIMEDOUT, bcast__now() - t0, err);
+        break;
+      }
     }
+  }
+out:
+  free(hdr);
+  return rc;
+}
+
+/* Receiver views: bucket k as each view gets it, packed once per view (not
+ * per receiver) from the bucket's wire buffer: every slice's runs of the
+ * view's part, in slice and element order, no padding. */
+typedef struct view_pack {
+  uint8_t *out;
+  const uint8_t *src;
+  size_t wsz;
+  uint64_t at;
+} view_pack;
+
+static int pack_run(void *ud, uint64_t off, uint64_t local, uint64_t n) {
+  (void)local;
+  view_pack *v = ud;
+  memcpy(v->out + v->at, v->src + off * v->wsz, n * v->wsz);
+  v->at += n * v->wsz;
+  return 0;
+}
+
+static void pack_view(const bcast_plan *p, size_t k, uint32_t view, const uint8_t *buf, uint8_t *out) {
+  const bcast_bucket *b = &p->buckets[k];
+  view_pack v = {.out = out, .wsz = bcast_dtype_size(b->wire_dtype)};
+  for (size_t s = 0; s < b->nslices; s++) {
+    const bcast_slice *sl = &b->slices[s];
+    v.src = buf + sl->bucket_offset;
+    bcast__part_runs(&p->tensors[sl->tensor], bcast__view_part(p, view, sl->tensor), sl->elem_offset,
+                     sl->elem_count, pack_run, &v);
+  }
+}
+
+/* What each receiver gets of bucket k, cast into `buf` with checksum `sum`:
+ * the whole buffer, or its view packed into vbuf[view] (views in use only). */
+static void peers_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64_t sum, peer *peers, size_t np,
+                         uint8_t **vbuf) {
+  uint64_t vlen[p->nviews ? p->nviews : 1], vsum[p->nviews ? p->nviews : 1];
+  uint8_t done[p->nviews ? p->nviews : 1];
+  memset(done, 0, sizeof done);
+  for (size_t i = 0; i < np; i++) {
+    peer *pr = &peers[i];
+    if (pr->view == BCAST_VIEW_WHOLE) {
+      pr->buf = buf;
+      pr->len = p->buckets[k].bytes;
+      pr->sum = sum;
+      continue;
+    }
+    uint32_t v = pr->view;
+    if (!done[v]) {
+      pack_view(p, k, v, buf, vbuf[v]);
+      vlen[v] = bcast__view_bucket_bytes(p, v, k);
+      vsum[v] = p->checksum == BCAST_CHECKSUM_XXH3_64 ? bcast_checksum64(vbuf[v], vlen[v]) : 0;
+      done[v] = 1;
+    }
+    pr->buf = vbuf[v];
+    pr->len = vlen[v];
+    pr->sum = vsum[v];
   }
 }
 
@@ -821,7 +897,8 @@ static int collect_acks(const bcast_plan *p, peer *peers, size_t np, const bcast
   return BCAST_OK;
 }
 
-static int send_all(caster *c, peer *peers, size_t np, const bcast__host_io *io, bcast_err *err) {
+static int send_all(caster *c, peer *peers, size_t np, uint8_t **vbuf, const bcast__host_io *io,
+                    bcast_err *err) {
   const bcast_plan *p = c->p;
   for (size_t j = 0; j < c->nmine; j++) {
     size_t k = c->mine[j];
@@ -835,8 +912,8 @@ static int send_all(caster *c, peer *peers, size_t np, const bcast__host_io *io,
       return bcast__fail(err, BCAST_EINVAL, "bucket %d (layer %u): cast failed", failed - 1,
                          p->buckets[failed - 1].layer);
     double t0 = bcast__now();
-    int rc = send_bucket(p, k, c->buf[s], sum, peers, np, io->cancel_fd,
-                         bucket_deadline(p, k, io, BUCKET_SLACK_S), err);
+    peers_bucket(p, k, c->buf[s], sum, peers, np, vbuf);
+    int rc = send_bucket(p, k, peers, np, io->cancel_fd, bucket_deadline(p, k, io, BUCKET_SLACK_S), err);
     c->bt[j].wire_s = bcast__now() - t0;
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);
@@ -865,8 +942,9 @@ int bcast__host_send(int lfd, const bcast_plan *p, uint32_t rank, const bcast_te
   uint32_t refused = 0;
   c.buf[0] = malloc(mb ? mb : 1);
   c.buf[1] = malloc(mb ? mb : 1);
+  uint8_t **vbuf = calloc(p->nviews ? p->nviews : 1, sizeof *vbuf);
   int rc = BCAST_OK;
-  if (!peers || !bt || !mine || !c.buf[0] || !c.buf[1]) {
+  if (!peers || !bt || !mine || !c.buf[0] || !c.buf[1] || !vbuf) {
     rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for two %llu-byte wire buffers", (unsigned long long)mb);
     goto out;
   }
@@ -881,13 +959,22 @@ int bcast__host_send(int lfd, const bcast_plan *p, uint32_t rank, const bcast_te
   while (ac.npend) pending_drop(&ac, ac.npend - 1, 1);
   refused = ac.refused;
   if (rc) goto out;
+  /* Receivers of a view get their parts, packed per view. */
+  for (size_t i = 0; i < np; i++) {
+    peers[i].view = bcast_plan_rank_view(p, peers[i].rank);
+    if (peers[i].view != BCAST_VIEW_WHOLE && !vbuf[peers[i].view] &&
+        !(vbuf[peers[i].view] = malloc(mb ? mb : 1))) {
+      rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a %llu-byte view buffer", (unsigned long long)mb);
+      goto out;
+    }
+  }
   pthread_mutex_init(&c.mu, NULL);
   pthread_cond_init(&c.cv, NULL);
   pthread_t tid;
   if (pthread_create(&tid, NULL, caster_main, &c)) {
     rc = bcast__fail(err, BCAST_ENOMEM, "cannot start the cast thread");
   } else {
-    rc = send_all(&c, peers, np, io, err);
+    rc = send_all(&c, peers, np, vbuf, io, err);
     pthread_mutex_lock(&c.mu);
     c.stop = 1;
     pthread_cond_broadcast(&c.cv);
@@ -903,6 +990,8 @@ out:
   free(mine);
   free(c.buf[0]);
   free(c.buf[1]);
+  for (uint32_t v = 0; vbuf && v < p->nviews; v++) free(vbuf[v]);
+  free(vbuf);
   if (rc == BCAST_OK && stats) {
     double wire = 0;
     for (size_t j = 0; j < nmine; j++) wire += bt[j].wire_s;
@@ -1064,44 +1153,74 @@ static int connect_and_handshake(const bcast_plan *p, const char *ep, uint32_t r
   }
 }
 
-static void scatter(const bcast_plan *p, size_t k, const uint8_t *buf, const bcast_tensor *local, const uint32_t *map) {
+typedef struct view_scatter {
+  uint8_t *dst;
+  const uint8_t *src;
+  size_t wsz;
+  uint64_t at;
+} view_scatter;
+
+static int scatter_run(void *ud, uint64_t off, uint64_t local, uint64_t n) {
+  (void)off;
+  view_scatter *v = ud;
+  memcpy(v->dst + local * v->wsz, v->src + v->at, n * v->wsz);
+  v->at += n * v->wsz;
+  return 0;
+}
+
+/* A whole receiver takes each slice at its bucket offset into the full
+ * tensor; one of a view takes the packed runs into its dense parts. */
+static void scatter(const bcast_plan *p, size_t k, uint32_t view, const uint8_t *buf, const bcast_tensor *local,
+                    const uint32_t *map) {
   const bcast_bucket *b = &p->buckets[k];
   size_t wsz = bcast_dtype_size(b->wire_dtype);
+  view_scatter v = {.src = buf, .wsz = wsz};
   for (size_t s = 0; s < b->nslices; s++) {
     const bcast_slice *sl = &b->slices[s];
-    uint8_t *dst = (uint8_t *)local[map[sl->tensor]].data + sl->elem_offset * wsz;
-    memcpy(dst, buf + sl->bucket_offset, sl->elem_count * wsz);
+    if (view == BCAST_VIEW_WHOLE) {
+      uint8_t *dst = (uint8_t *)local[map[sl->tensor]].data + sl->elem_offset * wsz;
+      memcpy(dst, buf + sl->bucket_offset, sl->elem_count * wsz);
+      continue;
+    }
+    const bcast_part *pt = bcast__view_part(p, view, sl->tensor);
+    if (pt->kind == BCAST_PART_NONE) continue;
+    v.dst = local[map[sl->tensor]].data;
+    bcast__part_runs(&p->tensors[sl->tensor], pt, sl->elem_offset, sl->elem_count, scatter_run, &v);
   }
 }
 
 /* Receives bucket k into buf, verifies it, scatters it.  On a checksum error
  * the ACK tells the root why before the connection closes. */
-static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size_t k, uint8_t *buf,
-                       const bcast_tensor *local, const uint32_t *map, const bcast__host_io *io,
+static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size_t k, uint32_t view,
+                       uint8_t *buf, const bcast_tensor *local, const uint32_t *map, const bcast__host_io *io,
                        bcast_bucket_timing *bt, bcast_err *err) {
   const bcast_bucket *b = &p->buckets[k];
+  uint64_t bytes = bcast__view_bucket_bytes(p, view, k);
   /* Longer than the root's own bound: when a peer holds the bucket up, the
    * root, which can name it, speaks first. */
   double dl = bucket_deadline(p, k, io, 2 * BUCKET_SLACK_S), t0 = bcast__now();
   uint8_t h[HEADER_BYTES];
   size_t took = 0;
   if (io_full(c, h, sizeof h, 0, io->cancel_fd, dl) ||
-      (get32(h) == MAGIC_BUCKET && io_full_done(c, buf, b->bytes, 0, io->cancel_fd, dl, &took))) {
+      (get32(h) == MAGIC_BUCKET && get64(h + 8) == bytes &&
+       io_full_done(c, buf, bytes, 0, io->cancel_fd, dl, &took))) {
     int e = errno;
     double el = bcast__now() - t0;
     if (e == ETIMEDOUT && p->min_gbps > 0)
       return bcast__fail(err, BCAST_ETIMEDOUT, "root %s stalled at bucket %zu (layer %u): observed %.3g GB/s (%.1f "
                          "of %.1f MB in %.2f s), expected at least %.3g GB/s per receiver for host mode",
                          ep, k, b->layer, el > 0 ? (double)took / el / 1e9 : 0, (double)took / 1e6,
-                         (double)b->bytes / 1e6, el, per_receiver_floor(p));
+                         (double)bytes / 1e6, el, per_receiver_floor(p));
     return bcast__fail(err, io_code(e), "root %s: bucket %zu (layer %u) not received: %s", ep, k,
                        b->layer, e == EPIPE ? "connection closed" : strerror(e));
   }
-  if (get32(h) != MAGIC_BUCKET || get32(h + 4) != k || get64(h + 8) != b->bytes)
-    return bcast__fail(err, BCAST_EPEER, "root %s: bad header for bucket %zu (layer %u)", ep, k, b->layer);
+  if (get32(h) != MAGIC_BUCKET || get32(h + 4) != k || get64(h + 8) != bytes)
+    return bcast__fail(err, BCAST_EPEER, "root %s: bad header for bucket %zu (layer %u): %llu bytes, this "
+                       "receiver's view takes %llu", ep, k, b->layer, (unsigned long long)get64(h + 8),
+                       (unsigned long long)bytes);
   double t1 = bcast__now();
   if (p->checksum == BCAST_CHECKSUM_XXH3_64) {
-    uint64_t got = bcast_checksum64(buf, b->bytes), want = get64(h + 16);
+    uint64_t got = bcast_checksum64(buf, bytes), want = get64(h + 16);
     if (got != want) {
       int rc = bcast__fail(err, BCAST_ECHECKSUM, "bucket %zu (layer %u): checksum %016llx, root sent %016llx", k,
                            b->layer, (unsigned long long)got, (unsigned long long)want);
@@ -1109,7 +1228,7 @@ static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size
       return rc;
     }
   }
-  scatter(p, k, buf, local, map);
+  scatter(p, k, view, buf, local, map);
   bt->bucket = (uint32_t)k;
   bt->wire_s = t1 - t0;
   bt->cast_s = bcast__now() - t1; /* receivers: verify and scatter */
@@ -1163,9 +1282,11 @@ static int recv_source(const bcast_plan *p, uint32_t src, uint32_t rank, const b
     if (p->buckets[k].source_rank == src && p->buckets[k].bytes > mb) mb = p->buckets[k].bytes;
   uint8_t *buf = malloc(mb ? mb : 1);
   if (!buf) rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a %llu-byte wire buffer", (unsigned long long)mb);
+  uint32_t view = bcast_plan_rank_view(p, rank);
   for (size_t k = 0; k < p->nbuckets && !rc; k++) {
-    if (p->buckets[k].source_rank != src) continue;
-    rc = recv_bucket(&c, p, ep, k, buf, local, map, io, &bt[k], err);
+    /* A bucket the view gets nothing of is not sent to it. */
+    if (p->buckets[k].source_rank != src || !bcast__view_bucket_bytes(p, view, k)) continue;
+    rc = recv_bucket(&c, p, ep, k, view, buf, local, map, io, &bt[k], err);
     *wire_s += bt[k].wire_s;
   }
   if (!rc && gate_pass(gate))
@@ -1305,7 +1426,10 @@ int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *loc
                ? recv_sources(p, rank, local, map, io, bt, &wire_alone_s, err)
                : recv_source(p, p->root_rank, rank, local, map, io, NULL, bt, &wire_alone_s, err);
   if (rc == BCAST_OK && stats) {
-    fill_stats(stats, p, t0, bt, p->nbuckets, bcast_plan_wire_bytes(p), wire_alone_s);
+    uint32_t view = bcast_plan_rank_view(p, rank);
+    fill_stats(stats, p, t0, bt, p->nbuckets,
+               view == BCAST_VIEW_WHOLE ? bcast_plan_wire_bytes(p) : bcast_plan_view_bytes(p, view, UINT32_MAX),
+               wire_alone_s);
     bt = NULL;
   }
   free(bt);

@@ -36,6 +36,33 @@ int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, i
  * (bcast_tensor.shard_offset); bcast__plan_bind refuses shards. */
 int bcast__plan_bind_source(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
                             uint32_t *map, bcast_err *err);
+/* bcast__plan_bind on the plan tensors `need` marks (NULL: all; the others
+ * map to UINT32_MAX); shards: local tensors may be shards (a source). */
+int bcast__plan_bind_some(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender,
+                          const uint8_t *need, int shards, uint32_t *map, bcast_err *err);
+/* A receiver: the tensors its view holds (NONE ones map to UINT32_MAX), each
+ * local tensor's `part` equal to the view's (bcast_view.c). */
+int bcast__plan_bind_receiver(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
+                              uint32_t *map, bcast_err *err);
+
+/* Receiver views (bcast_view.c). */
+/* Resolves opts' per-rank specs into p's views (NULL: none). */
+int bcast__views_set(bcast_plan *p, const bcast_receiver_view *rv, bcast_err *err);
+int bcast__views_check(const bcast_plan *p, bcast_err *err);
+void bcast__views_free(bcast_plan *p);
+int bcast__views_dup(bcast_plan *q, const bcast_plan *p); /* BCAST_ENOMEM, or 0 */
+/* View `view`'s part of tensor i; a WHOLE part for BCAST_VIEW_WHOLE. */
+const bcast_part *bcast__view_part(const bcast_plan *p, uint32_t view, size_t tensor);
+/* fn(ud, offset in the range, index in the dense part, count) per run of
+ * elements [e0, e0 + n) of t that part pt holds, in element order; stops at
+ * the first non-zero return and returns it. */
+typedef int (*bcast__run_fn)(void *ud, uint64_t off, uint64_t local, uint64_t n);
+int bcast__part_runs(const bcast_tensor *t, const bcast_part *pt, uint64_t e0, uint64_t n,
+                     bcast__run_fn fn, void *ud);
+/* Elements slice s of bucket k gives view `view`; wire bytes bucket k gives it. */
+uint64_t bcast__view_bucket_elems(const bcast_plan *p, uint32_t view, size_t k, size_t s);
+uint64_t bcast__view_bucket_bytes(const bcast_plan *p, uint32_t view, size_t k);
+
 /* nsources, 1 when 0. */
 uint32_t bcast__plan_nsources(const bcast_plan *p);
 /* Casts n elements with up to `threads` threads (1: the calling thread only). */

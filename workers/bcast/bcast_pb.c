@@ -106,7 +106,83 @@ static void plan_msg_free(Rlorch__V1__BroadcastPlan *m) {
   free(m->tensors);
   for (size_t i = 0; m->buckets && i < m->n_buckets; i++) bucket_free(m->buckets[i]);
   free(m->buckets);
+  for (size_t v = 0; m->views && v < m->n_views; v++) {
+    for (size_t j = 0; m->views[v] && j < m->views[v]->n_parts; j++) free(m->views[v]->parts[j]);
+    if (m->views[v]) free(m->views[v]->parts);
+    free(m->views[v]);
+  }
+  free(m->views);
+  free(m->rank_views);
   free(m);
+}
+
+/* Views on the wire: each view's parts other than whole, by tensor index. */
+static int views_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan *m) {
+  if (!p->nviews) return 1;
+  if (!(m->views = calloc(p->nviews, sizeof *m->views)) ||
+      !(m->rank_views = malloc(p->world_size * sizeof *m->rank_views)))
+    return 0;
+  memcpy(m->rank_views, p->rank_view, p->world_size * sizeof *m->rank_views);
+  m->n_rank_views = p->world_size;
+  for (uint32_t v = 0; v < p->nviews; v++) {
+    Rlorch__V1__ReceiverView *rv = calloc(1, sizeof *rv);
+    if (!(m->views[v] = rv)) return 0;
+    m->n_views = v + 1;
+    rlorch__v1__receiver_view__init(rv);
+    size_t k = 0;
+    for (size_t i = 0; i < p->ntensors; i++) k += p->view_parts[(size_t)v * p->ntensors + i].kind != BCAST_PART_WHOLE;
+    if (!(rv->parts = calloc(k ? k : 1, sizeof *rv->parts))) return 0;
+    for (size_t i = 0; i < p->ntensors; i++) {
+      const bcast_part *pt = &p->view_parts[(size_t)v * p->ntensors + i];
+      if (pt->kind == BCAST_PART_WHOLE) continue;
+      Rlorch__V1__TensorPart *tp = calloc(1, sizeof *tp);
+      if (!(rv->parts[rv->n_parts] = tp)) return 0;
+      rv->n_parts++;
+      rlorch__v1__tensor_part__init(tp);
+      tp->name = (char *)protobuf_c_empty_string;
+      tp->tensor = (uint32_t)i;
+      tp->kind = (Rlorch__V1__PartKind)pt->kind;
+      tp->dim = pt->dim;
+      tp->start = pt->start;
+      tp->count = pt->count;
+    }
+  }
+  return 1;
+}
+
+static int views_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan *p, bcast_err *err) {
+  if (!m->n_views && !m->n_rank_views) return BCAST_OK;
+  if (!m->n_views || m->n_rank_views != p->world_size)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': %zu views and %zu rank_views for %u ranks", p->id,
+                       m->n_views, m->n_rank_views, p->world_size);
+  if (m->n_views >= p->world_size)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': %zu views for %u ranks", p->id, m->n_views, p->world_size);
+  size_t nt = p->ntensors ? p->ntensors : 1;
+  if (!(p->view_parts = calloc(m->n_views * nt, sizeof *p->view_parts)) ||
+      !(p->rank_view = malloc(p->world_size * sizeof *p->rank_view)))
+    return bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
+  p->nviews = (uint32_t)m->n_views;
+  memcpy(p->rank_view, m->rank_views, p->world_size * sizeof *p->rank_view);
+  for (size_t v = 0; v < m->n_views; v++) {
+    const Rlorch__V1__ReceiverView *rv = m->views[v];
+    for (size_t j = 0; rv && j < rv->n_parts; j++) {
+      const Rlorch__V1__TensorPart *tp = rv->parts[j];
+      if (tp->tensor >= p->ntensors)
+        return bcast__fail(err, BCAST_EINVAL, "plan '%s': views[%zu].parts[%zu].tensor %u of %zu tensors", p->id,
+                           v, j, tp->tensor, p->ntensors);
+      bcast_part *pt = &p->view_parts[v * p->ntensors + tp->tensor];
+      if (pt->kind != BCAST_PART_WHOLE)
+        return bcast__fail(err, BCAST_EINVAL, "plan '%s': views[%zu]: tensor %u given twice", p->id, v,
+                           tp->tensor);
+      if (tp->kind != RLORCH__V1__PART_KIND__PART_KIND_SLICE && tp->kind != RLORCH__V1__PART_KIND__PART_KIND_NONE)
+        return bcast__fail(err, BCAST_EINVAL, "plan '%s': views[%zu].parts[%zu].kind %d", p->id, v, j,
+                           (int)tp->kind);
+      *pt = (bcast_part){.kind = (int)tp->kind};
+      if (tp->kind == RLORCH__V1__PART_KIND__PART_KIND_SLICE)
+        pt->dim = tp->dim, pt->start = tp->start, pt->count = tp->count;
+    }
+  }
+  return BCAST_OK;
 }
 
 int bcast_plan_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan **out, bcast_err *err) {
@@ -144,6 +220,7 @@ int bcast_plan_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan **out, bcast
       m->n_source_endpoints = r + 1;
     }
   }
+  if (ok) ok = views_to_pb(p, m);
   if (ok && p->has_secret) {
     ok = (m->data_secret.data = malloc(sizeof p->secret)) != NULL;
     if (ok) {
@@ -267,6 +344,7 @@ int bcast_plan_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan **out, bca
     p->nbuckets = b + 1;
     rc = bucket_from_pb(m->buckets[b], b, &p->buckets[b], err);
   }
+  if (!rc) rc = views_from_pb(m, p, err);
   if (!rc) rc = bcast_plan_validate(p, err);
   if (!rc && bcast_plan_hash(p) != p->hash)
     rc = bcast__fail(err, BCAST_EMISMATCH, "plan '%s': hash %016llx does not match its contents (%016llx)", p->id,

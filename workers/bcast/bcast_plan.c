@@ -304,6 +304,7 @@ static int plan_make(const bcast_tensor *tensors, size_t n, const bcast_shard_ma
     p->tensors[i].data = NULL; /* a plan describes, it never points */
     p->tensors[i].device = 0;
     p->tensors[i].shard_offset = p->tensors[i].shard_elems = 0;
+    memset(&p->tensors[i].part, 0, sizeof p->tensors[i].part);
   }
   p->world_size = o->world_size;
   p->root_rank = o->root_rank;
@@ -329,7 +330,7 @@ static int plan_make(const bcast_tensor *tensors, size_t n, const bcast_shard_ma
     bcast_plan_free(p);
     return rc;
   }
-  if ((rc = plan_layout(p, m, err))) {
+  if ((rc = plan_layout(p, m, err)) || (rc = bcast__views_set(p, o->receiver_views, err))) {
     bcast_plan_free(p);
     return rc;
   }
@@ -482,6 +483,7 @@ int bcast_plan_validate(const bcast_plan *p, bcast_err *err) {
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': too many buckets", p->id);
   if ((rc = sources_check(p, err))) return rc;
   if ((rc = bcast_manifest_check(p->tensors, p->ntensors, NULL, err))) return rc;
+  if ((rc = bcast__views_check(p, err))) return rc;
   for (size_t i = 0; i < p->ntensors; i++)
     if (p->tensors[i].shard_offset || p->tensors[i].shard_elems)
       return bcast__fail(err, BCAST_EINVAL, "plan '%s': tensor '%s' describes a shard; a plan's tensors are whole",
@@ -576,6 +578,19 @@ uint64_t bcast_plan_hash(const bcast_plan *p) {
     h_u64(&h, t->ndim);
     for (uint32_t d = 0; d < nd; d++) h_u64(&h, t->shape[d]);
   }
+  /* Only with views: a plan of whole receivers hashes as it always has. */
+  if (p->nviews && p->view_parts && p->rank_view) {
+    h_bytes(&h, "views", 5);
+    h_u64(&h, p->nviews);
+    for (size_t j = 0; j < (size_t)p->nviews * p->ntensors; j++) {
+      const bcast_part *pt = &p->view_parts[j];
+      h_u64(&h, (uint64_t)pt->kind);
+      h_u64(&h, pt->dim);
+      h_u64(&h, pt->start);
+      h_u64(&h, pt->count);
+    }
+    for (uint32_t r = 0; r < p->world_size; r++) h_u64(&h, p->rank_view[r]);
+  }
   h_u64(&h, p->nbuckets);
   for (size_t b = 0; b < p->nbuckets; b++) {
     const bcast_bucket *k = &p->buckets[b];
@@ -609,6 +624,7 @@ static void endpoints_free(char **eps, uint32_t n) {
 void bcast_plan_free(bcast_plan *p) {
   if (!p) return;
   endpoints_free(p->source_endpoints, p->nsources);
+  bcast__views_free(p);
   bcast__wipe(p->secret, sizeof p->secret); /* freed memory is not a place to leave it */
   for (size_t b = 0; b < p->nbuckets; b++) free(p->buckets[b].slices);
   free(p->buckets);
@@ -646,6 +662,7 @@ bcast_plan *bcast_plan_dup(const bcast_plan *p) {
   q->buckets = NULL;
   q->nbuckets = 0;
   q->source_endpoints = NULL;
+  if (bcast__views_dup(q, p)) goto fail;
   if (p->source_endpoints) {
     if (!(q->source_endpoints = calloc(p->nsources, sizeof *q->source_endpoints))) goto fail;
     for (uint32_t r = 0; r < p->nsources; r++)
@@ -709,8 +726,8 @@ static int bind_one(const bcast_tensor *pt, const bcast_tensor *lt, int sender, 
 
 /* need: plan tensors to bind (NULL: all; the others map to UINT32_MAX);
  * shards: local tensors may be shards (a host-mode sender). */
-static int bind_some(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender, const uint8_t *need,
-                     int shards, uint32_t *map, bcast_err *err) {
+int bcast__plan_bind_some(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender,
+                          const uint8_t *need, int shards, uint32_t *map, bcast_err *err) {
   if (n && !local) return bcast__fail(err, BCAST_EINVAL, "local tensors: NULL array");
   if (n > UINT32_MAX) return bcast__fail(err, BCAST_EINVAL, "local tensors: too many");
   for (size_t i = 0; i < n; i++)
@@ -737,7 +754,7 @@ static int bind_some(const bcast_plan *p, const bcast_tensor *local, size_t n, i
 
 int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, int sender, uint32_t *map,
                      bcast_err *err) {
-  return bind_some(p, local, n, sender, NULL, 0, map, err);
+  return bcast__plan_bind_some(p, local, n, sender, NULL, 0, map, err);
 }
 
 int bcast__plan_bind_source(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
@@ -747,7 +764,7 @@ int bcast__plan_bind_source(const bcast_plan *p, uint32_t rank, const bcast_tens
   for (size_t b = 0; b < p->nbuckets; b++)
     if (p->buckets[b].source_rank == rank)
       for (size_t s = 0; s < p->buckets[b].nslices; s++) need[p->buckets[b].slices[s].tensor] = 1;
-  int rc = bind_some(p, local, n, 1, need, 1, map, err);
+  int rc = bcast__plan_bind_some(p, local, n, 1, need, 1, map, err);
   free(need);
   /* What this rank sends must be what it holds. */
   for (size_t b = 0; b < p->nbuckets && !rc; b++) {

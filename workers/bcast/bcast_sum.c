@@ -41,13 +41,33 @@ static int sum_range(XXH3_state_t *h, const bcast_tensor *t, bcast_dtype wd, int
   return BCAST_OK;
 }
 
-int bcast_plan_source_checksum(const bcast_plan *p, uint32_t source, const bcast_tensor *local,
-                               size_t n, int wire, uint64_t *out, bcast_err *err) {
+typedef struct sum_ctx {
+  XXH3_state_t *h;
+  const bcast_tensor *t;
+  bcast_dtype wd;
+  int wire;
+  uint64_t e0; /* the slice's first element */
+  void *buf;
+  bcast_err *err;
+} sum_ctx;
+
+/* One run of the view: a source reads it at its element of the full tensor
+ * (sum_range honours its shard), a receiver at its place in its own buffer
+ * (the dense part; for a whole tensor the same element). */
+static int sum_run(void *ud, uint64_t off, uint64_t local, uint64_t n) {
+  sum_ctx *c = ud;
+  return sum_range(c->h, c->t, c->wd, c->wire, c->wire ? local : c->e0 + off, n, c->buf, c->err);
+}
+
+int bcast_plan_view_checksum(const bcast_plan *p, uint32_t source, uint32_t view, const bcast_tensor *local,
+                             size_t n, int wire, uint64_t *out, bcast_err *err) {
   if (!p || !out || (n && !local))
     return bcast__fail(err, BCAST_EINVAL, "source_checksum: NULL argument");
   uint32_t ns = (uint32_t)bcast_plan_sources(p);
   if (source >= ns)
     return bcast__fail(err, BCAST_EINVAL, "source_checksum: source rank %u, the plan has %u", source, ns);
+  if (view != BCAST_VIEW_WHOLE && view >= p->nviews)
+    return bcast__fail(err, BCAST_EINVAL, "view_checksum: view %u, the plan has %u", view, p->nviews);
   const bcast_tensor **by_name = malloc((n ? n : 1) * sizeof *by_name);
   void *buf = malloc((size_t)SUM_CHUNK_ELEMS * 4);
   XXH3_state_t *h = XXH3_createState();
@@ -65,6 +85,8 @@ int bcast_plan_source_checksum(const bcast_plan *p, uint32_t source, const bcast
     for (size_t s = 0; s < bk->nslices && !rc; s++) {
       const bcast_slice *sl = &bk->slices[s];
       const bcast_tensor *pt = &p->tensors[sl->tensor];
+      const bcast_part *part = bcast__view_part(p, view, sl->tensor);
+      if (part->kind == BCAST_PART_NONE) continue;
       const bcast_tensor key_t = *pt, *key = &key_t;
       const bcast_tensor **hit = bsearch(&key, by_name, n, sizeof *by_name, name_cmp);
       if (!hit) {
@@ -73,12 +95,12 @@ int bcast_plan_source_checksum(const bcast_plan *p, uint32_t source, const bcast
       }
       const bcast_tensor *t = *hit;
       uint64_t lo = t->shard_offset, hi = lo + bcast_tensor_held(t);
-      if (sl->elem_offset < lo || sl->elem_offset + sl->elem_count > hi) {
+      if (wire) lo = 0, hi = bcast_part_elems(pt, part); /* a receiver holds its part, dense */
+      uint64_t first = wire ? 0 : sl->elem_offset, last = wire ? hi : sl->elem_offset + sl->elem_count;
+      if (!wire && (first < lo || last > hi)) {
         rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': source rank %u sends [%llu, %llu), the local "
-                         "tensor holds [%llu, %llu)", pt->name, source,
-                         (unsigned long long)sl->elem_offset,
-                         (unsigned long long)(sl->elem_offset + sl->elem_count), (unsigned long long)lo,
-                         (unsigned long long)hi);
+                         "tensor holds [%llu, %llu)", pt->name, source, (unsigned long long)first,
+                         (unsigned long long)last, (unsigned long long)lo, (unsigned long long)hi);
         break;
       }
       if (t->residency == BCAST_RES_GPU) {
@@ -90,7 +112,9 @@ int bcast_plan_source_checksum(const bcast_plan *p, uint32_t source, const bcast
         rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': no data", pt->name);
         break;
       }
-      rc = sum_range(h, t, pt->wire_dtype, wire, sl->elem_offset, sl->elem_count, buf, err);
+      sum_ctx c = {.h = h, .t = t, .wd = pt->wire_dtype, .wire = wire, .e0 = sl->elem_offset, .buf = buf,
+                   .err = err};
+      rc = bcast__part_runs(pt, part, sl->elem_offset, sl->elem_count, sum_run, &c);
     }
   }
   if (!rc) *out = XXH3_64bits_digest(h);
@@ -99,4 +123,9 @@ out:
   free(buf);
   free(by_name);
   return rc;
+}
+
+int bcast_plan_source_checksum(const bcast_plan *p, uint32_t source, const bcast_tensor *local,
+                               size_t n, int wire, uint64_t *out, bcast_err *err) {
+  return bcast_plan_view_checksum(p, source, BCAST_VIEW_WHOLE, local, n, wire, out, err);
 }
