@@ -916,3 +916,299 @@ Test(bcast_shard, local_tensors_that_do_not_fit_the_plan_are_refused_by_name) {
   cr_assert(strstr(err.msg, "in the plan but missing from the local tensors"), "%s", err.msg);
   world_free(&w);
 }
+
+/* ---- receiver views: receivers that hold part of the model -------------------------- */
+
+#define VRX 4 /* a whole receiver, a tensor-parallel pair, an expert-parallel one */
+
+static bcast_part slice_of(uint32_t dim, uint64_t start, uint64_t count) {
+  return (bcast_part){.kind = BCAST_PART_SLICE, .dim = dim, .start = start, .count = count};
+}
+
+/* What each view receiver asks for (see model_init's tensors): the TP pair
+ * cuts embed by rows and l1.flat and l2.norm by columns, unevenly, and
+ * keeps the rest whole; the EP receiver holds none of l1.attn and l1.ids
+ * and rows [5, 12) of l2.bf. */
+static const bcast_part_spec TP0[] = {{"embed", {BCAST_PART_SLICE, 0, 0, 151}},
+                                      {"l1.flat", {BCAST_PART_SLICE, 1, 0, 33}},
+                                      {"l2.norm", {BCAST_PART_SLICE, 1, 0, 500}}};
+static const bcast_part_spec TP1[] = {{"embed", {BCAST_PART_SLICE, 0, 151, 149}},
+                                      {"l1.flat", {BCAST_PART_SLICE, 1, 33, 32}},
+                                      {"l2.norm", {BCAST_PART_SLICE, 1, 500, 499}}};
+static const bcast_part_spec EP[] = {{"l1.attn", {BCAST_PART_NONE, 0, 0, 0}},
+                                     {"l1.ids", {BCAST_PART_NONE, 0, 0, 0}},
+                                     {"l2.bf", {BCAST_PART_SLICE, 0, 5, 7}}};
+
+static void views_for(uint32_t ns, bcast_receiver_view *rv) {
+  memset(rv, 0, (ns + VRX) * sizeof *rv);
+  rv[ns + 1] = (bcast_receiver_view){TP0, 3};
+  rv[ns + 2] = (bcast_receiver_view){TP1, 3};
+  rv[ns + 3] = (bcast_receiver_view){EP, 3};
+}
+
+static bcast_plan *view_plan(const bcast_shard_map *map, const char *const *eps, const bcast_receiver_view *rv,
+                             bcast_mode mode, bcast_err *err) {
+  bcast_plan_opts o = {.id = "views/step-1", .mode = mode, .staging_budget = 64 << 10,
+                       .world_size = map->nranks + VRX, .root_rank = 0, .source_endpoints = eps,
+                       .receiver_views = rv};
+  bcast_plan *p = NULL;
+  if (bcast_plan_build_sharded(map, &o, &p, err) != BCAST_OK) return NULL;
+  return p;
+}
+
+/* The part's elements of a 2-D tensor's reference bytes (2 per element),
+ * written out by index: rows [s, s + c) for dim 0, columns for dim 1. */
+static void *expected_part(const bcast_tensor *full, const bcast_part *pt, uint64_t *elems) {
+  uint16_t *ref = bp_reference(full);
+  uint64_t rows = full->shape[0], cols = full->shape[1];
+  if (pt->kind == BCAST_PART_WHOLE) {
+    *elems = rows * cols;
+    return ref;
+  }
+  uint64_t r0 = pt->dim == 0 ? pt->start : 0, nr = pt->dim == 0 ? pt->count : rows;
+  uint64_t c0 = pt->dim == 1 ? pt->start : 0, nc = pt->dim == 1 ? pt->count : cols;
+  uint16_t *out = malloc(nr * nc * 2);
+  for (uint64_t r = 0; r < nr; r++)
+    for (uint64_t c = 0; c < nc; c++) out[r * nc + c] = ref[(r0 + r) * cols + c0 + c];
+  free(ref);
+  *elems = nr * nc;
+  return out;
+}
+
+/* A receiver's local tensors for its view: its parts, dense, full shapes. */
+static size_t view_tensors(const model *m, const bcast_plan *p, uint32_t rank, bcast_tensor *dst) {
+  size_t k = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    size_t pi = 0;
+    while (strcmp(p->tensors[pi].name, m->full[i].name)) pi++;
+    const bcast_part *pt = bcast_plan_part(p, rank, pi);
+    if (pt->kind == BCAST_PART_NONE) continue;
+    dst[k] = m->full[i];
+    dst[k].part = *pt;
+    dst[k].data = calloc(bcast_part_elems(&m->full[i], pt), 2);
+    k++;
+  }
+  return k;
+}
+
+static void run_views(uint32_t ns) {
+  model m;
+  model_init(&m, ns);
+  bcast_shard_map *map = shard_map(&m);
+  bcast_engine *src[MAXS], *rx[VRX];
+  const char *eps[MAXS];
+  for (uint32_t r = 0; r < ns; r++) {
+    src[r] = engine(r, "127.0.0.1:0", 20);
+    eps[r] = bcast_engine_data_address(src[r]);
+  }
+  bcast_receiver_view rv[MAXS + VRX];
+  views_for(ns, rv);
+  bcast_err err = {0};
+  bcast_plan *p = view_plan(map, eps, rv, BCAST_MODE_HOST, &err);
+  cr_assert_not_null(p, "%s", err.msg);
+  cr_assert_eq(p->nviews, 3, "the TP pair and the EP receiver: three views");
+  cr_assert_eq(bcast_plan_rank_view(p, ns), BCAST_VIEW_WHOLE);
+  for (uint32_t r = 0; r < ns; r++) cr_assert_eq(bcast_plan_rank_view(p, r), BCAST_VIEW_WHOLE);
+  for (uint32_t i = 1; i < VRX; i++) cr_assert_eq(bcast_plan_rank_view(p, ns + i), i - 1);
+  cr_assert_eq(bcast_plan_validate(p, &err), BCAST_OK, "%s", err.msg);
+  part sp[MAXS], rp[VRX];
+  bcast_tensor dst[VRX][NT];
+  size_t nd[VRX];
+  for (uint32_t i = 0; i < VRX; i++) {
+    rx[i] = engine(ns + i, NULL, 20);
+    nd[i] = view_tensors(&m, p, ns + i, dst[i]);
+    cr_assert_eq(bcast_plan_check_receiver(p, ns + i, dst[i], nd[i], &err), BCAST_OK, "%s", err.msg);
+    rp[i] = (part){.e = rx[i], .p = p, .local = dst[i], .n = nd[i]};
+  }
+  cr_assert_eq(nd[3], NT - 2, "the EP receiver holds two tensors fewer");
+  for (uint32_t r = 0; r < ns; r++) sp[r] = (part){.e = src[r], .p = p, .local = m.shard[r], .n = m.nshard[r]};
+  for (uint32_t r = 0; r < ns; r++) part_start(&sp[r]);
+  for (uint32_t i = 0; i < VRX; i++) part_start(&rp[i]);
+  for (uint32_t r = 0; r < ns; r++) part_join(&sp[r]);
+  for (uint32_t i = 0; i < VRX; i++) part_join(&rp[i]);
+  for (uint32_t r = 0; r < ns; r++) cr_assert_eq(sp[r].rc, BCAST_OK, "source %u: %s", r, sp[r].err.msg);
+  for (uint32_t i = 0; i < VRX; i++) {
+    cr_assert_eq(rp[i].rc, BCAST_OK, "receiver %u: %s", ns + i, rp[i].err.msg);
+    uint32_t v = bcast_plan_rank_view(p, ns + i);
+    /* What it got over the wire is its view's bytes. */
+    uint64_t want = v == BCAST_VIEW_WHOLE ? bcast_plan_wire_bytes(p) : bcast_plan_view_bytes(p, v, UINT32_MAX);
+    cr_assert_eq(rp[i].st.wire_bytes, want, "receiver %u", ns + i);
+    if (v != BCAST_VIEW_WHOLE) cr_assert_lt(want, bcast_plan_wire_bytes(p), "receiver %u gets less", ns + i);
+    /* Every part it holds is that part of the full tensor's cast. */
+    for (size_t k = 0; k < nd[i]; k++) {
+      const bcast_tensor *full = NULL;
+      for (size_t t = 0; t < m.n; t++)
+        if (!strcmp(m.full[t].name, dst[i][k].name)) full = &m.full[t];
+      uint64_t elems = 0;
+      void *exp = expected_part(full, &dst[i][k].part, &elems);
+      cr_assert_eq(elems, bcast_part_elems(full, &dst[i][k].part));
+      cr_assert_eq(memcmp(exp, dst[i][k].data, elems * 2), 0, "receiver %u: tensor %s", ns + i, full->name);
+      free(exp);
+    }
+    /* Each source's sum for the receiver's view equals the receiver's own. */
+    for (uint32_t r = 0; r < ns; r++) {
+      uint64_t mine = 0, theirs = 0;
+      cr_assert_eq(bcast_plan_view_checksum(p, r, v, m.shard[r], m.nshard[r], 0, &mine, &err), BCAST_OK, "%s",
+                   err.msg);
+      cr_assert_eq(bcast_plan_view_checksum(p, r, v, dst[i], nd[i], 1, &theirs, &err), BCAST_OK, "%s", err.msg);
+      cr_assert_eq(mine, theirs, "receiver %u, source %u", ns + i, r);
+      if (v != BCAST_VIEW_WHOLE) {
+        uint64_t whole = 0;
+        cr_assert_eq(bcast_plan_source_checksum(p, r, m.shard[r], m.nshard[r], 0, &whole, &err), BCAST_OK);
+        cr_assert_neq(whole, mine, "a view's sum is not the whole one's");
+      }
+    }
+  }
+  /* A TP receiver's element changed: its sum no longer matches. */
+  uint64_t before = 0, after = 0;
+  uint32_t v1 = bcast_plan_rank_view(p, ns + 1);
+  for (uint32_t r = 0; r < ns; r++) {
+    cr_assert_eq(bcast_plan_view_checksum(p, r, v1, dst[1], nd[1], 1, &before, &err), BCAST_OK);
+    ((uint16_t *)dst[1][0].data)[0] ^= 1;
+    cr_assert_eq(bcast_plan_view_checksum(p, r, v1, dst[1], nd[1], 1, &after, &err), BCAST_OK);
+    ((uint16_t *)dst[1][0].data)[0] ^= 1;
+    if (before != after) break;
+  }
+  cr_assert_neq(before, after, "some source's sum covers the changed element");
+  for (uint32_t r = 0; r < ns; r++) {
+    bcast_stats_free(&sp[r].st);
+    bcast_engine_free(src[r]);
+  }
+  for (uint32_t i = 0; i < VRX; i++) {
+    bcast_stats_free(&rp[i].st);
+    bcast_engine_free(rx[i]);
+    for (size_t k = 0; k < nd[i]; k++) free(dst[i][k].data);
+  }
+  bcast_plan_free(p);
+  bcast_shard_map_free(map);
+  model_free(&m);
+}
+
+Test(bcast_shard, views_one_source_each_receiver_gets_its_parts) { run_views(1); }
+Test(bcast_shard, views_two_sources_each_receiver_gets_its_parts) { run_views(2); }
+
+static void view_refused(const bcast_shard_map *map, const char *const *eps, bcast_receiver_view *rv,
+                         bcast_mode mode, const char *want) {
+  bcast_err err = {0};
+  bcast_plan *p = view_plan(map, eps, rv, mode, &err);
+  cr_assert_null(p, "refused: %s", want);
+  cr_assert_eq(err.code, BCAST_EINVAL);
+  cr_assert(strstr(err.msg, want), "'%s' has no '%s'", err.msg, want);
+}
+
+Test(bcast_shard, bad_views_are_refused_naming_rank_tensor_and_field) {
+  model m;
+  model_init(&m, 2);
+  bcast_shard_map *map = shard_map(&m);
+  const char *eps[2] = {"10.0.0.1:1", "10.0.0.2:2"};
+  bcast_receiver_view rv[2 + VRX];
+  bcast_part_spec one[2];
+  memset(rv, 0, sizeof rv);
+  rv[3] = (bcast_receiver_view){one, 1};
+  one[0] = (bcast_part_spec){"nope", slice_of(0, 0, 1)};
+  view_refused(map, eps, rv, BCAST_MODE_HOST, "rank 3: tensor 'nope' is not in the plan");
+  one[0] = (bcast_part_spec){"embed", slice_of(2, 0, 1)};
+  view_refused(map, eps, rv, BCAST_MODE_HOST, "rank 3: tensor 'embed': part dim 2, the tensor has 2 dimensions");
+  one[0] = (bcast_part_spec){"embed", slice_of(0, 3, 0)};
+  view_refused(map, eps, rv, BCAST_MODE_HOST, "rank 3: tensor 'embed': part count 0");
+  one[0] = (bcast_part_spec){"embed", slice_of(0, 290, 11)};
+  view_refused(map, eps, rv, BCAST_MODE_HOST, "tensor 'embed': part [290, 301) along dim 0 is past its 300");
+  one[0] = (bcast_part_spec){"embed", {.kind = 9}};
+  view_refused(map, eps, rv, BCAST_MODE_HOST, "tensor 'embed': unknown part kind 9");
+  one[0] = (bcast_part_spec){"embed", slice_of(0, 0, 1)};
+  one[1] = one[0];
+  rv[3].nparts = 2;
+  view_refused(map, eps, rv, BCAST_MODE_HOST, "rank 3: tensor 'embed' is listed twice");
+  rv[3].nparts = 1;
+  view_refused(map, eps, rv, BCAST_MODE_COLOCATED, "colocated mode moves whole buckets");
+  /* A source holds its tensors whole. */
+  rv[3] = (bcast_receiver_view){0};
+  rv[1] = (bcast_receiver_view){one, 1};
+  view_refused(map, eps, rv, BCAST_MODE_HOST, "rank 1 is a source");
+  rv[1] = (bcast_receiver_view){0};
+  /* A view of nothing. */
+  bcast_part_spec none[NT];
+  for (size_t i = 0; i < m.n; i++) none[i] = (bcast_part_spec){m.full[i].name, {.kind = BCAST_PART_NONE}};
+  rv[4] = (bcast_receiver_view){none, m.n};
+  view_refused(map, eps, rv, BCAST_MODE_HOST, "rank 4: every tensor is NONE");
+  bcast_shard_map_free(map);
+  model_free(&m);
+}
+
+Test(bcast_shard, views_are_hashed_encoded_and_checked) {
+  model m;
+  model_init(&m, 2);
+  bcast_shard_map *map = shard_map(&m);
+  const char *eps[2] = {"10.0.0.1:1", "10.0.0.2:2"};
+  uint8_t secret[BCAST_SECRET_BYTES] = {1};
+  bcast_receiver_view rv[2 + VRX];
+  bcast_err err = {0};
+  bcast_plan_opts o = {.id = "views/step-1", .mode = BCAST_MODE_HOST, .staging_budget = 64 << 10,
+                       .world_size = 2 + VRX, .source_endpoints = eps, .secret = secret};
+  bcast_plan *none = NULL, *empty = NULL, *with = NULL, *other = NULL;
+  cr_assert_eq(bcast_plan_build_sharded(map, &o, &none, &err), BCAST_OK, "%s", err.msg);
+  /* Receivers that ask for nothing, or for whole tensors, are no view. */
+  memset(rv, 0, sizeof rv);
+  bcast_part_spec whole[] = {{"embed", slice_of(0, 0, 300)}, {"l1.ids", {.kind = BCAST_PART_WHOLE}}};
+  rv[3] = (bcast_receiver_view){whole, 2};
+  o.receiver_views = rv;
+  cr_assert_eq(bcast_plan_build_sharded(map, &o, &empty, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(empty->nviews, 0);
+  cr_assert_eq(empty->hash, none->hash, "a plan of whole receivers hashes as before");
+  views_for(2, rv);
+  cr_assert_eq(bcast_plan_build_sharded(map, &o, &with, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_neq(with->hash, none->hash);
+  cr_assert_eq(with->nbuckets, none->nbuckets, "views change what each receiver gets, not the buckets");
+  /* Two receivers asking the same get the same view. */
+  rv[5] = rv[4];
+  cr_assert_eq(bcast_plan_build_sharded(map, &o, &other, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(other->nviews, 2);
+  cr_assert_eq(other->rank_view[5], other->rank_view[4]);
+  cr_assert_neq(other->hash, with->hash, "the assignment is covered");
+  bcast_plan_free(other);
+  /* The protobuf form keeps them, hash for hash. */
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  cr_assert_eq(bcast_plan_pack(with, &buf, &len, &err), BCAST_OK, "%s", err.msg);
+  bcast_plan *q = NULL;
+  cr_assert_eq(bcast_plan_unpack(buf, len, &q, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(q->hash, with->hash);
+  cr_assert_eq(q->nviews, 3);
+  cr_assert_eq(memcmp(q->view_parts, with->view_parts, 3 * q->ntensors * sizeof *q->view_parts), 0);
+  bcast_plan *d = bcast_plan_dup(q);
+  cr_assert_not_null(d);
+  cr_assert_eq(bcast_plan_hash(d), with->hash);
+  bcast_plan_free(d);
+  free(buf);
+  /* A received plan whose views are inconsistent is refused by name. */
+  Rlorch__V1__BroadcastPlan *msg = NULL;
+  cr_assert_eq(bcast_plan_to_pb(with, &msg, &err), BCAST_OK, "%s", err.msg);
+  msg->n_rank_views = 3;
+  cr_assert_eq(bcast_plan_from_pb(msg, &other, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "3 views and 3 rank_views for 6 ranks"), "%s", err.msg);
+  msg->n_rank_views = 6;
+  msg->rank_views[0] = 1;
+  cr_assert_eq(bcast_plan_from_pb(msg, &other, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "source rank 0 has view 1"), "%s", err.msg);
+  msg->rank_views[0] = BCAST_VIEW_WHOLE;
+  msg->views[0]->parts[0]->tensor = 99;
+  cr_assert_eq(bcast_plan_from_pb(msg, &other, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "views[0].parts[0].tensor 99"), "%s", err.msg);
+  bcast_pb_free(&msg->base);
+  /* A receiver's local part that is not its view's is refused by name. */
+  bcast_tensor dst[NT];
+  size_t nd = view_tensors(&m, with, 3, dst);
+  cr_assert_eq(bcast_plan_check_receiver(with, 3, dst, nd, &err), BCAST_OK, "%s", err.msg);
+  dst[0].part.start++;
+  cr_assert_eq(bcast_plan_check_receiver(with, 3, dst, nd, &err), BCAST_EINVAL);
+  cr_assert(strstr(err.msg, "the plan gives rank 3"), "%s", err.msg);
+  dst[0].part.start--;
+  cr_assert_eq(bcast_plan_check_receiver(with, 2, dst, nd, &err), BCAST_EINVAL, "another rank's view");
+  for (size_t k = 0; k < nd; k++) free(dst[k].data);
+  bcast_plan_free(q);
+  bcast_plan_free(with);
+  bcast_plan_free(empty);
+  bcast_plan_free(none);
+  bcast_shard_map_free(map);
+  model_free(&m);
+}
