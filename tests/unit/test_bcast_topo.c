@@ -194,6 +194,19 @@ Test(bcast_topo, multiroot_relays_and_shares) {
   bcast_plan_free(p);
 }
 
+Test(bcast_topo, multiroot_inside_one_node) {
+  bcast_plan *p = sharded_plan(4);
+  bcast_topo t = small_topo();
+  bcast_topo_place pl[4] = {{0, 0}, {0, 1}, {0, 2}, {0, 3}};
+  /* No NIC: each source hands its half to a relay over NVLink (B / 2), the
+   * two receivers swap halves (B / 2 each). */
+  bcast_topo_pred r = predict_ok(p, pl, &t, BCAST_LAYOUT_MULTIROOT, 1);
+  cr_assert_null(stage(&r, "nic"), "nothing leaves the node");
+  near(stage(&r, "nvlink")->seconds, GIB / 2 / 400e9, "nvlink");
+  near(r.total_s, GIB / 2 / 400e9, "one stage");
+  bcast_plan_free(p);
+}
+
 static void refused(const bcast_plan *p, const bcast_topo_place *pl, size_t n, const bcast_topo *t,
                     bcast_topo_layout layout, uint32_t replica, const char *needle) {
   bcast_topo_opts o = {.layout = layout, .replica_gpus = replica};

@@ -198,10 +198,11 @@ static void predict_coloc(const bcast_plan *p, const bcast_topo *t, const src_by
 /* Multiroot: receiver i (i = r - S) holds share i mod k of every source's
  * bytes. A node needs each distinct share of its receivers once: each source
  * sends W_j / k per distinct share to that node's relay for the share, over
- * one NIC of its own (sources beyond nics_per_node on a node share them);
- * each node takes sum of its distinct shares over all its NICs; then every
- * receiver gets over NVLink what its node's NIC traffic did not bring it
- * directly (relays spread over the node's receivers). */
+ * one NIC of its own (sources beyond nics_per_node on a node share them),
+ * or over NVLink to relays on its own node; each node takes its distinct
+ * shares of the other nodes' sources over all its NICs; then every receiver
+ * gets over NVLink what its node's relays did not bring it directly (relays
+ * spread over the node's receivers). */
 static int predict_multiroot(const bcast_plan *p, const bcast_topo_place *place, const bcast_topo *t,
                              const src_bytes *sb, uint32_t ns, uint32_t k, uint64_t total,
                              bcast_topo_pred *out, bcast_err *err) {
@@ -222,28 +223,38 @@ static int predict_multiroot(const bcast_plan *p, const bcast_topo_place *place,
     if (i == 0 || keys[i] != keys[i - 1]) distinct[keys[i] / k]++, shares_sent++;
   source_stage(out, "cast", sb, ns, offsetof(src_bytes, cast_stor), t->cast_gbps);
   double nic = t->nic_gbits / 8.0, node_gbps = t->nics_per_node * nic;
-  double nic_s = 0, nic_gbps = 0;
-  uint64_t nic_bytes = 0;
-  char where[BCAST_TOPO_WHERE_MAX] = "";
+  double nic_s = 0, nic_gbps = 0, nv_s = 0;
+  uint64_t nic_bytes = 0, nv_bytes = 0;
+  uint64_t *local = calloc(t->nodes, sizeof *local); /* wire bytes of each node's sources */
+  if (!local) {
+    free(keys), free(distinct), free(srcs), free(recvs);
+    return bcast__fail(err, BCAST_ENOMEM, "topology: out of memory");
+  }
+  char where[BCAST_TOPO_WHERE_MAX] = "", nv_where[BCAST_TOPO_WHERE_MAX] = "";
   for (uint32_t j = 0; j < ns; j++) {
-    uint32_t on = srcs[place[j].node];
+    uint32_t home = place[j].node, on = srcs[home];
+    local[home] += sb[j].wire;
+    /* Shares for the source's own node go to its relays over NVLink. */
     double link = on > t->nics_per_node ? node_gbps / on : nic;
-    uint64_t bytes = sb[j].wire * shares_sent / k;
+    uint64_t bytes = sb[j].wire * (shares_sent - distinct[home]) / k;
+    uint64_t mine = sb[j].wire * distinct[home] / k;
     double s = (double)bytes / (link * 1e9);
     if (s > nic_s) {
       nic_s = s, nic_gbps = link, nic_bytes = bytes;
       snprintf(where, sizeof where, "source %u egress", j);
     }
+    if ((double)mine / (t->nvlink_gbps * 1e9) > nv_s) {
+      nv_s = (double)mine / (t->nvlink_gbps * 1e9), nv_bytes = mine;
+      snprintf(nv_where, sizeof nv_where, "source %u to its node", j);
+    }
   }
-  double nv_s = 0;
-  uint64_t nv_bytes = 0;
-  char nv_where[BCAST_TOPO_WHERE_MAX] = "";
   for (uint32_t n = 0; n < t->nodes; n++) {
     if (!recvs[n]) continue;
-    uint64_t in = total * distinct[n] / k;
-    double s = (double)in / (node_gbps * 1e9);
+    uint64_t in = total * distinct[n] / k; /* what the node's relays receive */
+    uint64_t over_nic = (total - local[n]) * distinct[n] / k;
+    double s = (double)over_nic / (node_gbps * 1e9);
     if (s > nic_s) {
-      nic_s = s, nic_gbps = node_gbps, nic_bytes = in;
+      nic_s = s, nic_gbps = node_gbps, nic_bytes = over_nic;
       snprintf(where, sizeof where, "node %u ingress", n);
     }
     uint64_t need = total / k, direct = in / recvs[n];
@@ -253,7 +264,8 @@ static int predict_multiroot(const bcast_plan *p, const bcast_topo_place *place,
       snprintf(nv_where, sizeof nv_where, "node %u receivers", n);
     }
   }
-  add_stage(out, "nic", nic_s, nic_bytes, nic_gbps, where);
+  free(local);
+  if (nic_bytes) add_stage(out, "nic", nic_s, nic_bytes, nic_gbps, where);
   if (nv_bytes) add_stage(out, "nvlink", nv_s, nv_bytes, t->nvlink_gbps, nv_where);
   free(keys);
   free(distinct);
