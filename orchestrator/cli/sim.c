@@ -62,7 +62,7 @@ static const opt_field sim_fields[] = {
     {.name = "model", .flag = "--model", .type = OPT_STR, .off = SO(model, char *), .metavar = "NAME",
      .help = "parameters of a preset: 8b, 70b or 1t", .flags = NE},
     {.name = "params", .flag = "--params", .type = OPT_U64, .off = SO(params, uint64_t), .min = 4,
-     .metavar = "N", .help = "model parameters (instead of --model)", .flags = NE},
+     .max = 1e15, .metavar = "N", .help = "model parameters (instead of --model)", .flags = NE},
     {.name = "storage_dtype", .flag = "--storage-dtype", .type = OPT_ENUM, .off = SO(storage_dtype, int),
      .names = dtype_names, .metavar = "DTYPE", .help = "the trainer's copy (sent as bf16)", .flags = NE},
     {.name = "trainer_ranks", .flag = "--trainer-ranks", .type = OPT_U32, .off = SO(trainer_ranks, uint32_t),
@@ -94,7 +94,8 @@ static const opt_cmd sim_cmd = {
     .name = "sim",
     .about = "Runs the scheduler and the planner against simulated workers on a described cluster,\n"
              "the topology cost model standing in for the transfers; prints the orchestrator's CPU\n"
-             "per step and memory, and the predicted broadcast beside published figures.",
+             "per step and memory, and the predicted broadcast beside published figures. A\n"
+             "scenario sets every value below; --cluster, then the flags, override it.",
     .fields = sim_fields,
     .nfields = sizeof sim_fields / sizeof sim_fields[0],
 };
@@ -104,7 +105,10 @@ static int load_cluster(const char *path, bcast_topo *t) {
   json_error_t je;
   json_t *root = json_load_file(path, 0, &je);
   if (!root) {
-    fprintf(stderr, "rlorch sim: %s:%d: %s\n", path, je.line, je.text);
+    if (je.line > 0)
+      fprintf(stderr, "rlorch sim: %s:%d: %s\n", path, je.line, je.text);
+    else
+      fprintf(stderr, "rlorch sim: --cluster: %s\n", je.text);
     return -1;
   }
   int rc = 0;
@@ -173,8 +177,24 @@ static int list_scenarios(void) {
   return 0;
 }
 
+/* What --help shows: a run without a scenario starts from these. */
+static sim_opts sim_defaults(void) {
+  bcast_topo t;
+  sim_workload w;
+  bcast_topo_default(&t, 1);
+  sim_workload_default(&w);
+  return (sim_opts){.nodes = t.nodes, .gpus_per_node = t.gpus_per_node, .nics_per_node = t.nics_per_node,
+                    .nic_gbits = t.nic_gbits, .h2d_gbps = t.h2d_gbps, .nvlink_gbps = t.nvlink_gbps,
+                    .tcp_stream_gbps = t.tcp_stream_gbps, .params = w.params, .steps = w.steps,
+                    .seed = w.seed, .storage_dtype = (int)w.storage_dtype,
+                    .trainer_ranks = w.trainer_ranks, .inference_workers = w.inference_workers,
+                    .group_size = w.group_size, .rollouts_per_step = w.rollouts_per_step,
+                    .async = w.max_async_level, .replica_gpus = w.replica_gpus,
+                    .rollout_ms = w.rollout_ms, .train_ms = w.train_ms};
+}
+
 int cmd_sim(int argc, char **argv) {
-  const sim_opts defaults = {0};
+  const sim_opts defaults = sim_defaults();
   sim_opts o = defaults;
   opt_state st;
   if (opt_own(&sim_cmd, &o)) {
@@ -277,6 +297,9 @@ int cmd_sim(int argc, char **argv) {
          " plans), shard map once %.3f s\n",
          r.sched_cpu_s, r.sched_cpu_s / steps * 1e3, r.plan_cpu_s, r.plan_cpu_s / steps * 1e3, r.plans,
          r.shard_cpu_s);
+  printf("           scheduler by call:");
+  for (int k = 0; k < SIM_CPU_KINDS; k++)
+    printf(" %s %.3f s%s", sim_cpu_kind_name((sim_cpu_kind)k), r.cpu_by[k], k + 1 < SIM_CPU_KINDS ? "," : "\n");
   double per_worker_us = cpu / steps / workers * 1e6;
   printf("per worker %.2f us a step = %.3f bare RPC round trips (%.1f us)\n", per_worker_us,
          per_worker_us / SIM_RPC_ROUND_TRIP_US, SIM_RPC_ROUND_TRIP_US);

@@ -47,6 +47,8 @@ typedef struct sim {
   char *err;
   size_t errlen;
   int failed;
+  int succeeded;            /* RUN_STATE succeeded was seen */
+  sim_cpu_kind actions_kind; /* whom taking actions is charged to */
 } sim;
 
 static int fail(sim *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -67,14 +69,25 @@ static double cpu_now(void) {
          (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
+static void charge(sim *m, sim_cpu_kind k, double s) {
+  m->res->cpu_by[k] += s;
+  if (k != SIM_CPU_REGISTER) m->res->sched_cpu_s += s;
+}
+
 /* A scheduler call, timed: the orchestrator's CPU and nothing else. */
-#define SCHED_CALL(m, expr)                         \
+#define SCHED_CALL(m, kind, expr)                   \
   ({                                                \
     double c0_ = cpu_now();                         \
     int rc_ = (expr);                               \
-    (m)->res->sched_cpu_s += cpu_now() - c0_;       \
+    charge((m), (kind), cpu_now() - c0_);           \
     rc_;                                            \
   })
+
+const char *sim_cpu_kind_name(sim_cpu_kind k) {
+  static const char *names[SIM_CPU_KINDS] = {"register", "heartbeat", "rollouts", "step", "plan",
+                                             "broadcast", "tick", "deadline", "actions"};
+  return k < SIM_CPU_KINDS ? names[k] : "unknown";
+}
 
 static uint64_t rnd(sim *m) {
   m->rng ^= m->rng << 13;
@@ -277,7 +290,7 @@ static int react(sim *m) {
   sched_action_batch b;
   double c0 = cpu_now();
   size_t n = sched_take_actions(m->s, &b);
-  m->res->sched_cpu_s += cpu_now() - c0;
+  charge(m, m->actions_kind, cpu_now() - c0);
   int rc = 0;
   for (size_t i = 0; i < n && !rc; i++) {
     const sched_action *a = &b.actions[i];
@@ -319,6 +332,7 @@ static int react(sim *m) {
       break;
     case SCHED_ACT_RUN_STATE:
       if (a->run_state == SCHED_RUN_FAILED) rc = fail(m, "run failed: %s", a->text);
+      if (a->run_state == SCHED_RUN_SUCCEEDED) m->succeeded = 1;
       break;
     case SCHED_ACT_WORKER_STATE:
       if (a->worker_state == SCHED_WORKER_LOST) rc = fail(m, "worker %u lost: %s", a->worker, a->text);
@@ -328,7 +342,7 @@ static int react(sim *m) {
   }
   c0 = cpu_now();
   sched_action_batch_free(&b);
-  m->res->sched_cpu_s += cpu_now() - c0;
+  charge(m, m->actions_kind, cpu_now() - c0);
   return rc;
 }
 
@@ -346,7 +360,7 @@ static int deliver(sim *m, const sim_ev *e) {
     for (uint32_t k = 0; k < e->count; k++)
       r[k] = (sched_rollout){.id = ++m->next_rollout, .policy_version = e->version, .tokens = 256,
                              .group_id = e->group};
-    rc = SCHED_CALL(m, sched_rollouts_done(m->s, m->now, e->worker, e->a, r, e->count));
+    rc = SCHED_CALL(m, SIM_CPU_ROLLOUTS, sched_rollouts_done(m->s, m->now, e->worker, e->a, r, e->count));
     if (r != stack) free(r);
     if (e->a < m->ncancelled && m->cancelled[e->a]) {
       if (rc != SCHED_ESTALE) return fail(m, "a cancelled request's result was taken (%d)", rc);
@@ -361,17 +375,17 @@ static int deliver(sim *m, const sim_ev *e) {
     sched_offload off = {.gpu_tensors = m->w->layers * 4, .gpu_bytes = m->w->params * 4};
     if (m->w->residency != BCAST_RES_GPU)
       off = (sched_offload){.pinned_tensors = m->w->layers * 4, .pinned_bytes = m->w->params * 4};
-    rc = SCHED_CALL(m, sched_shard_step_done(m->s, m->now, e->worker, e->a, m->w->train_ms / 1000.0,
+    rc = SCHED_CALL(m, SIM_CPU_STEP, sched_shard_step_done(m->s, m->now, e->worker, e->a, m->w->train_ms / 1000.0,
                                              &off, m->src_sums[e->worker]));
     return check(m, rc, "step done");
   }
   case EV_BUILT:
     if (e->plan != m->plan_gen) return 0;
-    rc = SCHED_CALL(m, sched_plan_built(m->s, m->now, m->plan_id, m->plan->hash, NULL));
+    rc = SCHED_CALL(m, SIM_CPU_PLAN, sched_plan_built(m->s, m->now, m->plan_id, m->plan->hash, NULL));
     return check(m, rc, "plan built");
   case EV_ACK:
     if (e->plan != m->plan_gen) return 0;
-    rc = SCHED_CALL(m, sched_plan_acked(m->s, m->now, e->worker, m->plan_id, m->plan->hash, NULL));
+    rc = SCHED_CALL(m, SIM_CPU_PLAN, sched_plan_acked(m->s, m->now, e->worker, m->plan_id, m->plan->hash, NULL));
     return check(m, rc, "plan acked");
   case EV_BDONE: {
     if (e->plan != m->plan_gen) return 0;
@@ -392,11 +406,11 @@ static int deliver(sim *m, const sim_ev *e) {
                   rep.source_checksums = NULL;
       m->held[e->worker] = e->a + 1;
     }
-    rc = SCHED_CALL(m, sched_broadcast_done(m->s, m->now, e->worker, m->plan_id, NULL, &rep));
+    rc = SCHED_CALL(m, SIM_CPU_BROADCAST, sched_broadcast_done(m->s, m->now, e->worker, m->plan_id, NULL, &rep));
     return check(m, rc, "broadcast done");
   }
   case EV_HEARTBEAT:
-    rc = SCHED_CALL(m, sched_worker_heartbeat(m->s, m->now, e->worker, m->held[e->worker]));
+    rc = SCHED_CALL(m, SIM_CPU_HEARTBEAT, sched_worker_heartbeat(m->s, m->now, e->worker, m->held[e->worker]));
     if (check(m, rc, "heartbeat")) return -1;
     return push(m, m->now + (int64_t)m->w->heartbeat_ms, *e);
   }
@@ -439,11 +453,11 @@ static int setup(sim *m) {
     snprintf(caps.host_id, sizeof caps.host_id, "node-%u", pl.node);
     snprintf(caps.gpu_uuid, sizeof caps.gpu_uuid, "GPU-%08u-%04u", pl.node, pl.gpu);
     sched_offload off = {.gpu_tensors = w->layers * 4, .gpu_bytes = w->params * 4};
-    rc = SCHED_CALL(m, sched_worker_registered(m->s, m->now, id,
+    rc = SCHED_CALL(m, SIM_CPU_REGISTER, sched_worker_registered(m->s, m->now, id,
                                                trainer ? SCHED_ROLE_TRAINER : SCHED_ROLE_INFERENCE,
                                                name, &caps, trainer ? &off : NULL, 0));
     if (check(m, rc, "register")) return -1;
-    rc = SCHED_CALL(m, sched_worker_attached(m->s, m->now, id));
+    rc = SCHED_CALL(m, SIM_CPU_REGISTER, sched_worker_attached(m->s, m->now, id));
     if (check(m, rc, "attach")) return -1;
     if (react(m)) return -1;
     if (push(m, m->now + 1 + (int64_t)(rnd(m) % (uint64_t)w->heartbeat_ms),
@@ -466,24 +480,24 @@ int sim_run(const sim_workload *w, const bcast_topo *t, sim_result *out, char *e
   m->err = err;
   m->errlen = errlen;
   m->rng = w->seed * 0x9e3779b97f4a7c15ull + 1;
+  m->actions_kind = SIM_CPU_REGISTER;
   evq_init(&m->q, sizeof(sim_ev));
   int rc = setup(m);
-  while (!rc) {
-    sched_run_info ri;
-    sched_get_run(m->s, &ri);
-    if (ri.state == SCHED_RUN_SUCCEEDED) break;
-    if (ri.state == SCHED_RUN_FAILED) {
-      rc = fail(m, "run failed: %s", ri.message);
-      break;
-    }
+  m->actions_kind = SIM_CPU_ACTIONS;
+  while (!rc && !m->succeeded) {
+    /* The daemon's runner re-arms its timer after every event. */
+    double c0 = cpu_now();
     int64_t due = sched_next_deadline(m->s), next = evq_next(&m->q);
+    charge(m, SIM_CPU_DEADLINE, cpu_now() - c0);
     if (next == INT64_MAX && due == SCHED_NEVER) {
+      sched_run_info ri;
+      sched_get_run(m->s, &ri);
       rc = fail(m, "the simulation ran dry in state %s: %s", sched_run_state_name(ri.state), ri.message);
       break;
     }
     if (due <= next) {
       m->now = due > m->now ? due : m->now;
-      rc = check(m, SCHED_CALL(m, sched_tick(m->s, m->now)), "tick");
+      rc = check(m, SCHED_CALL(m, SIM_CPU_TICK, sched_tick(m->s, m->now)), "tick");
     } else {
       sim_ev e;
       m->now = evq_pop(&m->q, &e);

@@ -48,11 +48,27 @@ void sim_workload_default(sim_workload *w);
 /* 0, or -1 with `err` naming the field ("inference_workers: must be >= 1"). */
 int sim_workload_check(const sim_workload *w, const bcast_topo *t, char *err, size_t errlen);
 
+/* Where the scheduler's CPU went, by call. */
+typedef enum {
+  SIM_CPU_REGISTER = 0, /* registrations and attaches, before the first step */
+  SIM_CPU_HEARTBEAT,
+  SIM_CPU_ROLLOUTS,     /* rollout results */
+  SIM_CPU_STEP,         /* train steps done */
+  SIM_CPU_PLAN,         /* plan built and acks */
+  SIM_CPU_BROADCAST,    /* broadcast reports */
+  SIM_CPU_TICK,
+  SIM_CPU_DEADLINE,     /* sched_next_deadline after every event, as the daemon's runner */
+  SIM_CPU_ACTIONS,      /* taking and freeing actions */
+  SIM_CPU_KINDS
+} sim_cpu_kind;
+const char *sim_cpu_kind_name(sim_cpu_kind k);
+
 typedef struct sim_result {
   uint64_t steps;             /* committed */
   uint64_t events;            /* delivered to the scheduler */
   double sim_seconds;         /* simulated time at the last commit */
-  double sched_cpu_s;         /* scheduler calls, the whole run */
+  double sched_cpu_s;         /* scheduler calls, the whole run (registrations excluded) */
+  double cpu_by[SIM_CPU_KINDS]; /* the same by call, registrations included */
   double plan_cpu_s;          /* planner + cost model, every plan */
   double shard_cpu_s;         /* bcast_shards_check once, at the start */
   uint64_t plans;             /* plans built */
