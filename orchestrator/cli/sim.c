@@ -35,12 +35,12 @@ typedef struct sim_opts {
 static const opt_name dtype_names[] = {{"fp32", BCAST_DTYPE_FP32}, {"bf16", BCAST_DTYPE_BF16}, {NULL, 0}};
 
 #define SO(m, ctype) OPT_OFF(sim_opts, m, ctype)
-#define NE (OPT_NO_ENV | OPT_NO_FILE)
+#define NE OPT_NO_FILE
 static const opt_field sim_fields[] = {
     {.name = "scenario", .flag = "--scenario", .type = OPT_STR, .off = SO(scenario, char *),
      .metavar = "NAME", .help = "a named cluster and workload (--scenarios lists them)", .flags = NE},
     {.name = "scenarios", .flag = "--scenarios", .type = OPT_SWITCH, .off = SO(scenarios, bool),
-     .help = "list the scenarios and exit", .flags = NE},
+     .help = "list the scenarios and exit", .flags = NE | OPT_NO_ENV},
     {.name = "cluster", .flag = "--cluster", .type = OPT_PATH, .off = SO(cluster, char *),
      .metavar = "FILE", .help = "JSON object of topology fields (nodes, gpus_per_node, ...)", .flags = NE},
     {.name = "nodes", .flag = "--nodes", .type = OPT_U32, .off = SO(nodes, uint32_t), .min = 1,
