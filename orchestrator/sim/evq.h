@@ -2,7 +2,7 @@
  * then by insertion, so events due at the same millisecond come out in the
  * order they were pushed and a simulation replays the same way every run.
  * Events are fixed-size records the caller defines (elem bytes each),
- * copied in and out. */
+ * copied in and out. The simulator and tests/unit/test_sched_sim.c share it. */
 #ifndef RLORCH_SIM_EVQ_H
 #define RLORCH_SIM_EVQ_H
 
