@@ -259,9 +259,10 @@ static int build_plan(sim *m, const sched_action *a) {
   m->plan_gen++;
   snprintf(m->plan_id, sizeof m->plan_id, "%s", a->plan_id);
   m->plan_step = a->step;
-  /* Built once the planner's CPU time has passed; each participant acks a
-   * few milliseconds after it arrives. */
-  int64_t built = m->now + (int64_t)ceil(spent * 1000.0);
+  /* Built a fixed 10 ms later, not after the CPU time just measured, so
+   * that a seed replays the same run; each participant acks a few
+   * milliseconds after it arrives. */
+  int64_t built = m->now + 10;
   sim_ev e = {.type = EV_BUILT, .plan = m->plan_gen};
   if (push(m, built, e)) return -1;
   for (uint32_t r = 0; r < world; r++) {
@@ -400,10 +401,12 @@ static int deliver(sim *m, const sim_ev *e) {
       rep.buckets = (uint32_t)m->plan->nbuckets;
       rep.weights_checksum = m->src_sums[e->worker];
     } else {
-      rep.source_checksums = m->src_sums;
-      rep.nsource_checksums = S;
-      if (S == 1) rep.weights_checksum = m->src_sums[0], rep.nsource_checksums = 0,
-                  rep.source_checksums = NULL;
+      if (S == 1) { /* one source: its checksum is the receiver's whole one */
+        rep.weights_checksum = m->src_sums[0];
+      } else {
+        rep.source_checksums = m->src_sums;
+        rep.nsource_checksums = S;
+      }
       m->held[e->worker] = e->a + 1;
     }
     rc = SCHED_CALL(m, SIM_CPU_BROADCAST, sched_broadcast_done(m->s, m->now, e->worker, m->plan_id, NULL, &rep));

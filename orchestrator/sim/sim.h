@@ -4,7 +4,7 @@
  *
  * Every action the scheduler emits is answered through an event queue
  * (evq.h): a rollout request after a latency drawn around rollout_ms, a
- * train step after train_ms, a plan built after the planner's own CPU time,
+ * train step after train_ms, a plan built 10 ms after it was asked for,
  * acks after a few milliseconds, and a broadcast after the time the
  * topology cost model (bcast_topo.h) predicts for the plan the planner
  * built. Workers send heartbeats; none is lost. The scheduler and the
