@@ -53,6 +53,22 @@ Test(sim, small_run_keeps_its_invariants, .timeout = 120) {
   cr_assert(fabs(r.record_total_s - r.predicted_s) < 1e-12, "record %g, model %g", r.record_total_s,
             r.predicted_s);
   cr_assert(r.record_verified, "every receiver reported every source's checksum");
+  /* By hand: 8 sources on node 0, 25 nodes of 8 receivers, replicas of 8.
+   * Multiroot: each source sends W_j / 8 per (node, share), 200 of them, over
+   * its own 50 GB/s NIC (a node's ingress, W over 400 GB/s, is less); each
+   * receiver gets its share from the NIC (no NVLink stage); each source casts
+   * its 5e8 fp32 bytes at 2200 GB/s; 8 layers, one bucket each a source. */
+  double wj = (double)r.wire_bytes / 8, nic = wj * 200 / 8 / 50e9, cast = 5e8 / 2200e9;
+  cr_assert_eq(r.multiroot.pipeline_depth, 8);
+  cr_assert_eq(r.multiroot.nstages, 2);
+  double want = (nic + cast) / 8 + 7.0 / 8 * nic;
+  cr_assert(fabs(r.multiroot.total_s - want) < 1e-9 * want, "multiroot %.9g, by hand %.9g",
+            r.multiroot.total_s, want);
+  /* The engine: each source writes W_j to 200 receivers through node 0's
+   * 400 GB/s, shared by its 8 sources: 50 GB/s each. */
+  cr_assert(fabs(r.engine.stages[2].seconds - wj * 200 / 50e9) < 1e-9, "engine nic %g",
+            r.engine.stages[2].seconds);
+  cr_assert_str_eq(r.engine.stages[2].name, "nic");
   cr_assert_eq(r.nodes_used, 26);
   cr_assert_gt(r.plan_buckets, 0);
   cr_assert_geq(r.wire_bytes, 2000000000ull, "1B parameters in bf16");
