@@ -10,5 +10,6 @@ int cmd_trainer(int argc, char **argv);
 int cmd_inference(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_version(int argc, char **argv);
+int cmd_sim(int argc, char **argv);
 
 #endif

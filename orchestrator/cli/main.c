@@ -17,6 +17,7 @@ static const struct {
     {"inference", cmd_inference, "run an inference worker agent"},
     {"run", cmd_run, "run orchestrator and workers on this machine with defaults"},
     {"bench", bench_main, "run a benchmark (rlorch bench --help)"},
+    {"sim", cmd_sim, "simulate a cluster: scheduler, planner and cost model at scale"},
     {"version", cmd_version, "print the version, what was built in and what this machine offers"},
 };
 

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "orchestrator/sched/sched.h"
+#include "orchestrator/sim/evq.h"
 
 #define MAXW 1000
 #define TRAINER 0
@@ -32,8 +33,7 @@ typedef struct world {
 } world;
 
 typedef struct ev {
-  int64_t t;
-  uint64_t seq;
+  int64_t t;         /* when it is due (the queue's key too) */
   int type;
   uint32_t worker;
   uint64_t a;        /* request id, step */
@@ -48,9 +48,7 @@ typedef struct sim {
   sched *s;
   int64_t now;
   uint64_t rng;
-  ev *heap;
-  size_t nheap, capheap;
-  uint64_t seq;
+  evq q;
   uint64_t held[MAXW + 1];     /* version each worker holds */
   uint32_t outstanding[MAXW + 1];
   uint32_t cap[MAXW + 1];      /* requests it serves at once */
@@ -78,37 +76,12 @@ static uint64_t rnd(sim *m, uint64_t lo, uint64_t hi) {
   return lo + m->rng % (hi - lo + 1);
 }
 
-static int before(const ev *a, const ev *b) {
-  return a->t < b->t || (a->t == b->t && a->seq < b->seq);
-}
-
-static void push(sim *m, ev e) {
-  if (m->nheap == m->capheap) {
-    m->capheap = m->capheap ? m->capheap * 2 : 1024;
-    m->heap = realloc(m->heap, m->capheap * sizeof *m->heap);
-    cr_assert_not_null(m->heap);
-  }
-  e.seq = m->seq++;
-  size_t i = m->nheap++;
-  while (i > 0 && before(&e, &m->heap[(i - 1) / 2])) {
-    m->heap[i] = m->heap[(i - 1) / 2];
-    i = (i - 1) / 2;
-  }
-  m->heap[i] = e;
-}
+/* The simulator's event queue: by time, then in the order pushed. */
+static void push(sim *m, ev e) { cr_assert_eq(evq_push(&m->q, e.t, &e), 0, "out of memory"); }
 
 static ev pop(sim *m) {
-  ev top = m->heap[0], last = m->heap[--m->nheap];
-  size_t i = 0;
-  for (;;) {
-    size_t c = 2 * i + 1;
-    if (c >= m->nheap) break;
-    if (c + 1 < m->nheap && before(&m->heap[c + 1], &m->heap[c])) c++;
-    if (!before(&m->heap[c], &last)) break;
-    m->heap[i] = m->heap[c];
-    i = c;
-  }
-  if (m->nheap) m->heap[i] = last;
+  ev top;
+  cr_assert_geq(evq_pop(&m->q, &top), 0);
   return top;
 }
 
@@ -316,6 +289,7 @@ static void check_all_workers(sim *m) {
 static void run(const world *wd, sched_counters *out, uint64_t *late_cancelled) {
   sim *m = calloc(1, sizeof *m);
   m->w = wd;
+  evq_init(&m->q, sizeof(ev));
   m->version_of = calloc(MAX_ROLLOUTS, sizeof *m->version_of);
   m->group_of = calloc(MAX_ROLLOUTS, sizeof *m->group_of);
   m->used = calloc(MAX_ROLLOUTS, 1);
@@ -358,9 +332,9 @@ static void run(const world *wd, sched_counters *out, uint64_t *late_cancelled) 
   for (;;) {
     sched_get_run(m->s, &ri);
     if (ri.state == SCHED_RUN_SUCCEEDED || ri.state == SCHED_RUN_FAILED) break;
-    cr_assert_gt(m->nheap, 0, "simulation ran dry in state %s", sched_run_state_name(ri.state));
+    cr_assert_gt(m->q.n, 0, "simulation ran dry in state %s", sched_run_state_name(ri.state));
     int64_t due = sched_next_deadline(m->s);
-    if (due <= m->heap[0].t) {
+    if (due <= evq_next(&m->q)) {
       cr_assert_geq(due, m->now, "deadline in the past");
       m->now = due;
       ok(m, sched_tick(m->s, m->now));
@@ -397,7 +371,7 @@ static void run(const world *wd, sched_counters *out, uint64_t *late_cancelled) 
   *out = k;
   *late_cancelled = m->late_cancelled;
   sched_free(m->s);
-  free(m->heap);
+  evq_free(&m->q);
   free(m->version_of);
   free(m->group_of);
   free(m->used);
