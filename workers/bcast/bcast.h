@@ -415,13 +415,14 @@ int bcast_plan_check_source(const bcast_plan *p, uint32_t rank, const bcast_tens
  * XXH3 64 streamed over the wire-dtype bytes of its slices, bucket by
  * bucket in plan order, slices in bucket order, padding left out (one
  * source: every bucket). Each slice is read from the `local` tensor of its
- * name, which must hold its range (a shard's shard_offset is honoured) in
- * host memory: in the wire dtype when `wire` (a receiver after the
- * broadcast), else in its storage dtype, cast as the engine casts (a
- * source). The same bytes give the same value on both sides, so a receiver
- * that reports it for every source proves it holds every source's part.
- * BCAST_EINVAL naming a tensor that is missing or short, BCAST_ENOTSUP for
- * GPU-resident data, BCAST_ENOMEM. */
+ * name, which must hold its range (a shard's shard_offset is honoured): in
+ * the wire dtype when `wire` (a receiver after the broadcast), else in its
+ * storage dtype, cast as the engine casts (a source). GPU-resident data is
+ * read a chunk at a time through host memory (BCAST_ENOTSUP in a build
+ * without CUDA, BCAST_ECUDA when a copy fails). The same bytes give the
+ * same value on both sides, so a receiver that reports it for every source
+ * proves it holds every source's part. BCAST_EINVAL naming a tensor that is
+ * missing or short, BCAST_ENOMEM. */
 int bcast_plan_source_checksum(const bcast_plan *p, uint32_t source, const bcast_tensor *local,
                                size_t n, int wire, uint64_t *out, bcast_err *err);
 /* The same over view `view`'s parts only (BCAST_VIEW_WHOLE: the function

@@ -9,6 +9,10 @@
 
 #include "workers/bcast/bcast_internal.h"
 
+#ifdef RLORCH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #define SUM_CHUNK_ELEMS 65536 /* elements cast at a time on a source */
 
 static int name_cmp(const void *a, const void *b) {
@@ -20,10 +24,34 @@ static int name_cmp(const void *a, const void *b) {
  * the wire dtype `wd`: as they are when `wire` (or when storage is the wire
  * dtype), else cast a chunk at a time through `buf`. */
 static int sum_range(XXH3_state_t *h, const bcast_tensor *t, bcast_dtype wd, int wire, uint64_t off,
-                     uint64_t count, void *buf, bcast_err *err) {
+                     uint64_t count, void *buf, void *bounce, bcast_err *err) {
   bcast_dtype have = wire ? wd : t->storage_dtype;
   size_t hs = bcast_dtype_size(have), ws = bcast_dtype_size(wd);
   const uint8_t *src = (const uint8_t *)t->data + (off - t->shard_offset) * hs;
+  if (t->residency == BCAST_RES_GPU) {
+    /* A chunk at a time through host memory: what the GPU holds is summed
+     * as the same bytes a host copy would give. */
+#ifdef RLORCH_HAVE_CUDA
+    for (uint64_t done = 0; done < count;) {
+      size_t k = count - done < SUM_CHUNK_ELEMS ? (size_t)(count - done) : SUM_CHUNK_ELEMS;
+      cudaError_t e = cudaMemcpy(bounce, src + done * hs, k * hs, cudaMemcpyDeviceToHost);
+      if (e != cudaSuccess)
+        return bcast__fail(err, BCAST_ECUDA, "tensor '%s': copy from GPU %d for its checksum: %s", t->name,
+                           t->device, cudaGetErrorString(e));
+      bcast_tensor host = *t;
+      host.residency = BCAST_RES_HOST_PAGEABLE;
+      host.data = bounce;
+      host.shard_offset = 0;
+      int rc = sum_range(h, &host, wd, wire, 0, k, buf, NULL, err);
+      if (rc) return rc;
+      done += k;
+    }
+    return BCAST_OK;
+#else
+    (void)bounce;
+    return bcast__fail(err, BCAST_ENOTSUP, "tensor '%s': on a GPU, and this build has no CUDA", t->name);
+#endif
+  }
   if (have == wd) {
     if (XXH3_64bits_update(h, src, count * ws) != XXH_OK)
       return bcast__fail(err, BCAST_EIO, "tensor '%s': checksum update failed", t->name);
@@ -47,7 +75,7 @@ typedef struct sum_ctx {
   bcast_dtype wd;
   int wire;
   uint64_t e0; /* the slice's first element */
-  void *buf;
+  void *buf, *bounce;
   bcast_err *err;
 } sum_ctx;
 
@@ -56,7 +84,7 @@ typedef struct sum_ctx {
  * (the dense part; for a whole tensor the same element). */
 static int sum_run(void *ud, uint64_t off, uint64_t local, uint64_t n) {
   sum_ctx *c = ud;
-  return sum_range(c->h, c->t, c->wd, c->wire, c->wire ? local : c->e0 + off, n, c->buf, c->err);
+  return sum_range(c->h, c->t, c->wd, c->wire, c->wire ? local : c->e0 + off, n, c->buf, c->bounce, c->err);
 }
 
 int bcast_plan_view_checksum(const bcast_plan *p, uint32_t source, uint32_t view, const bcast_tensor *local,
@@ -69,10 +97,10 @@ int bcast_plan_view_checksum(const bcast_plan *p, uint32_t source, uint32_t view
   if (view != BCAST_VIEW_WHOLE && view >= p->nviews)
     return bcast__fail(err, BCAST_EINVAL, "view_checksum: view %u, the plan has %u", view, p->nviews);
   const bcast_tensor **by_name = malloc((n ? n : 1) * sizeof *by_name);
-  void *buf = malloc((size_t)SUM_CHUNK_ELEMS * 4);
+  void *buf = malloc((size_t)SUM_CHUNK_ELEMS * 4), *bounce = malloc((size_t)SUM_CHUNK_ELEMS * 4);
   XXH3_state_t *h = XXH3_createState();
   int rc = BCAST_OK;
-  if (!by_name || !buf || !h) {
+  if (!by_name || !buf || !bounce || !h) {
     rc = bcast__fail(err, BCAST_ENOMEM, "source_checksum: out of memory");
     goto out;
   }
@@ -103,17 +131,12 @@ int bcast_plan_view_checksum(const bcast_plan *p, uint32_t source, uint32_t view
                          (unsigned long long)last, (unsigned long long)lo, (unsigned long long)hi);
         break;
       }
-      if (t->residency == BCAST_RES_GPU) {
-        rc = bcast__fail(err, BCAST_ENOTSUP, "tensor '%s': on a GPU; a source checksum reads host memory",
-                         pt->name);
-        break;
-      }
       if (!t->data) {
         rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': no data", pt->name);
         break;
       }
       sum_ctx c = {.h = h, .t = t, .wd = pt->wire_dtype, .wire = wire, .e0 = sl->elem_offset, .buf = buf,
-                   .err = err};
+                   .bounce = bounce, .err = err};
       rc = bcast__part_runs(pt, part, sl->elem_offset, sl->elem_count, sum_run, &c);
     }
   }
@@ -121,6 +144,7 @@ int bcast_plan_view_checksum(const bcast_plan *p, uint32_t source, uint32_t view
 out:
   if (h) XXH3_freeState(h);
   free(buf);
+  free(bounce);
   free(by_name);
   return rc;
 }
