@@ -15,7 +15,8 @@
 #endif
 
 #define CKPT_MAGIC 0x4b434c52u /* "RLCK" */
-#define CKPT_FORMAT 1u
+#define CKPT_FORMAT 2u     /* what save writes */
+#define CKPT_FORMAT_NORANK 1u /* before the rank was recorded: still read */
 #define CKPT_CHUNK (64u << 20) /* bytes per write, and the GPU bounce buffer */
 
 typedef struct ckpt_io {
@@ -160,17 +161,25 @@ static void io_close(ckpt_io *io) {
   free(io->bounce);
 }
 
+/* A lone trainer is a group of one. */
+static uint32_t ckpt_ranks(const agent_ckpt *c) { return c->ranks ? c->ranks : 1; }
+
+/* The first element a tensor holds: 0 for a whole one. */
+static uint64_t ckpt_first(const bcast_tensor *t) { return t->shard_elems ? t->shard_offset : 0; }
+
 static int save_body(ckpt_io *io, const agent_ckpt *c) {
   char run[64] = {0}, preset[32] = {0};
   snprintf(run, sizeof run, "%s", c->run_id);
   snprintf(preset, sizeof preset, "%s", c->preset ? c->preset : "");
   if (put_u32(io, CKPT_MAGIC) || put_u32(io, CKPT_FORMAT) || put_u64(io, c->total) ||
       put_u64(io, c->n) || put_u64(io, c->steps) || put_u64(io, c->policy_version) ||
-      put_bytes(io, run, sizeof run) || put_bytes(io, preset, sizeof preset) || put_u32(io, c->layers))
+      put_bytes(io, run, sizeof run) || put_bytes(io, preset, sizeof preset) || put_u32(io, c->layers) ||
+      put_u32(io, c->rank) || put_u32(io, ckpt_ranks(c)))
     return -1;
   for (size_t i = 0; i < c->n; i++) {
     uint32_t len = (uint32_t)strnlen(c->t[i].name, sizeof c->t[i].name);
-    if (put_u32(io, len) || put_bytes(io, c->t[i].name, len) || put_u64(io, bcast_tensor_held(&c->t[i])))
+    if (put_u32(io, len) || put_bytes(io, c->t[i].name, len) || put_u64(io, bcast_tensor_elems(&c->t[i])) ||
+        put_u64(io, ckpt_first(&c->t[i])) || put_u64(io, bcast_tensor_held(&c->t[i])))
       return -1;
   }
   for (size_t i = 0; i < c->n; i++)
@@ -223,9 +232,30 @@ int agent_ckpt_save(const char *dir, const agent_ckpt *c, char *err, size_t errl
   return rc;
 }
 
-/* The header and tensor list must describe this trainer's model. */
+/* Whose weights the file holds must be this trainer's: the same rank of a
+ * group of the same size, asked before anything else, since another rank's
+ * parts may well have the same sizes. */
+static int check_rank(ckpt_io *io, const agent_ckpt *c, uint32_t format, uint32_t rank, uint32_t ranks) {
+  if (format == CKPT_FORMAT_NORANK && ckpt_ranks(c) > 1) {
+    snprintf(io->err, io->errlen,
+             "checkpoint %s is of format %u, which records no trainer rank (a lone trainer's, or "
+             "any rank's); this trainer is rank %u of %u: start it with the checkpoint of its own "
+             "rank, or without one", io->path, format, c->rank, ckpt_ranks(c));
+    return -1;
+  }
+  if (rank == c->rank && ranks == ckpt_ranks(c)) return 0;
+  char held[48], want[48];
+  if (ranks > 1) snprintf(held, sizeof held, "rank %u of %u", rank, ranks);
+  else snprintf(held, sizeof held, "a lone trainer's weights");
+  if (ckpt_ranks(c) > 1) snprintf(want, sizeof want, "rank %u of %u", c->rank, ckpt_ranks(c));
+  else snprintf(want, sizeof want, "a lone trainer");
+  snprintf(io->err, io->errlen, "checkpoint %s holds %s; this trainer is %s", io->path, held, want);
+  return -1;
+}
+
+/* The header and tensor list must describe this trainer's model and part. */
 static int load_header(ckpt_io *io, agent_ckpt *c) {
-  uint32_t magic = 0, format = 0, layers = 0;
+  uint32_t magic = 0, format = 0, layers = 0, rank = 0, ranks = 1;
   uint64_t total = 0, n = 0;
   char preset[32];
   if (get_u32(io, &magic) || get_u32(io, &format)) return -1;
@@ -233,15 +263,17 @@ static int load_header(ckpt_io *io, agent_ckpt *c) {
     snprintf(io->err, io->errlen, "checkpoint %s: not a trainer checkpoint (magic %08x)", io->path, magic);
     return -1;
   }
-  if (format != CKPT_FORMAT) {
-    snprintf(io->err, io->errlen, "checkpoint %s: format %u, this trainer reads %u", io->path, format,
-             CKPT_FORMAT);
+  if (format != CKPT_FORMAT && format != CKPT_FORMAT_NORANK) {
+    snprintf(io->err, io->errlen, "checkpoint %s: format %u, this trainer reads %u and %u", io->path,
+             format, CKPT_FORMAT_NORANK, CKPT_FORMAT);
     return -1;
   }
   if (get_u64(io, &total) || get_u64(io, &n) || get_u64(io, &c->steps) || get_u64(io, &c->policy_version) ||
       get_bytes(io, c->run_id, sizeof c->run_id) || get_bytes(io, preset, sizeof preset) ||
       get_u32(io, &layers))
     return -1;
+  if (format != CKPT_FORMAT_NORANK && (get_u32(io, &rank) || get_u32(io, &ranks))) return -1;
+  if (check_rank(io, c, format, rank, ranks)) return -1;
   c->run_id[sizeof c->run_id - 1] = 0;
   preset[sizeof preset - 1] = 0;
   if (strcmp(preset, c->preset ? c->preset : "") != 0 || layers != c->layers || total != c->total ||
@@ -254,20 +286,33 @@ static int load_header(ckpt_io *io, agent_ckpt *c) {
     return -1;
   }
   for (size_t i = 0; i < c->n; i++) {
+    const bcast_tensor *t = &c->t[i];
     uint32_t len = 0;
-    uint64_t elems = 0;
-    char name[sizeof c->t[i].name];
+    uint64_t whole = 0, first = 0, elems = 0;
+    char name[sizeof t->name];
     if (get_u32(io, &len)) return -1;
     if (len >= sizeof name) {
       snprintf(io->err, io->errlen, "checkpoint %s: tensor %zu has a name of %u bytes", io->path, i, len);
       return -1;
     }
-    if (get_bytes(io, name, len) || get_u64(io, &elems)) return -1;
+    if (get_bytes(io, name, len)) return -1;
+    if (format != CKPT_FORMAT_NORANK && (get_u64(io, &whole) || get_u64(io, &first))) return -1;
+    if (get_u64(io, &elems)) return -1;
     name[len] = 0;
-    if (strcmp(name, c->t[i].name) != 0 || elems != bcast_tensor_held(&c->t[i])) {
+    if (format == CKPT_FORMAT_NORANK) whole = elems; /* a lone trainer's: whole tensors */
+    if (strcmp(name, t->name) != 0 || elems != bcast_tensor_held(t)) {
       snprintf(io->err, io->errlen, "checkpoint %s: tensor %zu is %s of %llu elements, this trainer's %s "
-               "of %llu", io->path, i, name, (unsigned long long)elems, c->t[i].name,
-               (unsigned long long)bcast_tensor_held(&c->t[i]));
+               "of %llu", io->path, i, name, (unsigned long long)elems, t->name,
+               (unsigned long long)bcast_tensor_held(t));
+      return -1;
+    }
+    if (whole != bcast_tensor_elems(t) || first != ckpt_first(t)) {
+      snprintf(io->err, io->errlen,
+               "checkpoint %s: tensor %zu %s holds elements [%llu, %llu) of %llu; this trainer "
+               "holds [%llu, %llu) of %llu", io->path, i, name, (unsigned long long)first,
+               (unsigned long long)(first + elems), (unsigned long long)whole,
+               (unsigned long long)ckpt_first(t), (unsigned long long)(ckpt_first(t) + elems),
+               (unsigned long long)bcast_tensor_elems(t));
       return -1;
     }
   }

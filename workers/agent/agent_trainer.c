@@ -17,7 +17,8 @@
  *
  * With --checkpoint-dir the trainer writes its checkpoint (agent_ckpt.h)
  * after every --checkpoint-every-th step, before it reports the step, and
- * starts from it when it finds one: the version it then registers with is
+ * starts from it when it finds one (a group's rank only from its own rank's,
+ * with the same ranges: agent_ckpt.h): the version it then registers with is
  * the checkpoint's (options.held_run_id/held_version), so a resumed run
  * carries on as after an orchestrator restart (docs/RELIABILITY.md says what
  * each case gives).
@@ -261,7 +262,8 @@ static int trainer__restore(agent__trainer *tr, char *err, size_t errlen) {
     return -1;
   }
   tr->ckpt = (agent_ckpt){.preset = tr->o.preset, .layers = tr->o.max_layers, .t = tr->t, .n = tr->n,
-                          .m = tr->m, .v = tr->v, .state_on_gpu = tr->opt_gpu, .total = tr->total};
+                          .m = tr->m, .v = tr->v, .state_on_gpu = tr->opt_gpu, .total = tr->total,
+                          .rank = tr->o.trainer_rank, .ranks = tr->o.trainer_ranks};
   double t0 = agent_now();
   int rc = agent_ckpt_load(tr->o.checkpoint_dir, &tr->ckpt, err, errlen);
   if (rc < 0) return -1;
