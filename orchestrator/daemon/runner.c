@@ -1139,11 +1139,15 @@ void runner_worker_attached(runner *r, workers_entry *w) {
 }
 
 void runner_worker_stream_closed(runner *r, workers_entry *w) {
+  runner_worker_lost(r, w, "command stream closed");
+}
+
+void runner_worker_lost(runner *r, workers_entry *w, const char *reason) {
   if (r->sched && w->in_run) {
-    sched_worker_lost(r->sched, mono(), w->id, "command stream closed");
+    sched_worker_lost(r->sched, mono(), w->id, reason);
     drain(r);
   } else if (w->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) {
-    workers_mark_lost(r->workers, w, "command stream closed");
+    workers_mark_lost(r->workers, w, reason);
   }
 }
 

@@ -57,6 +57,9 @@ void runner_worker_attached(runner *r, workers_entry *w); /* after workers_attac
 /* Its command stream closed (process gone, network cut): it is lost now, not
  * after a heartbeat timeout. The stream must be detached already. */
 void runner_worker_stream_closed(runner *r, workers_entry *w);
+/* Lost now, for `reason` (a trainer that registered again replaced it): the
+ * run treats it as a worker whose stream closed; its stream is ended. */
+void runner_worker_lost(runner *r, workers_entry *w, const char *reason);
 
 /* Reports, fed to the scheduler when the worker is in the active run (0
  * otherwise). They return 0 or a negative SCHED_E* code (message:

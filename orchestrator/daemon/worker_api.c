@@ -56,30 +56,137 @@ static int manifest_ok(rpc_call *call, orch *o, const Rlorch__V1__WeightManifest
 
 /* A lone trainer sends whole tensors: a shard in its manifest would leave
  * receivers with part of a tensor. Returns 1 when none is. */
-static int whole_tensors_ok(rpc_call *call, const Rlorch__V1__WeightManifest *m, uint32_t ranks) {
+static int whole_tensors_ok(rpc_call *call, const Rlorch__V1__WeightManifest *m, uint32_t ranks,
+                            const char *field) {
   for (size_t i = 0; i < m->n_tensors; i++) {
     const Rlorch__V1__TensorSpec *t = m->tensors[i];
     uint64_t e = 1;
     for (size_t d = 0; d < t->n_shape; d++) e *= t->shape[d];
     if (t->shard_offset == 0 && (t->shard_elems == 0 || t->shard_elems == e)) continue;
     rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT,
-                  "manifest: tensor '%s' is a shard (elements [%" PRIu64 ", %" PRIu64 ") of %" PRIu64
+                  "%s: tensor '%s' is a shard (elements [%" PRIu64 ", %" PRIu64 ") of %" PRIu64
                   "), but a trainer of %u rank sends whole tensors (set capabilities.trainer_ranks)",
-                  t->name, t->shard_offset, t->shard_offset + t->shard_elems, e, ranks ? ranks : 1);
+                  field, t->name, t->shard_offset, t->shard_offset + t->shard_elems, e,
+                  ranks ? ranks : 1);
     return 0;
   }
   return 1;
 }
 
+static uint64_t spec_elems(const Rlorch__V1__TensorSpec *t) {
+  uint64_t e = 1;
+  for (size_t d = 0; d < t->n_shape; d++) e *= t->shape[d];
+  return e;
+}
+
+static void spec_shape(const Rlorch__V1__TensorSpec *t, char *out, size_t len) {
+  size_t k = (size_t)snprintf(out, len, "[");
+  for (size_t d = 0; d < t->n_shape && k < len; d++)
+    k += (size_t)snprintf(out + k, len - k, "%s%" PRIu64, d ? ", " : "", t->shape[d]);
+  if (k < len) snprintf(out + k, len - k, "]");
+}
+
+/* Whether manifest `now` lays out the same parts as `was`: the same tensors
+ * in the same order, each of the same shape, dtypes and element range (a
+ * whole tensor is [0, elements)). Residency and offload may differ: a
+ * trainer may move its tensors between steps. 0 when the same, else 1 with
+ * what changed, by tensor, in `out`. */
+static int layout_diff(const Rlorch__V1__WeightManifest *was, const Rlorch__V1__WeightManifest *now,
+                       char *out, size_t len) {
+  if (was->n_tensors != now->n_tensors) {
+    snprintf(out, len, "%zu tensors, registered with %zu", now->n_tensors, was->n_tensors);
+    return 1;
+  }
+  for (size_t i = 0; i < now->n_tensors; i++) {
+    const Rlorch__V1__TensorSpec *a = was->tensors[i], *b = now->tensors[i];
+    char sa[160], sb[160];
+    if (strcmp(a->name, b->name) != 0) {
+      snprintf(out, len, "tensor #%zu is '%s', registered as '%s'", i, b->name, a->name);
+      return 1;
+    }
+    spec_shape(a, sa, sizeof sa);
+    spec_shape(b, sb, sizeof sb);
+    if (strcmp(sa, sb) != 0) {
+      snprintf(out, len, "tensor '%s': shape %s, registered %s", b->name, sb, sa);
+      return 1;
+    }
+    if (a->storage_dtype != b->storage_dtype || a->wire_dtype != b->wire_dtype) {
+      snprintf(out, len, "tensor '%s': storage_dtype %d and wire_dtype %d, registered %d and %d",
+               b->name, (int)b->storage_dtype, (int)b->wire_dtype, (int)a->storage_dtype,
+               (int)a->wire_dtype);
+      return 1;
+    }
+    uint64_t e = spec_elems(a);
+    uint64_t alo = a->shard_elems ? a->shard_offset : 0, ahi = a->shard_elems ? alo + a->shard_elems : e;
+    uint64_t blo = b->shard_elems ? b->shard_offset : 0, bhi = b->shard_elems ? blo + b->shard_elems : e;
+    if (alo != blo || ahi != bhi) {
+      snprintf(out, len, "tensor '%s': elements [%" PRIu64 ", %" PRIu64 "), registered [%" PRIu64
+               ", %" PRIu64 ")", b->name, blo, bhi, alo, ahi);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static uint32_t trainer_ranks_of(const workers_entry *w) {
+  return w->caps && w->caps->trainer_ranks > 1 ? w->caps->trainer_ranks : 1;
+}
+
+static uint32_t trainer_rank_of(const workers_entry *w) {
+  return w->caps && w->caps->trainer_ranks > 1 ? w->caps->trainer_rank : 0;
+}
+
+static int live_trainer(const workers_entry *w) {
+  return w->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER &&
+         w->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST;
+}
+
+/* A trainer's registration, as Register sees it against the live ones: the
+ * one it replaces (its own earlier registration: a live trainer of its
+ * name), and whether that one was a rank of a group whose layout it leaves
+ * (another group size, rank or layout): that group is restarting, and its
+ * other ranks are of the old layout, not this one's peers. */
+typedef struct trainer_reg {
+  workers_entry *old;
+  uint32_t old_ranks; /* old's group size: its group is lost with it when `restart` */
+  int restart;
+} trainer_reg;
+
+static trainer_reg trainer_reg_of(orch *o, const Rlorch__V1__RegisterRequest *q, uint32_t rank,
+                                  uint32_t ranks) {
+  trainer_reg tr = {0};
+  for (size_t i = 0; q->name[0] && !tr.old && i < workers_count(o->workers); i++) {
+    workers_entry *w = workers_at(o->workers, i);
+    if (live_trainer(w) && !strcmp(w->name, q->name)) tr.old = w;
+  }
+  if (!tr.old) return tr;
+  tr.old_ranks = trainer_ranks_of(tr.old);
+  char why[512];
+  tr.restart = tr.old_ranks > 1 &&
+               (tr.old_ranks != (ranks ? ranks : 1) || trainer_rank_of(tr.old) != rank ||
+                !tr.old->manifest || layout_diff(tr.old->manifest, q->manifest, why, sizeof why));
+  return tr;
+}
+
+/* Whether w is one of the ranks a registration leaves behind: the one it
+ * replaces, or a rank of the group that replacement restarts. */
+static int left_behind(const trainer_reg *tr, const workers_entry *w) {
+  return w == tr->old || (tr->restart && trainer_ranks_of(w) == tr->old_ranks);
+}
+
 /* A rank of a trainer group: its manifest against those of the ranks
  * registered so far (bcast_shards_check_partial: a shape, layer or dtype
  * they disagree on, an overlap), and once the group is complete, with this
- * rank, the tiling of every tensor (a gap shows only then). The live
- * trainers of the same group size are the group; one holding this rank
- * already is left out (the scheduler refuses a second live one). Returns 1
- * when it passed. */
+ * rank, the tiling of every tensor (a gap shows only then). The group is the
+ * live trainers of the same group size, less those this registration leaves
+ * behind (left_behind: its own earlier registration, and the rest of a group
+ * it restarts with another layout). Another live trainer that holds this
+ * rank is refused ALREADY_EXISTS by name: a second group of the size, or a
+ * rank started twice; the agent retries, so a restarted rank under a new
+ * name takes its place once the old registration is lost. Returns 1 when it
+ * passed. */
 static int group_manifest_ok(rpc_call *call, orch *o, const Rlorch__V1__WeightManifest *m,
-                             uint32_t rank, uint32_t ranks) {
+                             uint32_t rank, uint32_t ranks, const trainer_reg *tr) {
   bcast_tensor **lists = calloc(ranks, sizeof *lists);
   size_t *n = calloc(ranks, sizeof *n);
   bcast_err be = {0};
@@ -88,16 +195,26 @@ static int group_manifest_ok(rpc_call *call, orch *o, const Rlorch__V1__WeightMa
     rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory checking the shards");
     goto out;
   }
+  for (size_t i = 0; i < workers_count(o->workers); i++) {
+    workers_entry *w = workers_at(o->workers, i);
+    if (!live_trainer(w) || left_behind(tr, w) || trainer_ranks_of(w) != ranks ||
+        trainer_rank_of(w) != rank)
+      continue;
+    log_warn("trainer_rank_taken", "rank=%u ranks=%u holder=%s name=%s", rank, ranks, w->api_id,
+             w->name);
+    rpc_call_fail(call, GRPC_STATUS_ALREADY_EXISTS,
+                  "capabilities.trainer_rank: rank %u of %u is held by live trainer %s (%s); a "
+                  "restarted rank registers under its old name to replace it, any other waits "
+                  "until that one is lost", rank, ranks, w->name, w->api_id);
+    goto out;
+  }
   rc = bcast_manifest_from_pb(m, &lists[rank], &n[rank], &be);
   for (size_t i = 0; rc == 0 && i < workers_count(o->workers); i++) {
     workers_entry *w = workers_at(o->workers, i);
-    if (w->role != RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER ||
-        w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST || !w->caps || !w->manifest ||
-        w->caps->trainer_ranks != ranks || w->caps->trainer_rank >= ranks ||
-        w->caps->trainer_rank == rank || lists[w->caps->trainer_rank])
+    if (!live_trainer(w) || left_behind(tr, w) || !w->manifest || trainer_ranks_of(w) != ranks ||
+        trainer_rank_of(w) >= ranks || lists[trainer_rank_of(w)])
       continue;
-    rc = bcast_manifest_from_pb(w->manifest, &lists[w->caps->trainer_rank],
-                                &n[w->caps->trainer_rank], &be);
+    rc = bcast_manifest_from_pb(w->manifest, &lists[trainer_rank_of(w)], &n[trainer_rank_of(w)], &be);
   }
   if (rc != 0) {
     rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "manifest: %s", be.msg);
@@ -170,6 +287,30 @@ static int parts_ok(rpc_call *call, orch *o, const Rlorch__V1__RegisterRequest *
   return ok;
 }
 
+/* Once `w` is registered: what it leaves behind is lost now, so that the run
+ * takes `w` in its place at once rather than after a heartbeat timeout, and
+ * a restarting group's old ranks keep no rank from the new ones. */
+static void replace_trainers(orch *o, const trainer_reg *tr, const workers_entry *w) {
+  if (!tr->old) return;
+  char why[400];
+  uint32_t old_rank = trainer_rank_of(tr->old);
+  snprintf(why, sizeof why, "registered again under its name, as %s", w->api_id);
+  runner_worker_lost(o->runner, tr->old, why);
+  if (!tr->restart) return;
+  if (trainer_ranks_of(w) > 1)
+    snprintf(why, sizeof why, "its trainer group of %u ranks restarts: rank %u (%s) registered "
+             "again as %s, rank %u of %u with another layout", tr->old_ranks, old_rank, w->name,
+             w->api_id, trainer_rank_of(w), trainer_ranks_of(w));
+  else
+    snprintf(why, sizeof why, "its trainer group of %u ranks restarts: rank %u (%s) registered "
+             "again as %s, a lone trainer", tr->old_ranks, old_rank, w->name, w->api_id);
+  for (size_t i = 0; i < workers_count(o->workers); i++) {
+    workers_entry *e = workers_at(o->workers, i);
+    if (e != w && live_trainer(e) && trainer_ranks_of(e) == tr->old_ranks)
+      runner_worker_lost(o->runner, e, why);
+  }
+}
+
 static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   orch *o = ud;
   /* Not const: the worker table takes the manifest out of it (rpc.h). */
@@ -203,6 +344,7 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     return;
   }
   if (q->manifest && !manifest_ok(call, o, q->manifest, "manifest")) return;
+  trainer_reg treg = {0};
   if (q->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER) {
     uint32_t rank = q->capabilities ? q->capabilities->trainer_rank : 0;
     uint32_t ranks = q->capabilities ? q->capabilities->trainer_ranks : 0;
@@ -218,8 +360,9 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
                     ranks ? "" : " (0 is a lone trainer, rank 0)");
       return;
     }
-    if (ranks <= 1 ? !whole_tensors_ok(call, q->manifest, ranks)
-                   : !group_manifest_ok(call, o, q->manifest, rank, ranks))
+    treg = trainer_reg_of(o, q, rank, ranks);
+    if (ranks <= 1 ? !whole_tensors_ok(call, q->manifest, ranks, "manifest")
+                   : !group_manifest_ok(call, o, q->manifest, rank, ranks, &treg))
       return;
   }
   if (!parts_ok(call, o, q)) return;
@@ -239,6 +382,7 @@ static void h_register(rpc_call *call, const ProtobufCMessage *req, void *ud) {
     return;
   }
   workers_take_parts(w, q);
+  replace_trainers(o, &treg, w);
   /* What it kept across a restart or a gap: the run compares it with its own. */
   w->policy_version = q->policy_version;
   snprintf(w->version_run, sizeof w->version_run, "%s", q->run_id);
@@ -285,6 +429,26 @@ static void h_attach(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   rpc_call_set_cancel_cb(call, on_attach_cancel, o);
   log_info("worker_attached", "worker=%s name=%s", w->api_id, w->name);
   runner_worker_attached(o->runner, w);
+}
+
+/* A trainer's manifest after a step, past the rules: a lone trainer's under
+ * its Register's (whole tensors; they may change shape, the next plan is
+ * built from them), a rank's the layout it registered with, since the
+ * group's tiling was checked against that (residency and offload may
+ * change). Returns 1 when it passed; a refusal keeps the step unreported. */
+static int step_manifest_ok(rpc_call *call, const workers_entry *w,
+                            const Rlorch__V1__WeightManifest *m) {
+  if (w->role != RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER) return 1;
+  if (trainer_ranks_of(w) <= 1) return whole_tensors_ok(call, m, 1, "step_done.manifest");
+  char why[512];
+  if (!w->manifest || !layout_diff(w->manifest, m, why, sizeof why)) return 1;
+  log_warn("step_manifest_refused", "worker=%s name=%s rank=%u ranks=%u error=\"%s\"", w->api_id,
+           w->name, trainer_rank_of(w), trainer_ranks_of(w), why);
+  rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT,
+                "step_done.manifest of trainer rank %u of %u (%s): %s; a rank keeps the layout it "
+                "registered with (register again to change it)",
+                trainer_rank_of(w), trainer_ranks_of(w), w->name, why);
+  return 0;
 }
 
 /* Answers a report the runner refused; 0 when it was accepted (a stale one is
@@ -363,6 +527,7 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
      * is taken. One that passes replaces the worker's. */
     if (sd->manifest && sd->manifest->n_tensors) {
       if (!manifest_ok(call, o, sd->manifest, "step_done.manifest")) return;
+      if (!step_manifest_ok(call, w, sd->manifest)) return;
       workers_set_manifest(w, sd->manifest);
       sd->manifest = NULL;
     }

@@ -184,6 +184,97 @@ print(sum(1 for w in json.load(sys.stdin) if w.get("name", "").startswith("raw-"
   "only the 4 registrations that passed left workers behind"
 assert_status_details INVALID_ARGUMENT "manifest: tensor 'w' is a shard (elements [0, 8) of 16), but a trainer of 1 rank sends whole tensors" \
   "$(reg 0 0 "[$(sh w 0 8)]")" "a lone trainer's shard is refused"
+
+serve_stop
+
+# ---- restarts at Register --------------------------------------------------------------------
+# A rank that registers again while its old registration is still live (a
+# hung or cut-off process: no stream closed, no heartbeat timeout yet). Raw
+# registrations send no heartbeat: a daemon that waits long for one keeps
+# them live throughout.
+RLORCH_WORKER_TIMEOUT_MS=120000 serve_start || { finish; exit 1; }
+regn() { # NAME RANK RANKS TENSORS-JSON
+  grpc_call --method $W/Register --json "{\"role\":\"WORKER_ROLE_TRAINER\",\"name\":\"$1\",\
+\"capabilities\":{\"trainer_rank\":$2,\"trainer_ranks\":$3},\"manifest\":{\"tensors\":$4}}"
+}
+states() { # NAME: the states of the workers of that name, oldest first
+  grpc_call --method /rlorch.v1.Control/ListWorkers --json '{}' | json_get message.workers | python3 -c '
+import json, sys
+ws = sorted((w for w in json.load(sys.stdin) if w.get("name") == sys.argv[1]), key=lambda w: int(w["id"][2:]))
+print(" ".join(w.get("state", "?").replace("WORKER_STATE_", "") for w in ws))' "$1"
+}
+# (b) the same rank, the same layout, under its name: it replaces the old
+# registration at once, checked against its real peer.
+assert_status OK "$(regn b-0 0 6 "[$(sh w 0 8)]")" "restart: rank 0 of 6 (b-0) registers"
+assert_status OK "$(regn b-1 1 6 "[$(sh w 8 2)]")" "restart: rank 1 of 6 (b-1) registers"
+assert_status OK "$(regn b-1 1 6 "[$(sh w 8 2)]")" \
+  "restart: rank 1 registers again under its name while its old registration is live"
+assert_eq "LOST REGISTERED" "$(states b-1)" "restart: the old registration of b-1 is lost, the new one holds rank 1"
+assert_contains "$(grep 'event=worker_lost .* name=b-1 ' "$SERVE_LOG")" "registered again under its name, as w-" \
+  "restart: the daemon logs why the old registration was lost"
+assert_eq "REGISTERED" "$(states b-0)" "restart: its peer rank 0 stays"
+# Another process on a live rank is a conflict, refused by name (the agent
+# retries: it takes the rank once the holder is lost).
+assert_status_details ALREADY_EXISTS \
+  "capabilities.trainer_rank: rank 1 of 6 is held by live trainer b-1 (w-" \
+  "$(regn b-other 1 6 "[$(sh w 8 2)]")" "restart: a second live trainer on rank 1 is refused, naming the holder"
+# (a) every rank restarts with another layout while the old ranks are live:
+# rank 0's new part overlaps only old rank 1's. The old group is lost, the
+# new ranks are checked against each other.
+assert_status OK "$(regn a-0 0 7 "[$(sh w 0 8)]")" "new layout: old rank 0 of 7 registers"
+assert_status OK "$(regn a-1 1 7 "[$(sh w 8 4)]")" "new layout: old rank 1 of 7 registers"
+assert_status OK "$(regn a-0 0 7 "[$(sh w 0 10)]")" \
+  "new layout: rank 0 restarted with [0, 10) registers, though old rank 1 holds [8, 12)"
+assert_eq "LOST REGISTERED" "$(states a-0)" "new layout: rank 0's old registration is lost"
+assert_eq "LOST" "$(states a-1)" "new layout: the old group's rank 1 is lost with it"
+assert_contains "$(grep 'event=worker_lost .* name=a-1 ' "$SERVE_LOG")" \
+  "its trainer group of 7 ranks restarts: rank 0 (a-0) registered again as w-" "new layout: named in the log"
+assert_status_details INVALID_ARGUMENT "manifest of trainer rank 1 of 7: tensor 'w': rank 0 holds [0, 10) and rank 1 holds [8, 12): they overlap" \
+  "$(regn a-1 1 7 "[$(sh w 8 4)]")" "new layout: old rank 1 back with the old layout is refused against the new rank 0"
+assert_eq "LOST" "$(states a-1)" "new layout: a refused registration adds nothing"
+assert_status OK "$(regn a-1 1 7 "[$(sh w 10 2)]")" "new layout: rank 1 restarted with [10, 12) registers"
+assert_eq "LOST REGISTERED" "$(states a-0)" "new layout: the new rank 0 stays"
+assert_status_details INVALID_ARGUMENT "manifest of trainer rank 2 of 7: tensor 'w': rank 1 holds [10, 12) and rank 2 holds [11, 13): they overlap" \
+  "$(regn a-2 2 7 "[$(sh w 11 2)]")" "new layout: a genuine overlap among the new ranks is still refused"
+# (c) a second group of the same size: its ranks are refused by name where
+# the first holds them, and by tensor where it does not.
+assert_status OK "$(regn c1-0 0 8 "[$(sh w 0 8)]")" "two groups: group 1's rank 0 of 8 registers"
+assert_status_details ALREADY_EXISTS "rank 0 of 8 is held by live trainer c1-0" \
+  "$(regn c2-0 0 8 "[$(sh w 0 4 '[2,8]')]")" "two groups: group 2's rank 0 is refused, naming group 1's"
+assert_status_details INVALID_ARGUMENT "manifest of trainer rank 1 of 8: tensor 'w': rank 0 and rank 1 disagree on shape" \
+  "$(regn c2-1 1 8 "[$(sh w 4 4 '[2,8]')]")" "two groups: group 2's rank 1 of another model is refused by tensor"
+
+# ---- a rank's manifest at StepDone ---------------------------------------------------------
+out="$(regn sd-0 0 9 "[$(sh w 0 2),$(sh u 0 0 '[8]')]")"
+assert_status OK "$out" "step: rank 0 of 9 registers"
+SD="$(json_get message.worker_id "$out")"
+step_done() { # WORKER TENSORS-JSON
+  grpc_call --method $W/Report --json "{\"worker_id\":\"$1\",\"step_done\":{\"step\":0,\"manifest\":{\"tensors\":$2}}}"
+}
+sd_version() {
+  grpc_call --method /rlorch.v1.Control/ListWorkers --json '{}' | json_get message.workers | python3 -c '
+import json, sys
+print([w.get("policy_version", 0) for w in json.load(sys.stdin) if w["id"] == sys.argv[1]][0])' "$1"
+}
+assert_status_details INVALID_ARGUMENT \
+  "step_done.manifest of trainer rank 0 of 9 (sd-0): tensor 'w': elements [0, 4), registered [0, 2); a rank keeps the layout it registered with" \
+  "$(step_done "$SD" "[$(sh w 0 4),$(sh u 0 0 '[8]')]")" "step: a rank whose range changed is refused, naming the tensor and both ranges"
+assert_status_details INVALID_ARGUMENT "tensor 'u': shape [4, 2], registered [8]" \
+  "$(step_done "$SD" "[$(sh w 0 2),$(sh u 0 0 '[4,2]')]")" "step: a shape change is refused, naming the tensor and both shapes"
+assert_status_details INVALID_ARGUMENT "tensor #1 is 'v', registered as 'u'" \
+  "$(step_done "$SD" "[$(sh w 0 2),$(sh v 0 0 '[8]')]")" "step: another tensor is refused by index and both names"
+assert_status_details INVALID_ARGUMENT "1 tensors, registered with 2" \
+  "$(step_done "$SD" "[$(sh w 0 2)]")" "step: a tensor left out is refused"
+assert_eq 0 "$(sd_version "$SD")" "step: no refused step was counted (policy_version 0)"
+assert_status OK "$(step_done "$SD" "[$(sh w 0 2 | sed 's/"residency":3/"residency":2/'),$(sh u 0 8 '[8]')]")" \
+  "step: the same layout with another residency (the whole tensor as [0, 8)) is taken"
+assert_eq 1 "$(sd_version "$SD")" "step: the step taken counts (policy_version 1)"
+out="$(regn sd-lone 0 0 "[$(sh w 0 0)]")"
+assert_status OK "$out" "step: a lone trainer registers whole tensors"
+assert_status_details INVALID_ARGUMENT "step_done.manifest: tensor 'w' is a shard (elements [0, 8) of 16), but a trainer of 1 rank sends whole tensors" \
+  "$(step_done "$(json_get message.worker_id "$out")" "[$(sh w 0 8)]")" "step: a lone trainer's step manifest holds no shard either"
+assert_status OK "$(step_done "$(json_get message.worker_id "$out")" "[$(sh w 0 0 '[2,8]')]")" \
+  "step: a lone trainer's tensors may change shape between steps (the next plan is built from them)"
 serve_stop
 
 # ---- bad ranks are named ------------------------------------------------------------
@@ -191,5 +282,11 @@ assert_exit 2 "$RLORCH_BIN" trainer --orchestrator 127.0.0.1:1 --rank 2 --ranks 
 assert_contains "$LAST_OUTPUT" "--rank: 2 is not below --ranks 2" "a rank past the group is named"
 assert_exit 2 env RLORCH_RANKS=x "$RLORCH_BIN" trainer --orchestrator 127.0.0.1:1
 assert_contains "$LAST_OUTPUT" "RLORCH_RANKS" "a bad RLORCH_RANKS is named"
+# Rank 1's checkpoint (the kill test's) of parts of rank 0's sizes: rank 0
+# refuses it at start, naming both.
+assert_exit 1 "$RLORCH_BIN" trainer --orchestrator 127.0.0.1:1 --preset 100m --layers 2 --device -1 \
+  --threads 1 --rank 0 --ranks 2 --checkpoint-dir "$TEST_TMP/ckpt-1"
+assert_contains "$LAST_OUTPUT" "ckpt-1/trainer.ckpt holds rank 1 of 2; this trainer is rank 0 of 2" \
+  "another rank's checkpoint is refused at start, naming what it holds and what was asked"
 
 finish
