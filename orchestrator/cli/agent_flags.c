@@ -131,7 +131,8 @@ static const opt_field agent__inference_fields[] = {
      .min = 0, .max = 1023, .metavar = "K",
      .help = "this process's rank of the --tp-size engine: slice K of each 2-D tensor"},
     {.name = "preset", .flag = "--preset", .type = OPT_STR, .off = AF(opts.preset, char *),
-     .metavar = "P", .help = "with --tp-size: the trainer's model preset, whose tensors are sliced"},
+     .metavar = "P", .help = "with --tp-size: the trainer's model preset, whose tensors are sliced (unused "
+             "without it)"},
     {.name = "layers", .flag = "--layers", .type = OPT_U32, .off = AF(opts.max_layers, uint32_t),
      .min = 0, .max = 100000, .metavar = "N",
      .help = "with --tp-size: the trainer's --layers (its first N decoder layers)", .dflt = "0: all"},
@@ -192,10 +193,6 @@ static int agent__check(agent_flags *o, opt_state *st) {
   if (a->role == AGENT_ROLE_INFERENCE && a->tp_rank >= (a->tp_size > 1 ? a->tp_size : 1))
     return opt_fail(st, opt_origin(st, "tp_rank"), "%u is not below --tp-size %u", a->tp_rank,
                     a->tp_size);
-  if (a->role == AGENT_ROLE_INFERENCE && a->tp_size <= 1 &&
-      (opt_is_set(st, "preset") || opt_is_set(st, "layers")))
-    return opt_fail(st, opt_origin(st, opt_is_set(st, "preset") ? "preset" : "layers"),
-                    "only with --tp-size 2 or more (a whole receiver takes every plan's tensors)");
   if (a->role == AGENT_ROLE_INFERENCE && a->tp_size > 1 && !bcast_preset_find(a->preset))
     return opt_fail(st, opt_origin(st, "preset"), "unknown preset \"%s\" (want 100m, 1b, 4b, 8b)",
                     a->preset);
