@@ -166,6 +166,14 @@ assert_status_details INVALID_ARGUMENT "parts[0] 'w'.dim: 9" \
   "a slice along a dimension no tensor has is refused"
 assert_status OK "$(reg raw-4 '[{"name":"w","kind":"PART_KIND_SLICE","dim":1,"start":0,"count":2}]')" \
   "good parts register"
+# Against the lone trainer registered: a slice past its tensor's shape.
+assert_status OK "$(grpc_call --method /rlorch.v1.Worker/Register --json '{"role":"WORKER_ROLE_TRAINER",
+"name":"raw-trainer","manifest":{"tensors":[{"name":"w","storage_dtype":1,"wire_dtype":2,"shape":[4,4],"residency":3}]}}')" \
+  "a trainer with tensor 'w' [4, 4] registers"
+out="$(reg raw-5 '[{"name":"w","kind":"PART_KIND_SLICE","dim":1,"start":3,"count":2}]')"
+assert_status_details INVALID_ARGUMENT "(against the manifest of trainer raw-trainer)" "$out" \
+  "a slice past the trainer's tensor is refused, naming the trainer"
+assert_contains "$out" "'w'" "the refusal names the tensor"
 serve_stop
 
 # ---- bad flags are named ---------------------------------------------------------------
