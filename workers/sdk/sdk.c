@@ -265,7 +265,7 @@ static int sdk__viewed(const rlorch_worker *w, const bcast_plan *p, uint32_t ran
   if (!viewed && sdk__partial(w)) {
     err->code = BCAST_EINVAL;
     snprintf(err->msg, sizeof err->msg, "the plan gives receiver rank %u every tensor whole, but "
-             "options.parts holds only parts of some", rank);
+             "options.parts says this worker holds only part of some tensors", rank);
     return -1;
   }
   return viewed;
@@ -299,13 +299,10 @@ static int sdk__bind_caller(rlorch_worker *w, const bcast_plan *p, uint32_t rank
     snprintf(err->msg, sizeof err->msg, "on_bind refused the plan: %s", msg[0] ? msg : "no reason given");
     return BCAST_EINVAL;
   }
-  for (size_t i = 0, j = 0; i < p->ntensors; i++, j++) {
-    if (viewed && bcast_plan_part(p, rank, i)->kind == BCAST_PART_NONE) {
-      j--;
-      continue;
-    }
+  for (size_t i = 0, j = 0; i < p->ntensors; i++) {
+    if (viewed && bcast_plan_part(p, rank, i)->kind == BCAST_PART_NONE) continue;
     const rlorch_tensor *in = &w->pub_bound[j];
-    bcast_tensor *out = &w->bound[j];
+    bcast_tensor *out = &w->bound[j++];
     *out = p->tensors[i];
     out->storage_dtype = out->wire_dtype;
     /* What the caller placed memory for, which the view must equal. */
@@ -321,7 +318,7 @@ static int sdk__bind_caller(rlorch_worker *w, const bcast_plan *p, uint32_t rank
                           : NULL;
     if (bad) {
       err->code = BCAST_EINVAL;
-      snprintf(err->msg, sizeof err->msg, "on_bind: tensors[%zu] '%s': %s", j, p->tensors[i].name, bad);
+      snprintf(err->msg, sizeof err->msg, "on_bind: tensors[%zu] '%s': %s", j - 1, p->tensors[i].name, bad);
       return BCAST_EINVAL;
     }
   }
