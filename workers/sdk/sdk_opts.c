@@ -273,7 +273,7 @@ static rlorch_status sdk__parts(rlorch_worker *w, const rlorch_part *parts, size
                                              .start = pt->start, .count = pt->count}};
     bcast_tensor *t = NULL;
     size_t ti = 0;
-    for (size_t j = 0; j < w->n && !t; j++)
+    for (size_t j = 0; w->t && j < w->n && !t; j++)
       if (!strcmp(w->t[j].name, w->part_names[i])) t = &w->t[ti = j];
     if (!t && w->n && pt->kind != RLORCH_PART_NONE)
       return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s': no options.tensors of that "
