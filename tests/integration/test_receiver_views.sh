@@ -9,7 +9,8 @@
 # receiver, the two together the whole model plus the replicated tensors.
 # (c) the SDK through rlorch.h alone (tests/sdk): ranks of a tensor-parallel
 # engine with options.parts, one placing its own tensors, one through
-# on_bind, each checking every element it holds against the trainer's.
+# on_bind, and a rank of an engine of three in Python (tests/python/py_parts.py,
+# rlorch.Part), each checking every element it holds against the trainer's.
 # (d) Register refuses bad parts, naming the field.
 source "$(dirname "$0")/lib.sh"
 need_cmd python3
@@ -120,18 +121,30 @@ track_pid $!
 "$BIN/sdk_inference" "$GRPC_ADDR" sdk-tp1 --tp-bind 1/2 >"$TEST_TMP/sdk-tp1.out" 2>"$TEST_TMP/sdk-tp1.err" &
 SDK_PIDS+=($!)
 track_pid $!
-wait_until 30 live_count_is 4
-assert_eq 0 "$?" "sdk: the trainer and three receivers attach"
+PY="${RLORCH_PYTHON:-/usr/bin/python3}"
+"$PY" -c 'import ctypes, numpy' 2>"$TEST_TMP/py-import.err" ||
+  { fail "$PY lacks ctypes or numpy (python3-numpy): $(tail -n 1 "$TEST_TMP/py-import.err")"; finish; }
+(
+  export PYTHONPATH="$RLORCH_SOURCE_DIR/workers/python" RLORCH_LIBRARY="$RLORCH_BUILD_DIR/lib/librlorch.so.1"
+  export PYTHONDONTWRITEBYTECODE=1
+  asan_for_python
+  exec "$PY" "$RLORCH_SOURCE_DIR/tests/python/py_parts.py" "$GRPC_ADDR" sdk-py 0/3
+) >"$TEST_TMP/sdk-py.out" 2>"$TEST_TMP/sdk-py.err" &
+SDK_PIDS+=($!)
+track_pid $!
+wait_until 30 live_count_is 5
+assert_eq 0 "$?" "sdk: the trainer and four receivers attach"
 out="$(grpc_call --method /rlorch.v1.Control/StartRun \
   --json "{\"name\":\"sdk-views\",\"steps\":$STEPS,\"rollouts_per_step\":8,\"group_size\":2,\"max_async_level\":1}")"
 assert_status OK "$out" "sdk: a run starts"
 run="$(json_get message.id "$out")"
 timeout 180 "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json watch-run "$run" >"$TEST_TMP/events.sdk"
 assert_eq RUN_STATE_SUCCEEDED "$(ctl --json get-run "$run" | json_get state)" "sdk: the run succeeds"
-assert_eq ok "$(views_ok "$TEST_TMP/events.sdk" 3)" "sdk: every step verified by the 3 receivers"
-# 8185 elements whole; rank 0 holds 129 of the embedding's 257 rows, rank 1
-# 128, each 24 of the mlp weight's 48 columns, both the whole norm.
-for who in whole:8185 tp0:4601 tp1:4585; do
+assert_eq ok "$(views_ok "$TEST_TMP/events.sdk" 4)" "sdk: every step verified by the 4 receivers"
+# 8185 elements whole; rank 0 of 2 holds 129 of the embedding's 257 rows,
+# rank 1 128, each 24 of the mlp weight's 48 columns, both the whole norm;
+# rank 0 of 3 holds 86 rows and 16 columns.
+for who in whole:8185 tp0:4601 tp1:4585 py:3401; do
   o="$(cat "$TEST_TMP/sdk-${who%%:*}.out")"
   assert_contains "$o" "broadcast ok=1 version=$STEPS elements=${who##*:} bad=0" \
     "sdk ${who%%:*}: holds version $STEPS, its ${who##*:} elements each equal to the trainer's"
