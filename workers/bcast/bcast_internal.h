@@ -36,6 +36,32 @@ int bcast__plan_bind(const bcast_plan *p, const bcast_tensor *local, size_t n, i
  * (bcast_tensor.shard_offset); bcast__plan_bind refuses shards. */
 int bcast__plan_bind_source(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
                             uint32_t *map, bcast_err *err);
+/* ---- receiver views (bcast_plan.c) ----------------------------------------
+ * A part restricted to a slice's element range [off, off + count) of tensor
+ * t is a list of runs of consecutive elements, in element order: WHOLE one
+ * run, NONE none, a SLICE along dim d of shape s one per outer index o in
+ * [0, prod(s[0..d))): [o*s[d]*inner + start*inner, +count*inner), inner =
+ * prod(s[d+1..]), each intersected with the range.  fn gets each run's first
+ * element (of the full tensor) and length; a non-zero return stops the walk
+ * and is returned. */
+typedef int (*bcast__run_fn)(void *ctx, uint64_t elem, uint64_t n);
+int bcast__part_runs(const bcast_tensor *t, const bcast_part *pt, uint64_t off, uint64_t count,
+                     bcast__run_fn fn, void *ctx);
+/* The elements of [off, off + count) the part holds (the runs' sum). */
+uint64_t bcast__part_range_elems(const bcast_tensor *t, const bcast_part *pt, uint64_t off, uint64_t count);
+/* Where element `elem` of the full tensor lies in the part's dense buffer
+ * (elem must be one the part holds). */
+uint64_t bcast__part_index(const bcast_tensor *t, const bcast_part *pt, uint64_t elem);
+/* View `view`'s part of tensor i (a static WHOLE one for BCAST_VIEW_WHOLE). */
+const bcast_part *bcast__view_part(const bcast_plan *p, uint32_t view, size_t tensor);
+/* Packed bytes bucket k carries for a receiver of view `view` (the bucket's
+ * bytes, padding included, for BCAST_VIEW_WHOLE). */
+uint64_t bcast__view_bucket_bytes(const bcast_plan *p, uint32_t view, size_t k);
+/* A receiver: binds the tensors its view holds (NONE ones map to UINT32_MAX)
+ * and checks each local tensor's part is the view's; without a view it is
+ * bcast__plan_bind, and every local part must be WHOLE. */
+int bcast__plan_bind_receiver(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
+                              uint32_t *map, bcast_err *err);
 /* nsources, 1 when 0. */
 uint32_t bcast__plan_nsources(const bcast_plan *p);
 /* Casts n elements with up to `threads` threads (1: the calling thread only). */

@@ -220,6 +220,9 @@ static int plan_layout(bcast_plan *p, const bcast_shard_map *m, bcast_err *err) 
 
 static int plan_make(const bcast_tensor *tensors, size_t n, const bcast_shard_map *m, const bcast_plan_opts *o,
                      uint64_t budget, bcast_plan **out, bcast_err *err);
+static int views_resolve(bcast_plan *p, const bcast_receiver_view *rv, bcast_err *err);
+static int views_check(const bcast_plan *p, bcast_err *err);
+static const bcast_tensor *find_local(const bcast_tensor **sorted, size_t n, const char *name);
 
 int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opts *o, bcast_plan **out,
                      bcast_err *err) {
@@ -329,7 +332,7 @@ static int plan_make(const bcast_tensor *tensors, size_t n, const bcast_shard_ma
     bcast_plan_free(p);
     return rc;
   }
-  if ((rc = plan_layout(p, m, err))) {
+  if ((rc = plan_layout(p, m, err)) || (rc = views_resolve(p, o->receiver_views, err))) {
     bcast_plan_free(p);
     return rc;
   }
@@ -480,6 +483,7 @@ int bcast_plan_validate(const bcast_plan *p, bcast_err *err) {
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': too many buckets", p->id);
   if ((rc = sources_check(p, err))) return rc;
   if ((rc = bcast_manifest_check(p->tensors, p->ntensors, NULL, err))) return rc;
+  if ((rc = views_check(p, err))) return rc;
   for (size_t i = 0; i < p->ntensors; i++)
     if (p->tensors[i].shard_offset || p->tensors[i].shard_elems)
       return bcast__fail(err, BCAST_EINVAL, "plan '%s': tensor '%s' describes a shard; a plan's tensors are whole",
@@ -591,6 +595,19 @@ uint64_t bcast_plan_hash(const bcast_plan *p) {
       h_u64(&h, k->slices[s].bucket_offset);
     }
   }
+  /* Only with views: a plan without them hashes as it always has. */
+  if (p->nviews && p->view_parts && p->rank_view) {
+    h_bytes(&h, "views", 5);
+    h_u64(&h, p->nviews);
+    for (size_t i = 0; i < (size_t)p->nviews * p->ntensors; i++) {
+      const bcast_part *pt = &p->view_parts[i];
+      h_u64(&h, (uint64_t)(uint32_t)pt->kind);
+      h_u64(&h, pt->dim);
+      h_u64(&h, pt->start);
+      h_u64(&h, pt->count);
+    }
+    for (uint32_t r = 0; r < p->world_size; r++) h_u64(&h, p->rank_view[r]);
+  }
   XXH3_64bits_update(h.st, h.buf, h.len);
   uint64_t v = XXH3_64bits_digest(h.st);
   XXH3_freeState(h.st);
@@ -611,6 +628,8 @@ void bcast_plan_free(bcast_plan *p) {
   for (size_t b = 0; b < p->nbuckets; b++) free(p->buckets[b].slices);
   free(p->buckets);
   free(p->tensors);
+  free(p->view_parts);
+  free(p->rank_view);
   free(p);
 }
 
@@ -644,6 +663,17 @@ bcast_plan *bcast_plan_dup(const bcast_plan *p) {
   q->buckets = NULL;
   q->nbuckets = 0;
   q->source_endpoints = NULL;
+  q->view_parts = NULL;
+  q->rank_view = NULL;
+  if (p->nviews && p->view_parts) {
+    size_t nparts = (size_t)p->nviews * p->ntensors;
+    if (!(q->view_parts = malloc((nparts ? nparts : 1) * sizeof *q->view_parts))) goto fail;
+    if (nparts) memcpy(q->view_parts, p->view_parts, nparts * sizeof *q->view_parts);
+  }
+  if (p->rank_view) {
+    if (!(q->rank_view = malloc(((size_t)p->world_size ? p->world_size : 1) * sizeof *q->rank_view))) goto fail;
+    memcpy(q->rank_view, p->rank_view, (size_t)p->world_size * sizeof *q->rank_view);
+  }
   if (p->source_endpoints) {
     if (!(q->source_endpoints = calloc(p->nsources, sizeof *q->source_endpoints))) goto fail;
     for (uint32_t r = 0; r < p->nsources; r++)
@@ -782,4 +812,313 @@ int bcast_plan_check_source(const bcast_plan *p, uint32_t rank, const bcast_tens
   int rc = bcast__plan_bind_source(p, rank, local, n, map, err);
   free(map);
   return rc;
+}
+
+/* ---- receiver views ------------------------------------------------------------ */
+
+static const bcast_part whole_part = {BCAST_PART_WHOLE, 0, 0, 0};
+
+uint64_t bcast_part_elems(const bcast_tensor *t, const bcast_part *pt) {
+  uint64_t all = bcast_tensor_elems(t);
+  if (!pt || pt->kind == BCAST_PART_WHOLE) return all;
+  if (pt->kind != BCAST_PART_SLICE || pt->dim >= t->ndim || t->shape[pt->dim] == 0) return 0;
+  return all / t->shape[pt->dim] * pt->count;
+}
+
+/* Elements per index of dim d (inner) and per outer index (s[d] * inner). */
+static void part_strides(const bcast_tensor *t, uint32_t d, uint64_t *inner, uint64_t *outer_stride) {
+  uint64_t in = 1;
+  for (uint32_t i = d + 1; i < t->ndim; i++) in *= t->shape[i];
+  *inner = in;
+  *outer_stride = in * t->shape[d];
+}
+
+int bcast__part_runs(const bcast_tensor *t, const bcast_part *pt, uint64_t off, uint64_t count,
+                     bcast__run_fn fn, void *ctx) {
+  if (count == 0 || pt->kind == BCAST_PART_NONE) return 0;
+  if (pt->kind != BCAST_PART_SLICE) return fn(ctx, off, count);
+  uint64_t inner, stride, end = off + count;
+  part_strides(t, pt->dim, &inner, &stride);
+  for (uint64_t o = off / stride; o * stride < end; o++) {
+    uint64_t lo = o * stride + pt->start * inner, hi = lo + pt->count * inner;
+    if (lo < off) lo = off;
+    if (hi > end) hi = end;
+    if (lo < hi) {
+      int rc = fn(ctx, lo, hi - lo);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
+static int count_run(void *ctx, uint64_t elem, uint64_t n) {
+  (void)elem;
+  *(uint64_t *)ctx += n;
+  return 0;
+}
+
+uint64_t bcast__part_range_elems(const bcast_tensor *t, const bcast_part *pt, uint64_t off, uint64_t count) {
+  uint64_t n = 0;
+  bcast__part_runs(t, pt, off, count, count_run, &n);
+  return n;
+}
+
+uint64_t bcast__part_index(const bcast_tensor *t, const bcast_part *pt, uint64_t elem) {
+  if (pt->kind != BCAST_PART_SLICE) return elem;
+  uint64_t inner, stride;
+  part_strides(t, pt->dim, &inner, &stride);
+  uint64_t o = elem / stride, rem = elem % stride;
+  return o * pt->count * inner + (rem - pt->start * inner);
+}
+
+const bcast_part *bcast__view_part(const bcast_plan *p, uint32_t view, size_t tensor) {
+  if (view == BCAST_VIEW_WHOLE || view >= p->nviews || tensor >= p->ntensors || !p->view_parts) return &whole_part;
+  return &p->view_parts[(size_t)view * p->ntensors + tensor];
+}
+
+const bcast_part *bcast_plan_part(const bcast_plan *p, uint32_t rank, size_t tensor) {
+  if (!p || tensor >= p->ntensors) return NULL;
+  return bcast__view_part(p, bcast_plan_rank_view(p, rank), tensor);
+}
+
+uint32_t bcast_plan_rank_view(const bcast_plan *p, uint32_t rank) {
+  if (!p || !p->nviews || !p->rank_view || rank >= p->world_size) return BCAST_VIEW_WHOLE;
+  return p->rank_view[rank] < p->nviews ? p->rank_view[rank] : BCAST_VIEW_WHOLE;
+}
+
+uint64_t bcast__view_bucket_bytes(const bcast_plan *p, uint32_t view, size_t k) {
+  const bcast_bucket *b = &p->buckets[k];
+  if (view == BCAST_VIEW_WHOLE || view >= p->nviews) return b->bytes;
+  uint64_t n = 0;
+  for (size_t s = 0; s < b->nslices; s++) {
+    const bcast_slice *sl = &b->slices[s];
+    n += bcast__part_range_elems(&p->tensors[sl->tensor], bcast__view_part(p, view, sl->tensor), sl->elem_offset,
+                                 sl->elem_count);
+  }
+  return n * bcast_dtype_size(b->wire_dtype);
+}
+
+uint64_t bcast_plan_view_bytes(const bcast_plan *p, uint32_t view, uint32_t source) {
+  if (!p) return 0;
+  uint32_t ns = bcast__plan_nsources(p);
+  uint64_t n = 0;
+  for (size_t k = 0; k < p->nbuckets; k++) {
+    const bcast_bucket *b = &p->buckets[k];
+    if (source != UINT32_MAX && ns > 1 && b->source_rank != source) continue;
+    if (view == BCAST_VIEW_WHOLE || view >= p->nviews) {
+      for (size_t s = 0; s < b->nslices; s++)
+        n += b->slices[s].elem_count * bcast_dtype_size(b->wire_dtype); /* padding left out */
+    } else {
+      n += bcast__view_bucket_bytes(p, view, k);
+    }
+  }
+  return n;
+}
+
+static const char *part_kind_name(int kind) {
+  return kind == BCAST_PART_WHOLE ? "whole" : kind == BCAST_PART_SLICE ? "slice" : kind == BCAST_PART_NONE ? "none"
+                                                                                                         : "unknown";
+}
+
+/* One part against its tensor: "" when fine, else why (names the field). */
+static int part_check(const bcast_tensor *t, const bcast_part *pt, char *why, size_t len) {
+  if (pt->kind == BCAST_PART_WHOLE || pt->kind == BCAST_PART_NONE) return 0;
+  if (pt->kind != BCAST_PART_SLICE) return snprintf(why, len, "kind %d is not whole, slice or none", pt->kind), -1;
+  if (pt->dim >= t->ndim)
+    return snprintf(why, len, "dim %u: the tensor has %u dimension(s)", pt->dim, t->ndim), -1;
+  if (pt->count == 0) return snprintf(why, len, "count 0: a slice holds at least one index"), -1;
+  if (pt->start >= t->shape[pt->dim] || pt->count > t->shape[pt->dim] - pt->start)
+    return snprintf(why, len, "start %llu + count %llu past shape[%u] = %llu", (unsigned long long)pt->start,
+                    (unsigned long long)pt->count, pt->dim, (unsigned long long)t->shape[pt->dim]), -1;
+  return 0;
+}
+
+/* A part as plans keep it: only a slice has dim, start and count. */
+static bcast_part part_norm(const bcast_part *pt) {
+  if (pt->kind == BCAST_PART_SLICE) return *pt;
+  return (bcast_part){pt->kind, 0, 0, 0};
+}
+
+static int parts_equal(const bcast_part *a, const bcast_part *b) {
+  bcast_part x = part_norm(a), y = part_norm(b);
+  return x.kind == y.kind && x.dim == y.dim && x.start == y.start && x.count == y.count;
+}
+
+static int is_source_rank(const bcast_plan *p, uint32_t r) {
+  return r < bcast__plan_nsources(p) || (bcast__plan_nsources(p) == 1 && r == p->root_rank);
+}
+
+/* Resolves opts->receiver_views against the plan's tensors into nviews,
+ * view_parts and rank_view: one view per distinct set of parts, in order of
+ * the first rank with it; all-WHOLE ranks get none. */
+static int views_resolve(bcast_plan *p, const bcast_receiver_view *rv, bcast_err *err) {
+  if (!rv) return BCAST_OK;
+  size_t nt = p->ntensors;
+  int any = 0;
+  for (uint32_t r = 0; r < p->world_size; r++) any |= rv[r].nparts > 0;
+  if (!any) return BCAST_OK;
+  if (p->mode != BCAST_MODE_HOST)
+    return bcast__fail(err, BCAST_EINVAL, "plan options: receiver views in %s mode; only host mode delivers views",
+                       bcast_mode_name(p->mode));
+  const bcast_tensor **sorted = sorted_by_name(p->tensors, nt);
+  bcast_part *cur = calloc(nt ? nt : 1, sizeof *cur);
+  uint8_t *seen = calloc(nt ? nt : 1, 1);
+  p->rank_view = malloc((size_t)p->world_size * sizeof *p->rank_view);
+  int rc = BCAST_OK;
+  if (!sorted || !cur || !seen || !p->rank_view) {
+    rc = bcast__fail(err, BCAST_ENOMEM, "out of memory resolving receiver views");
+    goto out;
+  }
+  for (uint32_t r = 0; r < p->world_size && !rc; r++) {
+    p->rank_view[r] = BCAST_VIEW_WHOLE;
+    const bcast_receiver_view *v = &rv[r];
+    if (!v->nparts) continue;
+    if (!v->parts) {
+      rc = bcast__fail(err, BCAST_EINVAL, "receiver_views[%u]: %zu parts but a NULL array", r, v->nparts);
+      break;
+    }
+    if (is_source_rank(p, r)) {
+      rc = bcast__fail(err, BCAST_EINVAL, "receiver_views[%u]: rank %u is a source; sources hold every tensor "
+                       "whole and have no view", r, r);
+      break;
+    }
+    memset(cur, 0, (nt ? nt : 1) * sizeof *cur);
+    memset(seen, 0, nt ? nt : 1);
+    for (size_t j = 0; j < v->nparts && !rc; j++) {
+      const bcast_part_spec *sp = &v->parts[j];
+      const bcast_tensor *t = sp->name ? find_local(sorted, nt, sp->name) : NULL;
+      char why[192];
+      if (!t) {
+        rc = bcast__fail(err, BCAST_EINVAL, "receiver_views[%u] part %zu: tensor '%s' is not in the plan", r, j,
+                         sp->name ? sp->name : "(null)");
+        break;
+      }
+      size_t ti = (size_t)(t - p->tensors);
+      if (seen[ti]) {
+        rc = bcast__fail(err, BCAST_EINVAL, "receiver_views[%u] part %zu: tensor '%s' listed twice (name)", r, j,
+                         t->name);
+        break;
+      }
+      seen[ti] = 1;
+      if (part_check(t, &sp->part, why, sizeof why)) {
+        rc = bcast__fail(err, BCAST_EINVAL, "receiver_views[%u] part %zu: tensor '%s': %s", r, j, t->name, why);
+        break;
+      }
+      cur[ti] = part_norm(&sp->part);
+    }
+    if (rc) break;
+    int all_whole = 1;
+    uint64_t held = 0;
+    for (size_t i = 0; i < nt; i++) {
+      all_whole &= cur[i].kind == BCAST_PART_WHOLE;
+      held += bcast_part_elems(&p->tensors[i], &cur[i]);
+    }
+    if (all_whole) continue;
+    if (held == 0) {
+      rc = bcast__fail(err, BCAST_EINVAL, "receiver_views[%u]: rank %u would receive nothing (every part none)", r,
+                       r);
+      break;
+    }
+    uint32_t found = BCAST_VIEW_WHOLE;
+    for (uint32_t w = 0; w < p->nviews && found == BCAST_VIEW_WHOLE; w++) {
+      size_t i = 0;
+      while (i < nt && parts_equal(&p->view_parts[(size_t)w * nt + i], &cur[i])) i++;
+      if (i == nt) found = w;
+    }
+    if (found == BCAST_VIEW_WHOLE) {
+      bcast_part *np = realloc(p->view_parts, ((size_t)p->nviews + 1) * (nt ? nt : 1) * sizeof *np);
+      if (!np) {
+        rc = bcast__fail(err, BCAST_ENOMEM, "out of memory resolving receiver views");
+        break;
+      }
+      p->view_parts = np;
+      if (nt) memcpy(np + (size_t)p->nviews * nt, cur, nt * sizeof *cur);
+      found = p->nviews++;
+    }
+    p->rank_view[r] = found;
+  }
+out:
+  if (!rc && p->nviews == 0) {
+    free(p->rank_view);
+    p->rank_view = NULL;
+  }
+  free(sorted);
+  free(cur);
+  free(seen);
+  return rc;
+}
+
+/* A plan's views, as validation sees them (e.g. a plan from elsewhere). */
+static int views_check(const bcast_plan *p, bcast_err *err) {
+  if (!p->nviews) {
+    if (p->view_parts || p->rank_view)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': view arrays without views (nviews 0)", p->id);
+    return BCAST_OK;
+  }
+  if (p->mode != BCAST_MODE_HOST)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': %u receiver views in %s mode; only host mode delivers views",
+                       p->id, p->nviews, bcast_mode_name(p->mode));
+  if (!p->view_parts || !p->rank_view)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': %u views but no %s", p->id, p->nviews,
+                       p->view_parts ? "rank_view" : "view_parts");
+  if (p->ntensors && p->nviews > SIZE_MAX / sizeof(bcast_part) / p->ntensors)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': %u views of %zu tensors overflow", p->id, p->nviews,
+                       p->ntensors);
+  for (uint32_t v = 0; v < p->nviews; v++) {
+    int all_whole = 1;
+    for (size_t i = 0; i < p->ntensors; i++) {
+      const bcast_part *pt = &p->view_parts[(size_t)v * p->ntensors + i];
+      char why[192];
+      if (part_check(&p->tensors[i], pt, why, sizeof why))
+        return bcast__fail(err, BCAST_EINVAL, "plan '%s': view %u, tensor '%s': %s", p->id, v, p->tensors[i].name,
+                           why);
+      all_whole &= pt->kind == BCAST_PART_WHOLE;
+    }
+    if (all_whole)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': view %u holds every tensor whole; such a rank has no view",
+                         p->id, v);
+  }
+  for (uint32_t r = 0; r < p->world_size; r++) {
+    uint32_t v = p->rank_view[r];
+    if (v != BCAST_VIEW_WHOLE && v >= p->nviews)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': rank_view[%u] = %u, but the plan has %u views", p->id, r, v,
+                         p->nviews);
+    if (v != BCAST_VIEW_WHOLE && is_source_rank(p, r))
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': rank_view[%u] = %u, but rank %u is a source (no view)",
+                         p->id, r, v, r);
+  }
+  return BCAST_OK;
+}
+
+int bcast__plan_bind_receiver(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
+                              uint32_t *map, bcast_err *err) {
+  uint32_t view = bcast_plan_rank_view(p, rank);
+  uint8_t *need = calloc(p->ntensors ? p->ntensors : 1, 1);
+  if (!need) return bcast__fail(err, BCAST_ENOMEM, "out of memory binding %zu tensors", p->ntensors);
+  for (size_t i = 0; i < p->ntensors; i++) need[i] = bcast__view_part(p, view, i)->kind != BCAST_PART_NONE;
+  uint32_t *m = map ? map : malloc((p->ntensors ? p->ntensors : 1) * sizeof *m);
+  int rc = m ? bind_some(p, local, n, 0, need, 0, m, err)
+             : bcast__fail(err, BCAST_ENOMEM, "out of memory binding %zu tensors", p->ntensors);
+  for (size_t i = 0; i < p->ntensors && !rc; i++) {
+    if (!need[i]) continue;
+    const bcast_part *want = bcast__view_part(p, view, i), *have = &local[m[i]].part;
+    if (!parts_equal(want, have))
+      rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': local part (%s, dim %u, start %llu, count %llu) is not "
+                       "rank %u's part in the plan (%s, dim %u, start %llu, count %llu)", p->tensors[i].name,
+                       part_kind_name(have->kind), have->dim, (unsigned long long)have->start,
+                       (unsigned long long)have->count, rank, part_kind_name(want->kind), want->dim,
+                       (unsigned long long)want->start, (unsigned long long)want->count);
+  }
+  if (m != map) free(m);
+  free(need);
+  return rc;
+}
+
+int bcast_plan_check_receiver(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, size_t n,
+                              bcast_err *err) {
+  if (!p) return bcast__fail(err, BCAST_EINVAL, "plan: NULL");
+  if (rank >= p->world_size || is_source_rank(p, rank))
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': rank %u is not a receiver of world size %u", p->id, rank,
+                       p->world_size);
+  return bcast__plan_bind_receiver(p, rank, local, n, NULL, err);
 }
