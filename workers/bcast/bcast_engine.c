@@ -224,7 +224,8 @@ static int shadow_make(bcast_engine *e, const bcast_tensor *local, size_t n, int
   memcpy(h->t, local, n * sizeof *h->t);
   for (size_t i = 0; i < n; i++) {
     if (local[i].residency != BCAST_RES_GPU) continue;
-    size_t bytes = (size_t)(sender ? bcast_tensor_held(&local[i]) : bcast_tensor_elems(&local[i])) *
+    /* A receiver of a view holds its part only (bind checked it is the view's). */
+    size_t bytes = (size_t)(sender ? bcast_tensor_held(&local[i]) : bcast_part_elems(&local[i], &local[i].part)) *
                    bcast_dtype_size(sender ? local[i].storage_dtype : local[i].wire_dtype);
     void *mem = shadow_buffer(e, i, bytes);
     if (!mem) {
@@ -250,7 +251,7 @@ static int shadow_make(bcast_engine *e, const bcast_tensor *local, size_t n, int
 static int shadow_flush(bcast_engine *e, const bcast_tensor *local, host_shadow *h, bcast_err *err) {
   for (size_t i = 0; i < h->n; i++) {
     if (local[i].residency != BCAST_RES_GPU) continue;
-    size_t bytes = (size_t)bcast_tensor_elems(&local[i]) * bcast_dtype_size(local[i].wire_dtype);
+    size_t bytes = (size_t)bcast_part_elems(&local[i], &local[i].part) * bcast_dtype_size(local[i].wire_dtype);
     int rc = bcast__gpu_copy(e->gpu, local[i].data, h->t[i].data, bytes, 1, err);
     if (rc) return rc;
   }
@@ -366,7 +367,7 @@ static int execute_host(bcast_engine *e, const bcast_plan *p, const bcast_tensor
   if (!map) return bcast__fail(err, BCAST_ENOMEM, "engine_execute: out of memory");
   /* A source binds what its buckets carry, from whole tensors or shards. */
   int rc = sender ? bcast__plan_bind_source(p, e->o.rank, local, n, map, err)
-                  : bcast__plan_bind(p, local, n, 0, map, err);
+                  : bcast__plan_bind_receiver(p, e->o.rank, local, n, map, err);
   if (!rc) rc = host_mode_check(e, p, local, map, sender, err);
   host_shadow h = {0};
   const bcast_tensor *caller = local;

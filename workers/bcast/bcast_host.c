@@ -415,6 +415,11 @@ typedef struct peer {
   uint32_t rank;
   uint64_t sent; /* bytes of the current bucket's header + payload written */
   short want;    /* what its connection waits for to write on (TLS may read) */
+  uint32_t view; /* its receiver view (bcast_plan_rank_view), BCAST_VIEW_WHOLE: whole */
+  /* The current bucket for it: the whole wire buffer, or its view's packed
+   * bytes; len 0: its view gets nothing of the bucket, which is skipped. */
+  const uint8_t *payload;
+  uint64_t len, sum;
 } peer;
 
 /* A connection accepted but not yet authenticated. */
@@ -540,7 +545,7 @@ static int admit(acceptor *ac, pending *c, const bcast__hello *h, bcast_err *err
       return 0;
     }
   }
-  ac->peers[ac->have++] = (peer){pc, h->rank, 0};
+  ac->peers[ac->have++] = (peer){pc, h->rank, 0, 0, bcast_plan_rank_view(p, h->rank), NULL, 0, 0};
   return 1;
 }
 
@@ -663,6 +668,13 @@ typedef struct caster {
   uint8_t *buf[2];
   int ready[2];   /* slot holds a cast bucket not yet sent */
   uint64_t sum[2];
+  int need_whole; /* some receiver takes whole buckets */
+  /* The views the receivers hold (packed once per view per bucket, not per
+   * receiver): views[u], packed into vbuf[s * nviews + u], vlen and vsum alike. */
+  const uint32_t *views;
+  size_t nviews;
+  uint8_t **vbuf;
+  uint64_t *vlen, *vsum;
   int stop;
   int failed;     /* cast error: bucket index + 1 */
   bcast_bucket_timing *bt;
@@ -686,6 +698,36 @@ static void cast_bucket(caster *c, size_t k, uint8_t *buf) {
   }
 }
 
+typedef struct pack_ctx {
+  uint8_t *dst;
+  const uint8_t *src; /* the slice's first element in the wire buffer */
+  uint64_t first;     /* the slice's first element */
+  size_t wsz;
+  uint64_t pos;
+} pack_ctx;
+
+static int pack_run(void *arg, uint64_t elem, uint64_t n) {
+  pack_ctx *c = arg;
+  memcpy(c->dst + c->pos, c->src + (elem - c->first) * c->wsz, n * c->wsz);
+  c->pos += n * c->wsz;
+  return 0;
+}
+
+/* View `view`'s bytes of bucket k, from its cast wire buffer: every slice
+ * restricted to the view's part, packed in plan order. Returns the length. */
+static uint64_t pack_view(const bcast_plan *p, size_t k, uint32_t view, const uint8_t *buf, uint8_t *out) {
+  const bcast_bucket *b = &p->buckets[k];
+  pack_ctx c = {out, NULL, 0, bcast_dtype_size(b->wire_dtype), 0};
+  for (size_t s = 0; s < b->nslices; s++) {
+    const bcast_slice *sl = &b->slices[s];
+    c.src = buf + sl->bucket_offset;
+    c.first = sl->elem_offset;
+    bcast__part_runs(&p->tensors[sl->tensor], bcast__view_part(p, view, sl->tensor), sl->elem_offset,
+                     sl->elem_count, pack_run, &c);
+  }
+  return c.pos;
+}
+
 static void *caster_main(void *arg) {
   caster *c = arg;
   for (size_t j = 0; j < c->nmine; j++) {
@@ -698,7 +740,13 @@ static void *caster_main(void *arg) {
     if (stop) break;
     double t0 = bcast__now();
     cast_bucket(c, k, c->buf[s]);
-    uint64_t sum = c->p->checksum == BCAST_CHECKSUM_XXH3_64 ? bcast_checksum64(c->buf[s], c->p->buckets[k].bytes) : 0;
+    int xxh = c->p->checksum == BCAST_CHECKSUM_XXH3_64;
+    uint64_t sum = xxh && c->need_whole ? bcast_checksum64(c->buf[s], c->p->buckets[k].bytes) : 0;
+    for (size_t u = 0; u < c->nviews; u++) {
+      size_t at = (size_t)s * c->nviews + u;
+      c->vlen[at] = pack_view(c->p, k, c->views[u], c->buf[s], c->vbuf[at]);
+      c->vsum[at] = xxh && c->vlen[at] ? bcast_checksum64(c->vbuf[at], c->vlen[at]) : 0;
+    }
     c->bt[j].cast_s = bcast__now() - t0;
     pthread_mutex_lock(&c->mu);
     c->sum[s] = sum;
@@ -729,7 +777,7 @@ static int peer_failed(const bcast_plan *p, peer *pr, size_t k, int e, double el
                per_receiver_floor(p));
     return bcast__fail(err, BCAST_ETIMEDOUT, "receiver rank %u stalled at bucket %zu (layer %u): observed %.3g GB/s "
                        "(%.1f of %.1f MB in %.2f s), %s", pr->rank, k, p->buckets[k].layer, gbps, (double)took / 1e6,
-                       (double)p->buckets[k].bytes / 1e6, elapsed, expect);
+                       (double)pr->len / 1e6, elapsed, expect);
   }
   return bcast__fail(err, BCAST_EPEER, "receiver rank %u closed the connection at bucket %zu (layer %u): %s", pr->rank,
                      k, p->buckets[k].layer, strerror(e));
@@ -738,21 +786,28 @@ static int peer_failed(const bcast_plan *p, peer *pr, size_t k, int e, double el
 /* Writes header + payload of bucket k to every receiver concurrently.  Every
  * wait polls the cancel fd too: a receiver that stopped reading (a stopped
  * process keeps its socket open) never holds the root past an abort. */
-static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64_t sum, peer *peers, size_t np,
-                       int cancel_fd, double deadline, bcast_err *err) {
-  uint8_t hdr[HEADER_BYTES];
-  uint64_t bytes = p->buckets[k].bytes, total = HEADER_BYTES + bytes;
+static int send_bucket(const bcast_plan *p, size_t k, peer *peers, size_t np, int cancel_fd, double deadline,
+                       bcast_err *err) {
   double t0 = bcast__now();
-  put32(hdr, MAGIC_BUCKET);
-  put32(hdr + 4, (uint32_t)k);
-  put64(hdr + 8, bytes);
-  put64(hdr + 16, sum);
-  for (size_t i = 0; i < np; i++) peers[i].sent = 0;
+  /* Each receiver's header: its payload's length and checksum (its view's). */
+  uint8_t (*hdrs)[HEADER_BYTES] = malloc((np ? np : 1) * sizeof *hdrs);
+  if (!hdrs) return bcast__fail(err, BCAST_ENOMEM, "out of memory for %zu bucket headers", np);
+  for (size_t i = 0; i < np; i++) {
+    put32(hdrs[i], MAGIC_BUCKET);
+    put32(hdrs[i] + 4, (uint32_t)k);
+    put64(hdrs[i] + 8, peers[i].len);
+    put64(hdrs[i] + 16, peers[i].sum);
+    /* A view that gets nothing of the bucket: both sides skip it. */
+    peers[i].sent = peers[i].len ? 0 : HEADER_BYTES;
+  }
+  int rc = BCAST_OK;
   struct pollfd pf[np + 1];
   for (;;) {
     size_t waiting = 0;
     for (size_t i = 0; i < np; i++) {
       peer *pr = &peers[i];
+      uint64_t total = HEADER_BYTES + pr->len;
+      const uint8_t *hdr = hdrs[i], *buf = pr->payload;
       while (pr->sent < total) {
         const uint8_t *src = pr->sent < HEADER_BYTES ? hdr + pr->sent : buf + (pr->sent - HEADER_BYTES);
         size_t len = pr->sent < HEADER_BYTES ? HEADER_BYTES - pr->sent : total - pr->sent;
@@ -763,25 +818,37 @@ static int send_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64
         }
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        return peer_failed(p, pr, k, r < 0 ? errno : EPIPE, 0, err);
+        rc = peer_failed(p, pr, k, r < 0 ? errno : EPIPE, 0, err);
+        goto out;
       }
       if (pr->sent < total) pf[waiting++] = (struct pollfd){pr->c.fd, pr->want, 0};
     }
-    if (!waiting) return BCAST_OK;
+    if (!waiting) break;
     size_t npf = waiting;
     if (cancel_fd >= 0) pf[npf++] = (struct pollfd){cancel_fd, POLLIN, 0};
     int ms = poll_ms(deadline);
     int n = ms ? poll(pf, npf, ms) : 0;
-    if (n > 0 && cancel_fd >= 0 && pf[waiting].revents)
-      return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
+    if (n > 0 && cancel_fd >= 0 && pf[waiting].revents) {
+      rc = bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
+      break;
+    }
     if (n <= 0 && bcast__now() >= deadline) {
-      /* Name the receiver furthest behind: the one holding the others up. */
+      /* Name the receiver furthest behind (by the share of its bytes it
+       * took): the one holding the others up. */
       peer *slow = NULL;
       for (size_t i = 0; i < np; i++)
-        if (peers[i].sent < total && (!slow || peers[i].sent < slow->sent)) slow = &peers[i];
-      if (slow) return peer_failed(p, slow, k, ETIMEDOUT, bcast__now() - t0, err);
+        if (peers[i].sent < HEADER_BYTES + peers[i].len &&
+            (!slow || peers[i].sent * (HEADER_BYTES + slow->len) < slow->sent * (HEADER_BYTES + peers[i].len)))
+          slow = &peers[i];
+      if (slow) {
+        rc = peer_failed(p, slow, k, ETIMEDOUT, bcast__now() - t0, err);
+        break;
+      }
     }
   }
+out:
+  free(hdrs);
+  return rc;
 }
 
 /* Every receiver confirms the last bucket.  What it still has to take when
@@ -830,13 +897,27 @@ static int send_all(caster *c, peer *peers, size_t np, const bcast__host_io *io,
     while (!c->ready[s]) pthread_cond_wait(&c->cv, &c->mu);
     uint64_t sum = c->sum[s];
     int failed = c->failed;
+    for (size_t i = 0; i < np; i++) {
+      peer *pr = &peers[i];
+      size_t u = 0;
+      while (u < c->nviews && c->views[u] != pr->view) u++;
+      if (u == c->nviews) { /* whole */
+        pr->payload = c->buf[s];
+        pr->len = p->buckets[k].bytes;
+        pr->sum = sum;
+      } else {
+        size_t at = (size_t)s * c->nviews + u;
+        pr->payload = c->vbuf[at];
+        pr->len = c->vlen[at];
+        pr->sum = c->vsum[at];
+      }
+    }
     pthread_mutex_unlock(&c->mu);
     if (failed)
       return bcast__fail(err, BCAST_EINVAL, "bucket %d (layer %u): cast failed", failed - 1,
                          p->buckets[failed - 1].layer);
     double t0 = bcast__now();
-    int rc = send_bucket(p, k, c->buf[s], sum, peers, np, io->cancel_fd,
-                         bucket_deadline(p, k, io, BUCKET_SLACK_S), err);
+    int rc = send_bucket(p, k, peers, np, io->cancel_fd, bucket_deadline(p, k, io, BUCKET_SLACK_S), err);
     c->bt[j].wire_s = bcast__now() - t0;
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);
@@ -845,6 +926,43 @@ static int send_all(caster *c, peer *peers, size_t np, const bcast__host_io *io,
     pthread_mutex_unlock(&c->mu);
   }
   return collect_acks(p, peers, np, io, err);
+}
+
+/* Once the receivers are known: the distinct views they hold, and two packed
+ * buffers per view (one per cast slot) as large as its largest bucket. */
+static int views_prepare(caster *c, const peer *peers, size_t np, const size_t *mine, size_t nmine,
+                         bcast_err *err) {
+  const bcast_plan *p = c->p;
+  uint32_t *views = malloc((np ? np : 1) * sizeof *views);
+  if (!views) return bcast__fail(err, BCAST_ENOMEM, "out of memory for %zu receivers' views", np);
+  c->views = views;
+  for (size_t i = 0; i < np; i++) {
+    uint32_t v = peers[i].view;
+    if (v == BCAST_VIEW_WHOLE) {
+      c->need_whole = 1;
+      continue;
+    }
+    size_t u = 0;
+    while (u < c->nviews && views[u] != v) u++;
+    if (u == c->nviews) views[c->nviews++] = v;
+  }
+  if (!c->nviews) return BCAST_OK;
+  c->vbuf = calloc(2 * c->nviews, sizeof *c->vbuf);
+  c->vlen = calloc(2 * c->nviews, sizeof *c->vlen);
+  c->vsum = calloc(2 * c->nviews, sizeof *c->vsum);
+  if (!c->vbuf || !c->vlen || !c->vsum) return bcast__fail(err, BCAST_ENOMEM, "out of memory for view buffers");
+  for (size_t u = 0; u < c->nviews; u++) {
+    uint64_t mb = 0;
+    for (size_t j = 0; j < nmine; j++) {
+      uint64_t b = bcast__view_bucket_bytes(p, views[u], mine[j]);
+      if (b > mb) mb = b;
+    }
+    for (int s = 0; s < 2; s++)
+      if (!(c->vbuf[s * c->nviews + u] = malloc(mb ? mb : 1)))
+        return bcast__fail(err, BCAST_ENOMEM, "out of memory for two %llu-byte buffers of view %u",
+                           (unsigned long long)mb, views[u]);
+  }
+  return BCAST_OK;
 }
 
 int bcast__host_send(int lfd, const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
@@ -881,6 +999,7 @@ int bcast__host_send(int lfd, const bcast_plan *p, uint32_t rank, const bcast_te
   while (ac.npend) pending_drop(&ac, ac.npend - 1, 1);
   refused = ac.refused;
   if (rc) goto out;
+  if ((rc = views_prepare(&c, peers, np, mine, nmine, err))) goto out;
   pthread_mutex_init(&c.mu, NULL);
   pthread_cond_init(&c.cv, NULL);
   pthread_t tid;
@@ -903,6 +1022,11 @@ out:
   free(mine);
   free(c.buf[0]);
   free(c.buf[1]);
+  for (size_t i = 0; c.vbuf && i < 2 * c.nviews; i++) free(c.vbuf[i]);
+  free(c.vbuf);
+  free(c.vlen);
+  free(c.vsum);
+  free((void *)c.views);
   if (rc == BCAST_OK && stats) {
     double wire = 0;
     for (size_t j = 0; j < nmine; j++) wire += bt[j].wire_s;
@@ -1064,44 +1188,73 @@ static int connect_and_handshake(const bcast_plan *p, const char *ep, uint32_t r
   }
 }
 
-static void scatter(const bcast_plan *p, size_t k, const uint8_t *buf, const bcast_tensor *local, const uint32_t *map) {
+typedef struct scatter_ctx {
+  const bcast_tensor *pt; /* the plan's tensor */
+  const bcast_part *part;
+  uint8_t *dst;           /* the local part buffer */
+  const uint8_t *src;     /* the packed bytes */
+  size_t wsz;
+  uint64_t pos;
+} scatter_ctx;
+
+static int scatter_run(void *arg, uint64_t elem, uint64_t n) {
+  scatter_ctx *c = arg;
+  memcpy(c->dst + bcast__part_index(c->pt, c->part, elem) * c->wsz, c->src + c->pos, n * c->wsz);
+  c->pos += n * c->wsz;
+  return 0;
+}
+
+/* A whole receiver's bucket holds its slices at plan offsets; a view's holds
+ * the view's runs packed, scattered into each dense part buffer. */
+static void scatter(const bcast_plan *p, size_t k, uint32_t view, const uint8_t *buf, const bcast_tensor *local,
+                    const uint32_t *map) {
   const bcast_bucket *b = &p->buckets[k];
   size_t wsz = bcast_dtype_size(b->wire_dtype);
+  scatter_ctx c = {NULL, NULL, NULL, buf, wsz, 0};
   for (size_t s = 0; s < b->nslices; s++) {
     const bcast_slice *sl = &b->slices[s];
-    uint8_t *dst = (uint8_t *)local[map[sl->tensor]].data + sl->elem_offset * wsz;
-    memcpy(dst, buf + sl->bucket_offset, sl->elem_count * wsz);
+    if (view == BCAST_VIEW_WHOLE) {
+      uint8_t *dst = (uint8_t *)local[map[sl->tensor]].data + sl->elem_offset * wsz;
+      memcpy(dst, buf + sl->bucket_offset, sl->elem_count * wsz);
+      continue;
+    }
+    c.pt = &p->tensors[sl->tensor];
+    c.part = bcast__view_part(p, view, sl->tensor);
+    if (c.part->kind == BCAST_PART_NONE) continue; /* not bound: map holds UINT32_MAX */
+    c.dst = local[map[sl->tensor]].data;
+    bcast__part_runs(c.pt, c.part, sl->elem_offset, sl->elem_count, scatter_run, &c);
   }
 }
 
 /* Receives bucket k into buf, verifies it, scatters it.  On a checksum error
  * the ACK tells the root why before the connection closes. */
-static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size_t k, uint8_t *buf,
+static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size_t k, uint32_t view, uint8_t *buf,
                        const bcast_tensor *local, const uint32_t *map, const bcast__host_io *io,
                        bcast_bucket_timing *bt, bcast_err *err) {
   const bcast_bucket *b = &p->buckets[k];
+  uint64_t bytes = bcast__view_bucket_bytes(p, view, k);
   /* Longer than the root's own bound: when a peer holds the bucket up, the
    * root, which can name it, speaks first. */
   double dl = bucket_deadline(p, k, io, 2 * BUCKET_SLACK_S), t0 = bcast__now();
   uint8_t h[HEADER_BYTES];
   size_t took = 0;
   if (io_full(c, h, sizeof h, 0, io->cancel_fd, dl) ||
-      (get32(h) == MAGIC_BUCKET && io_full_done(c, buf, b->bytes, 0, io->cancel_fd, dl, &took))) {
+      (get32(h) == MAGIC_BUCKET && io_full_done(c, buf, bytes, 0, io->cancel_fd, dl, &took))) {
     int e = errno;
     double el = bcast__now() - t0;
     if (e == ETIMEDOUT && p->min_gbps > 0)
       return bcast__fail(err, BCAST_ETIMEDOUT, "root %s stalled at bucket %zu (layer %u): observed %.3g GB/s (%.1f "
                          "of %.1f MB in %.2f s), expected at least %.3g GB/s per receiver for host mode",
                          ep, k, b->layer, el > 0 ? (double)took / el / 1e9 : 0, (double)took / 1e6,
-                         (double)b->bytes / 1e6, el, per_receiver_floor(p));
+                         (double)bytes / 1e6, el, per_receiver_floor(p));
     return bcast__fail(err, io_code(e), "root %s: bucket %zu (layer %u) not received: %s", ep, k,
                        b->layer, e == EPIPE ? "connection closed" : strerror(e));
   }
-  if (get32(h) != MAGIC_BUCKET || get32(h + 4) != k || get64(h + 8) != b->bytes)
+  if (get32(h) != MAGIC_BUCKET || get32(h + 4) != k || get64(h + 8) != bytes)
     return bcast__fail(err, BCAST_EPEER, "root %s: bad header for bucket %zu (layer %u)", ep, k, b->layer);
   double t1 = bcast__now();
   if (p->checksum == BCAST_CHECKSUM_XXH3_64) {
-    uint64_t got = bcast_checksum64(buf, b->bytes), want = get64(h + 16);
+    uint64_t got = bcast_checksum64(buf, bytes), want = get64(h + 16);
     if (got != want) {
       int rc = bcast__fail(err, BCAST_ECHECKSUM, "bucket %zu (layer %u): checksum %016llx, root sent %016llx", k,
                            b->layer, (unsigned long long)got, (unsigned long long)want);
@@ -1109,7 +1262,7 @@ static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size
       return rc;
     }
   }
-  scatter(p, k, buf, local, map);
+  scatter(p, k, view, buf, local, map);
   bt->bucket = (uint32_t)k;
   bt->wire_s = t1 - t0;
   bt->cast_s = bcast__now() - t1; /* receivers: verify and scatter */
@@ -1158,14 +1311,20 @@ static int recv_source(const bcast_plan *p, uint32_t src, uint32_t rank, const b
   bcast__conn c;
   int rc = connect_and_handshake(p, ep, rank, io, &c, err);
   if (rc) return rc;
+  /* Both sides know from the plan which buckets the view gets nothing of:
+   * the source sends no header for those, and none is awaited. */
+  uint32_t view = bcast_plan_rank_view(p, rank), ns = bcast__plan_nsources(p);
   uint64_t mb = 0;
-  for (size_t k = 0; k < p->nbuckets; k++)
-    if (p->buckets[k].source_rank == src && p->buckets[k].bytes > mb) mb = p->buckets[k].bytes;
+  for (size_t k = 0; k < p->nbuckets; k++) {
+    uint64_t vb = bcast__view_bucket_bytes(p, view, k);
+    if ((ns == 1 || p->buckets[k].source_rank == src) && vb > mb) mb = vb;
+  }
   uint8_t *buf = malloc(mb ? mb : 1);
   if (!buf) rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a %llu-byte wire buffer", (unsigned long long)mb);
   for (size_t k = 0; k < p->nbuckets && !rc; k++) {
-    if (p->buckets[k].source_rank != src) continue;
-    rc = recv_bucket(&c, p, ep, k, buf, local, map, io, &bt[k], err);
+    if (ns > 1 && p->buckets[k].source_rank != src) continue;
+    if (view != BCAST_VIEW_WHOLE && bcast__view_bucket_bytes(p, view, k) == 0) continue;
+    rc = recv_bucket(&c, p, ep, k, view, buf, local, map, io, &bt[k], err);
     *wire_s += bt[k].wire_s;
   }
   if (!rc && gate_pass(gate))
@@ -1305,7 +1464,10 @@ int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *loc
                ? recv_sources(p, rank, local, map, io, bt, &wire_alone_s, err)
                : recv_source(p, p->root_rank, rank, local, map, io, NULL, bt, &wire_alone_s, err);
   if (rc == BCAST_OK && stats) {
-    fill_stats(stats, p, t0, bt, p->nbuckets, bcast_plan_wire_bytes(p), wire_alone_s);
+    uint32_t view = bcast_plan_rank_view(p, rank);
+    /* A receiver of a view got its view's bytes only. */
+    uint64_t got = view == BCAST_VIEW_WHOLE ? bcast_plan_wire_bytes(p) : bcast_plan_view_bytes(p, view, UINT32_MAX);
+    fill_stats(stats, p, t0, bt, p->nbuckets, got, wire_alone_s);
     bt = NULL;
   }
   free(bt);
