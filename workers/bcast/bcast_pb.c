@@ -93,7 +93,47 @@ static Rlorch__V1__Bucket *bucket_new(const bcast_bucket *k) {
   return b;
 }
 
+static void view_msg_free(Rlorch__V1__ReceiverView *v) {
+  if (!v) return;
+  for (size_t j = 0; v->parts && j < v->n_parts; j++) free(v->parts[j]); /* names are the static "" */
+  free(v->parts);
+  free(v);
+}
+
+/* View v, sparse: only the parts that are not WHOLE, by tensor index. */
+static Rlorch__V1__ReceiverView *view_new(const bcast_plan *p, uint32_t v) {
+  Rlorch__V1__ReceiverView *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  rlorch__v1__receiver_view__init(m);
+  const bcast_part *parts = &p->view_parts[(size_t)v * p->ntensors];
+  size_t n = 0;
+  for (size_t i = 0; i < p->ntensors; i++) n += parts[i].kind != BCAST_PART_WHOLE;
+  if (!(m->parts = calloc(n ? n : 1, sizeof *m->parts))) {
+    free(m);
+    return NULL;
+  }
+  for (size_t i = 0; i < p->ntensors; i++) {
+    if (parts[i].kind == BCAST_PART_WHOLE) continue;
+    Rlorch__V1__TensorPart *t = calloc(1, sizeof *t);
+    if (!t) {
+      view_msg_free(m);
+      return NULL;
+    }
+    rlorch__v1__tensor_part__init(t);
+    t->tensor = (uint32_t)i;
+    t->kind = (Rlorch__V1__PartKind)parts[i].kind;
+    t->dim = parts[i].dim;
+    t->start = parts[i].start;
+    t->count = parts[i].count;
+    m->parts[m->n_parts++] = t;
+  }
+  return m;
+}
+
 static void plan_msg_free(Rlorch__V1__BroadcastPlan *m) {
+  for (size_t i = 0; m->views && i < m->n_views; i++) view_msg_free(m->views[i]);
+  free(m->views);
+  free(m->rank_views);
   free(m->plan_id);
   free(m->host_endpoint);
   free(m->mode_reason);
@@ -142,6 +182,19 @@ int bcast_plan_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan **out, bcast
     for (uint32_t r = 0; ok && r < p->nsources; r++) {
       ok = (m->source_endpoints[r] = strdup(p->source_endpoints[r] ? p->source_endpoints[r] : "")) != NULL;
       m->n_source_endpoints = r + 1;
+    }
+  }
+  /* A plan without views encodes as it did before there were any. */
+  if (ok && p->nviews && p->view_parts && p->rank_view) {
+    ok = (m->views = calloc(p->nviews, sizeof *m->views)) != NULL &&
+         (m->rank_views = malloc((size_t)p->world_size * sizeof *m->rank_views)) != NULL;
+    for (uint32_t v = 0; ok && v < p->nviews; v++) {
+      ok = (m->views[v] = view_new(p, v)) != NULL;
+      m->n_views = v + 1;
+    }
+    if (ok) {
+      memcpy(m->rank_views, p->rank_view, (size_t)p->world_size * sizeof *m->rank_views);
+      m->n_rank_views = p->world_size;
     }
   }
   if (ok && p->has_secret) {
@@ -241,6 +294,58 @@ static int plan_fields_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan *p
   return BCAST_OK;
 }
 
+/* The views, after the tensors (parts name them by index); validation then
+ * checks every part against its tensor's shape. */
+static int views_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan *p, bcast_err *err) {
+  if (!m->n_views) {
+    if (m->n_rank_views)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': rank_views has %zu entries but views is empty", p->id,
+                         m->n_rank_views);
+    return BCAST_OK;
+  }
+  if (m->n_views > p->world_size)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': views has %zu entries for a world of %u ranks", p->id,
+                       m->n_views, p->world_size);
+  if (m->n_rank_views != p->world_size)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': rank_views has %zu entries, world_size is %u", p->id,
+                       m->n_rank_views, p->world_size);
+  size_t nt = p->ntensors;
+  if (!(p->view_parts = calloc(m->n_views * (nt ? nt : 1), sizeof *p->view_parts)) ||
+      !(p->rank_view = malloc((size_t)p->world_size * sizeof *p->rank_view)))
+    return bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
+  p->nviews = (uint32_t)m->n_views;
+  memcpy(p->rank_view, m->rank_views, (size_t)p->world_size * sizeof *p->rank_view);
+  for (size_t v = 0; v < m->n_views; v++) {
+    const Rlorch__V1__ReceiverView *rv = m->views[v];
+    if (!rv) return bcast__fail(err, BCAST_EINVAL, "plan '%s': views[%zu]: missing", p->id, v);
+    uint8_t *seen = calloc(nt ? nt : 1, 1);
+    if (!seen) return bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
+    for (size_t j = 0; j < rv->n_parts; j++) {
+      const Rlorch__V1__TensorPart *tp = rv->parts[j];
+      int rc = BCAST_OK;
+      if (!tp)
+        rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': views[%zu].parts[%zu]: missing", p->id, v, j);
+      else if (tp->tensor >= nt)
+        rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': views[%zu].parts[%zu].tensor %u: the plan has %zu tensors",
+                         p->id, v, j, tp->tensor, nt);
+      else if (seen[tp->tensor])
+        rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': views[%zu].parts[%zu].tensor %u ('%s'): listed twice", p->id,
+                         v, j, tp->tensor, p->tensors[tp->tensor].name);
+      else if (tp->kind != RLORCH__V1__PART_KIND__PART_KIND_SLICE && tp->kind != RLORCH__V1__PART_KIND__PART_KIND_NONE)
+        rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': views[%zu].parts[%zu].kind %d: a view lists only slice or "
+                         "none parts", p->id, v, j, (int)tp->kind);
+      if (rc) {
+        free(seen);
+        return rc;
+      }
+      seen[tp->tensor] = 1;
+      p->view_parts[v * nt + tp->tensor] = (bcast_part){(int)tp->kind, tp->dim, tp->start, tp->count};
+    }
+    free(seen);
+  }
+  return BCAST_OK;
+}
+
 int bcast_plan_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan **out, bcast_err *err) {
   if (!m || !out) return bcast__fail(err, BCAST_EINVAL, "plan_from_pb: NULL argument");
   *out = NULL;
@@ -267,6 +372,7 @@ int bcast_plan_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan **out, bca
     p->nbuckets = b + 1;
     rc = bucket_from_pb(m->buckets[b], b, &p->buckets[b], err);
   }
+  if (!rc) rc = views_from_pb(m, p, err);
   if (!rc) rc = bcast_plan_validate(p, err);
   if (!rc && bcast_plan_hash(p) != p->hash)
     rc = bcast__fail(err, BCAST_EMISMATCH, "plan '%s': hash %016llx does not match its contents (%016llx)", p->id,
