@@ -42,7 +42,7 @@ extern "C" {
 /* The API this header describes. A change that breaks a caller compiled
  * against it raises the soname (librlorch.so.1); fields added at the end of
  * the options struct raise this number only. */
-#define RLORCH_API_VERSION 2
+#define RLORCH_API_VERSION 3
 
 /* The API version the loaded library implements (>= every version it can
  * serve), and its release ("0.1.0") in *release when release is not NULL. */
@@ -121,6 +121,34 @@ typedef struct rlorch_shard {
   uint64_t element_count; /* >= 1 */
 } rlorch_shard;
 
+/* API 3. The part of one tensor an inference worker holds, as a rank of a
+ * tensor- or expert-parallel engine does (the values of rlorch_part_kind
+ * are part of the API):
+ * - WHOLE: every element (what a tensor not listed gets);
+ * - SLICE: indices [start, start + count) along dimension `dim`, every index
+ *   of the other dimensions: dim 0 is the rows of a 2-D weight (a column-
+ *   parallel layer's output features), dim 1 its columns (a row-parallel
+ *   layer's input features);
+ * - NONE: nothing (an expert the rank does not serve).
+ * Every broadcast then delivers the worker exactly its parts. The tensor's
+ * rlorch_tensor keeps the FULL shape; its `data` holds the part, dense and
+ * row-major in the part's own shape (shape[dim] replaced by count), as an
+ * rlorch_shard's data holds a trainer rank's elements. A tensor held NONE is
+ * left out of options.tensors, and on_bind is not asked to place it. */
+typedef enum rlorch_part_kind {
+  RLORCH_PART_WHOLE = 0,
+  RLORCH_PART_SLICE = 1,
+  RLORCH_PART_NONE = 2
+} rlorch_part_kind;
+
+typedef struct rlorch_part {
+  const char *name;      /* the trainer's tensor, 1..RLORCH_NAME_MAX bytes, each at most once */
+  rlorch_part_kind kind;
+  uint32_t dim;          /* SLICE: the dimension cut, below the tensor's ndim */
+  uint64_t start;        /* SLICE: first index along dim */
+  uint64_t count;        /* SLICE: indices along dim, >= 1; start + count <= shape[dim] */
+} rlorch_part;
+
 /* ---- options ----------------------------------------------------------------- */
 
 typedef enum rlorch_role { RLORCH_ROLE_TRAINER = 1, RLORCH_ROLE_INFERENCE = 2 } rlorch_role;
@@ -168,7 +196,10 @@ typedef void (*rlorch_broadcast_after_fn)(void *ud, int ok, uint64_t version);
  * stay valid until the broadcast's `after` has returned, and GPU memory
  * another process maps (the colocated mode) until the next broadcast has
  * ended. Returns 0, or non-zero to refuse the plan with `message` (a
- * NUL-terminated reason of at most `len` bytes): the broadcast fails, named. */
+ * NUL-terminated reason of at most `len` bytes): the broadcast fails, named.
+ * A worker with options.parts (API 3) is given only the tensors it holds
+ * (NONE ones left out), each with its FULL shape: the memory it places
+ * holds the part (rlorch_part), shape[dim] replaced by count for a SLICE. */
 typedef int (*rlorch_bind_fn)(void *ud, uint64_t version, rlorch_tensor *tensors, size_t n,
                               char *message, size_t len);
 
@@ -212,6 +243,16 @@ typedef struct rlorch_options {
   uint32_t trainer_ranks;       /* 0..1024 */
   const rlorch_shard *shards;   /* NULL: whole tensors; else ntensors entries, shards[i] the
                                    part tensors[i].data holds; copied at rlorch_create */
+  /* ---- API version 3 ---- */
+  /* Inference: the parts of the trainer's tensors this worker holds
+   * (rlorch_part), sent at Register; tensors not listed are held whole.
+   * Checked at rlorch_create against options.tensors of the same name (dim
+   * below its ndim, the slice inside its shape; a NONE part's tensor absent);
+   * the orchestrator checks them against the trainer's manifest at Register
+   * and refuses a part that does not fit, naming it. Copied at rlorch_create.
+   * NULL / 0: every tensor whole. */
+  const rlorch_part *parts;
+  size_t nparts;
 } rlorch_options;
 
 /* Fills every field with its default for `role`, api_version included.

@@ -122,6 +122,20 @@ static const opt_field agent__inference_fields[] = {
      .help = "receive each version into a second set of buffers and swap it in when whole: "
              "generation goes on meanwhile, a failed broadcast leaves the previous version "
              "(twice the memory)"},
+    {.name = "tp_size", .flag = "--tp-size", .type = OPT_U32, .off = AF(opts.tp_size, uint32_t),
+     .min = 0, .max = 1024, .metavar = "T",
+     .help = "run as one rank of a tensor-parallel engine of T: hold and receive a 1/T slice of "
+             "every 2-D tensor of --preset (dim 0 and dim 1 in turn), 1-D tensors whole",
+     .dflt = "0: every tensor whole"},
+    {.name = "tp_rank", .flag = "--tp-rank", .type = OPT_U32, .off = AF(opts.tp_rank, uint32_t),
+     .min = 0, .max = 1023, .metavar = "K",
+     .help = "this process's rank of the --tp-size engine: slice K of each 2-D tensor"},
+    {.name = "preset", .flag = "--preset", .type = OPT_STR, .off = AF(opts.preset, char *),
+     .metavar = "P", .help = "with --tp-size: the trainer's model preset, whose tensors are sliced (unused "
+             "without it)"},
+    {.name = "layers", .flag = "--layers", .type = OPT_U32, .off = AF(opts.max_layers, uint32_t),
+     .min = 0, .max = 100000, .metavar = "N",
+     .help = "with --tp-size: the trainer's --layers (its first N decoder layers)", .dflt = "0: all"},
     {.name = "seed", .flag = "--seed", .type = OPT_U64, .off = AF(opts.seed, uint64_t),
      .metavar = "N", .help = "sampling seed of requests that carry none", .dflt = "from the pid"},
     AGENT__TAIL,
@@ -174,6 +188,12 @@ static int agent__check(agent_flags *o, opt_state *st) {
   if (a->name && strlen(a->name) > 200)
     return opt_fail(st, opt_origin(st, "name"), "longer than 200 bytes");
   if (a->role == AGENT_ROLE_TRAINER && !bcast_preset_find(a->preset))
+    return opt_fail(st, opt_origin(st, "preset"), "unknown preset \"%s\" (want 100m, 1b, 4b, 8b)",
+                    a->preset);
+  if (a->role == AGENT_ROLE_INFERENCE && a->tp_rank >= (a->tp_size > 1 ? a->tp_size : 1))
+    return opt_fail(st, opt_origin(st, "tp_rank"), "%u is not below --tp-size %u", a->tp_rank,
+                    a->tp_size);
+  if (a->role == AGENT_ROLE_INFERENCE && a->tp_size > 1 && !bcast_preset_find(a->preset))
     return opt_fail(st, opt_origin(st, "preset"), "unknown preset \"%s\" (want 100m, 1b, 4b, 8b)",
                     a->preset);
   if (a->token_file) {

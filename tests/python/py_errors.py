@@ -100,6 +100,36 @@ def main():
            lambda: I(trainer_ranks=2))
     T(tensors=half, trainer_rank=1, trainer_ranks=2, shards=[(12, 12)]).close()
     report(True, "a rank holding the second half of its tensor is created", "")
+    # A rank of a tensor-parallel engine: b holds columns [2, 4) of a [3, 4]
+    # tensor in bf16, dense in its own [3, 2] shape.
+    b = np.zeros((3, 2), dtype=np.uint16)
+    cols = [rlorch.Tensor("w", b, shape=(3, 4), dtype="bf16")]
+    P = rlorch.Part
+    expect("parts on a trainer", E, "options.parts: only an inference worker holds parts",
+           lambda: T(parts=[P("w", "slice", dim=1, start=2, count=2)]))
+    expect("an unknown part kind", E, "options.parts[0] 'w'.kind: unknown value 'half'",
+           lambda: I(tensors=cols, parts=[P("w", "half")]))
+    expect("a part kind out of the library's range", E, "options.parts[0] 'w'.kind: unknown value 5",
+           lambda: I(tensors=cols, parts=[P("w", 5)]))
+    expect("a part with an empty name", E, "options.parts[0].name: empty",
+           lambda: I(tensors=cols, parts=[P("", "none")]))
+    expect("a tensor's part given twice", E, "options.parts[1] 'w': listed twice",
+           lambda: I(tensors=cols, parts=[P("w", "slice", 1, 2, 2), P("w", "slice", 1, 0, 2)]))
+    expect("a slice of no index", E, "options.parts[0] 'w'.count: 0",
+           lambda: I(tensors=cols, parts=[P("w", "slice", dim=1, start=2)]))
+    expect("a slice along a dimension the tensor lacks", E,
+           "options.parts[0] 'w'.dim: 2, but options.tensors[0] has 2 dimensions",
+           lambda: I(tensors=cols, parts=[P("w", "slice", dim=2, start=0, count=1)]))
+    expect("a slice past the tensor's shape", E, "options.parts[0] 'w': indices [3, 5) along dim 1",
+           lambda: I(tensors=cols, parts=[P("w", "slice", dim=1, start=3, count=2)]))
+    expect("a negative start", E, "options.parts[0] 'w'.start: -1",
+           lambda: I(tensors=cols, parts=[P("w", "slice", dim=1, start=-1, count=2)]))
+    expect("a NONE part's tensor given", E, "options.parts[0] 'w': NONE, but options.tensors[0] holds it",
+           lambda: I(tensors=cols, parts=[P("w", "none")]))
+    expect("a part that is not an rlorch.Part", E, "options.parts[0]: a tuple, not an rlorch.Part",
+           lambda: I(tensors=cols, parts=[("w", "slice", 1, 2, 2)]))
+    I(tensors=cols, parts=[P("w", "slice", dim=1, start=2, count=2), P("expert.1", "none")]).close()
+    report(True, "an inference worker holding columns [2, 4) of its tensor is created", "")
     expect("a storage dtype the library lacks", E, "storage_dtype: unknown value 9",
            lambda: T(tensors=[rlorch.Tensor("w", a.ctypes.data, shape=a.shape, dtype=9, wire_dtype="bf16",
                                             owner=a)]))

@@ -283,6 +283,113 @@ int main(int argc, char **argv) {
     expect(rlorch_create(&o, &ws, &err), RLORCH_OK, &err, "", "a rank with parts inside its tensors");
     rlorch_free(ws);
   }
+  /* An inference worker's parts (API 3): each refused by name. */
+  {
+    rlorch_part pt[2] = {{.name = "a", .kind = RLORCH_PART_SLICE, .dim = 0, .start = 0, .count = 4},
+                         {.name = "b", .kind = RLORCH_PART_SLICE, .dim = 1, .start = 4, .count = 4}};
+#define PARTS(role)   \
+  do {                \
+    RESET(role);      \
+    o.parts = pt;     \
+    o.nparts = 2;     \
+  } while (0)
+    PARTS(RLORCH_ROLE_TRAINER);
+    create_fails(&o, RLORCH_E_INVALID, "options.parts: only an inference worker holds parts",
+                 "parts on a trainer");
+    PARTS(RLORCH_ROLE_INFERENCE);
+    o.parts = NULL;
+    create_fails(&o, RLORCH_E_INVALID, "options.parts: NULL with nparts 2", "nparts without parts");
+    PARTS(RLORCH_ROLE_INFERENCE);
+    pt[1].name = "";
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1].name: empty", "a part with an empty name");
+    pt[1].name = NULL;
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1].name: NULL", "a part without a name");
+    char longname[RLORCH_NAME_MAX + 2];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    pt[1].name = longname;
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1].name: 128 bytes, more than 127",
+                 "a part name of 128 bytes");
+    pt[1].name = "a";
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1] 'a': listed twice (also options.parts[0])",
+                 "a tensor's part given twice");
+    pt[1].name = "b";
+    pt[1].kind = (rlorch_part_kind)7;
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1] 'b'.kind: unknown value 7", "an unknown kind");
+    pt[1].kind = RLORCH_PART_SLICE;
+    pt[1].count = 0;
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1] 'b'.count: 0; a slice holds at least one index",
+                 "a slice of no index");
+    pt[1].count = 4;
+    pt[1].dim = 2;
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1] 'b'.dim: 2, but options.tensors[1] has 2 "
+                 "dimensions", "a slice along a dimension the tensor lacks");
+    pt[1].dim = 8;
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1] 'b'.dim: 8, a tensor has at most 8 dimensions",
+                 "a slice along dimension 8");
+    pt[1].dim = 1;
+    pt[1].start = 5;
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1] 'b': indices [5, 9) along dim 1 are past "
+                 "options.tensors[1]'s shape[1] 8", "a slice past the tensor's shape");
+    pt[1].start = UINT64_MAX;
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1] 'b'.start: 18446744073709551615 + count 4 "
+                 "overflows", "a slice whose end overflows");
+    pt[1].start = 4;
+    pt[1].kind = RLORCH_PART_WHOLE;
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1] 'b': dim, start and count are a SLICE's; a "
+                 "WHOLE part leaves them 0", "a whole part with a slice's fields");
+    pt[1] = (rlorch_part){.name = "b", .kind = RLORCH_PART_NONE};
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1] 'b': NONE, but options.tensors[1] holds it "
+                 "(leave a tensor held NONE out of options.tensors)", "a NONE part's tensor given");
+    pt[1] = (rlorch_part){.name = "e", .kind = RLORCH_PART_SLICE, .dim = 0, .start = 0, .count = 1};
+    create_fails(&o, RLORCH_E_INVALID, "options.parts[1] 'e': no options.tensors of that name holds it",
+                 "a part of a tensor not given");
+    /* Good parts: a NONE part of a tensor not given, a slice inside its
+     * tensor; with on_bind (no tensors) the shapes are the plan's. */
+    pt[1] = (rlorch_part){.name = "e", .kind = RLORCH_PART_NONE};
+    rlorch_worker *wp = NULL;
+    expect(rlorch_create(&o, &wp, &err), RLORCH_OK, &err, "", "an inference worker with good parts");
+    rlorch_free(wp);
+    PARTS(RLORCH_ROLE_INFERENCE);
+    o.tensors = NULL;
+    o.ntensors = 0;
+    o.on_bind = place;
+    wp = NULL;
+    expect(rlorch_create(&o, &wp, &err), RLORCH_OK, &err, "", "parts with on_bind placing the tensors");
+    rlorch_free(wp);
+#undef PARTS
+  }
+  {
+    /* A caller built against version 2's header: its struct ends before
+     * version 3's parts, and what lies past it is neither written nor read
+     * (0xA5 bytes read as parts would be refused or crash). */
+    unsigned char room[sizeof(rlorch_options) + 16];
+    memset(room, 0xA5, sizeof room);
+    size_t v2_size = offsetof(rlorch_options, parts);
+    rlorch_options *v2 = (rlorch_options *)(void *)room;
+    rlorch_options_init(v2, v2_size, RLORCH_ROLE_INFERENCE);
+    int spill = 0;
+    for (size_t k = v2_size; k < sizeof room; k++) spill |= room[k] != 0xA5;
+    rlorch_tensor t2[4];
+    tensors(t2, RLORCH_DTYPE_BF16, RLORCH_DTYPE_BF16);
+    v2->orchestrator = orch;
+    v2->token = "inline";
+    v2->tensors = t2;
+    v2->ntensors = 4;
+    rlorch_worker *w2 = NULL;
+    rlorch_status rc = rlorch_create(v2, &w2, &err);
+    if (spill || v2->api_version != 2 || rc != RLORCH_OK) {
+      failures++;
+      printf("FAIL a version 2 caller: api_version %u, %s, create %s: %s\n", v2->api_version,
+             spill ? "written past its struct" : "nothing written past its struct",
+             rlorch_status_name(rc), err.message);
+    } else {
+      passes++;
+      printf("ok   a version 2 caller gets api_version 2 and a worker; the bytes past its struct are "
+             "neither written nor read\n");
+    }
+    rlorch_free(w2);
+  }
   {
     /* A caller built against version 1's header: its struct ends before
      * version 2's fields, and what lies past it is not read. */

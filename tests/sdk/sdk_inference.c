@@ -16,6 +16,11 @@
  * --on-bind: the worker starts with no tensors; options.on_bind places each
  * plan's tensors (checked against the model's names, shapes and dtype) in
  * buffers allocated when the first plan comes.
+ * --tp R/N (--tp-bind R/N: the same through on_bind): rank R of a
+ * tensor-parallel engine of N (options.parts): the embedding's rows and the
+ * mlp weight's columns sliced in N near-equal parts, the norm whole; each
+ * buffer holds its part only, checked element for element against the
+ * trainer's full tensor.
  * Prints one line per event, "FAIL ..." for anything wrong; exits 0 after
  * SIGTERM with nothing wrong. */
 #include <pthread.h>
@@ -43,6 +48,39 @@ static void on_log(void *ud, rlorch_log_level level, const char *event, const ch
 }
 
 static uint16_t *buf[SDK_MODEL_N];
+/* --tp: this rank's part of each tensor (WHOLE when not sliced). */
+static rlorch_part parts[SDK_MODEL_N];
+static size_t nparts;
+
+/* Tensor k's part: indices [*start, *start + *count) along *dim (the whole
+ * tensor along dim 0 when not sliced). */
+static void part_of(size_t k, uint32_t *dim, uint64_t *start, uint64_t *count) {
+  if (k < nparts && parts[k].kind == RLORCH_PART_SLICE) {
+    *dim = parts[k].dim, *start = parts[k].start, *count = parts[k].count;
+    return;
+  }
+  *dim = 0, *start = 0, *count = SDK_MODEL[k].shape[0];
+}
+
+/* Elements tensor k's buffer holds. */
+static uint64_t held_elems(size_t k) {
+  uint32_t dim;
+  uint64_t start, count;
+  part_of(k, &dim, &start, &count);
+  return sdk_model_elems(k) / SDK_MODEL[k].shape[dim] * count;
+}
+
+/* The full tensor's element of the part's element i (row-major in the
+ * part's shape: shape[dim] replaced by count). */
+static uint64_t full_index(size_t k, uint64_t i) {
+  uint32_t dim;
+  uint64_t start, count;
+  part_of(k, &dim, &start, &count);
+  uint64_t inner = 1; /* elements of one index along dim */
+  for (uint32_t d = dim + 1; d < SDK_MODEL[k].ndim; d++) inner *= SDK_MODEL[k].shape[d];
+  uint64_t outer = i / (count * inner), along = i / inner % count, rest = i % inner;
+  return (outer * SDK_MODEL[k].shape[dim] + start + along) * inner + rest;
+}
 /* Generation read-holds it; a broadcast write-holds it from before to after. */
 static pthread_rwlock_t weights_lock = PTHREAD_RWLOCK_INITIALIZER;
 static int torn;
@@ -76,8 +114,8 @@ static void after(void *ud, int ok, uint64_t version) {
   uint64_t bad = 0, n = 0;
   if (ok) {
     for (size_t k = 0; k < SDK_MODEL_N; k++)
-      for (uint64_t i = 0; i < sdk_model_elems(k); i++, n++)
-        bad += buf[k][i] != sdk_bf16(sdk_model_value(version, k, i));
+      for (uint64_t i = 0; i < held_elems(k); i++, n++)
+        bad += buf[k][i] != sdk_bf16(sdk_model_value(version, k, full_index(k, i)));
     broadcasts_ok++;
   } else {
     broadcasts_failed++;
@@ -113,7 +151,7 @@ static int place_tensors(void *ud, uint64_t version, rlorch_tensor *t, size_t n,
       FAIL("bind: %s", msg);
       return -1;
     }
-    if (!buf[k] && !(buf[k] = calloc(sdk_model_elems(k), sizeof(uint16_t)))) {
+    if (!buf[k] && !(buf[k] = calloc(held_elems(k), sizeof(uint16_t)))) {
       snprintf(msg, len, "no memory for '%s'", t[i].name);
       return -1;
     }
@@ -268,17 +306,37 @@ static unsigned serve(rlorch_worker *w, const rlorch_command *cmd, const char *n
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: sdk_inference ORCHESTRATOR NAME [--bad-reports | --delay-ms N | --on-bind]\n");
+    fprintf(stderr, "usage: sdk_inference ORCHESTRATOR NAME [--bad-reports | --delay-ms N | "
+            "--on-bind | --tp R/N | --tp-bind R/N]\n");
     return 2;
   }
   int want_bad = argc > 3 && !strcmp(argv[3], "--bad-reports");
-  int on_bind = argc > 3 && !strcmp(argv[3], "--on-bind");
+  int tp_bind = argc > 4 && !strcmp(argv[3], "--tp-bind");
+  int on_bind = tp_bind || (argc > 3 && !strcmp(argv[3], "--on-bind"));
+  if (tp_bind || (argc > 4 && !strcmp(argv[3], "--tp"))) {
+    unsigned r, nr;
+    if (sscanf(argv[4], "%u/%u", &r, &nr) != 2 || nr < 1 || r >= nr) {
+      fprintf(stderr, "sdk_inference: --tp wants R/N with R < N, not \"%s\"\n", argv[4]);
+      return 2;
+    }
+    /* Rows of the embedding (dim 0), columns of the mlp weight (dim 1):
+     * the first shape % N parts one index longer. */
+    const uint32_t dims[2] = {0, 1};
+    for (size_t k = 0; k < 2; k++) {
+      uint64_t len = SDK_MODEL[k].shape[dims[k]], base = len / nr, extra = len % nr;
+      parts[k] = (rlorch_part){.name = SDK_MODEL[k].name, .kind = RLORCH_PART_SLICE, .dim = dims[k],
+                               .start = r * base + (r < extra ? r : extra),
+                               .count = base + (r < extra)};
+    }
+    parts[2] = (rlorch_part){.name = SDK_MODEL[2].name, .kind = RLORCH_PART_WHOLE};
+    nparts = 3;
+  }
   double delay_s = argc > 4 && !strcmp(argv[3], "--delay-ms") ? atof(argv[4]) / 1000.0 : 0;
   signal(SIGTERM, on_term);
   signal(SIGINT, on_term);
   rlorch_tensor t[SDK_MODEL_N];
   for (size_t k = 0; k < SDK_MODEL_N && !on_bind; k++) {
-    buf[k] = calloc(sdk_model_elems(k), sizeof(uint16_t));
+    buf[k] = calloc(held_elems(k), sizeof(uint16_t));
     if (!buf[k]) return 1;
     t[k] = (rlorch_tensor){.name = SDK_MODEL[k].name, .layer = SDK_MODEL[k].layer,
                            .storage_dtype = RLORCH_DTYPE_BF16, .wire_dtype = RLORCH_DTYPE_BF16,
@@ -292,6 +350,8 @@ int main(int argc, char **argv) {
   o.tensors = on_bind ? NULL : t;
   o.ntensors = on_bind ? 0 : SDK_MODEL_N;
   if (on_bind) o.on_bind = place_tensors;
+  o.parts = nparts ? parts : NULL;
+  o.nparts = nparts;
   o.max_concurrent_requests = 4;
   o.log = on_log;
   o.log_level = RLORCH_LOG_WARN;

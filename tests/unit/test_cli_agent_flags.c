@@ -85,6 +85,40 @@ Test(agent_opts, inference_values) {
   agent_flags_free(&o);
 }
 
+/* A rank of a tensor-parallel engine: its rank, the engine's size, the
+ * trainer's model whose tensors it slices. */
+Test(agent_opts, inference_tensor_parallel) {
+  agent_flags o;
+  char err[256];
+  cr_assert_eq(PARSE(AGENT_ROLE_INFERENCE, &o, err, "--orchestrator", "a:1"), 0, "%s", err);
+  cr_assert_eq(o.opts.tp_size, 0u, "every tensor whole unless --tp-size says otherwise");
+  cr_assert_eq(o.opts.tp_rank, 0u);
+  agent_flags_free(&o);
+  cr_assert_eq(PARSE(AGENT_ROLE_INFERENCE, &o, err, "--orchestrator", "a:1", "--tp-size", "4",
+                     "--tp-rank", "3", "--preset", "1b", "--layers", "2"),
+               0, "%s", err);
+  cr_assert_eq(o.opts.tp_size, 4u);
+  cr_assert_eq(o.opts.tp_rank, 3u);
+  cr_assert_str_eq(o.opts.preset, "1b");
+  cr_assert_eq(o.opts.max_layers, 2u);
+  agent_flags_free(&o);
+  char *envp[] = {"RLORCH_TP_SIZE=2", "RLORCH_TP_RANK=1", NULL};
+  cr_assert_eq(PARSE_ENV(AGENT_ROLE_INFERENCE, envp, &o, err, "--orchestrator", "a:1"), 0, "%s", err);
+  cr_assert_eq(o.opts.tp_size, 2u, "from the environment");
+  cr_assert_eq(o.opts.tp_rank, 1u);
+  agent_flags_free(&o);
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--tp-rank: 2 is not below --tp-size 2", "--orchestrator",
+               "a:1", "--tp-size", "2", "--tp-rank", "2");
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--tp-rank: 1 is not below --tp-size 0", "--orchestrator",
+               "a:1", "--tp-rank", "1");
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--preset: unknown preset \"2b\"", "--orchestrator", "a:1",
+               "--tp-size", "2", "--preset", "2b");
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--tp-size", "--orchestrator", "a:1", "--tp-size", "1025");
+  EXPECT_ERROR(AGENT_ROLE_INFERENCE, "--tp-rank", "--orchestrator", "a:1", "--tp-rank", "x");
+  /* The trainer has no such flag. */
+  EXPECT_ERROR(AGENT_ROLE_TRAINER, "--tp-size", "--orchestrator", "a:1", "--tp-size", "2");
+}
+
 static char *usage_text(agent_role role) {
   char *text = NULL;
   size_t len = 0;

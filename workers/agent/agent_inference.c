@@ -99,6 +99,12 @@ typedef struct agent__inference {
   pthread_t *tids;
   size_t nthreads;
   agent_signals sig; /* SIGINT/SIGTERM stop the worker */
+  /* --tp-size: the model's tensors (for their names) and this rank's parts
+   * of them, registered; the buffers hold these parts only. */
+  bcast_tensor *model;
+  size_t nmodel;
+  rlorch_part *parts;
+  size_t nparts;
 } agent__inference;
 
 typedef struct inference__job {
@@ -141,8 +147,56 @@ static const char *inference__layout_differs(const inference__set *b, const rlor
   return NULL;
 }
 
+/* The part of tensor `name` this rank holds; NULL: whole. */
+static const rlorch_part *inference__part(const agent__inference *in, const char *name) {
+  for (size_t i = 0; i < in->nparts; i++)
+    if (!strcmp(in->parts[i].name, name)) return &in->parts[i];
+  return NULL;
+}
+
+/* --tp-size T: rank K's slice of every 2-D tensor of the preset, the 2-D
+ * tensors along dim 0 and dim 1 in turn (column- then row-parallel layers),
+ * slice k of an axis of len indices [k*(len/T) + min(k, len%T), ...) of
+ * len/T indices, one more for the first len%T ranks; 1-D tensors whole.
+ * An axis shorter than T would leave some rank nothing: refused. */
+static int inference__tp_parts(agent__inference *in, char *msg, size_t len) {
+  const agent_opts *o = &in->o;
+  if (o->tp_size <= 1) return 0;
+  bcast_preset_opts po = {.storage_dtype = BCAST_DTYPE_FP32, .wire_dtype = BCAST_DTYPE_BF16,
+                          .max_layers = o->max_layers};
+  bcast_err be = {0};
+  if (bcast_preset_manifest(o->preset, &po, &in->model, &in->nmodel, &be))
+    return snprintf(msg, len, "--preset %s: %s", o->preset, be.msg), -1;
+  if (!(in->parts = calloc(in->nmodel ? in->nmodel : 1, sizeof *in->parts)))
+    return snprintf(msg, len, "--tp-size: no memory"), -1;
+  uint64_t held = 0, total = 0;
+  size_t k2 = 0; /* 2-D tensors seen */
+  for (size_t i = 0; i < in->nmodel; i++) {
+    const bcast_tensor *t = &in->model[i];
+    uint64_t e = bcast_tensor_elems(t);
+    total += e;
+    if (t->ndim != 2) {
+      held += e;
+      continue;
+    }
+    uint32_t dim = (uint32_t)(k2++ % 2);
+    uint64_t n = t->shape[dim], base = n / o->tp_size, extra = n % o->tp_size, r = o->tp_rank;
+    if (base == 0)
+      return snprintf(msg, len, "--tp-size %u: tensor '%s' has %llu indices along dim %u, fewer "
+                      "than the ranks", o->tp_size, t->name, (unsigned long long)n, dim), -1;
+    rlorch_part *pt = &in->parts[in->nparts++];
+    *pt = (rlorch_part){.name = t->name, .kind = RLORCH_PART_SLICE, .dim = dim,
+                        .start = r * base + (r < extra ? r : extra), .count = base + (r < extra)};
+    held += e / n * pt->count;
+  }
+  agent_log_info("tp_parts", "tp_rank=%u tp_size=%u preset=%s tensors=%zu sliced=%zu "
+                 "elements_held=%llu elements_total=%llu", o->tp_rank, o->tp_size, o->preset,
+                 in->nmodel, in->nparts, (unsigned long long)held, (unsigned long long)total);
+  return 0;
+}
+
 /* Allocates buffers shaped like the plan's tensors into b (GPU memory with a
- * device, host memory otherwise). */
+ * device, host memory otherwise), each the size of the part held of it. */
 static int inference__set_alloc(agent__inference *in, const rlorch_tensor *t, size_t n,
                                 inference__set *b, char *msg, size_t len) {
   b->t = calloc(n ? n : 1, sizeof *b->t);
@@ -157,9 +211,18 @@ static int inference__set_alloc(agent__inference *in, const rlorch_tensor *t, si
     memcpy(h->shape, t[i].shape, t[i].ndim * sizeof *t[i].shape);
     h->residency = in->device >= 0 ? BCAST_RES_GPU : BCAST_RES_HOST_PAGEABLE;
     h->device = in->device;
+    /* Allocated in the part's shape; the full shape is put back below. */
+    const rlorch_part *pt = inference__part(in, h->name);
+    if (pt && pt->kind == RLORCH_PART_SLICE) {
+      h->part = (bcast_part){.kind = BCAST_PART_SLICE, .dim = pt->dim, .start = pt->start,
+                             .count = pt->count};
+      h->shape[pt->dim] = pt->count;
+    }
   }
   bcast_err err = {0};
-  if (bcast_storage_alloc(b->t, b->n, BCAST_FILL_RECEIVER, 0, &b->storage, &err)) {
+  int rc = bcast_storage_alloc(b->t, b->n, BCAST_FILL_RECEIVER, 0, &b->storage, &err);
+  for (size_t i = 0; i < n; i++) b->t[i].shape[b->t[i].part.dim] = t[i].shape[b->t[i].part.dim];
+  if (rc) {
     snprintf(msg, len, "receive buffers: %s", err.msg);
     inference__set_free(b);
     return -1;
@@ -574,6 +637,8 @@ static void inference__options(agent__inference *in, rlorch_options *ro) {
   ro->device = in->device;
   ro->max_concurrent_requests = o->concurrency;
   ro->connect_timeout_s = INFINITY; /* registration is retried without a limit */
+  ro->parts = in->parts;
+  ro->nparts = in->nparts;
   ro->on_bind = inference__bind;
   ro->bind_ud = in;
   ro->on_broadcast_before = inference__before;
@@ -616,6 +681,10 @@ int agent_inference_run(const agent_opts *o) {
   agent_log_devices(&in.caps, in.device);
   uint64_t seed = in.o.seed_set ? in.o.seed : (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
   agent_rollout_gen_init(&in.gen, &in.o.rollout, seed, in.o.reward, in.o.reward_ud);
+  if (inference__tp_parts(&in, msg, sizeof msg)) {
+    agent_log_error("fatal", "reason=\"%s\"", msg);
+    goto out;
+  }
   rlorch_options ro;
   inference__options(&in, &ro);
   rlorch_error err;
@@ -656,6 +725,8 @@ out:
   agent_signals_stop(&in.sig);
   rlorch_free(in.w);
   inference__free_buffers(&in);
+  free(in.parts);
+  free(in.model);
   pthread_cond_destroy(&in.wake);
   pthread_cond_destroy(&in.cond);
   pthread_mutex_destroy(&in.mu);

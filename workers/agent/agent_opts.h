@@ -26,8 +26,8 @@ typedef struct agent_opts {
   const char *token_file;   /* read at start when token is NULL */
   const char *token;        /* the bearer token itself (< AGENT_TOKEN_MAX bytes), or NULL */
   const char *name;         /* NULL: host name and pid */
-  const char *preset;       /* trainer: "100m" by default */
-  uint32_t max_layers;      /* trainer: 0 = all decoder layers */
+  const char *preset;       /* trainer (inference with tp_size > 1): "100m" by default */
+  uint32_t max_layers;      /* the same: 0 = all decoder layers */
   agent_offload offload;
   int device;               /* -1: none */
   int device_set;           /* 0: pick (0 when a GPU exists, else -1) */
@@ -59,6 +59,15 @@ typedef struct agent_opts {
    * generation waits while a broadcast writes it, and after a failed one the
    * agent serves no rollout until a broadcast succeeds. */
   int double_buffer;
+  /* Inference: rank tp_rank of a tensor-parallel engine of tp_size ranks
+   * (one process each; 0 or 1: every tensor whole). The rank registers the
+   * parts it holds of the model `preset` (max_layers decoder layers, as the
+   * trainer's): every 2-D tensor cut into tp_size near-equal slices (the
+   * first len % tp_size one index longer), along dim 0 for the even ones of
+   * the 2-D tensors in the model's order and dim 1 for the odd ones (as
+   * column- then row-parallel layers), every 1-D tensor whole. */
+  uint32_t tp_rank;
+  uint32_t tp_size;
   /* Inference: scores each completion (agent_rollout.h says how, and what a
    * failure does); NULL for agent_reward_default. Called on the generator
    * threads with reward_ud, up to `concurrency` calls at once. This is where

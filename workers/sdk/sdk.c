@@ -242,31 +242,71 @@ static int sdk__bound_room(rlorch_worker *w, size_t n, bcast_err *err) {
   return 0;
 }
 
-/* on_bind: the caller places the plan's tensors; what it sets (residency,
- * device, data) is checked as options.tensors are. */
-static int sdk__bind_caller(rlorch_worker *w, const bcast_plan *p, bcast_err *err) {
+/* The part of tensor `name` options.parts declares (WHOLE when not listed). */
+static bcast_part sdk__declared(const rlorch_worker *w, const char *name) {
+  for (size_t i = 0; i < w->nparts; i++)
+    if (!strcmp(w->parts[i].name, name)) return w->parts[i].part;
+  return (bcast_part){.kind = BCAST_PART_WHOLE};
+}
+
+/* Whether options.parts holds anything but whole tensors. */
+static int sdk__partial(const rlorch_worker *w) {
+  for (size_t i = 0; i < w->nparts; i++)
+    if (w->parts[i].part.kind != BCAST_PART_WHOLE) return 1;
+  return 0;
+}
+
+/* The plan gives this rank a view, or none when it holds every tensor
+ * whole. Memory sized for options.parts must never take a whole tensor: a
+ * partial worker's plan without a view is refused before anything is bound
+ * (the orchestrator planned it from other parts than these). */
+static int sdk__viewed(const rlorch_worker *w, const bcast_plan *p, uint32_t rank, bcast_err *err) {
+  int viewed = bcast_plan_rank_view(p, rank) != BCAST_VIEW_WHOLE;
+  if (!viewed && sdk__partial(w)) {
+    err->code = BCAST_EINVAL;
+    snprintf(err->msg, sizeof err->msg, "the plan gives receiver rank %u every tensor whole, but "
+             "options.parts says this worker holds only part of some tensors", rank);
+    return -1;
+  }
+  return viewed;
+}
+
+/* on_bind: the caller places the plan's tensors (those it holds part of,
+ * with a view); what it sets (residency, device, data) is checked as
+ * options.tensors are, and what it holds against the plan's view. */
+static int sdk__bind_caller(rlorch_worker *w, const bcast_plan *p, uint32_t rank, bcast_err *err) {
+  int viewed = sdk__viewed(w, p, rank, err);
+  if (viewed < 0) return BCAST_EINVAL;
   int rc = sdk__bound_room(w, p->ntensors, err);
   if (rc) return rc;
+  /* The caller's k-th tensor is the plan's k-th one it holds (NONE ones
+   * left out); both loops below skip the same ones. */
+  size_t k = 0;
   for (size_t i = 0; i < p->ntensors; i++) {
     const bcast_tensor *pt = &p->tensors[i];
-    w->pub_bound[i] = (rlorch_tensor){.name = pt->name, .layer = pt->layer,
+    if (viewed && bcast_plan_part(p, rank, i)->kind == BCAST_PART_NONE) continue;
+    w->pub_bound[k++] = (rlorch_tensor){.name = pt->name, .layer = pt->layer,
                                       .storage_dtype = (rlorch_dtype)pt->wire_dtype,
                                       .wire_dtype = (rlorch_dtype)pt->wire_dtype,
                                       .ndim = pt->ndim, .shape = pt->shape,
                                       .residency = w->device >= 0 ? RLORCH_RES_GPU : RLORCH_RES_HOST_PAGEABLE,
                                       .device = w->device};
   }
+  size_t nheld = k;
   char msg[256] = "";
-  if (w->so.o.on_bind(w->so.o.bind_ud, p->policy_version, w->pub_bound, p->ntensors, msg, sizeof msg)) {
+  if (w->so.o.on_bind(w->so.o.bind_ud, p->policy_version, w->pub_bound, nheld, msg, sizeof msg)) {
     err->code = BCAST_EINVAL;
     snprintf(err->msg, sizeof err->msg, "on_bind refused the plan: %s", msg[0] ? msg : "no reason given");
     return BCAST_EINVAL;
   }
-  for (size_t i = 0; i < p->ntensors; i++) {
-    const rlorch_tensor *in = &w->pub_bound[i];
-    bcast_tensor *out = &w->bound[i];
+  for (size_t i = 0, j = 0; i < p->ntensors; i++) {
+    if (viewed && bcast_plan_part(p, rank, i)->kind == BCAST_PART_NONE) continue;
+    const rlorch_tensor *in = &w->pub_bound[j];
+    bcast_tensor *out = &w->bound[j++];
     *out = p->tensors[i];
     out->storage_dtype = out->wire_dtype;
+    /* What the caller placed memory for, which the view must equal. */
+    if (viewed) out->part = sdk__declared(w, out->name);
     out->residency = (bcast_residency)in->residency;
     out->device = in->residency == RLORCH_RES_GPU ? in->device : -1;
     out->data = in->data;
@@ -278,12 +318,32 @@ static int sdk__bind_caller(rlorch_worker *w, const bcast_plan *p, bcast_err *er
                           : NULL;
     if (bad) {
       err->code = BCAST_EINVAL;
-      snprintf(err->msg, sizeof err->msg, "on_bind: tensors[%zu] '%s': %s", i, p->tensors[i].name, bad);
+      snprintf(err->msg, sizeof err->msg, "on_bind: tensors[%zu] '%s': %s", j - 1, p->tensors[i].name, bad);
       return BCAST_EINVAL;
     }
   }
-  w->nbound = p->ntensors;
-  return bcast_plan_check_local(p, w->bound, w->nbound, 0, err);
+  w->nbound = nheld;
+  return viewed ? bcast_plan_check_receiver(p, rank, w->bound, w->nbound, err)
+                : bcast_plan_check_local(p, w->bound, w->nbound, 0, err);
+}
+
+/* A receiver of a view: the caller's tensors it holds part of, in the
+ * plan's order (NONE ones left out), each with the part options.parts gave
+ * it; bcast_plan_check_receiver refuses any that differs from the view. */
+static int sdk__bind_view(rlorch_worker *w, const bcast_plan *p, uint32_t rank, bcast_err *err) {
+  int rc = sdk__bound_room(w, p->ntensors, err);
+  if (rc) return rc;
+  size_t k = 0;
+  for (size_t i = 0; i < p->ntensors; i++) {
+    if (bcast_plan_part(p, rank, i)->kind == BCAST_PART_NONE) continue;
+    for (size_t j = 0; j < w->n; j++)
+      if (!strcmp(w->t[j].name, p->tensors[i].name)) {
+        w->bound[k++] = w->t[j];
+        break;
+      }
+  }
+  w->nbound = k;
+  return bcast_plan_check_receiver(p, rank, w->bound, w->nbound, err);
 }
 
 /* The plan the broadcast callbacks are about (rlorch_broadcast_id); NULL: none. */
@@ -303,11 +363,21 @@ static int sdk__bind(void *ud, const bcast_plan *p, uint32_t rank, bcast_tensor 
   int sender = w->ao.role == AGENT_ROLE_TRAINER;
   if (!sender && w->so.o.on_bind) {
     sdk__bcast_id(w, p);
-    int rc = sdk__bind_caller(w, p, err);
+    int rc = sdk__bind_caller(w, p, rank, err);
     sdk__bcast_id(w, NULL);
     *local = w->bound;
     *n = w->nbound;
     return rc;
+  }
+  if (!sender) {
+    int viewed = sdk__viewed(w, p, rank, err);
+    if (viewed < 0) return BCAST_EINVAL;
+    if (viewed) {
+      int rc = sdk__bind_view(w, p, rank, err);
+      *local = w->bound;
+      *n = w->nbound;
+      return rc;
+    }
   }
   /* A trainer group's rank sends only its own part (it may hold shards). */
   int rc = sender && bcast_plan_sources(p) > 1
@@ -360,6 +430,30 @@ static int sdk__done(void *ud, const bcast_plan *p, int ok, uint64_t *checksum, 
 }
 
 /* ---- lifecycle --------------------------------------------------------------------- */
+
+/* RegisterRequest.parts from options.parts (the names are w's copies). */
+static int sdk__register_parts(rlorch_worker *w) {
+  if (!w->nparts) return 0;
+  w->parts_pb = calloc(w->nparts, sizeof *w->parts_pb);
+  w->parts_pbp = calloc(w->nparts, sizeof *w->parts_pbp);
+  if (!w->parts_pb || !w->parts_pbp) return -1;
+  for (size_t i = 0; i < w->nparts; i++) {
+    Rlorch__V1__TensorPart *t = &w->parts_pb[i];
+    const bcast_part *pt = &w->parts[i].part;
+    rlorch__v1__tensor_part__init(t);
+    t->name = w->part_names[i];
+    t->kind = pt->kind == BCAST_PART_SLICE  ? RLORCH__V1__PART_KIND__PART_KIND_SLICE
+              : pt->kind == BCAST_PART_NONE ? RLORCH__V1__PART_KIND__PART_KIND_NONE
+                                            : RLORCH__V1__PART_KIND__PART_KIND_WHOLE;
+    t->dim = pt->dim;
+    t->start = pt->start;
+    t->count = pt->count;
+    w->parts_pbp[i] = t;
+  }
+  w->reg.n_parts = w->nparts;
+  w->reg.parts = w->parts_pbp;
+  return 0;
+}
 
 static void sdk__stats(Rlorch__V1__WorkerStats *s, void *ud) {
   rlorch_worker *w = ud;
@@ -420,6 +514,10 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
   } else {
     w->caps_pb.max_concurrent_requests = w->ao.concurrency;
     w->reg.role = RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE;
+    if (sdk__register_parts(w)) {
+      rc = sdk_fail(err, RLORCH_E_NOMEM, "no memory for the parts");
+      goto fail;
+    }
   }
   if (agent_new(&w->ao, &w->reg, sdk__command, w, &w->a, msg, sizeof msg)) {
     rc = sdk_fail(err, RLORCH_E_IO, "%s", msg);
@@ -535,6 +633,8 @@ SDK__EXPORT void rlorch_free(rlorch_worker *w) {
   agent_pb_manifest_free(w->manifest);
   free(w->bound);
   free(w->pub_bound);
+  free(w->parts_pb);
+  free(w->parts_pbp);
   sdk_opts_free(w);
   sdk__active_put(w->active);
   pthread_cond_destroy(&w->cond);

@@ -47,8 +47,14 @@ struct rlorch_worker {
   agent_opts ao;
   bcast_caps caps;
   int device;
-  bcast_tensor *t; /* the caller's tensors, their data pointers */
+  bcast_tensor *t; /* the caller's tensors, their data pointers (and parts) */
   size_t n;
+  /* Inference (API 3): options.parts, names copied; what Register sends and
+   * each plan's view for this worker must equal. */
+  bcast_part_spec *parts;
+  char **part_names;
+  size_t nparts;
+  Rlorch__V1__TensorPart *parts_pb, **parts_pbp; /* RegisterRequest.parts, into `parts` */
   bcast_tensor *bound; /* receiver: the plan's tensors in its order, pointing into t */
   size_t nbound, bound_cap;
   rlorch_tensor *pub_bound; /* on_bind: the plan's tensors as the caller sees them */

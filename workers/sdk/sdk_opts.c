@@ -30,10 +30,21 @@ rlorch_status sdk_fail(rlorch_error *err, rlorch_status code, const char *fmt, .
   return code;
 }
 
+_Static_assert((int)RLORCH_PART_WHOLE == (int)BCAST_PART_WHOLE, "part kinds");
+_Static_assert((int)RLORCH_PART_SLICE == (int)BCAST_PART_SLICE, "part kinds");
+_Static_assert((int)RLORCH_PART_NONE == (int)BCAST_PART_NONE, "part kinds");
+
 /* The struct's size as each API version laid it out: version 1 ended at
- * broadcast_ud, version 2 (this header) at its end. */
+ * broadcast_ud, version 2 at shards, version 3 (this header) at its end. */
 #define SDK__V1_SIZE (offsetof(rlorch_options, broadcast_ud) + sizeof(void *))
+#define SDK__V2_SIZE (offsetof(rlorch_options, shards) + sizeof(void *))
 _Static_assert(offsetof(rlorch_options, token) >= SDK__V1_SIZE, "version 2 fields follow version 1's");
+_Static_assert(offsetof(rlorch_options, parts) >= SDK__V2_SIZE, "version 3 fields follow version 2's");
+
+/* The bytes of the options a caller of API `version` has. */
+static size_t sdk__version_size(uint32_t version) {
+  return version == 1 ? SDK__V1_SIZE : version == 2 ? SDK__V2_SIZE : sizeof(rlorch_options);
+}
 
 SDK__EXPORT void rlorch_options_init(rlorch_options *o, size_t size, rlorch_role role) {
   if (!o) return;
@@ -43,7 +54,7 @@ SDK__EXPORT void rlorch_options_init(rlorch_options *o, size_t size, rlorch_role
    * number; no byte past `size` is written. */
   memset(o, 0, size < sizeof *o ? size : sizeof *o);
   if (size < SDK__V1_SIZE) return;
-  o->api_version = size < sizeof *o ? 1 : RLORCH_API_VERSION;
+  o->api_version = size < SDK__V2_SIZE ? 1 : size < sizeof *o ? 2 : RLORCH_API_VERSION;
   o->role = role;
   o->device = -1;
   o->max_concurrent_requests = 8; /* the orchestrator's default max_requests_per_worker */
@@ -191,6 +202,100 @@ static rlorch_status sdk__check_v2(const rlorch_options *o, rlorch_error *err) {
   return RLORCH_OK;
 }
 
+/* The fields of API version 3 (zero for older callers): each part on its
+ * own, then against the caller's tensors of its name. What only the
+ * trainer's manifest can tell (a tensor it lacks, a slice past its shape
+ * when the caller gave no tensors) the orchestrator refuses at Register. */
+static rlorch_status sdk__check_v3(const rlorch_options *o, rlorch_error *err) {
+  if (!o->nparts && !o->parts) return RLORCH_OK;
+  if (o->role != RLORCH_ROLE_INFERENCE)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.parts: only an inference worker holds parts "
+                    "(a trainer rank's part is options.shards)");
+  if (!o->parts)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.parts: NULL with nparts %zu", o->nparts);
+  if (o->nparts > BCAST_MAX_TENSORS)
+    return sdk_fail(err, RLORCH_E_INVALID, "options.nparts: %zu, more than a plan's tensors", o->nparts);
+  for (size_t i = 0; i < o->nparts; i++) {
+    const rlorch_part *pt = &o->parts[i];
+    if (!pt->name || !pt->name[0])
+      return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu].name: %s", i,
+                      pt->name ? "empty" : "NULL");
+    const char *nm = pt->name;
+    if (strlen(nm) > RLORCH_NAME_MAX)
+      return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu].name: %zu bytes, more than %d", i,
+                      strlen(nm), RLORCH_NAME_MAX);
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(o->parts[j].name, nm))
+        return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s': listed twice (also "
+                        "options.parts[%zu])", i, nm, j);
+    if ((int)pt->kind < RLORCH_PART_WHOLE || pt->kind > RLORCH_PART_NONE)
+      return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s'.kind: unknown value %d", i, nm,
+                      (int)pt->kind);
+    if (pt->kind != RLORCH_PART_SLICE) {
+      if (pt->dim || pt->start || pt->count)
+        return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s': dim, start and count are "
+                        "a SLICE's; a %s part leaves them 0", i, nm,
+                        pt->kind == RLORCH_PART_WHOLE ? "WHOLE" : "NONE");
+      continue;
+    }
+    uint64_t end;
+    if (pt->dim >= RLORCH_MAX_DIMS)
+      return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s'.dim: %u, a tensor has at most "
+                      "%d dimensions", i, nm, pt->dim, RLORCH_MAX_DIMS);
+    if (pt->count == 0)
+      return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s'.count: 0; a slice holds at "
+                      "least one index (a worker that holds none of a tensor says NONE)", i, nm);
+    if (__builtin_add_overflow(pt->start, pt->count, &end))
+      return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s'.start: %llu + count %llu "
+                      "overflows", i, nm, (unsigned long long)pt->start,
+                      (unsigned long long)pt->count);
+  }
+  return RLORCH_OK;
+}
+
+/* options.parts against the caller's tensors (converted in w->t): a part's
+ * tensor given has room for it in its shape; a NONE part's is not given (the
+ * worker holds nothing of it). Then the parts are kept on w->t (what the
+ * plan's view must equal) and copied for Register. */
+static rlorch_status sdk__parts(rlorch_worker *w, const rlorch_part *parts, size_t n,
+                                rlorch_error *err) {
+  if (!n) return RLORCH_OK;
+  w->parts = calloc(n, sizeof *w->parts);
+  w->part_names = calloc(n, sizeof *w->part_names);
+  if (!w->parts || !w->part_names) return sdk_fail(err, RLORCH_E_NOMEM, "no memory for %zu parts", n);
+  w->nparts = n;
+  for (size_t i = 0; i < n; i++) {
+    const rlorch_part *pt = &parts[i];
+    if (!(w->part_names[i] = strdup(pt->name)))
+      return sdk_fail(err, RLORCH_E_NOMEM, "no memory for %zu parts", n);
+    w->parts[i] = (bcast_part_spec){.name = w->part_names[i],
+                                    .part = {.kind = (int)pt->kind, .dim = pt->dim,
+                                             .start = pt->start, .count = pt->count}};
+    bcast_tensor *t = NULL;
+    size_t ti = 0;
+    for (size_t j = 0; w->t && j < w->n && !t; j++)
+      if (!strcmp(w->t[j].name, w->part_names[i])) t = &w->t[ti = j];
+    if (!t && w->n && pt->kind != RLORCH_PART_NONE)
+      return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s': no options.tensors of that "
+                      "name holds it (a worker that places its tensors gives each part's tensor)",
+                      i, pt->name);
+    if (!t) continue;
+    if (pt->kind == RLORCH_PART_NONE)
+      return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s': NONE, but options.tensors[%zu] "
+                      "holds it (leave a tensor held NONE out of options.tensors)", i, pt->name, ti);
+    if (pt->kind == RLORCH_PART_SLICE && pt->dim >= t->ndim)
+      return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s'.dim: %u, but options.tensors[%zu] "
+                      "has %u dimensions", i, pt->name, pt->dim, ti, t->ndim);
+    if (pt->kind == RLORCH_PART_SLICE && pt->start + pt->count > t->shape[pt->dim])
+      return sdk_fail(err, RLORCH_E_INVALID, "options.parts[%zu] '%s': indices [%llu, %llu) along dim "
+                      "%u are past options.tensors[%zu]'s shape[%u] %llu", i, pt->name,
+                      (unsigned long long)pt->start, (unsigned long long)(pt->start + pt->count),
+                      pt->dim, ti, pt->dim, (unsigned long long)t->shape[pt->dim]);
+    t->part = w->parts[i].part;
+  }
+  return RLORCH_OK;
+}
+
 rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_error *err) {
   if (o->api_version == 0)
     return sdk_fail(err, RLORCH_E_VERSION,
@@ -202,7 +307,7 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
   /* Only the fields of the caller's version are read: an older caller's
    * struct ends there; the later ones keep their defaults (zero). */
   memset(&w->so.o, 0, sizeof w->so.o);
-  memcpy(&w->so.o, o, o->api_version == 1 ? SDK__V1_SIZE : sizeof *o);
+  memcpy(&w->so.o, o, sdk__version_size(o->api_version));
   const rlorch_options *v = &w->so.o; /* every field, those of later versions defaulted */
   if (o->role != RLORCH_ROLE_TRAINER && o->role != RLORCH_ROLE_INFERENCE)
     return sdk_fail(err, RLORCH_E_INVALID,
@@ -230,6 +335,7 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
     return sdk_fail(err, RLORCH_E_INVALID,
                     "options.data_listen: only a trainer listens (receivers connect to it)");
   rlorch_status rc = sdk__check_v2(v, err);
+  if (!rc) rc = sdk__check_v3(v, err);
   if (rc) return rc;
   sdk_opts *so = &w->so;
   if (sdk__dup(o->orchestrator, &so->orchestrator) || sdk__dup(o->name, &so->name) ||
@@ -242,6 +348,10 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
   so->o.tensors = NULL; /* converted into w->t below; the caller's array may go */
   const rlorch_shard *shards = so->o.shards; /* a version 1 caller's: NULL */
   so->o.shards = NULL;  /* the same */
+  const rlorch_part *parts = so->o.parts; /* an older caller's: NULL */
+  size_t nparts = so->o.nparts;
+  so->o.parts = NULL;   /* copied into w->parts below */
+  so->o.nparts = 0;
   agent_role role = o->role == RLORCH_ROLE_TRAINER ? AGENT_ROLE_TRAINER : AGENT_ROLE_INFERENCE;
   agent_opts_defaults(role, &w->ao);
   w->ao.orchestrator = so->orchestrator;
@@ -265,7 +375,8 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
                     w->caps.cuda_built ? "" : "; this library is built without CUDA");
   w->device = o->device;
   bcast_caps_select_device(&w->caps, w->device);
-  return sdk__tensors(w, o, shards, err);
+  rc = sdk__tensors(w, o, shards, err);
+  return rc ? rc : sdk__parts(w, parts, nparts, err);
 }
 
 void sdk_opts_free(rlorch_worker *w) {
@@ -282,4 +393,10 @@ void sdk_opts_free(rlorch_worker *w) {
   free(so->held_run_id);
   free(w->t);
   w->t = NULL;
+  for (size_t i = 0; w->part_names && i < w->nparts; i++) free(w->part_names[i]);
+  free(w->part_names);
+  free(w->parts);
+  w->part_names = NULL;
+  w->parts = NULL;
+  w->nparts = 0;
 }

@@ -60,6 +60,7 @@ _OFFLOAD = {
     "params": C.RLORCH_OFFLOAD_PARAMS,
     "params+optimizer": C.RLORCH_OFFLOAD_PARAMS_OPTIMIZER,
 }
+_PART_KIND = {"whole": C.RLORCH_PART_WHOLE, "slice": C.RLORCH_PART_SLICE, "none": C.RLORCH_PART_NONE}
 _LOG_LEVEL = {
     "debug": C.RLORCH_LOG_DEBUG,
     "info": C.RLORCH_LOG_INFO,
@@ -181,6 +182,29 @@ class Tensor:
     def __repr__(self):
         return (f"rlorch.Tensor({self.name!r}, shape={self.shape}, dtype={self.dtype}, "
                 f"wire_dtype={self.wire_dtype}, layer={self.layer}, residency={self.residency})")
+
+
+class Part:
+    """The part of one trainer tensor an inference worker holds (a rank of a
+    tensor- or expert-parallel engine): kind "whole", "slice" (indices
+    [start, start + count) along dimension `dim`: 0 the rows of a 2-D weight,
+    1 its columns) or "none" (an expert it does not serve). The worker's
+    Tensor of that name keeps the FULL shape (pass shape=), and its data holds
+    the part, dense and row-major in the part's own shape; a tensor held
+    "none" is left out of the worker's tensors."""
+
+    __slots__ = ("name", "kind", "dim", "start", "count")
+
+    def __init__(self, name, kind="slice", dim=0, start=0, count=0):
+        self.name = name
+        self.kind = kind
+        self.dim = dim
+        self.start = start
+        self.count = count
+
+    def __repr__(self):
+        return (f"rlorch.Part({self.name!r}, {self.kind!r}, dim={self.dim}, start={self.start}, "
+                f"count={self.count})")
 
 
 class Sampling:
@@ -479,14 +503,19 @@ class Worker:
     size (trainer_rank, trainer_ranks) and, parallel to tensors, the part of
     each it holds: shards[i] = (element_offset, element_count) of the
     row-major full tensor, whose shape the Tensor gives (pass shape= the full
-    shape: the array holds only the part)."""
+    shape: the array holds only the part).
+
+    An inference worker that is a rank of a tensor- or expert-parallel engine
+    lists the parts it holds (parts: rlorch.Part each, by tensor name;
+    tensors not listed are held whole); its Tensors keep the full shapes and
+    hold the parts (see rlorch.Part)."""
 
     def __init__(self, role, orchestrator, tensors=(), name=None, token_file=None,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None, device=-1,
                  data_listen=None, max_concurrent_requests=8, connect_timeout_s=30.0,
                  on_broadcast_before=None, on_broadcast_after=None, log_level="info",
                  token=None, model=None, offload=None, held_run_id=None, held_version=0,
-                 trainer_rank=0, trainer_ranks=0, shards=None):
+                 trainer_rank=0, trainer_ranks=0, shards=None, parts=None):
         if role not in _ROLE:
             raise _invalid(f"options.role: {role!r} is neither 'trainer' nor 'inference'")
         self.role = role
@@ -591,6 +620,27 @@ class Worker:
                 except (OverflowError, TypeError, ValueError) as e:
                     raise _invalid(f"options.shards[{i}]: {sh!r}: {e}") from None
             o.shards = self._shards
+        # Kept with the worker as the shapes are; the library copies them.
+        self._parts = None
+        if parts is not None:
+            parts = list(parts)
+            self._parts = (C.rlorch_part * max(len(parts), 1))()
+            for i, pt in enumerate(parts):
+                if not isinstance(pt, Part):
+                    raise _invalid(f"options.parts[{i}]: a {type(pt).__name__}, not an rlorch.Part")
+                c = self._parts[i]
+                c.name = cstr(f"parts[{i}].name", pt.name)
+                what = f"options.parts[{i}] {pt.name!r}"
+                c.kind = _int(ctypes.c_int, _enum(_PART_KIND, pt.kind, f"{what}.kind"))
+                for field, ctype in (("dim", ctypes.c_uint32), ("start", ctypes.c_uint64),
+                                     ("count", ctypes.c_uint64)):
+                    v = getattr(pt, field)
+                    try:
+                        setattr(c, field, _int(ctype, v))
+                    except (OverflowError, TypeError, ValueError) as e:
+                        raise _invalid(f"{what}.{field}: {v!r}: {e}") from None
+            o.parts = self._parts if parts else None
+            o.nparts = len(parts)
 
         wp = ctypes.POINTER(C.rlorch_worker)()
         err = C.rlorch_error()

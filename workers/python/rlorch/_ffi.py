@@ -15,7 +15,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
 
 # ---- constants: the header's #defines and enum values --------------------------
 
-RLORCH_API_VERSION = 2
+RLORCH_API_VERSION = 3
 RLORCH_NAME_MAX = 127
 RLORCH_MAX_DIMS = 8
 
@@ -70,10 +70,16 @@ RLORCH_FINISH_STOP = 1
 RLORCH_FINISH_LENGTH = 2
 RLORCH_FINISH_ABORT = 3
 
+# rlorch_part_kind (API 3)
+RLORCH_PART_WHOLE = 0
+RLORCH_PART_SLICE = 1
+RLORCH_PART_NONE = 2
+
 # Every enum of the header has int's size and alignment (its values fit an
 # int; the C compiler then picks int on every ABI the library builds for).
 rlorch_status = rlorch_dtype = rlorch_residency = rlorch_role = c_int
 rlorch_log_level = rlorch_command_kind = rlorch_finish = rlorch_offload = c_int
+rlorch_part_kind = c_int
 
 # ---- structs, in the header's order, fields in its order ------------------------
 
@@ -98,6 +104,16 @@ class rlorch_tensor(Structure):
 
 class rlorch_shard(Structure):
     _fields_ = [("element_offset", c_uint64), ("element_count", c_uint64)]
+
+
+class rlorch_part(Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("kind", rlorch_part_kind),
+        ("dim", c_uint32),
+        ("start", c_uint64),
+        ("count", c_uint64),
+    ]
 
 
 rlorch_log_fn = CFUNCTYPE(None, c_void_p, rlorch_log_level, c_char_p, c_char_p)
@@ -148,6 +164,9 @@ class rlorch_options(Structure):
         ("trainer_rank", c_uint32),
         ("trainer_ranks", c_uint32),
         ("shards", POINTER(rlorch_shard)),
+        # API version 3
+        ("parts", POINTER(rlorch_part)),
+        ("nparts", c_size_t),
     ]
 
 
@@ -245,7 +264,7 @@ class rlorch_rollout(Structure):
     ]
 
 
-STRUCTS = [rlorch_error, rlorch_tensor, rlorch_shard, rlorch_options, rlorch_sampling, rlorch_generate,
+STRUCTS = [rlorch_error, rlorch_tensor, rlorch_shard, rlorch_part, rlorch_options, rlorch_sampling, rlorch_generate,
            rlorch_train, rlorch_abort, rlorch_command, rlorch_batch_rollout, rlorch_batch,
            rlorch_rollout]
 
