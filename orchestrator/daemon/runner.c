@@ -728,13 +728,15 @@ static void act_build_plan(runner *r, const sched_action *a) {
 
 static void act_trigger(runner *r, const sched_action *a) {
   publish_broadcast(r, a, RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_ACKED, NULL);
-  /* Colocated plans: the receivers' exports from their acks, for the sender
-   * (rank 0) alone. Every participant acked the same hash by now, so the
+  /* Colocated plans: the receivers' exports from their acks, for the
+   * sources alone (rank 0, or every rank of a trainer group: each writes its
+   * own slices). Every participant acked the same hash by now, so the
    * trainer maps and writes only after the barrier. */
+  size_t ns = a->trainer_ranks > 1 ? a->trainer_ranks : 1;
   Rlorch__V1__ColocatedExport *ex = calloc(a->nparticipants ? a->nparticipants : 1, sizeof *ex);
   Rlorch__V1__ColocatedExport **exp = calloc(a->nparticipants ? a->nparticipants : 1, sizeof *exp);
   size_t nex = 0;
-  for (size_t i = 1; ex && exp && i < a->nparticipants; i++) {
+  for (size_t i = ns; ex && exp && i < a->nparticipants; i++) {
     workers_entry *w = workers_by_id(r->workers, a->participants[i]);
     if (!w || !w->coloc_export || strcmp(w->coloc_plan, a->plan_id) != 0) continue;
     rlorch__v1__colocated_export__init(&ex[nex]);
@@ -751,7 +753,7 @@ static void act_trigger(runner *r, const sched_action *a) {
     Rlorch__V1__TriggerBroadcast tb = RLORCH__V1__TRIGGER_BROADCAST__INIT;
     tb.plan_id = (char *)a->plan_id;
     tb.plan_hash = a->plan_hash;
-    if (i == 0) {
+    if (i < ns) {
       tb.colocated = exp;
       tb.n_colocated = nex;
     }

@@ -186,13 +186,16 @@ typedef struct agent__sums {
   size_t nview;
 } agent__sums;
 
-/* Whether the done callback's whole checksum (agent_weights, the tensors as
- * a list) is what this rank reports: a lone trainer and its whole
- * receivers. Every other sum is the plan's own (bcast_plan_view_checksum),
- * taken here, so nothing is hashed twice. */
+/* Whether this rank reports the done callback's whole checksum
+ * (agent_weights over its tensors as a list): a lone trainer, and every
+ * receiver that holds the whole model, which thereby says what it holds in
+ * terms that do not depend on the plan (a group's receivers and a lone
+ * trainer's compare equal). A source of several and a receiver of a view
+ * hold a part: theirs are the plan's own sums, taken here. */
 static int agent__whole_wanted(const bcast_plan *p, uint32_t rank) {
   uint32_t ns = (uint32_t)bcast_plan_sources(p);
-  return ns == 1 && (rank == 0 || bcast_plan_rank_view(p, rank) == BCAST_VIEW_WHOLE);
+  if (rank < ns) return ns == 1;
+  return bcast_plan_rank_view(p, rank) == BCAST_VIEW_WHOLE;
 }
 
 static int agent__plan_sums(const agent_xfer *x, uint32_t rank, agent__sums *s, char *err,
@@ -208,7 +211,7 @@ static int agent__plan_sums(const agent_xfer *x, uint32_t rank, agent__sums *s, 
     if (s->per_view) s->nview = p->nviews;
     for (uint32_t v = 0; !rc && v < s->nview; v++)
       rc = bcast_plan_view_checksum(p, rank, v, x->local, x->nlocal, 0, &s->per_view[v], &se);
-  } else if (!agent__whole_wanted(p, rank)) {
+  } else if (ns > 1 || view != BCAST_VIEW_WHOLE) {
     if (!(s->per_src = calloc(ns, sizeof *s->per_src)))
       rc = (snprintf(se.msg, sizeof se.msg, "out of memory"), -1);
     else s->nsrc = ns;
@@ -291,7 +294,7 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
     msg[0] = 0;
     agent_log_info("broadcast_done", "plan_id=%s transport=%s seconds=%.3f gbps=%.2f exposed_s=%.3f checksum=%016llx",
              id, st.transport ? st.transport : "?", st.total_s, st.gbps, st.exposed_s,
-             (unsigned long long)(sums.per_src ? sums.per_src[0] : sums.whole));
+             (unsigned long long)sums.whole);
   }
   Rlorch__V1__StepRecord *rec = agent_pb_record(rc ? NULL : &st, x->plan);
   agent__done(a, id, msg, rec, &sums);
