@@ -292,9 +292,12 @@ void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *c
     agent_log_error("broadcast_checksum_failed", "plan_id=%s error=\"%s\"", id, msg);
   } else {
     msg[0] = 0;
-    agent_log_info("broadcast_done", "plan_id=%s transport=%s seconds=%.3f gbps=%.2f exposed_s=%.3f checksum=%016llx",
-             id, st.transport ? st.transport : "?", st.total_s, st.gbps, st.exposed_s,
-             (unsigned long long)sums.whole);
+    /* A part's holder (a source of several, a receiver of a view) has no
+     * whole checksum: its first plan sum says what it holds. */
+    uint64_t shown = sums.whole ? sums.whole : sums.per_src ? sums.per_src[0] : 0;
+    agent_log_info("broadcast_done", "plan_id=%s transport=%s seconds=%.3f gbps=%.2f exposed_s=%.3f checksum=%016llx "
+             "view=%s", id, st.transport ? st.transport : "?", st.total_s, st.gbps, st.exposed_s,
+             (unsigned long long)shown, bcast_plan_rank_view(x->plan, cmd->rank) == BCAST_VIEW_WHOLE ? "whole" : "part");
   }
   Rlorch__V1__StepRecord *rec = agent_pb_record(rc ? NULL : &st, x->plan);
   agent__done(a, id, msg, rec, &sums);
