@@ -572,29 +572,6 @@ typedef struct bb_shard_run {
   uint64_t max_source_bytes; /* the largest source's wire bytes */
 } bb_shard_run;
 
-/* Rank r of N: rows [rows * r / N, rows * (r + 1) / N) of every tensor (its
- * dim-0 shard, FSDP2's), `data` pointing into the full storage at the
- * shard's first element. A tensor of fewer rows than N goes whole to rank
- * i % N. Returns the tensors rank r holds, written to out. */
-static size_t dim0_shards(const bcast_tensor *full, size_t n, uint32_t r, uint32_t nr, bcast_tensor *out) {
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    const bcast_tensor *t = &full[i];
-    uint64_t elems = bcast_tensor_elems(t), rows = t->shape[0], row = elems / rows, lo = 0, hi = rows;
-    if (rows < nr && i % nr != r) continue;
-    if (rows >= nr) {
-      lo = rows * r / nr;
-      hi = rows * (r + 1) / nr;
-    }
-    if (hi == lo) continue;
-    out[k] = *t;
-    out[k].shard_offset = lo * row;
-    out[k].shard_elems = (hi - lo) * row == elems ? 0 : (hi - lo) * row;
-    out[k].data = (uint8_t *)t->data + lo * row * bcast_dtype_size(t->storage_dtype);
-    k++;
-  }
-  return k;
-}
 
 /* One plan of `ns` sources and `nrx` receivers on fresh engines, timed. Host
  * mode: every source listens on loopback. Colocated: every engine on GPU 0,
@@ -625,7 +602,7 @@ static int shard_run(const bb_args *a, const bcast_tensor *snd, size_t n, bcast_
   }
   for (uint32_t r = 0; r < ns; r++) {
     ranks[r] = sh + (size_t)r * n;
-    counts[r] = dim0_shards(snd, n, r, ns, sh + (size_t)r * n);
+    counts[r] = bcast_preset_dim0_shards(snd, n, r, ns, sh + (size_t)r * n);
     eps[r] = coloc ? NULL : bcast_engine_data_address(e[r]);
   }
   if (bcast_shards_check(ranks, counts, ns, NULL, &map, &err)) goto fail;

@@ -385,29 +385,6 @@ Test(coloc, refusals_name_what_is_wrong) {
 
 #define MS_RX 2
 
-/* Rank r of ns: rows [rows r / ns, rows (r + 1) / ns) of every tensor, its
- * dim-0 shard, `data` pointing into the full storage at the shard's first
- * element (host or device alike); a tensor of fewer rows than ns goes whole
- * to rank i % ns. Returns how many tensors rank r holds. */
-static size_t ms_shards(const bcast_tensor *full, size_t n, uint32_t r, uint32_t ns, bcast_tensor *out) {
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    const bcast_tensor *t = &full[i];
-    uint64_t elems = bcast_tensor_elems(t), rows = t->shape[0], row = elems / rows, lo = 0, hi = rows;
-    if (rows < ns && i % ns != r) continue;
-    if (rows >= ns) {
-      lo = rows * r / ns;
-      hi = rows * (r + 1) / ns;
-    }
-    if (hi == lo) continue;
-    out[k] = *t;
-    out[k].shard_offset = lo * row;
-    out[k].shard_elems = (hi - lo) * row == elems ? 0 : (hi - lo) * row;
-    out[k].data = (uint8_t *)t->data + lo * row * bcast_dtype_size(t->storage_dtype);
-    k++;
-  }
-  return k;
-}
 
 /* One participant's execute on a thread of its own: all run at once. */
 typedef struct ms_party {
@@ -452,7 +429,7 @@ static void ms_init(ms_world *w, uint32_t ns, bcast_residency res, double timeou
   cr_assert(w->shard);
   const bcast_tensor *ranks[8];
   for (uint32_t r = 0; r < ns; r++) {
-    w->nshard[r] = ms_shards(w->st, w->n, r, ns, w->shard + (size_t)r * w->n);
+    w->nshard[r] = bcast_preset_dim0_shards(w->st, w->n, r, ns, w->shard + (size_t)r * w->n);
     ranks[r] = w->shard + (size_t)r * w->n;
   }
   bcast_shard_map *map = NULL;
@@ -545,7 +522,7 @@ static void multi_source(uint32_t ns, bcast_residency res) {
       bcast_storage_free(w.ss);
       bcast_err err = {0};
       cr_assert_eq(bcast_storage_alloc(w.st, w.n, BCAST_FILL_SENDER, 200 + ns, &w.ss, &err), 0, "%s", err.msg);
-      for (uint32_t r = 0; r < ns; r++) w.nshard[r] = ms_shards(w.st, w.n, r, ns, w.shard + (size_t)r * w.n);
+      for (uint32_t r = 0; r < ns; r++) w.nshard[r] = bcast_preset_dim0_shards(w.st, w.n, r, ns, w.shard + (size_t)r * w.n);
     }
     ms_exec(&w, run, pt);
     for (uint32_t i = 0; i < ns + MS_RX; i++)

@@ -383,3 +383,27 @@ void bcast_storage_free(bcast_storage *s) {
 }
 
 uint64_t bcast_storage_bytes(const bcast_storage *s) { return s ? s->bytes : 0; }
+
+/* Rank r of N: rows [rows * r / N, rows * (r + 1) / N) of every tensor (its
+ * dim-0 shard, FSDP2's), `data` pointing into the full storage at the
+ * shard's first element. A tensor of fewer rows than N goes whole to rank
+ * i % N. Returns the tensors rank r holds, written to out. */
+size_t bcast_preset_dim0_shards(const bcast_tensor *full, size_t n, uint32_t r, uint32_t nr, bcast_tensor *out) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    const bcast_tensor *t = &full[i];
+    uint64_t elems = bcast_tensor_elems(t), rows = t->shape[0], row = elems / rows, lo = 0, hi = rows;
+    if (rows < nr && i % nr != r) continue;
+    if (rows >= nr) {
+      lo = rows * r / nr;
+      hi = rows * (r + 1) / nr;
+    }
+    if (hi == lo) continue;
+    out[k] = *t;
+    out[k].shard_offset = lo * row;
+    out[k].shard_elems = (hi - lo) * row == elems ? 0 : (hi - lo) * row;
+    out[k].data = (uint8_t *)t->data + lo * row * bcast_dtype_size(t->storage_dtype);
+    k++;
+  }
+  return k;
+}

@@ -70,6 +70,14 @@ uint64_t bcast_storage_bytes(const bcast_storage *s);
  * (fp32; narrower storage gets its RNE cast). For checks. */
 float bcast_preset_value(uint64_t seed, uint32_t index, uint64_t i);
 
+/* Rank r of N's dim-0 shards of `full` (FSDP2's cut, for benches and
+ * tests): rows [rows * r / N, (r + 1) * rows / N) of every tensor, `data`
+ * pointing into the full storage at the shard's first element; a tensor of
+ * fewer rows than N goes whole to rank i % N. Writes the tensors rank r
+ * holds to out (n entries at most) and returns how many. */
+size_t bcast_preset_dim0_shards(const bcast_tensor *full, size_t n, uint32_t r, uint32_t nr,
+                                bcast_tensor *out);
+
 #ifdef __cplusplus
 }
 #endif
