@@ -212,7 +212,7 @@ static int agent__plan_sums(const agent_xfer *x, uint32_t rank, agent__sums *s, 
     for (uint32_t v = 0; !rc && v < s->nview; v++)
       rc = bcast_plan_view_checksum(p, rank, v, x->local, x->nlocal, 0, &s->per_view[v], &se);
   } else if (ns > 1 || view != BCAST_VIEW_WHOLE) {
-    if (!(s->per_src = calloc(ns, sizeof *s->per_src)))
+    if (!(s->per_src = calloc(ns ? ns : 1, sizeof *s->per_src)))
       rc = (snprintf(se.msg, sizeof se.msg, "out of memory"), -1);
     else s->nsrc = ns;
     for (uint32_t j = 0; !rc && j < ns; j++)
