@@ -634,24 +634,22 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bou
     free(tensors);
     return -1;
   }
-  /* A lone trainer's manifest is at hand: a receiver whose parts do not fit
-   * it is named, not just its rank. */
-  for (size_t i = sources; views && sources == 1 && i < a->nparticipants; i++) {
-    workers_entry *w = workers_by_id(r->workers, a->participants[i]);
-    char why[600];
-    if (views[i].nparts && parts_fit(tensors, nt, views[i].parts, views[i].nparts, why, sizeof why)) {
-      snprintf(err, errlen, "inference worker %s: %s", w ? w->name : "?", why);
-      receiver_views_free(views, a->nparticipants);
-      free(tensors);
-      return -1;
-    }
-  }
   po.receiver_views = views;
   int brc = 0;
   if (sources > 1) {
     brc = build_sharded(r, a, &po, &plan, err, errlen);
   } else if ((brc = bcast_plan_build(tensors, nt, &po, &plan, &be)) != 0) {
     snprintf(err, errlen, "plan: %s", be.msg);
+    /* The planner names a rank; with a lone trainer's manifest at hand, the
+     * receiver whose parts do not fit is named by its worker. */
+    for (size_t i = sources; views && i < a->nparticipants; i++) {
+      workers_entry *w = workers_by_id(r->workers, a->participants[i]);
+      char why[600];
+      if (views[i].nparts && parts_fit(tensors, nt, views[i].parts, views[i].nparts, why, sizeof why)) {
+        snprintf(err, errlen, "inference worker %s: %s", w ? w->name : "?", why);
+        break;
+      }
+    }
   }
   free(tensors);
   receiver_views_free(views, a->nparticipants);

@@ -805,25 +805,28 @@ out:
 
 /* Receiver views: bucket k as each view gets it, packed once per view (not
  * per receiver) from the bucket's wire buffer: every slice's runs of the
- * view's part, in slice and element order, no padding. */
-typedef struct view_pack {
-  uint8_t *out;
+ * view's part, in slice and element order, no padding; a receiver scatters
+ * the same runs back (scatter). `at` advances through the packed bytes:
+ * packing writes them to dst from the slice at src, scattering reads them
+ * from src into the dense part at dst. */
+typedef struct run_copy {
+  uint8_t *dst;
   const uint8_t *src;
   size_t wsz;
   uint64_t at;
-} view_pack;
+} run_copy;
 
 static int pack_run(void *ud, uint64_t off, uint64_t local, uint64_t n) {
   (void)local;
-  view_pack *v = ud;
-  memcpy(v->out + v->at, v->src + off * v->wsz, n * v->wsz);
+  run_copy *v = ud;
+  memcpy(v->dst + v->at, v->src + off * v->wsz, n * v->wsz);
   v->at += n * v->wsz;
   return 0;
 }
 
 static void pack_view(const bcast_plan *p, size_t k, uint32_t view, const uint8_t *buf, uint8_t *out) {
   const bcast_bucket *b = &p->buckets[k];
-  view_pack v = {.out = out, .wsz = bcast_dtype_size(b->wire_dtype)};
+  run_copy v = {.dst = out, .wsz = bcast_dtype_size(b->wire_dtype)};
   for (size_t s = 0; s < b->nslices; s++) {
     const bcast_slice *sl = &b->slices[s];
     v.src = buf + sl->bucket_offset;
@@ -832,13 +835,18 @@ static void pack_view(const bcast_plan *p, size_t k, uint32_t view, const uint8_
   }
 }
 
+/* One view's packed copy of the bucket being sent, made once for all of its
+ * receivers. */
+typedef struct view_buf {
+  uint8_t *buf;    /* NULL: no receiver of this source has the view */
+  uint64_t len, sum;
+  size_t bucket;   /* the bucket it holds now; SIZE_MAX: none yet */
+} view_buf;
+
 /* What each receiver gets of bucket k, cast into `buf` with checksum `sum`:
- * the whole buffer, or its view packed into vbuf[view] (views in use only). */
+ * the whole buffer, or its view's packed copy. */
 static void peers_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64_t sum, peer *peers, size_t np,
-                         uint8_t **vbuf) {
-  uint64_t vlen[p->nviews ? p->nviews : 1], vsum[p->nviews ? p->nviews : 1];
-  uint8_t done[p->nviews ? p->nviews : 1];
-  memset(done, 0, sizeof done);
+                         view_buf *vb) {
   for (size_t i = 0; i < np; i++) {
     peer *pr = &peers[i];
     if (pr->view == BCAST_VIEW_WHOLE) {
@@ -847,16 +855,16 @@ static void peers_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint
       pr->sum = sum;
       continue;
     }
-    uint32_t v = pr->view;
-    if (!done[v]) {
-      pack_view(p, k, v, buf, vbuf[v]);
-      vlen[v] = bcast__view_bucket_bytes(p, v, k);
-      vsum[v] = p->checksum == BCAST_CHECKSUM_XXH3_64 ? bcast_checksum64(vbuf[v], vlen[v]) : 0;
-      done[v] = 1;
+    view_buf *v = &vb[pr->view];
+    if (v->bucket != k) {
+      pack_view(p, k, pr->view, buf, v->buf);
+      v->len = bcast__view_bucket_bytes(p, pr->view, k);
+      v->sum = p->checksum == BCAST_CHECKSUM_XXH3_64 ? bcast_checksum64(v->buf, v->len) : 0;
+      v->bucket = k;
     }
-    pr->buf = vbuf[v];
-    pr->len = vlen[v];
-    pr->sum = vsum[v];
+    pr->buf = v->buf;
+    pr->len = v->len;
+    pr->sum = v->sum;
   }
 }
 
@@ -897,7 +905,7 @@ static int collect_acks(const bcast_plan *p, peer *peers, size_t np, const bcast
   return BCAST_OK;
 }
 
-static int send_all(caster *c, peer *peers, size_t np, uint8_t **vbuf, const bcast__host_io *io,
+static int send_all(caster *c, peer *peers, size_t np, view_buf *vbuf, const bcast__host_io *io,
                     bcast_err *err) {
   const bcast_plan *p = c->p;
   for (size_t j = 0; j < c->nmine; j++) {
@@ -942,7 +950,7 @@ int bcast__host_send(int lfd, const bcast_plan *p, uint32_t rank, const bcast_te
   uint32_t refused = 0;
   c.buf[0] = malloc(mb ? mb : 1);
   c.buf[1] = malloc(mb ? mb : 1);
-  uint8_t **vbuf = calloc(p->nviews ? p->nviews : 1, sizeof *vbuf);
+  view_buf *vbuf = calloc(p->nviews ? p->nviews : 1, sizeof *vbuf);
   int rc = BCAST_OK;
   if (!peers || !bt || !mine || !c.buf[0] || !c.buf[1] || !vbuf) {
     rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for two %llu-byte wire buffers", (unsigned long long)mb);
@@ -962,8 +970,8 @@ int bcast__host_send(int lfd, const bcast_plan *p, uint32_t rank, const bcast_te
   /* Receivers of a view get their parts, packed per view. */
   for (size_t i = 0; i < np; i++) {
     peers[i].view = bcast_plan_rank_view(p, peers[i].rank);
-    if (peers[i].view != BCAST_VIEW_WHOLE && !vbuf[peers[i].view] &&
-        !(vbuf[peers[i].view] = malloc(mb ? mb : 1))) {
+    view_buf *v = peers[i].view == BCAST_VIEW_WHOLE ? NULL : &vbuf[peers[i].view];
+    if (v && !v->buf && (v->bucket = SIZE_MAX, !(v->buf = malloc(mb ? mb : 1)))) {
       rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for a %llu-byte view buffer", (unsigned long long)mb);
       goto out;
     }
@@ -990,7 +998,7 @@ out:
   free(mine);
   free(c.buf[0]);
   free(c.buf[1]);
-  for (uint32_t v = 0; vbuf && v < p->nviews; v++) free(vbuf[v]);
+  for (uint32_t v = 0; vbuf && v < p->nviews; v++) free(vbuf[v].buf);
   free(vbuf);
   if (rc == BCAST_OK && stats) {
     double wire = 0;
@@ -1153,16 +1161,9 @@ static int connect_and_handshake(const bcast_plan *p, const char *ep, uint32_t r
   }
 }
 
-typedef struct view_scatter {
-  uint8_t *dst;
-  const uint8_t *src;
-  size_t wsz;
-  uint64_t at;
-} view_scatter;
-
 static int scatter_run(void *ud, uint64_t off, uint64_t local, uint64_t n) {
   (void)off;
-  view_scatter *v = ud;
+  run_copy *v = ud;
   memcpy(v->dst + local * v->wsz, v->src + v->at, n * v->wsz);
   v->at += n * v->wsz;
   return 0;
@@ -1174,7 +1175,7 @@ static void scatter(const bcast_plan *p, size_t k, uint32_t view, const uint8_t 
                     const uint32_t *map) {
   const bcast_bucket *b = &p->buckets[k];
   size_t wsz = bcast_dtype_size(b->wire_dtype);
-  view_scatter v = {.src = buf, .wsz = wsz};
+  run_copy v = {.src = buf, .wsz = wsz};
   for (size_t s = 0; s < b->nslices; s++) {
     const bcast_slice *sl = &b->slices[s];
     if (view == BCAST_VIEW_WHOLE) {

@@ -20,18 +20,14 @@ uint32_t bcast_plan_rank_view(const bcast_plan *p, uint32_t rank) {
   return p->rank_view[rank];
 }
 
-static const bcast_part *view_part(const bcast_plan *p, uint32_t view, size_t tensor) {
+const bcast_part *bcast__view_part(const bcast_plan *p, uint32_t view, size_t tensor) {
   if (view == BCAST_VIEW_WHOLE || view >= p->nviews) return &WHOLE_PART;
   return &p->view_parts[(size_t)view * p->ntensors + tensor];
 }
 
 const bcast_part *bcast_plan_part(const bcast_plan *p, uint32_t rank, size_t tensor) {
   if (!p || tensor >= p->ntensors) return NULL;
-  return view_part(p, bcast_plan_rank_view(p, rank), tensor);
-}
-
-const bcast_part *bcast__view_part(const bcast_plan *p, uint32_t view, size_t tensor) {
-  return view_part(p, view, tensor);
+  return bcast__view_part(p, bcast_plan_rank_view(p, rank), tensor);
 }
 
 /* Elements [e0, e0 + n) of tensor t against part pt: fn(ud, offset in the
@@ -69,7 +65,7 @@ static int count_run(void *ud, uint64_t off, uint64_t local, uint64_t n) {
 uint64_t bcast__view_bucket_elems(const bcast_plan *p, uint32_t view, size_t k, size_t s) {
   const bcast_slice *sl = &p->buckets[k].slices[s];
   uint64_t got = 0;
-  bcast__part_runs(&p->tensors[sl->tensor], view_part(p, view, sl->tensor), sl->elem_offset, sl->elem_count,
+  bcast__part_runs(&p->tensors[sl->tensor], bcast__view_part(p, view, sl->tensor), sl->elem_offset, sl->elem_count,
                    count_run, &got);
   return got;
 }
@@ -253,7 +249,7 @@ int bcast__views_check(const bcast_plan *p, bcast_err *err) {
   snprintf(who, sizeof who, "plan '%.40s'", p->id);
   for (uint32_t v = 0; v < p->nviews; v++)
     for (size_t i = 0; i < p->ntensors; i++) {
-      int rc = part_check(p, &p->tensors[i], view_part(p, v, i), who, err);
+      int rc = part_check(p, &p->tensors[i], bcast__view_part(p, v, i), who, err);
       if (rc) return rc;
     }
   return BCAST_OK;
@@ -287,11 +283,11 @@ int bcast__plan_bind_receiver(const bcast_plan *p, uint32_t rank, const bcast_te
   uint32_t view = bcast_plan_rank_view(p, rank);
   uint8_t *need = malloc(p->ntensors ? p->ntensors : 1);
   if (!need) return bcast__fail(err, BCAST_ENOMEM, "out of memory binding %zu tensors", p->ntensors);
-  for (size_t i = 0; i < p->ntensors; i++) need[i] = view_part(p, view, i)->kind != BCAST_PART_NONE;
+  for (size_t i = 0; i < p->ntensors; i++) need[i] = bcast__view_part(p, view, i)->kind != BCAST_PART_NONE;
   int rc = bcast__plan_bind_some(p, local, n, 0, need, 0, map, err);
   for (size_t i = 0; i < p->ntensors && !rc; i++) {
     if (!need[i]) continue;
-    const bcast_part *want = view_part(p, view, i), *have = &local[map[i]].part;
+    const bcast_part *want = bcast__view_part(p, view, i), *have = &local[map[i]].part;
     bcast_part h = canonical(&p->tensors[i], *have);
     if (memcmp(&h, want, sizeof h))
       rc = bcast__fail(err, BCAST_EINVAL, "tensor '%s': the local tensor holds part kind %d dim %u [%llu, +%llu), "
