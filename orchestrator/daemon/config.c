@@ -148,6 +148,30 @@ static const opt_field config__fields[] = {
     {.name = "broadcast_slack_ms", .type = OPT_U32, .off = CONFIG__OFF(broadcast_slack_ms, uint32_t),
      .min = 0, .max = 86400000, .metavar = "MS",
      .help = "fixed time added to every plan's bounds, on top of worker_timeout_ms"},
+    {.name = "link_h2d_gbps", .type = OPT_DOUBLE, .off = CONFIG__OFF(topology.h2d_gbps, double),
+     .min = 0, .max = 1e6, .flags = OPT_GT_MIN, .metavar = "GBPS",
+     .help = "cost model: host-to-device GB/s of a GPU that reports no measured rate"},
+    {.name = "link_nvlink_gbps", .type = OPT_DOUBLE,
+     .off = CONFIG__OFF(topology.nvlink_gbps, double), .min = 0, .max = 1e6, .flags = OPT_GT_MIN,
+     .metavar = "GBPS", .help = "cost model: NVLink GB/s of a GPU, one direction"},
+    {.name = "link_d2d_gbps", .type = OPT_DOUBLE, .off = CONFIG__OFF(topology.d2d_gbps, double),
+     .min = 0, .max = 1e6, .flags = OPT_GT_MIN, .metavar = "GBPS",
+     .help = "cost model: a copy inside one GPU's memory, GB/s"},
+    {.name = "link_cast_gbps", .type = OPT_DOUBLE, .off = CONFIG__OFF(topology.cast_gbps, double),
+     .min = 0, .max = 1e6, .flags = OPT_GT_MIN, .metavar = "GBPS",
+     .help = "cost model: input GB/s a GPU casts to the wire dtype"},
+    {.name = "link_tcp_stream_gbps", .type = OPT_DOUBLE,
+     .off = CONFIG__OFF(topology.tcp_stream_gbps, double), .min = 0, .max = 1e6,
+     .metavar = "GBPS", .help = "cost model: one host-transport TCP stream at most; 0: no cap"},
+    {.name = "link_hop_latency_us", .type = OPT_DOUBLE,
+     .off = CONFIG__OFF(topology.hop_latency_us, double), .min = 0, .max = 1e6, .metavar = "US",
+     .help = "cost model: latency of one NCCL hop"},
+    {.name = "link_nics", .type = OPT_U32, .off = CONFIG__OFF(topology.nics_per_node, uint32_t),
+     .min = 1, .max = 1024, .metavar = "N",
+     .help = "cost model: NICs of a node none of whose workers reports a NIC speed"},
+    {.name = "link_nic_gbits", .type = OPT_DOUBLE, .off = CONFIG__OFF(topology.nic_gbits, double),
+     .min = 0, .max = 1e6, .flags = OPT_GT_MIN, .metavar = "GBITS",
+     .help = "cost model: Gb/s of each of those NICs"},
     {.name = "data_channel_tls", .type = OPT_ENUM, .off = CONFIG__OFF(data_channel_tls, int),
      .names = config__on_off, .metavar = "S",
      .help = "host-transport plans also encrypt their data connections (TLS 1.3 keyed from each "
@@ -197,6 +221,7 @@ void config_defaults(config *c) {
   c->max_tokens = 1024;
   c->temperature = 1.0;
   c->staging_budget_bytes = 256u << 20;
+  bcast_topo_default(&c->topology, 1);
   bcast_cost_model m; /* one set of defaults, the engine's */
   bcast_cost_model_default(&m);
   c->broadcast_gbps_host = m.gbps[BCAST_MODE_HOST];

@@ -29,6 +29,7 @@
 #include "orchestrator/common/opt.h"
 #include "rlorch/v1/broadcast.pb-c.h"
 #include "workers/bcast/bcast.h"
+#include "workers/bcast/bcast_topo.h"
 
 typedef struct config {
   char *config_file;      /* --config FILE, or NULL: not a YAML key */
@@ -87,6 +88,12 @@ typedef struct config {
   double broadcast_gbps_direct;   /* default 10 */
   double broadcast_safety;        /* default 4 */
   uint32_t broadcast_slack_ms;    /* default 2000 */
+  /* The links no worker reports, for the topology cost model that predicts
+   * every plan (bcast_topo.h; defaults bcast_topo_default's): topology.nodes,
+   * gpus_per_node and node are unused here (the workers' reports give them);
+   * nics_per_node x nic_gbits are a node's NICs when none of its workers
+   * reports a speed. */
+  bcast_topo topology;
   int data_channel_tls;           /* host plans: TLS 1.3 on every data connection; default 0 */
   bool print_config;              /* --print-config: print and exit 0 */
   bool help;                      /* --help: config_usage(stdout) and exit 0 */

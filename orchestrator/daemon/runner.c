@@ -26,10 +26,12 @@
 #include "orchestrator/daemon/prompt_source.h"
 #include "orchestrator/daemon/rollout_store.h"
 #include "orchestrator/daemon/sched_pb.h"
+#include "orchestrator/daemon/topology.h"
 #include "orchestrator/daemon/watch.h"
 #include "rlorch/v1/broadcast.pb-c.h"
 #include "workers/bcast/bcast.h"
 #include "workers/bcast/bcast_pb.h"
+#include "workers/bcast/bcast_topo.h"
 
 #define TICK_MIN_MS 50
 #define SWEEP_MS 1000 /* the worker table's heartbeat sweep */
@@ -64,6 +66,20 @@ typedef struct held_batch {
   char released_why[96];
 } held_batch;
 
+/* The cost model's prediction of the plan in flight (one at a time: the
+ * scheduler plans one broadcast after the other), from its build to its
+ * commit, where it goes into the step record beside what was measured. */
+typedef struct plan_prediction {
+  char plan_id[SCHED_PLAN_ID_MAX];
+  int ok;                     /* pred is valid; else note says why there is none */
+  bcast_topo_pred pred;
+  uint32_t nodes;
+  char layout[32];
+  char bottleneck[BCAST_TOPO_WHERE_MAX + 32];
+  char choice[256];
+  char note[TOPOLOGY_NOTE_MAX + 256]; /* why none, or what was assumed */
+} plan_prediction;
+
 struct runner {
   orch *o;
   workers_table *workers;
@@ -86,6 +102,7 @@ struct runner {
   prompt_source *prompts; /* the active run's */
   group_table *groups;    /* its open groups: prompt and first dispatch */
   sched_counters seen;    /* the counters already added to the metrics */
+  plan_prediction pred;   /* of the last plan built */
   char err[512];          /* the last report refused by the runner itself */
   int err_set;            /* err, not the scheduler's, explains the last refusal */
 };
@@ -484,8 +501,48 @@ static void act_train(runner *r, const sched_action *a) {
 typedef struct plan_bounds {
   int64_t ack_ms, broadcast_ms;
   double min_gbps;
-  char expected[120]; /* what they were made of, for a timeout's message */
+  char expected[SCHED_TEXT_MAX / 2]; /* what they were made of, for a timeout's message */
 } plan_bounds;
+
+/* The cost model's prediction of `plan` on its participants' topology
+ * (topology.h, bcast_topo.h), into r->pred. A plan the model cannot predict
+ * goes on without one, and its record says why. */
+static void predict_plan(runner *r, const sched_action *a, const bcast_plan *plan) {
+  plan_prediction *p = &r->pred;
+  memset(p, 0, sizeof *p);
+  snprintf(p->plan_id, sizeof p->plan_id, "%s", a->plan_id);
+  const Rlorch__V1__Capabilities **caps = calloc(a->nparticipants ? a->nparticipants : 1,
+                                                 sizeof *caps);
+  if (!caps) {
+    snprintf(p->note, sizeof p->note, "out of memory");
+    return;
+  }
+  for (size_t i = 0; i < a->nparticipants; i++) {
+    workers_entry *w = workers_by_id(r->workers, a->participants[i]);
+    caps[i] = w ? w->caps : NULL;
+  }
+  topology t;
+  char err[TOPOLOGY_NOTE_MAX];
+  bcast_err be = {0};
+  bcast_topo_opts o = {.layout = BCAST_LAYOUT_ENGINE};
+  if (topology_build(caps, a->nparticipants, &r->o->cfg->topology, &t, err, sizeof err) != 0) {
+    snprintf(p->note, sizeof p->note, "topology: %s", err);
+  } else if (bcast_topo_predict(plan, t.place, t.nplace, &t.topo, &o, &p->pred, &be) != 0) {
+    snprintf(p->note, sizeof p->note, "cost model: %s", be.msg);
+  } else {
+    p->ok = 1;
+    p->nodes = t.topo.nodes;
+    snprintf(p->layout, sizeof p->layout, "%s", bcast_mode_name(plan->mode));
+    const bcast_topo_stage *slow = NULL;
+    for (size_t i = 0; i < p->pred.nstages; i++)
+      if (!slow || p->pred.stages[i].seconds > slow->seconds) slow = &p->pred.stages[i];
+    if (slow) snprintf(p->bottleneck, sizeof p->bottleneck, "%s at %s", slow->name, slow->where);
+    snprintf(p->choice, sizeof p->choice, "%s: %.4g s", p->layout, p->pred.total_s);
+    snprintf(p->note, sizeof p->note, "%s", t.note);
+  }
+  topology_free(&t);
+  free(caps);
+}
 
 static int plan_bounds_of(runner *r, bcast_mode mode, uint64_t wire_bytes, uint32_t receivers,
                           plan_bounds *out, char *err, size_t errlen) {
@@ -512,6 +569,22 @@ static int plan_bounds_of(runner *r, bcast_mode mode, uint64_t wire_bytes, uint3
            (double)wire_bytes / 1e6, receivers, receivers == 1 ? "" : "s", c.rate_gbps,
            bcast_mode_name(mode), c.measured ? "measured" : "configured", m.safety,
            m.slack_s + m.detect_s);
+  /* Where the topology says the plan takes longer than the configured rate
+   * allows (a slow link, many receivers behind one NIC), the prediction
+   * bounds it, with the same safety factor: a healthy transfer on a slow
+   * network is never cut off as hung. The model never shortens a bound. */
+  const plan_prediction *p = &r->pred;
+  double model_s = p->ok ? m.safety * p->pred.total_s + m.slack_s + m.detect_s : 0;
+  if (p->ok && p->pred.total_s > 0 && model_s > c.broadcast_s) {
+    out->broadcast_ms = (int64_t)ceil(model_s * 1000.0);
+    double fanout = mode == BCAST_MODE_HOST && receivers > 1 ? (double)receivers : 1.0;
+    double floor_gbps = (double)wire_bytes * fanout / p->pred.total_s / 1e9 / m.safety;
+    if (floor_gbps < out->min_gbps) out->min_gbps = floor_gbps;
+    snprintf(out->expected, sizeof out->expected,
+             "%.1f MB to %u receiver%s in %.3g s on the topology (%.24s), x%g + %.1f s",
+             (double)wire_bytes / 1e6, receivers, receivers == 1 ? "" : "s", p->pred.total_s,
+             p->bottleneck, m.safety, m.slack_s + m.detect_s);
+  }
   return 0;
 }
 
@@ -654,6 +727,7 @@ static int build_plan(runner *r, const sched_action *a, uint64_t *hash, plan_bou
   free(tensors);
   receiver_views_free(views, a->nparticipants);
   if (brc != 0) return -1;
+  predict_plan(r, a, plan);
   /* Each source sends its own bytes to every receiver, at once: the
    * slowest source carries about its share, so the whole plan's bytes over
    * one link bound it from above. */
@@ -818,6 +892,47 @@ static void record_metrics(runner *r, const sched_step_record *rec) {
   metrics_gauge_set(m->async_level, NULL, (double)c.async_level);
 }
 
+/* The prediction of the plan behind a record, for the record. Points into
+ * r->pred, which outlives the packing of `out`. */
+typedef struct prediction_pb {
+  Rlorch__V1__CostPrediction msg;
+  Rlorch__V1__StageCost stage[BCAST_TOPO_MAX_STAGES];
+  Rlorch__V1__StageCost *stages[BCAST_TOPO_MAX_STAGES];
+} prediction_pb;
+
+static void prediction_attach(runner *r, const sched_step_record *rec, prediction_pb *pp,
+                              Rlorch__V1__StepRecord *out) {
+  plan_prediction *p = &r->pred;
+  if (!p->plan_id[0]) return;
+  if (!p->ok) {
+    out->prediction_note = p->note;
+    return;
+  }
+  Rlorch__V1__CostPrediction *m = &pp->msg;
+  rlorch__v1__cost_prediction__init(m);
+  m->layout = p->layout;
+  m->total_seconds = p->pred.total_s;
+  m->bottleneck = p->bottleneck;
+  m->choice = p->choice;
+  m->nodes = p->nodes;
+  m->measured_over_predicted = p->pred.total_s > 0 ? rec->total_seconds / p->pred.total_s : 0;
+  for (size_t i = 0; i < p->pred.nstages; i++) {
+    const bcast_topo_stage *st = &p->pred.stages[i];
+    Rlorch__V1__StageCost *c = &pp->stage[i];
+    rlorch__v1__stage_cost__init(c);
+    c->name = (char *)st->name;
+    c->seconds = st->seconds;
+    c->bytes = st->bytes;
+    c->gbps = st->gbps;
+    c->where = (char *)st->where;
+    pp->stages[i] = c;
+  }
+  m->n_stages = p->pred.nstages;
+  m->stages = pp->stages;
+  out->prediction = m;
+  if (p->note[0]) out->prediction_note = p->note;
+}
+
 static void act_commit(runner *r, const sched_action *a) {
   const sched_step_record *rec = a->record;
   if (!rec) { /* sched.h: every COMMIT carries its record */
@@ -827,6 +942,8 @@ static void act_commit(runner *r, const sched_action *a) {
   Rlorch__V1__StepRecord pb = RLORCH__V1__STEP_RECORD__INIT;
   sched_pb_step_record_to_pb(rec, &pb);
   pb.finished_unix_ms = now_unix_ms(); /* the scheduler's clock is not wall time */
+  prediction_pb pp;
+  prediction_attach(r, rec, &pp, &pb);
   /* The record and the run's new position in one transaction: a crash keeps
    * both or neither, so a resume starts exactly after the last recorded step. */
   uint64_t steps_done = r->run->steps_done, version = r->run->policy_version;
@@ -858,11 +975,13 @@ static void act_commit(runner *r, const sched_action *a) {
         rec->gbps * (rec->mode == SCHED_MODE_HOST && rec->receivers > 1 ? rec->receivers : 1);
   log_info("step", "run=%s step=%" PRIu64 " mode=%s transport=%s used=%u dropped=%u "
            "train_s=%.4f bcast_s=%.4f h2d_s=%.4f cast_s=%.4f wire_s=%.4f exposed_s=%.4f "
-           "gbps=%.3f verified=%d sources=%u",
+           "gbps=%.3f verified=%d sources=%u predicted_s=%.4f bottleneck=\"%s\"",
            r->run->id, rec->step, sched_mode_name(rec->mode), rec->transport, rec->rollouts_used,
            rec->rollouts_dropped, rec->train_seconds, rec->total_seconds, rec->h2d_seconds,
            rec->cast_seconds, rec->wire_seconds, rec->exposed_staging_seconds, rec->gbps,
-           rec->weights_verified, rec->sources ? rec->sources : 1);
+           rec->weights_verified, rec->sources ? rec->sources : 1,
+           pb.prediction ? pb.prediction->total_seconds : 0,
+           pb.prediction ? pb.prediction->bottleneck : pb.prediction_note);
   Rlorch__V1__RunEvent ev = RLORCH__V1__RUN_EVENT__INIT;
   ev.event_case = RLORCH__V1__RUN_EVENT__EVENT_STEP;
   ev.step = &pb;

@@ -21,7 +21,14 @@
 extern "C" {
 #endif
 
+/* One node's NICs, where nodes differ. */
+typedef struct bcast_topo_node {
+  uint32_t nics;
+  double nic_gbits;
+} bcast_topo_node;
+
 typedef struct bcast_topo {
+  const bcast_topo_node *node; /* `nodes` entries, or NULL: every node has nics_per_node x nic_gbits */
   uint32_t nodes;          /* machines, >= 1 */
   uint32_t gpus_per_node;  /* >= 1 */
   double h2d_gbps;         /* per GPU, host <-> device (pinned), > 0 */
@@ -41,9 +48,12 @@ void bcast_topo_default(bcast_topo *t, uint32_t nodes);
 /* BCAST_OK, or BCAST_EINVAL naming the field ("topology: nic_gbits ..."). */
 int bcast_topo_check(const bcast_topo *t, bcast_err *err);
 
-/* Where plan rank r runs. */
+/* Where plan rank r runs. `host`: the rank holds its weights in host memory
+ * and has no GPU (a CPU inference engine): nothing of it crosses a
+ * host-to-device link; `gpu` then only tells ranks apart. */
 typedef struct bcast_topo_place {
   uint32_t node, gpu;
+  uint8_t host;
 } bcast_topo_place;
 
 typedef enum {

@@ -1,0 +1,130 @@
+/* The topology of a plan's participants (topology.h). */
+#include "orchestrator/daemon/topology.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A rank's node: what it configured or detected, else its machine's id. */
+static const char *node_of(const Rlorch__V1__Capabilities *c) {
+  if (!c) return "unknown";
+  if (c->topology && c->topology->node && c->topology->node[0]) return c->topology->node;
+  if (c->host_id && c->host_id[0]) return c->host_id;
+  return "unknown";
+}
+
+/* A rank's GPU on its node, "" for none. */
+static const char *gpu_of(const Rlorch__V1__Capabilities *c) {
+  if (!c) return "";
+  if (c->topology && c->topology->gpu_pci_bus_id && c->topology->gpu_pci_bus_id[0])
+    return c->topology->gpu_pci_bus_id;
+  return c->gpu_uuid ? c->gpu_uuid : "";
+}
+
+/* The NICs a rank reports: how many have a known speed, and their sum. */
+static void nics_of(const Rlorch__V1__Capabilities *c, uint32_t *n, double *sum) {
+  *n = 0;
+  *sum = 0;
+  if (!c || !c->topology) return;
+  for (size_t i = 0; i < c->topology->n_nics; i++) {
+    double g = c->topology->nics[i]->gbits;
+    if (g > 0) (*n)++, *sum += g;
+  }
+}
+
+static void note_add(topology *t, const char *fmt, ...) {
+  size_t len = strlen(t->note);
+  if (len + 2 >= sizeof t->note) return;
+  if (len) len += (size_t)snprintf(t->note + len, sizeof t->note - len, "; ");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->note + len, sizeof t->note - len, fmt, ap);
+  va_end(ap);
+}
+
+void topology_free(topology *t) {
+  if (!t) return;
+  free(t->node);
+  free(t->place);
+  free(t->node_name);
+  memset(t, 0, sizeof *t);
+}
+
+const char *topology_node_name(const topology *t, uint32_t node) {
+  return t && node < t->topo.nodes ? t->node_name[node] : "?";
+}
+
+int topology_build(const Rlorch__V1__Capabilities *const *caps, size_t n, const bcast_topo *base,
+                   topology *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  bcast_err be = {0};
+  if (!base || bcast_topo_check(base, &be) != 0)
+    return snprintf(err, errlen, "%s", base ? be.msg : "no base topology"), -1;
+  if (n == 0) return snprintf(err, errlen, "no participants"), -1;
+  out->topo = *base;
+  out->place = calloc(n, sizeof *out->place);
+  out->node = calloc(n, sizeof *out->node);
+  out->node_name = calloc(n, sizeof *out->node_name);
+  /* Per rank: the first rank of its node, and of its GPU (n x n is fine: a
+   * plan's ranks number in the thousands at most, once per plan). */
+  uint32_t *gpus = calloc(n, sizeof *gpus); /* GPU slots taken on each node */
+  double *best = calloc(n, sizeof *best);   /* NIC Gb/s summed of the best report per node */
+  if (!out->place || !out->node || !out->node_name || !gpus || !best) {
+    free(gpus);
+    free(best);
+    topology_free(out);
+    return snprintf(err, errlen, "out of memory"), -1;
+  }
+  uint32_t nodes = 0, gpus_max = 1;
+  for (size_t r = 0; r < n; r++) {
+    const char *name = node_of(caps[r]);
+    uint32_t v = 0;
+    while (v < nodes && strncmp(out->node_name[v], name, TOPOLOGY_NODE_NAME_MAX - 1) != 0) v++;
+    if (v == nodes) {
+      snprintf(out->node_name[v], TOPOLOGY_NODE_NAME_MAX, "%s", name);
+      nodes++;
+    }
+    uint32_t nn;
+    double sum;
+    nics_of(caps[r], &nn, &sum);
+    /* Workers of one node may see different NICs (containers, NUMA
+     * affinity): the node is taken to have the most any of them reports. */
+    if (sum > best[v]) best[v] = sum, out->node[v] = (bcast_topo_node){nn, sum / nn};
+    const char *gpu = gpu_of(caps[r]);
+    out->place[r] = (bcast_topo_place){.node = v, .gpu = UINT32_MAX, .host = gpu[0] == '\0'};
+    for (size_t q = 0; gpu[0] && q < r; q++)
+      if (out->place[q].node == v && !out->place[q].host && strcmp(gpu_of(caps[q]), gpu) == 0) {
+        out->place[r].gpu = out->place[q].gpu;
+        break;
+      }
+    if (out->place[r].gpu == UINT32_MAX) out->place[r].gpu = gpus[v]++;
+    if (gpus[v] > gpus_max) gpus_max = gpus[v];
+  }
+  free(gpus);
+  for (uint32_t v = 0; v < nodes; v++)
+    if (best[v] <= 0) {
+      out->node[v] = (bcast_topo_node){base->nics_per_node, base->nic_gbits};
+      note_add(out, "node %s reports no NIC speed: %u x %g Gb/s assumed", out->node_name[v],
+               base->nics_per_node, base->nic_gbits);
+    }
+  free(best);
+  out->nplace = n;
+  out->topo.nodes = nodes;
+  out->topo.gpus_per_node = gpus_max;
+  out->topo.node = out->node;
+  /* A GPU's measured host-to-device rate beats the default: the slowest
+   * participant's, since a stage waits for its slowest rank. */
+  double h2d = 0;
+  for (size_t r = 0; r < n; r++) {
+    const Rlorch__V1__Topology *tp = caps[r] ? caps[r]->topology : NULL;
+    if (tp && tp->h2d_gbps > 0 && (h2d == 0 || tp->h2d_gbps < h2d)) h2d = tp->h2d_gbps;
+  }
+  if (h2d > 0) out->topo.h2d_gbps = h2d;
+  if (bcast_topo_check(&out->topo, &be) != 0) {
+    snprintf(err, errlen, "%s", be.msg);
+    topology_free(out);
+    return -1;
+  }
+  return 0;
+}
