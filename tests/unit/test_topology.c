@@ -1,0 +1,194 @@
+/* A plan's topology from its participants' reports (daemon/topology.c):
+ * nodes by name, else by host id; GPUs shared or not; each node's NICs the
+ * best any of its workers reports, else the configured default, said in the
+ * note; the slowest measured host-to-device rate; bad input refused. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "orchestrator/daemon/topology.h"
+
+#define MAXW 8
+
+typedef struct {
+  Rlorch__V1__Capabilities caps[MAXW];
+  Rlorch__V1__Topology topo[MAXW];
+  Rlorch__V1__Nic nic[MAXW][2];
+  Rlorch__V1__Nic *nicp[MAXW][2];
+  const Rlorch__V1__Capabilities *cp[MAXW];
+  size_t n;
+} fleet;
+
+/* A worker: node ("" to leave it to host_id), host id, GPU bus id ("" for
+ * none), and up to two NIC speeds (0: none reported). */
+static void add(fleet *f, const char *node, const char *host, const char *gpu, double nic0,
+                double nic1) {
+  size_t i = f->n++;
+  Rlorch__V1__Capabilities *c = &f->caps[i];
+  Rlorch__V1__Topology *t = &f->topo[i];
+  rlorch__v1__capabilities__init(c);
+  rlorch__v1__topology__init(t);
+  c->host_id = (char *)host;
+  t->node = (char *)node;
+  t->gpu_pci_bus_id = (char *)gpu;
+  double g[2] = {nic0, nic1};
+  for (int k = 0; k < 2; k++) {
+    if (g[k] <= 0) continue;
+    Rlorch__V1__Nic *n = &f->nic[i][k];
+    rlorch__v1__nic__init(n);
+    n->name = (char *)(k ? "eth1" : "eth0");
+    n->gbits = g[k];
+    f->nicp[i][t->n_nics++] = n;
+  }
+  t->nics = f->nicp[i];
+  c->topology = t;
+  f->cp[i] = c;
+}
+
+static bcast_topo base(void) {
+  bcast_topo t;
+  bcast_topo_default(&t, 1);
+  t.nics_per_node = 2;
+  t.nic_gbits = 25;
+  return t;
+}
+
+Test(topology, nodes_by_name_then_host_id_and_gpus_by_identity) {
+  fleet f = {0};
+  add(&f, "a", "boot-1", "0000:01:00.0", 100, 100); /* trainer on a */
+  add(&f, "a", "boot-1", "0000:01:00.0", 0, 0);     /* colocated receiver: same GPU */
+  add(&f, "a", "boot-1", "0000:02:00.0", 0, 0);     /* a's second GPU */
+  add(&f, "", "boot-2", "", 0.2, 0);                /* no node name: its host id; no GPU */
+  add(&f, "", "boot-2", "", 0, 0);                  /* a second CPU worker on boot-2 */
+  bcast_topo b = base();
+  topology t;
+  char err[256] = "";
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(t.topo.nodes, 2);
+  cr_assert_str_eq(topology_node_name(&t, 0), "a");
+  cr_assert_str_eq(topology_node_name(&t, 1), "boot-2");
+  cr_assert_eq(t.nplace, 5);
+  cr_assert_eq(t.place[0].node, 0);
+  cr_assert_eq(t.place[1].gpu, t.place[0].gpu, "one GPU, one place");
+  cr_assert_neq(t.place[2].gpu, t.place[0].gpu);
+  cr_assert(!t.place[0].host && !t.place[2].host);
+  cr_assert(t.place[3].host && t.place[4].host, "CPU workers are host-only");
+  cr_assert_neq(t.place[3].gpu, t.place[4].gpu, "two CPU workers are two places");
+  cr_assert_eq(t.topo.gpus_per_node, 2);
+  cr_assert_eq(t.topo.node, t.node);
+  cr_assert_eq(t.node[0].nics, 2);
+  cr_assert_float_eq(t.node[0].nic_gbits, 100, 1e-9);
+  cr_assert_eq(t.node[1].nics, 1);
+  cr_assert_float_eq(t.node[1].nic_gbits, 0.2, 1e-12);
+  cr_assert_str_eq(t.note, "", "nothing assumed: %s", t.note);
+  topology_free(&t);
+  cr_assert_null(t.place);
+}
+
+Test(topology, a_node_without_nic_speeds_gets_the_default_and_says_so) {
+  fleet f = {0};
+  add(&f, "t", "h", "", 40, 0);
+  add(&f, "quiet", "h2", "", 0, 0);
+  add(&f, "quiet", "h2", "", 0, 0);
+  bcast_topo b = base();
+  topology t;
+  char err[256] = "";
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(t.node[1].nics, 2);
+  cr_assert_float_eq(t.node[1].nic_gbits, 25, 1e-9);
+  cr_assert(strstr(t.note, "node quiet reports no NIC speed: 2 x 25 Gb/s assumed"), "%s", t.note);
+  topology_free(&t);
+}
+
+Test(topology, the_best_report_of_a_node_wins_and_nic_speeds_average) {
+  fleet f = {0};
+  add(&f, "n", "h", "", 10, 0);   /* a container that sees one NIC */
+  add(&f, "n", "h", "", 100, 50); /* one that sees both */
+  bcast_topo b = base();
+  topology t;
+  char err[256] = "";
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(t.topo.nodes, 1);
+  cr_assert_eq(t.node[0].nics, 2);
+  cr_assert_float_eq(t.node[0].nic_gbits, 75, 1e-9);
+  topology_free(&t);
+}
+
+Test(topology, the_slowest_measured_h2d_rate_is_taken) {
+  fleet f = {0};
+  add(&f, "n", "h", "0000:01:00.0", 0, 0);
+  add(&f, "n", "h", "0000:02:00.0", 0, 0);
+  add(&f, "n", "h", "0000:03:00.0", 0, 0);
+  f.topo[0].h2d_gbps = 52;
+  f.topo[1].h2d_gbps = 48;
+  bcast_topo b = base();
+  topology t;
+  char err[256] = "";
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), 0, "%s", err);
+  cr_assert_float_eq(t.topo.h2d_gbps, 48, 1e-9);
+  topology_free(&t);
+  f.topo[0].h2d_gbps = f.topo[1].h2d_gbps = 0;
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), 0, "%s", err);
+  cr_assert_float_eq(t.topo.h2d_gbps, b.h2d_gbps, 1e-9, "no measurement: the configured rate");
+  topology_free(&t);
+}
+
+Test(topology, workers_that_report_nothing_share_one_unknown_node) {
+  const Rlorch__V1__Capabilities *cp[3] = {NULL, NULL, NULL};
+  Rlorch__V1__Capabilities bare;
+  rlorch__v1__capabilities__init(&bare); /* no topology, no host id */
+  cp[1] = &bare;
+  bcast_topo b = base();
+  topology t;
+  char err[256] = "";
+  cr_assert_eq(topology_build(cp, 3, &b, &t, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(t.topo.nodes, 1);
+  cr_assert_str_eq(topology_node_name(&t, 0), "unknown");
+  cr_assert(t.place[0].host && t.place[1].host && t.place[2].host);
+  cr_assert(strstr(t.note, "node unknown reports no NIC speed"), "%s", t.note);
+  topology_free(&t);
+}
+
+Test(topology, bad_input_is_refused_by_name) {
+  fleet f = {0};
+  add(&f, "n", "h", "", 10, 0);
+  topology t;
+  char err[256] = "";
+  bcast_topo b = base();
+  cr_assert_eq(topology_build(f.cp, 0, &b, &t, err, sizeof err), -1);
+  cr_assert_str_eq(err, "no participants");
+  b.nic_gbits = 0;
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), -1);
+  cr_assert(strstr(err, "nic_gbits"), "%s", err);
+  cr_assert_eq(topology_build(f.cp, f.n, NULL, &t, err, sizeof err), -1);
+  cr_assert_null(t.place);
+}
+
+Test(topology, the_model_predicts_on_it) {
+  /* One trainer on node t, one receiver on each of two nodes behind
+   * 1 Gb/s: the trainer's NIC carries the model twice. */
+  fleet f = {0};
+  add(&f, "t", "h", "", 1, 0);
+  add(&f, "r1", "h1", "", 1, 0);
+  add(&f, "r2", "h2", "", 1, 0);
+  bcast_topo b = base();
+  b.tcp_stream_gbps = 0;
+  topology t;
+  char err[256] = "";
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), 0, "%s", err);
+  bcast_tensor tensor = {.name = "w", .ndim = 1, .shape = {1u << 20}, .storage_dtype = BCAST_DTYPE_FP32,
+                         .wire_dtype = BCAST_DTYPE_FP32, .residency = BCAST_RES_HOST_PINNED};
+  bcast_plan_opts po = {.id = "p", .mode = BCAST_MODE_HOST, .staging_budget = 1u << 20,
+                        .world_size = 3, .host_endpoint = "127.0.0.1:1"};
+  bcast_plan *plan = NULL;
+  bcast_err be = {0};
+  cr_assert_eq(bcast_plan_build(&tensor, 1, &po, &plan, &be), 0, "%s", be.msg);
+  bcast_topo_opts o = {.layout = BCAST_LAYOUT_ENGINE};
+  bcast_topo_pred pred;
+  cr_assert_eq(bcast_topo_predict(plan, t.place, t.nplace, &t.topo, &o, &pred, &be), 0, "%s",
+               be.msg);
+  double want = 2.0 * 4.0 * (1u << 20) / (1e9 / 8); /* 2 copies of 4 MiB over 1 Gb/s */
+  cr_assert_float_eq(pred.total_s, want, want * 0.05, "%g s, want about %g s", pred.total_s,
+                     want);
+  bcast_plan_free(plan);
+  topology_free(&t);
+}
