@@ -56,6 +56,8 @@ typedef struct orch_metrics {
   metrics_histogram *staging_seconds;    /* stage */
   metrics_counter *broadcast_bytes;      /* mode, link */
   metrics_gauge *broadcast_throughput;
+  metrics_gauge *broadcast_predicted;    /* the cost model's seconds for the last broadcast */
+  metrics_gauge *broadcast_model_ratio;  /* its measured seconds over the predicted */
   metrics_gauge *policy_version;
   metrics_gauge *async_level;
   metrics_counter *rollouts;             /* outcome */

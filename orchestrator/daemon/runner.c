@@ -967,6 +967,11 @@ static void act_commit(runner *r, const sched_action *a) {
     return;
   }
   record_metrics(r, rec);
+  if (pb.prediction) {
+    metrics_gauge_set(r->o->m.broadcast_predicted, NULL, pb.prediction->total_seconds);
+    metrics_gauge_set(r->o->m.broadcast_model_ratio, NULL,
+                      pb.prediction->measured_over_predicted);
+  }
   /* What this mode achieved bounds the next plans in it (only ever longer
    * than the configured rate allows: see bcast_cost_estimate). Host mode's
    * rate is per receiver; the model's is the root's, summed. */

@@ -82,6 +82,14 @@ static int metrics_setup(orch *o, const bcast_caps *caps, char *err, size_t errl
   REG(broadcast_throughput,
       metrics_gauge_new(m->reg, "rlorch_broadcast_throughput_bytes_per_second",
                         "Wire bytes over wall time of the last broadcast.", NULL, err, errlen));
+  REG(broadcast_predicted,
+      metrics_gauge_new(m->reg, "rlorch_broadcast_predicted_seconds",
+                        "Seconds the topology cost model predicted for the last broadcast.", NULL,
+                        err, errlen));
+  REG(broadcast_model_ratio,
+      metrics_gauge_new(m->reg, "rlorch_broadcast_model_ratio",
+                        "Measured over predicted seconds of the last broadcast.", NULL, err,
+                        errlen));
   REG(policy_version, metrics_gauge_new(m->reg, "rlorch_policy_version",
                                         "Policy version held by the inference workers.", NULL,
                                         err, errlen));

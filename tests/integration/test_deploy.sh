@@ -14,7 +14,8 @@ DEPLOY="$RLORCH_SOURCE_DIR/deploy"
 METRICS="rlorch_build_info rlorch_rpc_requests_total rlorch_rpc_duration_seconds
 rlorch_event_loop_lag_seconds rlorch_runs rlorch_step_duration_seconds
 rlorch_broadcast_duration_seconds rlorch_staging_seconds rlorch_broadcast_bytes_total
-rlorch_broadcast_throughput_bytes_per_second rlorch_policy_version rlorch_async_level
+rlorch_broadcast_throughput_bytes_per_second rlorch_broadcast_predicted_seconds
+rlorch_broadcast_model_ratio rlorch_policy_version rlorch_async_level
 rlorch_rollouts_total rlorch_workers rlorch_generated_tokens_total rlorch_worker_generated_tokens_total
 rlorch_rollouts_in_flight rlorch_rollout_request_duration_seconds rlorch_rollout_requests_total
 rlorch_rollouts_malformed_total"
@@ -46,10 +47,11 @@ max_message_bytes max_manifest_tensors max_tensor_bytes max_manifest_bytes max_r
 http_max_connections default_policy max_async_level rollouts_per_step max_requests_per_worker
 group_size prompts_file max_prompt_tokens max_tokens temperature request_timeout_ms staging_budget_bytes
 broadcast_gbps_host broadcast_gbps_staged broadcast_gbps_direct broadcast_safety broadcast_slack_ms
-data_channel_tls"
+link_h2d_gbps link_nvlink_gbps link_d2d_gbps link_cast_gbps link_tcp_stream_gbps link_hop_latency_us
+link_nics link_nic_gbits data_channel_tls"
 # The list is the program's: the keys --print-config prints, all of them.
 assert_eq "$(tr ' ' '\n' <<<"$keys" | sed '/^$/d' | sort | tr '\n' ' ')" \
-  "$("$RLORCH_BIN" serve --print-config | sed -n 's/^\([a-z_]*\):.*/\1/p' | sort | tr '\n' ' ')" \
+  "$("$RLORCH_BIN" serve --print-config | sed -n 's/^\([a-z0-9_]*\):.*/\1/p' | sort | tr '\n' ' ')" \
   "the key list is every key rlorch serve has"
 missing=""
 for k in $keys; do
