@@ -85,6 +85,16 @@ for i, s in enumerate(steps):
     if int(s["wire_bytes"]) <= 0 or s["total_seconds"] <= 0: bad.append(f"step {i}: no figures")
     if int(s["policy_version"]) != i + 1: bad.append(f"step {i}: version {s['policy_version']}")
     if not s["mode_reason"]: bad.append(f"step {i}: no mode reason")
+    # The cost model predicted the plan on the workers' reported topology:
+    # one node, the host transport, every stage named, the ratio the record's.
+    p = s.get("prediction")
+    if not p: bad.append(f"step {i}: no prediction ({s.get('prediction_note')})"); continue
+    if p["layout"] != "host" or p["nodes"] != 1: bad.append(f"step {i}: predicted {p['layout']} on {p['nodes']} nodes")
+    if not p["total_seconds"] > 0 or not p["stages"] or not p["bottleneck"]: bad.append(f"step {i}: empty prediction {p}")
+    if any(not st["name"] or not st["where"] or st["seconds"] < 0 for st in p["stages"]): bad.append(f"step {i}: unnamed stage {p['stages']}")
+    if max(st["seconds"] for st in p["stages"]) > p["total_seconds"] * (1 + 1e-9): bad.append(f"step {i}: a stage longer than the total")
+    if abs(p["measured_over_predicted"] - s["total_seconds"] / p["total_seconds"]) > 1e-6 * p["measured_over_predicted"]:
+        bad.append(f"step {i}: ratio {p['measured_over_predicted']} is not measured over predicted")
 print(len(steps) if not bad and len(steps) == want else "; ".join(bad) or len(steps))
 PY
 )"
