@@ -155,6 +155,20 @@ Test(bcast_topo, host_transport_processes_and_cores) {
   cr_assert_str_eq(stage(&r, "cores")->where, "node 0");
   cr_assert_str_eq(bcast_topo_pred_bottleneck(&r)->name, "cores");
   bcast_plan_free(p);
+
+  /* Over TLS each stream is capped by tls_stream instead: B / 0.5. */
+  static const uint8_t secret[BCAST_SECRET_BYTES];
+  bcast_tensor tn = one_tensor(BCAST_DTYPE_BF16, BCAST_RES_HOST_PAGEABLE);
+  bcast_plan_opts po = {.id = "tls", .mode = BCAST_MODE_HOST, .staging_budget = BUDGET, .world_size = 2,
+                        .host_endpoint = "127.0.0.1:1", .secret = secret, .tls = 1};
+  bcast_err e = {0};
+  cr_assert_eq(bcast_plan_build(&tn, 1, &po, &p, &e), BCAST_OK, "%s", e.msg);
+  t = small_topo();
+  t.tcp_stream_gbps = 2;
+  t.tls_stream_gbps = 0.5;
+  r = predict_ok(p, pl, &t, BCAST_LAYOUT_ENGINE, 0);
+  near(stage(&r, "tcp")->seconds, GIB / 0.5e9, "a TLS stream");
+  bcast_plan_free(p);
 }
 
 /* 1 source on node 0, 3 receivers on node 1, 1 on node 2: egress 4B beats
@@ -462,7 +476,7 @@ Test(bcast_topo, refusals_name_the_field) {
                           "tcp_stream_gbps", "hop_latency_us", "tcp_send_gbps",  "host_gbps",
                           "host_cores_gbps", "host_cast_gbps", "pageable_gbps",  "nccl_bucket_us",
                           "coloc_plan_us",  "coloc_write_us",  "coloc_source_us", "node[1].nics 0 must be >= 1",
-                          "node[2].nic_gbits 0 must be > 0"};
+                          "node[2].nic_gbits 0 must be > 0", "tls_stream_gbps"};
   const bcast_topo_node no_nics[3] = {{2, 80}, {0, 80}, {2, 80}}, no_rate[3] = {{2, 80}, {1, 40}, {2, 0}};
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     bcast_topo t = small_topo();
@@ -488,6 +502,7 @@ Test(bcast_topo, refusals_name_the_field) {
     case 18: t.coloc_source_us = -1; break;
     case 19: t.node = no_nics; break;
     case 20: t.node = no_rate; break;
+    case 21: t.tls_stream_gbps = -1; break;
     }
     refused(p, pl, 3, &t, BCAST_LAYOUT_ENGINE, 0, fields[i]);
   }

@@ -24,6 +24,7 @@ void bcast_topo_default(bcast_topo *t, uint32_t nodes) {
                     .nics_per_node = 8,
                     .nic_gbits = 400.0,
                     .tcp_stream_gbps = 1.57,
+                    .tls_stream_gbps = 1.0,
                     .tcp_send_gbps = 3.05,
                     .host_gbps = 22.0,
                     .host_cast_gbps = 50.0,
@@ -66,6 +67,7 @@ int bcast_topo_check(const bcast_topo *t, bcast_err *err) {
     double v;
     const char *zero;
   } caps[] = {{"tcp_stream_gbps", t->tcp_stream_gbps, " (0: no cap)"},
+              {"tls_stream_gbps", t->tls_stream_gbps, " (0: no cap)"},
               {"tcp_send_gbps", t->tcp_send_gbps, " (0: no cap)"},
               {"host_gbps", t->host_gbps, " (0: no cap)"},
               {"host_cores_gbps", t->host_cores_gbps, " (0: no cap)"},
@@ -231,12 +233,14 @@ static int relays_check(const bcast_plan *p, const uint32_t *rf, uint32_t ns, bc
 /* Every sending process's TCP time: its sending thread over its streams
  * (tcp_stream per stream, tcp_send over all) and then its node's host over
  * every stream end on it, which the thread waits for (the same cores and
- * memory), so the two add. */
-static void send_stage(const host_load *l, const bcast_topo_place *place, const bcast_topo *t, uint32_t from,
-                       uint32_t to, const char *fmt, worst *w) {
+ * memory), so the two add. A TLS stream is capped by its encrypting and
+ * decrypting cores instead. */
+static void send_stage(const host_load *l, const bcast_topo_place *place, const bcast_topo *t, int tls,
+                       uint32_t from, uint32_t to, const char *fmt, worst *w) {
+  double stream = tls ? t->tls_stream_gbps : t->tcp_stream_gbps;
   for (uint32_t r = from; r < to; r++) {
     if (!l->fanout[r]) continue;
-    double thread = fmax(over(l->stream[r], t->tcp_stream_gbps), over(l->out[r], t->tcp_send_gbps));
+    double thread = fmax(over(l->stream[r], stream), over(l->out[r], t->tcp_send_gbps));
     double s = thread + over(l->ends[place[r].node], t->host_gbps);
     consider(w, s, l->out[r], s > 0 ? (double)l->out[r] / s / 1e9 : 0, fmt, r);
   }
@@ -261,8 +265,8 @@ static int predict_host(const bcast_plan *p, const bcast_topo_place *place, cons
   source_stage(out, "d2h", sb, ns, offsetof(src_bytes, gpu_stor), t->pageable_gbps, 1);
   source_stage(out, "cast", sb, ns, offsetof(src_bytes, cast_stor), t->host_cast_gbps, 0);
   worst tcp = {0}, relay = {0}, cores = {0}, nic = {0}, h2d = {0};
-  send_stage(&l, place, t, 0, ns, "source %u", &tcp);
-  send_stage(&l, place, t, ns, world, "relay %u", &relay);
+  send_stage(&l, place, t, p->tls, 0, ns, "source %u", &tcp);
+  send_stage(&l, place, t, p->tls, ns, world, "relay %u", &relay);
   for (uint32_t r = ns; r < world; r++) {
     if (l.fanout[r]) out->relays++;
     /* A node of receivers only: its host still takes every stream. */

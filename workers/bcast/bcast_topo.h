@@ -42,6 +42,7 @@ typedef struct bcast_topo {
   const bcast_topo_node *node;
   /* Host transport (TCP between processes, casts on the CPU). 0: no cap. */
   double tcp_stream_gbps;  /* one TCP stream at most */
+  double tls_stream_gbps;  /* one stream of a TLS plan (bcast_plan.tls) at most */
   double tcp_send_gbps;    /* one process's sending thread, over all its streams */
   double host_gbps;        /* a node's host over every stream end on it (a stream
                               inside the node counts twice): the memory and kernel
