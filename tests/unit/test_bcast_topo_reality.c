@@ -46,130 +46,130 @@ typedef struct row {
 static const row rows[] = {
     /* "Results (2 x H200, NV18 NVLink ...)": | 4b | staged | ... | 0.3049 s |, and
      * "Across the runs of that day": 4b staged 0.2927 s */
-    {"4b staged, fp32 pinned -> GPU", "4b", H200, BCAST_MODE_STAGED, FP32, PINNED, 0, 1, 0, 0, 0, 0.2927, 0.3049},
+    {"bench broadcast, 2 x H200", "4b", H200, BCAST_MODE_STAGED, FP32, PINNED, 0, 1, 0, 0, 0, 0.2927, 0.3049},
     /* same table: | 8b | staged | ... | 0.5928 s | */
-    {"8b staged", "8b", H200, BCAST_MODE_STAGED, FP32, PINNED, 0, 1, 0, 0, 0, 0.5928, 0.5928},
+    {"bench broadcast, 2 x H200", "8b", H200, BCAST_MODE_STAGED, FP32, PINNED, 0, 1, 0, 0, 0, 0.5928, 0.5928},
     /* same table: | 1b | staged | ... | 0.0954 s | */
-    {"1b staged", "1b", H200, BCAST_MODE_STAGED, FP32, PINNED, 0, 1, 0, 0, 0, 0.0954, 0.0954},
+    {"bench broadcast, 2 x H200", "1b", H200, BCAST_MODE_STAGED, FP32, PINNED, 0, 1, 0, 0, 0, 0.0954, 0.0954},
     /* same table: | 4b | direct | ... | 0.0232 s | */
-    {"4b direct, bf16 GPU -> GPU", "4b", H200, BCAST_MODE_DIRECT, BF16, GPU, 0, 1, 0, 0, 0, 0.0232, 0.0232},
+    {"bench broadcast, 2 x H200", "4b", H200, BCAST_MODE_DIRECT, BF16, GPU, 0, 1, 0, 0, 0, 0.0232, 0.0232},
     /* same table: | 8b | direct | ... | 0.0469 s | */
-    {"8b direct", "8b", H200, BCAST_MODE_DIRECT, BF16, GPU, 0, 1, 0, 0, 0, 0.0469, 0.0469},
+    {"bench broadcast, 2 x H200", "8b", H200, BCAST_MODE_DIRECT, BF16, GPU, 0, 1, 0, 0, 0, 0.0469, 0.0469},
     /* same table: | 1b | direct | ... | 0.0074 s | */
-    {"1b direct", "1b", H200, BCAST_MODE_DIRECT, BF16, GPU, 0, 1, 0, 0, 0, 0.0074, 0.0074},
+    {"bench broadcast, 2 x H200", "1b", H200, BCAST_MODE_DIRECT, BF16, GPU, 0, 1, 0, 0, 0, 0.0074, 0.0074},
     /* "The step loop on GPUs": | 1b | params | staged ... | 0.0903 |, | 1b |
      * params+optimizer | ... | 0.0904 | (fp32 bytes over PCIe: before the shadow) */
-    {"run 1b staged (params, params+optimizer)", "1b", H200, BCAST_MODE_STAGED, FP32, PINNED, 0, 1, 0, 0, 0, 0.0903,
+    {"run, step loop (offload params, params+optimizer)", "1b", H200, BCAST_MODE_STAGED, FP32, PINNED, 0, 1, 0, 0, 0, 0.0903,
      0.0904},
     /* same table: | 1b | none | direct ... | 0.0078 | */
-    {"run 1b direct (offload none)", "1b", H200, BCAST_MODE_DIRECT, BF16, GPU, 0, 1, 0, 0, 0, 0.0078, 0.0078},
+    {"run, step loop (offload none)", "1b", H200, BCAST_MODE_DIRECT, BF16, GPU, 0, 1, 0, 0, 0, 0.0078, 0.0078},
     /* same table: | 4b | params | staged ... | 0.2925 | */
-    {"run 4b staged (params)", "4b", H200, BCAST_MODE_STAGED, FP32, PINNED, 0, 1, 0, 0, 0, 0.2925, 0.2925},
+    {"run, step loop (offload params)", "4b", H200, BCAST_MODE_STAGED, FP32, PINNED, 0, 1, 0, 0, 0, 0.2925, 0.2925},
     /* "Colocated mode (one GPU)", results on 1 x H200: | 1b | host | ... | 0.0902 s | */
-    {"1b colocated, fp32 pinned master", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 1, 0, 0, 0, 0.0902,
+    {"bench broadcast colocated, 1 x H200", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 1, 0, 0, 0, 0.0902,
      0.0902},
     /* same table: | 1b | bf16-host | ... | 0.0458 s | */
-    {"1b colocated, bf16 pinned master", "1b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 0, 1, 0, 0, 0, 0.0458,
+    {"bench broadcast colocated, 1 x H200", "1b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 0, 1, 0, 0, 0, 0.0458,
      0.0458},
     /* same table: | 1b | gpu | ... | 0.0025 s |; "rlorch run --preset 1b" colocated:
      * | none (fp32 master on the GPU) | 1 | 0.0025 s | */
-    {"1b colocated, fp32 GPU master", "1b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 0, 1, 0, 0, 0, 0.0025, 0.0025},
+    {"bench broadcast colocated; run, offload none", "1b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 0, 1, 0, 0, 0, 0.0025, 0.0025},
     /* same table: | 4b | host | ... | 0.2927 s | */
-    {"4b colocated, fp32 pinned master", "4b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 1, 0, 0, 0, 0.2927,
+    {"bench broadcast colocated, 1 x H200", "4b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 1, 0, 0, 0, 0.2927,
      0.2927},
     /* same table: | 4b | bf16-host | ... | 0.1470 s |; "The CPU optimizer step and
      * the bf16 shadow": the 4b broadcast from such a shadow takes 0.147-0.148 s */
-    {"4b colocated, bf16 pinned master", "4b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 0, 1, 0, 0, 0, 0.1470,
+    {"bench broadcast colocated, 1 x H200", "4b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 0, 1, 0, 0, 0, 0.1470,
      0.1480},
     /* same table: | 4b | gpu | ... | 0.0073 s | */
-    {"4b colocated, fp32 GPU master", "4b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 0, 1, 0, 0, 0, 0.0073, 0.0073},
+    {"bench broadcast colocated, 1 x H200", "4b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 0, 1, 0, 0, 0, 0.0073, 0.0073},
     /* same table: | 8b | host | ... | 0.5927 s | */
-    {"8b colocated, fp32 pinned master", "8b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 1, 0, 0, 0, 0.5927,
+    {"bench broadcast colocated, 1 x H200", "8b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 1, 0, 0, 0, 0.5927,
      0.5927},
     /* same table: | 8b | gpu | ... | 0.0136 s | */
-    {"8b colocated, fp32 GPU master", "8b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 0, 1, 0, 0, 0, 0.0136, 0.0136},
+    {"bench broadcast colocated, 1 x H200", "8b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 0, 1, 0, 0, 0, 0.0136, 0.0136},
     /* "rlorch run --preset 1b --steps 3" colocated: | params (fp32 master in
      * pinned host memory) | 2 | 0.090 s | */
-    {"run 1b colocated, fp32 pinned, 2 receivers", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 2, 0, 0, 0,
+    {"run colocated, offload params", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 2, 0, 0, 0,
      0.090, 0.090},
     /* "Two buffer sets": double-buffer scenario, 1b, 8 layers, params, 2
      * receivers: 0.0546 s minimum, 0.0550 s median */
-    {"run 1b/8 layers colocated, 2 receivers", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 2, 8, 0, 0, 0.0546,
+    {"coloc_faults double-buffer, 8 layers", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 2, 8, 0, 0, 0.0546,
      0.0550},
     /* "The CPU optimizer step and the bf16 shadow": 0.0455 s a broadcast with
      * the shadow, 0.0900 s with --bf16-shadow off */
-    {"run 1b colocated, bf16 shadow", "1b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 0, 1, 0, 0, 0, 0.0455, 0.0455},
-    {"run 1b colocated, shadow off", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 1, 0, 0, 0, 0.0900, 0.0900},
+    {"run colocated, bf16 shadow", "1b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 0, 1, 0, 0, 0, 0.0455, 0.0455},
+    {"run colocated, --bf16-shadow off", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 0, 1, 0, 0, 0, 0.0900, 0.0900},
     /* "Several senders in colocated mode": | 1b fp32 pinned host, 2 receivers |
      * 0.0909 s | 0.0913 s | 0.0965 s | */
-    {"1b colocated, fp32 pinned, 1 sender, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 1, 2, 0, 0, 0, 0.0909,
+    {"bench broadcast colocated --senders", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 1, 2, 0, 0, 0, 0.0909,
      0.0909},
-    {"1b colocated, fp32 pinned, 2 senders, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 2, 2, 0, 0, 0,
+    {"bench broadcast colocated --senders", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 2, 2, 0, 0, 0,
      0.0913, 0.0913},
-    {"1b colocated, fp32 pinned, 4 senders, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 4, 2, 0, 0, 0,
+    {"bench broadcast colocated --senders", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 4, 2, 0, 0, 0,
      0.0965, 0.0965},
     /* same table: | 1b bf16 pinned host (the shadow), 2 receivers | 0.0457 s |
      * 0.0464 s | 0.0482 s | */
-    {"1b colocated, bf16 pinned, 1 sender, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 1, 2, 0, 0, 0, 0.0457,
+    {"bench broadcast colocated --senders", "1b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 1, 2, 0, 0, 0, 0.0457,
      0.0457},
-    {"1b colocated, bf16 pinned, 2 senders, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 2, 2, 0, 0, 0,
+    {"bench broadcast colocated --senders", "1b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 2, 2, 0, 0, 0,
      0.0464, 0.0464},
-    {"1b colocated, bf16 pinned, 4 senders, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 4, 2, 0, 0, 0,
+    {"bench broadcast colocated --senders", "1b", H200, BCAST_MODE_COLOCATED, BF16, PINNED, 4, 2, 0, 0, 0,
      0.0482, 0.0482},
     /* same table: | 1b GPU master, 2 receivers | 0.0041 s | 0.0043 s | 0.0050 s | */
-    {"1b colocated, GPU master, 1 sender, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 1, 2, 0, 0, 0, 0.0041,
+    {"bench broadcast colocated --senders", "1b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 1, 2, 0, 0, 0, 0.0041,
      0.0041},
-    {"1b colocated, GPU master, 2 senders, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 2, 2, 0, 0, 0, 0.0043,
+    {"bench broadcast colocated --senders", "1b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 2, 2, 0, 0, 0, 0.0043,
      0.0043},
-    {"1b colocated, GPU master, 4 senders, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 4, 2, 0, 0, 0, 0.0050,
+    {"bench broadcast colocated --senders", "1b", H200, BCAST_MODE_COLOCATED, FP32, GPU, 4, 2, 0, 0, 0, 0.0050,
      0.0050},
     /* same table: | 4b fp32 pinned host, 1 receiver | 0.2930 s | 0.2936 s | 0.3059 s | */
-    {"4b colocated, fp32 pinned, 1 sender, 1 rx", "4b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 1, 1, 0, 0, 0, 0.2930,
+    {"bench broadcast colocated --senders", "4b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 1, 1, 0, 0, 0, 0.2930,
      0.2930},
-    {"4b colocated, fp32 pinned, 2 senders, 1 rx", "4b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 2, 1, 0, 0, 0,
+    {"bench broadcast colocated --senders", "4b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 2, 1, 0, 0, 0,
      0.2936, 0.2936},
-    {"4b colocated, fp32 pinned, 4 senders, 1 rx", "4b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 4, 1, 0, 0, 0,
+    {"bench broadcast colocated --senders", "4b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 4, 1, 0, 0, 0,
      0.3059, 0.3059},
     /* same section, tests/gpu/group_coloc.sh: | 2 | pinned host | 0.0919 s |,
      * | 4 | pinned host | 0.0938 s | (2 receivers) */
-    {"run 1b colocated group, 2 ranks pinned, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 2, 2, 0, 0, 0,
+    {"group_coloc.sh, trainer group", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 2, 2, 0, 0, 0,
      0.0919, 0.0919},
-    {"run 1b colocated group, 4 ranks pinned, 2 rx", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 4, 2, 0, 0, 0,
+    {"group_coloc.sh, trainer group", "1b", H200, BCAST_MODE_COLOCATED, FP32, PINNED, 4, 2, 0, 0, 0,
      0.0938, 0.0938},
     /* "The host transport with TLS", H200 host: | 100m | ... | 0.1430 s | (plain engine) */
-    {"100m host, 1 -> 1, H200 host", "100m", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 0, 0.1430, 0.1430},
+    {"bench broadcast --tls (plain), H200 host", "100m", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 0, 0.1430, 0.1430},
     /* same table: | 1b | ... | 1.6473 s |; "Before and after the restructured
      * tree": bench broadcast 1b host 1.956 s (old), 1.850 s (new) */
-    {"1b host, 1 -> 1, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 0, 1.6473, 1.956},
+    {"bench broadcast host, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 0, 1.6473, 1.956},
     /* "The host transport with TLS", H200 host: | 100m | ... | 0.2069 s |, | 1b |
      * ... | 2.8341 s | (engine, TLS) */
-    {"100m host over TLS, 1 -> 1, H200 host", "100m", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 1, 0.2069,
+    {"bench broadcast --tls, H200 host", "100m", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 1, 0.2069,
      0.2069},
-    {"1b host over TLS, 1 -> 1, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 1, 2.8341,
+    {"bench broadcast --tls, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 1, 2.8341,
      2.8341},
     /* "Before and after the restructured tree": run 1b offload params,
      * broadcast 1.67-1.90 s (fp32 pinned trainer, a CPU inference worker) */
-    {"run 1b host, fp32 pinned trainer -> CPU worker", "1b", H200, BCAST_MODE_HOST, FP32, PINNED, 0, 1, 0, 1, 0, 1.67,
+    {"run, offload params, CPU inference worker", "1b", H200, BCAST_MODE_HOST, FP32, PINNED, 0, 1, 0, 1, 0, 1.67,
      1.90},
     /* same table: run 1b offload none, p50 2.310 s (old), 2.330 s (new): the
      * fp32 GPU master copied to host first */
-    {"run 1b host, fp32 GPU trainer -> CPU worker", "1b", H200, BCAST_MODE_HOST, FP32, GPU, 0, 1, 0, 1, 0, 2.310,
+    {"run, offload none, CPU inference worker", "1b", H200, BCAST_MODE_HOST, FP32, GPU, 0, 1, 0, 1, 0, 2.310,
      2.330},
     /* "The host transport with several senders", H200 host: | 1 | 2.2108 s |,
      * and "Several senders in colocated mode": the host transport's table from
      * the same run, 1.937 s */
-    {"1b host, 1 -> 2, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 1, 2, 0, 1, 0, 1.937, 2.2108},
+    {"bench broadcast host --senders, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 1, 2, 0, 1, 0, 1.937, 2.2108},
     /* | 2 | 1.3085 s |; 1.216 s */
-    {"1b host, 2 -> 2, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 2, 2, 0, 1, 0, 1.216, 1.3085},
+    {"bench broadcast host --senders, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 2, 2, 0, 1, 0, 1.216, 1.3085},
     /* | 4 | 0.8220 s |; 0.802 s */
-    {"1b host, 4 -> 2, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 4, 2, 0, 1, 0, 0.802, 0.8220},
+    {"bench broadcast host --senders, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 4, 2, 0, 1, 0, 0.802, 0.8220},
     /* "The host transport with several senders", this development machine:
      * | 1 | 0.2339 s |, a second run 0.2373 s */
-    {"100m host, 1 -> 2, 2-core machine", "100m", DEV, BCAST_MODE_HOST, FP32, PAGEABLE, 1, 2, 0, 1, 0, 0.2339, 0.2373},
+    {"bench broadcast host --senders, 2 cores", "100m", DEV, BCAST_MODE_HOST, FP32, PAGEABLE, 1, 2, 0, 1, 0, 0.2339, 0.2373},
     /* | 2 | 0.1895 s |, 0.1798 s */
-    {"100m host, 2 -> 2, 2-core machine", "100m", DEV, BCAST_MODE_HOST, FP32, PAGEABLE, 2, 2, 0, 1, 0, 0.1798, 0.1895},
+    {"bench broadcast host --senders, 2 cores", "100m", DEV, BCAST_MODE_HOST, FP32, PAGEABLE, 2, 2, 0, 1, 0, 0.1798, 0.1895},
     /* | 4 | 0.1803 s |, 0.1845 s */
-    {"100m host, 4 -> 2, 2-core machine", "100m", DEV, BCAST_MODE_HOST, FP32, PAGEABLE, 4, 2, 0, 1, 0, 0.1803, 0.1845},
+    {"bench broadcast host --senders, 2 cores", "100m", DEV, BCAST_MODE_HOST, FP32, PAGEABLE, 4, 2, 0, 1, 0, 0.1803, 0.1845},
 };
 
 /* The development machine: the H200 host's figures but for what its two
@@ -239,10 +239,15 @@ static void place_of(const row *r, const bcast_plan *p, bcast_topo_place *pl) {
   }
 }
 
+static const char *residency_name(bcast_residency r) {
+  return r == GPU ? "GPU" : r == PINNED ? "pinned" : "pageable";
+}
+
 Test(bcast_topo_reality, every_measured_broadcast_within_10_percent) {
   size_t n = sizeof rows / sizeof rows[0], bad = 0;
-  printf("| configuration | machine | measured | predicted | predicted / measured | bottleneck |\n");
-  printf("| --- | --- | --- | --- | --- | --- |\n");
+  printf("| figure | preset | mode | senders -> receivers | master | machine | measured | predicted | predicted / "
+         "measured | bottleneck |\n");
+  printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (size_t i = 0; i < n; i++) {
     const row *r = &rows[i];
     bcast_plan *p = plan_of(r);
@@ -265,7 +270,9 @@ Test(bcast_topo_reality, every_measured_broadcast_within_10_percent) {
       snprintf(measured, sizeof measured, "%.4f-%.4f s", r->lo, r->hi);
       snprintf(ratio, sizeof ratio, "%.3f-%.3f", lo, hi);
     }
-    printf("| %s | %s | %s | %.4f s | %s%s | %s at %s |\n", r->what, r->on == DEV ? "2-core" : "H200", measured,
+    printf("| %s | %s | %s%s | %u -> %u | %s %s | %s | %s | %.4f s | %s%s | %s at %s |\n", r->what, r->preset,
+           bcast_mode_name(r->mode), r->tls ? " (TLS)" : "", r->senders ? r->senders : 1, r->receivers,
+           bcast_dtype_name(r->storage), residency_name(r->res), r->on == DEV ? "2-core" : "H200", measured,
            pred.total_s, ratio, ok ? "" : " **off**", b ? b->name : "-", b ? b->where : "-");
     if (!ok) {
       char line[512];
