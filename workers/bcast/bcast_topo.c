@@ -219,15 +219,23 @@ static int relays_check(const bcast_plan *p, const uint32_t *rf, uint32_t ns, bc
     if (rf[r] == r)
       return bcast__fail(err, BCAST_EINVAL, "relay_from[%u] %u: a receiver takes from another rank", r, rf[r]);
   }
-  /* A chain of more than world - 1 hops revisits a rank: a cycle. */
-  for (uint32_t r = 1; r < world; r++) {
-    uint32_t at = r, hops = 0;
-    while (at != 0 && hops < world) at = rf[at], hops++;
-    if (at != 0)
-      return bcast__fail(err, BCAST_EINVAL,
-                         "relay_from[%u] %u: its chain never reaches the source (a cycle of receivers)", r, rf[r]);
+  /* Each rank is walked once: a walk stops at the source or at a rank an
+   * earlier walk proved reaches it (mark 0), and meeting its own mark again
+   * is a cycle. */
+  uint32_t *mark = malloc((size_t)world * sizeof *mark);
+  if (!mark) return bcast__fail(err, BCAST_ENOMEM, "topology: out of memory");
+  for (uint32_t r = 0; r < world; r++) mark[r] = r ? UINT32_MAX : 0;
+  int rc = BCAST_OK;
+  for (uint32_t r = 1; r < world && !rc; r++) {
+    uint32_t at = r;
+    while (mark[at] == UINT32_MAX) mark[at] = r, at = rf[at];
+    if (mark[at] == r && at != 0)
+      rc = bcast__fail(err, BCAST_EINVAL,
+                       "relay_from[%u] %u: its chain never reaches the source (a cycle of receivers)", r, rf[r]);
+    for (at = r; mark[at] == r; at = rf[at]) mark[at] = 0;
   }
-  return BCAST_OK;
+  free(mark);
+  return rc;
 }
 
 /* Every sending process's TCP time: its sending thread over its streams
