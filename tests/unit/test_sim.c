@@ -57,8 +57,9 @@ Test(sim, small_run_keeps_its_invariants, .timeout = 120) {
    * Multiroot: each source sends W_j / 8 per (node, share), 200 of them, over
    * its own 50 GB/s NIC (a node's ingress, W over 400 GB/s, is less); each
    * receiver gets its share from the NIC (no NVLink stage); each source casts
-   * its 5e8 fp32 bytes at 2200 GB/s; 8 layers, one bucket each a source. */
-  double wj = (double)r.wire_bytes / 8, nic = wj * 200 / 8 / 50e9, cast = 5e8 / 2200e9;
+   * its 5e8 fp32 bytes at the topology's cast rate; 8 layers, one bucket
+   * each a source. */
+  double wj = (double)r.wire_bytes / 8, nic = wj * 200 / 8 / 50e9, cast = 5e8 / (t.cast_gbps * 1e9);
   cr_assert_eq(r.multiroot.pipeline_depth, 8);
   cr_assert_eq(r.multiroot.nstages, 2);
   double want = (nic + cast) / 8 + 7.0 / 8 * nic;
@@ -66,9 +67,11 @@ Test(sim, small_run_keeps_its_invariants, .timeout = 120) {
             r.multiroot.total_s, want);
   /* The engine: each source writes W_j to 200 receivers through node 0's
    * 400 GB/s, shared by its 8 sources: 50 GB/s each. */
-  cr_assert(fabs(r.engine.stages[2].seconds - wj * 200 / 50e9) < 1e-9, "engine nic %g",
-            r.engine.stages[2].seconds);
-  cr_assert_str_eq(r.engine.stages[2].name, "nic");
+  size_t ni = 0;
+  while (ni < r.engine.nstages && strcmp(r.engine.stages[ni].name, "nic")) ni++;
+  cr_assert_lt(ni, r.engine.nstages, "the engine layout crosses the NICs");
+  cr_assert(fabs(r.engine.stages[ni].seconds - wj * 200 / 50e9) < 1e-9, "engine nic %g",
+            r.engine.stages[ni].seconds);
   cr_assert_eq(r.nodes_used, 26);
   cr_assert_gt(r.plan_buckets, 0);
   cr_assert_geq(r.wire_bytes, 2000000000ull, "1B parameters in bf16");
