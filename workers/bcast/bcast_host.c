@@ -93,6 +93,10 @@
 /* What a bucket may take beyond its bytes at the plan's floor: the cast of
  * the next bucket, a scheduling hiccup. */
 #define BUCKET_SLACK_S 2.0
+/* A relay gives up on downstreams that do not connect this long before its
+ * own deadline, so that its upstream, which waits as long as the relay
+ * would, still hears why (the relay's ACK names them). */
+#define RELAY_REPORT_S 1.0
 #define SOCK_BUF (8 << 20)
 #define SOCK_MIN_BUF (4 << 20)
 
@@ -559,7 +563,7 @@ static int admit(acceptor *ac, pending *c, const bcast__hello *h, bcast_err *err
       return 0;
     }
   }
-  ac->peers[ac->have++] = (peer){pc, h->rank, 0};
+  ac->peers[ac->have++] = (peer){pc, h->rank, bcast_plan_rank_view(p, h->rank)};
   return 1;
 }
 
@@ -1627,7 +1631,9 @@ static int relay_serve(int lfd, const bcast_plan *p, uint32_t rank, const bcast_
     else started = 1;
   }
   acceptor ac = {.p = p, .io = io, .rank = rank, .peers = peers, .want = np};
-  if (!rc) rc = accept_all(lfd, &ac, deadline, err);
+  double left = deadline - bcast__now(), margin = left / 2 < RELAY_REPORT_S ? left / 2 : RELAY_REPORT_S;
+  double accept_by = deadline - margin;
+  if (!rc) rc = accept_all(lfd, &ac, accept_by, err);
   while (ac.npend) pending_drop(&ac, ac.npend - 1, 1);
   *refused = ac.refused;
   if (!rc) rc = relay_forward(&x, rank, peers, np, notify_p[0], io, &boundary, err);
