@@ -873,12 +873,13 @@ typedef struct view_buf {
 } view_buf;
 
 /* What each receiver gets of bucket k, cast into `buf` with checksum `sum`:
- * the whole buffer, or its view's packed copy. */
+ * the whole buffer, or its view's packed copy (vb NULL: every receiver is
+ * whole, as a relay's are: validation refuses views with relays). */
 static void peers_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64_t sum, peer *peers, size_t np,
                          view_buf *vb) {
   for (size_t i = 0; i < np; i++) {
     peer *pr = &peers[i];
-    if (pr->view == BCAST_VIEW_WHOLE) {
+    if (pr->view == BCAST_VIEW_WHOLE || !vb) {
       pr->buf = buf;
       pr->len = p->buckets[k].bytes;
       pr->sum = sum;
