@@ -13,6 +13,8 @@
  *                     then `bytes` payload bytes (slices at plan offsets, zero padding)
  *   receiver -> root  ACK    "RLBA" i32 status, u32 msglen, msg      (after the last
  *                     bucket, or at the first error)
+ *   relay -> receiver ABORT  "RLBX" i32 status, u32 msglen, 12 zero bytes, msg  (in
+ *                     place of a bucket header: the relay's upstream failed)
  * On a TLS plan (bcast_plan.tls) the two sides run TLS 1.3 after the REPLY,
  * the receiver as client (bcast_tls.c: an external PSK per connection,
  * HMAC-SHA256(secret, "rlorch.bcast.tls/2" || nonce || rx_nonce || rank ||
@@ -46,6 +48,16 @@
  * HEADER carries the plan's bucket index, and a source sends its buckets in
  * plan order.  A receiver runs one connection per source at once and sends
  * each source its ACK only once every source's buckets arrived.
+ *
+ * Relays (bcast_plan.relay_from, one source): a receiver that relays is a
+ * receiver of this protocol towards its upstream (the source or another
+ * relay, at bcast_plan_upstream_endpoint) and a root of it towards its
+ * downstreams, on its engine's listener, with the same handshake, TLS and
+ * bounds; it forwards every bucket as received and verified (header and
+ * checksum as the source sent them), and ACKs its upstream only after every
+ * downstream ACKed it, or with the reason one failed.  A root reads an ACK
+ * that arrives while it still sends: a receiver sends one early only to say
+ * why it fails.
  *
  * The root casts bucket k+1 on a worker thread while bucket k is on the wire
  * (two buffers) and writes to all receivers at once with non-blocking sockets
