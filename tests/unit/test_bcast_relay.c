@@ -520,3 +520,87 @@ Test(bcast_relay, the_layout_survives_a_protobuf_round_trip_and_bad_counts_are_r
   bcast_plan_free(p);
   model_free(&m);
 }
+
+/* ---- a downstream that stops reading -------------------------------------------- */
+
+/* Proves itself to the relay as rank `rank`, then reads nothing more: a
+ * stopped process keeps its socket open. */
+typedef struct mute_peer {
+  const char *relay;
+  const bcast_plan *p;
+  uint32_t rank;
+  int ok;
+  int done_fd; /* readable when the test is over */
+} mute_peer;
+
+static void *mute_main(void *arg) {
+  mute_peer *m = arg;
+  int fd = -1;
+  for (int i = 0; i < 100 && fd < 0; i++) /* the relay's listener exists already: one try suffices */
+    fd = bp_dial(m->relay);
+  uint8_t nonce[BP_NONCE], rx[BP_NONCE], hello[512];
+  if (fd < 0 || bp_challenge(fd, nonce)) return NULL;
+  size_t hl = bp_hello(hello, m->p, m->rank, m->p->secret, nonce, rx);
+  if (send(fd, hello, hl, MSG_NOSIGNAL) != (ssize_t)hl) return NULL;
+  m->ok = bp_reply(fd, m->p, m->rank, nonce, rx) == 0;
+  char c;
+  ssize_t r = read(m->done_fd, &c, 1);
+  (void)r;
+  close(fd);
+  return NULL;
+}
+
+Test(bcast_relay, a_downstream_that_stops_reading_is_named_by_the_relay_and_the_source) {
+  model m;
+  memset(&m, 0, sizeof m);
+  /* More than the socket buffers hold, so the relay must wait on it. */
+  tensor(&m.src[0], "big", 0, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 4096, 4096);
+  tensor(&m.src[1], "l1.a", 1, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 64, 64);
+  tensor(&m.src[2], "l1.b", 1, BCAST_DTYPE_U16, BCAST_DTYPE_U16, 64, 64);
+  tensor(&m.src[3], "l2.c", 2, BCAST_DTYPE_BF16, BCAST_DTYPE_BF16, 64, 64);
+  part parts[4];
+  memset(parts, 0, sizeof parts);
+  parts[0].e = engine(0, "127.0.0.1:0", 30);
+  parts[1].e = engine(1, "127.0.0.1:0", 30);
+  parts[2].e = engine(2, NULL, 30);
+  const char *eps[4] = {"", bcast_engine_data_address(parts[1].e), "", ""};
+  uint32_t rf[] = {0, 0, 1, 1};
+  bcast_plan_opts o = {.id = "relay/mute", .mode = BCAST_MODE_HOST, .staging_budget = 4 << 20, .world_size = 4,
+                       .host_endpoint = bcast_engine_data_address(parts[0].e), .min_gbps = 0.5,
+                       .relay_from = rf, .relay_endpoints = eps};
+  bcast_plan *p = NULL;
+  bcast_err err = {0};
+  cr_assert_eq(bcast_plan_build(m.src, NT, &o, &p, &err), BCAST_OK, "%s", err.msg);
+  int done[2];
+  cr_assert_eq(pipe(done), 0);
+  mute_peer mp = {.relay = eps[1], .p = p, .rank = 3, .done_fd = done[0]};
+  pthread_t mt, t[3];
+  cr_assert_eq(pthread_create(&mt, NULL, mute_main, &mp), 0);
+  parts[0].sender = 1;
+  memcpy(parts[0].local, m.src, sizeof m.src);
+  for (uint32_t r = 0; r < 3; r++) {
+    parts[r].p = p;
+    if (r) part_receiver(&parts[r], &m);
+  }
+  double t0 = now_s();
+  for (uint32_t r = 0; r < 3; r++) cr_assert_eq(pthread_create(&t[r], NULL, part_main, &parts[r]), 0);
+  for (uint32_t r = 0; r < 3; r++) pthread_join(t[r], NULL);
+  double took = now_s() - t0;
+  ssize_t w = write(done[1], "x", 1);
+  (void)w;
+  pthread_join(mt, NULL);
+  cr_assert(mp.ok, "the mute peer proved itself to the relay");
+  cr_assert_eq(parts[1].rc, BCAST_ETIMEDOUT, "relay: %d %s", parts[1].rc, parts[1].err.msg);
+  cr_assert(strstr(parts[1].err.msg, "receiver rank 3 stalled at bucket"), "relay: %s", parts[1].err.msg);
+  cr_assert_neq(parts[0].rc, BCAST_OK);
+  cr_assert(strstr(parts[0].err.msg, "receiver rank 1 failed") &&
+                strstr(parts[0].err.msg, "receiver rank 3 stalled"),
+            "source: %s", parts[0].err.msg);
+  cr_assert_neq(parts[2].rc, BCAST_OK, "rank 2 cannot complete: its relay gave up");
+  cr_assert_lt(took, 15.0, "cut off at the plan's floor, far before the 30 s timeout (%.2f s)", took);
+  close(done[0]);
+  close(done[1]);
+  for (uint32_t r = 0; r < 3; r++) part_free(&parts[r]);
+  bcast_plan_free(p);
+  model_free(&m);
+}
