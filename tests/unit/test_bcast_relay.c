@@ -604,3 +604,35 @@ Test(bcast_relay, a_downstream_that_stops_reading_is_named_by_the_relay_and_the_
   bcast_plan_free(p);
   model_free(&m);
 }
+
+Test(bcast_relay, one_relay_per_node_is_the_first_receiver_there_that_can_relay) {
+  /* Source on node a with one receiver; node b: ranks 2, 4, 5 (2 cannot
+   * relay); node c: rank 3 alone; node d: ranks 6, 7, neither can relay. */
+  const char *node[] = {"a", "a", "b", "c", "b", "b", "d", "d"};
+  int can[] = {1, 1, 0, 1, 1, 1, 0, 0};
+  uint32_t rf[8];
+  cr_assert_eq(bcast_relay_layout(8, 0, node, can, rf), 1);
+  uint32_t want[] = {0, 0, 4, 0, 0, 4, 0, 0};
+  for (int r = 0; r < 8; r++) cr_assert_eq(rf[r], want[r], "rank %d takes from %u, want %u", r, rf[r], want[r]);
+  /* Every receiver may relay: node b's first, rank 2, and node d's, rank 6. */
+  cr_assert_eq(bcast_relay_layout(8, 0, node, NULL, rf), 2);
+  uint32_t all[] = {0, 0, 0, 0, 2, 2, 0, 6};
+  for (int r = 0; r < 8; r++) cr_assert_eq(rf[r], all[r], "rank %d takes from %u, want %u", r, rf[r], all[r]);
+  /* The layout is one the plan takes, with the relays' endpoints. */
+  model m;
+  model_init(&m);
+  bcast_plan_opts o = {.id = "relay/nodes", .mode = BCAST_MODE_HOST, .staging_budget = 64 << 10, .world_size = 8,
+                       .host_endpoint = "10.0.0.1:7000"};
+  bcast_plan *p = NULL;
+  bcast_err err = {0};
+  cr_assert_eq(bcast_plan_build(m.src, NT, &o, &p, &err), BCAST_OK, "%s", err.msg);
+  const char *eps[8] = {"", "", "10.0.0.2:9000", "", "", "", "10.0.0.4:9000", ""};
+  cr_assert_eq(bcast_plan_set_relays(p, rf, eps, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(bcast_plan_downstreams(p, 0), 4);
+  cr_assert_str_eq(bcast_plan_upstream_endpoint(p, 5), "10.0.0.2:9000");
+  bcast_plan_free(p);
+  model_free(&m);
+  /* No labels: one node, no relay. */
+  cr_assert_eq(bcast_relay_layout(4, 0, NULL, NULL, rf), 0);
+  for (int r = 0; r < 4; r++) cr_assert_eq(rf[r], 0);
+}

@@ -411,6 +411,17 @@ typedef struct bcast_plan_opts {
  * and recomputes the hash.  relay_from NULL clears the relays. */
 int bcast_plan_set_relays(bcast_plan *p, const uint32_t *relay_from, const char *const *relay_endpoints,
                           bcast_err *err);
+/* One relay per node, the layout that has the source's NIC carry the model
+ * once per node: node[r] names rank r's node (labels compared as strings).
+ * Receivers on the source's node take from the source; on every other node
+ * with two or more receivers, the first one that can relay (can_relay[r]
+ * non-zero; NULL: every one can, e.g. it has a data address) takes from the
+ * source and the others on that node take from it; a node where none can
+ * takes from the source.  Fills relay_from (world_size entries) and
+ * returns the number of relays; give the relays' data addresses to
+ * bcast_plan_set_relays with it. */
+uint32_t bcast_relay_layout(uint32_t world_size, uint32_t root, const char *const *node, const int *can_relay,
+                            uint32_t *relay_from);
 /* The rank `rank` takes its bytes from: relay_from[rank], or the root when
  * the plan has no relays (or rank is out of range). */
 uint32_t bcast_plan_upstream(const bcast_plan *p, uint32_t rank);

@@ -832,6 +832,35 @@ int bcast_plan_set_relays(bcast_plan *p, const uint32_t *relay_from, const char 
   return BCAST_OK;
 }
 
+/* rank r's node, "" for a missing label */
+static const char *node_of(const char *const *node, uint32_t r) { return node && node[r] ? node[r] : ""; }
+
+uint32_t bcast_relay_layout(uint32_t world_size, uint32_t root, const char *const *node, const int *can_relay,
+                            uint32_t *relay_from) {
+  uint32_t relays = 0;
+  for (uint32_t r = 0; r < world_size; r++) relay_from[r] = r == root ? r : root;
+  if (root >= world_size) return 0;
+  for (uint32_t r = 0; r < world_size; r++) {
+    const char *nr = node_of(node, r);
+    if (r == root || !strcmp(nr, node_of(node, root))) continue;
+    /* The node's first receiver decides; later ones were settled by it. */
+    int first = 1;
+    for (uint32_t q = 0; q < r && first; q++) first = !(q != root && !strcmp(node_of(node, q), nr));
+    if (!first) continue;
+    uint32_t relay = UINT32_MAX, peers = 0;
+    for (uint32_t q = r; q < world_size; q++)
+      if (q != root && !strcmp(node_of(node, q), nr)) {
+        peers++;
+        if (relay == UINT32_MAX && (!can_relay || can_relay[q])) relay = q;
+      }
+    if (peers < 2 || relay == UINT32_MAX) continue; /* nothing to share, or no one to share it */
+    relays++;
+    for (uint32_t q = r; q < world_size; q++)
+      if (q != root && q != relay && !strcmp(node_of(node, q), nr)) relay_from[q] = relay;
+  }
+  return relays;
+}
+
 uint32_t bcast_plan_upstream(const bcast_plan *p, uint32_t rank) {
   if (!p) return 0;
   return p->relay_from && rank < p->world_size ? p->relay_from[rank] : p->root_rank;
