@@ -777,30 +777,37 @@ static int relays_check(const bcast_plan *p, bcast_err *err) {
       return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from[%u] = %u: a receiver takes from the source "
                          "or a relay, not from itself", p->id, r, u);
   }
-  uint32_t *depth = malloc((n ? n : 1) * sizeof *depth), at = 0;
-  if (!depth) return bcast__fail(err, BCAST_ENOMEM, "out of memory validating plan '%s'", p->id);
-  int cyc = relay_depths(p, depth, &at);
-  free(depth);
-  if (cyc)
+  /* depth, then each rank's downstream count: one pass each, so that a
+   * plan of many ranks (or a hostile one) costs linear time. */
+  uint32_t *k = malloc((n ? n : 1) * sizeof *k), at = 0;
+  if (!k) return bcast__fail(err, BCAST_ENOMEM, "out of memory validating plan '%s'", p->id);
+  if (relay_depths(p, k, &at)) {
+    free(k);
     return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from[%u] = %u: rank %u is on a cycle that never "
                        "reaches the source (rank %u)", p->id, at, p->relay_from[at], at, root);
-  for (uint32_t r = 0; r < n; r++) {
-    const char *e = p->relay_endpoints[r];
-    if (!e) return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] missing", p->id, r);
-    if (strnlen(e, sizeof p->host_endpoint) >= sizeof p->host_endpoint)
-      return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] longer than 255 bytes", p->id, r);
-    uint32_t down = bcast_plan_downstreams(p, r);
-    if (r == root && e[0])
-      return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] '%s': rank %u is the source, which "
-                         "listens at host_endpoint", p->id, r, e, r);
-    if (r != root && down && !e[0])
-      return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] empty: rank %u relays for %u "
-                         "receiver(s)", p->id, r, r, down);
-    if (r != root && !down && e[0])
-      return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] '%s': rank %u relays for no receiver",
-                         p->id, r, e, r);
   }
-  return BCAST_OK;
+  memset(k, 0, n * sizeof *k);
+  for (uint32_t r = 0; r < n; r++)
+    if (r != root) k[p->relay_from[r]]++;
+  int rc = BCAST_OK;
+  for (uint32_t r = 0; r < n && !rc; r++) {
+    const char *e = p->relay_endpoints[r];
+    uint32_t down = k[r];
+    if (!e) rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] missing", p->id, r);
+    else if (strnlen(e, sizeof p->host_endpoint) >= sizeof p->host_endpoint)
+      rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] longer than 255 bytes", p->id, r);
+    else if (r == root && e[0])
+      rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] '%s': rank %u is the source, which "
+                       "listens at host_endpoint", p->id, r, e, r);
+    else if (r != root && down && !e[0])
+      rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] empty: rank %u relays for %u "
+                       "receiver(s)", p->id, r, r, down);
+    else if (r != root && !down && e[0])
+      rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] '%s': rank %u relays for no receiver",
+                       p->id, r, e, r);
+  }
+  free(k);
+  return rc;
 }
 
 int bcast_plan_set_relays(bcast_plan *p, const uint32_t *relay_from, const char *const *relay_endpoints,
