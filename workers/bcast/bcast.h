@@ -620,7 +620,8 @@ typedef struct bcast_engine_opts {
 
 int bcast_engine_new(const bcast_engine_opts *o, bcast_engine **out, bcast_err *err);
 void bcast_engine_free(bcast_engine *e);
-/* Host mode root: the address actually bound ("127.0.0.1:41234"). */
+/* Host mode root, or a receiver that may relay: the address actually bound
+ * ("127.0.0.1:41234"); NULL for an engine opened without host_listen. */
 const char *bcast_engine_data_address(const bcast_engine *e);
 /* NCCL root: makes the unique id to put into the plan. */
 int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err);
