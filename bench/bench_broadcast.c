@@ -11,6 +11,9 @@
  *           --senders N: the model cut into dim-0 shards over 1, 2, 4, ... N
  *           sender engines (a sharded trainer), --receivers engines taking
  *           every shard; baseline: one sender of the same bytes, same run.
+ *           --relays N: N of the --receivers take from the sender and
+ *           forward to the others; baseline: every receiver taking from
+ *           the sender (the direct fan-out), same run.
  *   colocated: sender and receiver on GPU 0, the receiver's bf16 buffers
  *           written by the sender (--master: fp32 pinned host, fp32 on the
  *           GPU, or a bf16 pinned host copy). Floors, all measured here: fp32
@@ -52,7 +55,8 @@ typedef struct bb_args {
   int master;          /* colocated: where the sender's weights live (BB_MASTER_*) */
   bool tls;            /* host: also the same plan with TLS on its data connection */
   uint32_t senders;    /* host, colocated: sharded senders, up to this many; 0: the two-rank bench */
-  uint32_t receivers;  /* with --senders: receiver engines */
+  uint32_t receivers;  /* with --senders or --relays: receiver engines */
+  uint32_t relays;     /* host: that many of the receivers relay to the others; 0: none */
   bool json;
 } bb_args;
 
@@ -100,7 +104,11 @@ static const opt_field bb__fields[] = {
      .help = "host, colocated: the model in dim-0 shards over 1, 2, 4, ... N sender ranks, against one sender",
      .dflt = "0: one sender, one receiver"},
     {.name = "receivers", .flag = "--receivers", .type = OPT_U32, .off = BBA(receivers, uint32_t),
-     .min = 1, .max = 16, .metavar = "R", .help = "with --senders: receiver ranks"},
+     .min = 1, .max = 16, .metavar = "R", .help = "with --senders or --relays: receiver ranks"},
+    {.name = "relays", .flag = "--relays", .type = OPT_U32, .off = BBA(relays, uint32_t), .min = 0, .max = 16,
+     .metavar = "N",
+     .help = "host: N of the --receivers take from the sender and relay to the others (grouped round-robin), "
+             "against every receiver taking from the sender, same run", .dflt = "0: none"},
     {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BBA(json, bool),
      .help = "one JSON object instead of text"},
 };
@@ -114,7 +122,8 @@ static const opt_cmd bb__cmd = {
              "  host    fp32 pageable host weights, bf16 over loopback TCP; baseline: memcpy\n"
              "          plus a plain socket send (--tls: then over TLS, against the plain engine;\n"
              "          --senders N: dim-0 shards over 1, 2, 4, ... N senders and --receivers\n"
-             "          receivers, against one sender of the same bytes)\n"
+             "          receivers, against one sender of the same bytes; --relays N: N of the\n"
+             "          --receivers relay to the others, against the direct fan-out)\n"
              "  colocated  sender and receiver on GPU 0, the sender writing the receiver's bf16\n"
              "          buffers (--master host|gpu|bf16-host); floors: fp32 and bf16 pinned\n"
              "          host-to-device, device-to-device copy (--senders N: dim-0 shards over\n"
@@ -141,6 +150,15 @@ static int parse(int argc, char **argv, bb_args *a) {
   if (!bcast_preset_find(a->preset)) {
     opt_fail(&st, opt_origin(&st, "preset"), "unknown preset \"%s\" (want 100m, 1b, 4b, 8b)",
              a->preset);
+    fprintf(stderr, "%s\n", st.err);
+    return 2;
+  }
+  if (a->relays && (a->mode != BCAST_MODE_HOST || a->senders || a->relays > a->receivers)) {
+    opt_fail(&st, opt_origin(&st, "relays"),
+             a->mode != BCAST_MODE_HOST ? "relays run on the host transport (--mode host)"
+             : a->senders ? "relays take one sender (no --senders)"
+                          : "%u relays among %u receivers: at most one relay per receiver",
+             a->relays, a->receivers);
     fprintf(stderr, "%s\n", st.err);
     return 2;
   }
@@ -649,6 +667,121 @@ out:
   return rc;
 }
 
+/* ---- relays (--relays) ---------------------------------------------------------------------- */
+
+/* One plan from one sender to the --receivers ranks on fresh engines: with
+ * nrelays 0 every receiver takes from the sender; else ranks 1..nrelays
+ * take from it and relay to the others, round-robin.  *engine_s: the median
+ * step, first rank's start to last rank's end. */
+static int relay_run(const bb_args *a, const bcast_tensor *snd, size_t n, bcast_tensor *const *rcv,
+                     uint32_t nrelays, double *engine_s) {
+  uint32_t world = 1 + a->receivers;
+  bcast_engine **e = calloc(world, sizeof *e);
+  uint32_t *from = calloc(world, sizeof *from);
+  const char **eps = calloc(world, sizeof *eps);
+  bb_rank *rk = calloc(world, sizeof *rk);
+  bcast_plan *plan = NULL;
+  bcast_err err = {0};
+  int rc = 1;
+  if (!e || !from || !eps || !rk) {
+    fprintf(stderr, "bench broadcast: out of memory for %u ranks\n", world);
+    goto out;
+  }
+  for (uint32_t i = 0; i < world; i++) {
+    bcast_engine_opts eo = {.rank = i, .device = -1, .timeout_s = 120,
+                            .host_listen = i <= nrelays ? "127.0.0.1:0" : NULL};
+    if (bcast_engine_new(&eo, &e[i], &err)) goto fail;
+    eps[i] = i && i <= nrelays ? bcast_engine_data_address(e[i]) : "";
+    from[i] = !nrelays || i <= nrelays ? 0 : 1 + (i - nrelays - 1) % nrelays;
+  }
+  char id[64];
+  snprintf(id, sizeof id, "bench-host-relays-%u", nrelays);
+  bcast_plan_opts po = {.id = id, .mode = BCAST_MODE_HOST, .world_size = world, .root_rank = 0,
+                        .staging_budget = (uint64_t)a->budget_mib << 20,
+                        .host_endpoint = bcast_engine_data_address(e[0]), .relay_from = nrelays ? from : NULL,
+                        .relay_endpoints = nrelays ? eps : NULL};
+  if (bcast_plan_build(snd, n, &po, &plan, &err)) goto fail;
+  for (uint32_t i = 0; i < world; i++)
+    rk[i] = (bb_rank){.rank = i, .eng = e[i], .plan = plan, .local = i ? rcv[i - 1] : snd, .n = n};
+  rc = run_group(rk, (int)world, (int)a->reps, engine_s);
+  for (uint32_t i = 0; i < world; i++) bcast_stats_free(&rk[i].stats);
+  goto out;
+fail:
+  fprintf(stderr, "bench broadcast: %u relays: %s (%s)\n", nrelays, err.msg, bcast_strerror(err.code));
+out:
+  for (uint32_t i = 0; e && i < world; i++) bcast_engine_free(e[i]);
+  bcast_plan_free(plan);
+  free(e);
+  free(from);
+  free(eps);
+  free(rk);
+  return rc;
+}
+
+static void report_relays(const bb_args *a, uint64_t params, uint64_t wire, double direct_s, double relay_s) {
+  uint32_t rx = a->receivers, nr = a->relays;
+  double ratio = relay_s / direct_s;
+  if (a->json) {
+    printf("{\"bench\":\"broadcast\",\"preset\":\"%s\",\"mode\":\"host\",\"reps\":%u,\"params\":%llu,"
+           "\"wire_bytes\":%llu,\"receivers\":%u,\"relays\":%u,\"baseline\":\"direct fan-out\","
+           "\"direct_s\":%.6f,\"relays_s\":%.6f,\"ratio\":%.4f,\"direct_source_bytes\":%llu,"
+           "\"relays_source_bytes\":%llu}\n",
+           a->preset, a->reps, (unsigned long long)params, (unsigned long long)wire, rx, nr, direct_s, relay_s,
+           ratio, (unsigned long long)(wire * rx), (unsigned long long)(wire * nr));
+    return;
+  }
+  printf("broadcast %s, mode host, relays: %.2f B params, %.2f GB to each of %u receivers, %u reps\n", a->preset,
+         params / 1e9, wire / 1e9, rx, a->reps);
+  printf("  layout            wall s    aggregate GB/s  sender's bytes  vs direct\n");
+  printf("  direct fan-out    %.4f    %-14.3f  %-14.2f  1.000x\n", direct_s, (double)wire * rx / direct_s / 1e9,
+         (double)wire * rx / 1e9);
+  printf("  %-2u relay(s)       %.4f    %-14.3f  %-14.2f  %.3fx\n", nr, relay_s, (double)wire * rx / relay_s / 1e9,
+         (double)wire * nr / 1e9, ratio);
+  printf("  (aggregate: wire bytes x receivers / wall; the sender's link carries one copy per receiver it\n"
+         "   serves: %u direct, %u with relays; on loopback every link shares this machine's cores and memory)\n",
+         rx, nr);
+}
+
+/* The model once in fp32 for the sender, a bf16 copy per receiver; the
+ * direct fan-out and the relay layout in the same run. */
+static int bench_relays(const bb_args *a) {
+  bcast_preset_opts so = {.storage_dtype = BCAST_DTYPE_FP32, .wire_dtype = BCAST_DTYPE_BF16,
+                          .residency = BCAST_RES_HOST_PAGEABLE, .max_layers = a->max_layers};
+  bcast_tensor *snd = NULL, **rcv = calloc(a->receivers, sizeof *rcv);
+  bcast_storage *ss = NULL, **rs = calloc(a->receivers, sizeof *rs);
+  size_t n = 0, m = 0;
+  bcast_err err = {0};
+  double direct_s = 0, relay_s = 0;
+  int rc = 1;
+  if (!rcv || !rs) {
+    fprintf(stderr, "bench broadcast: out of memory\n");
+    goto out;
+  }
+  if (bcast_preset_manifest(a->preset, &so, &snd, &n, &err) ||
+      bcast_storage_alloc(snd, n, BCAST_FILL_SENDER, 42, &ss, &err))
+    goto fail;
+  for (uint32_t i = 0; i < a->receivers; i++)
+    if (bcast_preset_manifest(a->preset, &so, &rcv[i], &m, &err) ||
+        bcast_storage_alloc(rcv[i], m, BCAST_FILL_RECEIVER, 0, &rs[i], &err))
+      goto fail;
+  uint64_t wire = 0;
+  for (size_t i = 0; i < n; i++) wire += bcast_tensor_elems(&snd[i]) * 2;
+  if (relay_run(a, snd, n, rcv, 0, &direct_s) || relay_run(a, snd, n, rcv, a->relays, &relay_s)) goto out;
+  report_relays(a, bcast_preset_params(bcast_preset_find(a->preset), &so), wire, direct_s, relay_s);
+  rc = 0;
+  goto out;
+fail:
+  fprintf(stderr, "bench broadcast: %s (%s)\n", err.msg, bcast_strerror(err.code));
+out:
+  for (uint32_t i = 0; rs && i < a->receivers; i++) bcast_storage_free(rs[i]);
+  for (uint32_t i = 0; rcv && i < a->receivers; i++) free(rcv[i]);
+  bcast_storage_free(ss);
+  free(snd);
+  free(rcv);
+  free(rs);
+  return rc;
+}
+
 /* 1, 2, 4, ... below N, then N. */
 static int sender_counts(uint32_t n, uint32_t *v) {
   int k = 0;
@@ -870,7 +1003,9 @@ static void report(const bb_args *a, const bb_result *r) {
 int bench_broadcast(int argc, char **argv) {
   bb_args a;
   int rc = parse(argc, argv, &a);
-  if (rc < 0 && a.senders) {
+  if (rc < 0 && a.relays) {
+    rc = bench_relays(&a);
+  } else if (rc < 0 && a.senders) {
     rc = bench_senders(&a);
   } else if (rc < 0) {
     bb_result res;

@@ -213,7 +213,8 @@ typedef struct rlorch_options {
   const char *tls_cert_file;    /* a client certificate and its key: both or neither */
   const char *tls_key_file;
   int device;                   /* CUDA device the worker uses; -1 (the default): none */
-  const char *data_listen;      /* trainer: where receivers connect ("0.0.0.0:0"); NULL: 127.0.0.1:0 */
+  const char *data_listen;      /* trainer: where receivers connect ("0.0.0.0:0"); NULL: 127.0.0.1:0;
+                                   inference: where the receivers it relays to connect; NULL: none */
   uint32_t max_concurrent_requests; /* inference: generation requests at once, 1..1024 (default 8) */
   double connect_timeout_s;     /* rlorch_start waits this long for a first registration (default 30; INFINITY: no limit) */
   rlorch_log_fn log;            /* NULL: events are dropped */
@@ -315,7 +316,8 @@ size_t rlorch_broadcast_id(rlorch_worker *w, char *buf, size_t len);
 /* Trainer (API 2): where its receivers connect for the weights, as Register
  * announces it: options.data_listen with the port the system chose for ":0"
  * ("0.0.0.0:41731"), known from rlorch_create on, valid until rlorch_free.
- * NULL for an inference worker (or a NULL worker). */
+ * An inference worker given options.data_listen: where the receivers it
+ * relays broadcasts to connect.  NULL for one without (or a NULL worker). */
 const char *rlorch_data_address(const rlorch_worker *w);
 
 /* ---- commands ---------------------------------------------------------------- */

@@ -49,6 +49,10 @@ static const opt_name agent__dists[] = {
    .min = -1, .max = 1023, .metavar = "N", .help = "CUDA device, -1 for none",                     \
    .dflt = "0 when a GPU exists, else -1"}
 
+#define AGENT__DATA_LISTEN(what, dflt_)                                                           \
+  {.name = "data_listen", .flag = "--data-listen", .type = OPT_ADDR,                               \
+   .off = AF(opts.data_listen, char *), .metavar = "ADDR", .help = what, .dflt = dflt_}
+
 #define AGENT__TAIL                                                                                \
   {.name = "log_level", .flag = "--log-level", .type = OPT_ENUM, .off = AF(log_level, int),        \
    .names = opt_log_level_names, .metavar = "LEVEL", .help = "log threshold"},                     \
@@ -64,9 +68,7 @@ static const opt_field agent__trainer_fields[] = {
      .dflt = "0: all"},
     {.name = "offload", .flag = "--offload", .type = OPT_ENUM, .off = AF(opts.offload, int),
      .names = agent__offloads, .metavar = "O", .help = "what lives in host memory"},
-    {.name = "data_listen", .flag = "--data-listen", .type = OPT_ADDR,
-     .off = AF(opts.data_listen, char *), .metavar = "ADDR",
-     .help = "host-transport listen address", .dflt = "127.0.0.1:0"},
+    AGENT__DATA_LISTEN("host-transport listen address", "127.0.0.1:0"),
     {.name = "threads", .flag = "--threads", .type = OPT_I32, .off = AF(opts.threads, int),
      .min = 0, .max = 1024, .metavar = "N", .help = "CPU optimizer threads",
      .dflt = "0: one per core"},
@@ -96,6 +98,8 @@ static const opt_field agent__trainer_fields[] = {
 
 static const opt_field agent__inference_fields[] = {
     AGENT__COMMON,
+    AGENT__DATA_LISTEN("host-transport listen address, announced at registration, for relaying "
+                       "broadcasts to other inference workers (one per node)", "none"),
     {.name = "distribution", .flag = "--distribution", .type = OPT_ENUM,
      .off = AF(opts.rollout.dist, int), .names = agent__dists, .metavar = "D",
      .help = "distribution of rollout lengths and latencies"},

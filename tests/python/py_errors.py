@@ -67,8 +67,8 @@ def main():
     expect("a certificate without its key", E, "options.tls_cert_file is set without options.tls_key_file",
            lambda: I(tls_cert_file=token))
     expect("an unknown log level", E, "options.log_level", lambda: I(log_level="chatty"))
-    expect("data_listen on an inference worker", E, "options.data_listen: only a trainer listens",
-           lambda: I(data_listen="127.0.0.1:0"))
+    expect("a data_listen that is no address", "RLORCH_E_IO",
+           "options.data_listen: broadcast engine (listen no-port)", lambda: I(data_listen="no-port"))
     # API version 2's options.
     expect("a token and a token file", E, "options.token and options.token_file are both set",
            lambda: I(token="t"))

@@ -43,6 +43,7 @@ typedef struct fake {
   uint32_t max_concurrent; /* from Register */
   char reg_run[8][64];     /* each Register's run_id and policy_version */
   uint64_t reg_version[8];
+  char reg_data_address[96]; /* the last Register's */
   int forget;              /* the next report is answered known = false */
   Rlorch__V1__Command *out[64]; /* commands to send */
   int nout;
@@ -77,6 +78,7 @@ static void h_register(rpc_call *c, const ProtobufCMessage *req, void *ud) {
     snprintf(K.reg_run[K.registered], sizeof K.reg_run[0], "%s", r->run_id);
     K.reg_version[K.registered] = r->policy_version;
   }
+  snprintf(K.reg_data_address, sizeof K.reg_data_address, "%s", r->data_address ? r->data_address : "");
   K.registered++;
   K.max_concurrent = r->capabilities ? r->capabilities->max_concurrent_requests : 0;
   pthread_cond_broadcast(&K.cv);
@@ -791,3 +793,77 @@ static void failed_broadcast(int double_buffer) {
 Test(agent_inference, one_buffer_set_serves_nothing_from_torn_weights) { failed_broadcast(0); }
 
 Test(agent_inference, two_buffer_sets_keep_serving_the_previous_version) { failed_broadcast(1); }
+
+/* ---- relays ------------------------------------------------------------------------------ */
+
+typedef struct downstream {
+  bcast_engine *e;
+  const bcast_plan *p;
+  bcast_tensor t[1];
+  int rc;
+  bcast_err err;
+} downstream;
+
+static void *downstream_main(void *arg) {
+  downstream *d = arg;
+  d->rc = bcast_engine_execute(d->e, d->p, d->t, 1, NULL, &d->err);
+  return NULL;
+}
+
+Test(agent_inference, a_worker_given_data_listen_registers_it_and_relays_to_another_receiver) {
+  fake_start();
+  K.opts.data_listen = "127.0.0.1:0";
+  agent_start();
+  pthread_mutex_lock(&K.mu);
+  char relay[96];
+  snprintf(relay, sizeof relay, "%s", K.reg_data_address);
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(strncmp(relay, "127.0.0.1:", 10) == 0 && strcmp(relay, "127.0.0.1:0"),
+            "Register carries the bound address, got '%s'", relay);
+  sender s;
+  sender_init(&s);
+  for (size_t i = 0; i < 512 * 64; i++) ((float *)s.t[0].data)[i] = (float)(i % 89) * 0.25f;
+  /* Rank 1 (the agent) takes from the sender and relays to rank 2. */
+  uint32_t from[] = {0, 0, 1};
+  const char *eps[] = {"", relay, ""};
+  bcast_plan_opts o = {.id = "run-1/step-0", .mode = BCAST_MODE_HOST, .staging_budget = 16 << 10,
+                       .world_size = 3, .policy_version = 1, .host_endpoint = bcast_engine_data_address(s.e),
+                       .relay_from = from, .relay_endpoints = eps};
+  cr_assert_eq(bcast_plan_build(s.t, 1, &o, &s.p, &s.err), BCAST_OK, "%s", s.err.msg);
+  Rlorch__V1__BroadcastPlan *pb = NULL;
+  cr_assert_eq(bcast_plan_to_pb(s.p, &pb, &s.err), BCAST_OK, "%s", s.err.msg);
+  Rlorch__V1__Command cmd = RLORCH__V1__COMMAND__INIT;
+  cmd.kind_case = RLORCH__V1__COMMAND__KIND_PLAN;
+  cmd.plan = pb;
+  cmd.rank = 1;
+  send_cmd(&cmd);
+  bcast_pb_free(&pb->base);
+  plan_wait w = {RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK, "run-1/step-0"};
+  cr_assert(wait_until(has_plan_report, &w), "plan acked\n%s", K.log);
+  downstream d = {.p = s.p, .t = {s.t[0]}};
+  d.t[0].data = calloc(512 * 64, 2);
+  bcast_engine_opts eo = {.rank = 2, .device = -1, .timeout_s = 30};
+  cr_assert_eq(bcast_engine_new(&eo, &d.e, &d.err), BCAST_OK, "%s", d.err.msg);
+  pthread_t dt;
+  cr_assert_eq(pthread_create(&s.tid, NULL, sender_main, &s), 0);
+  cr_assert_eq(pthread_create(&dt, NULL, downstream_main, &d), 0);
+  send_trigger(s.p);
+  cr_assert_eq(pthread_join(s.tid, NULL), 0);
+  cr_assert_eq(pthread_join(dt, NULL), 0);
+  cr_assert_eq(s.rc, BCAST_OK, "sender: %s", s.err.msg);
+  cr_assert_eq(d.rc, BCAST_OK, "downstream: %s", d.err.msg);
+  const Rlorch__V1__BroadcastDone *done = wait_done("run-1/step-0");
+  cr_assert_str_empty(done->error);
+  uint64_t want = 0, got = 0;
+  char err[256];
+  cr_assert_eq(agent_weights_checksum(s.t, 1, AGENT_WEIGHTS_STORAGE, &want, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(agent_weights_checksum(d.t, 1, AGENT_WEIGHTS_WIRE, &got, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(done->weights_checksum, want, "the relay holds the version sent, whole");
+  cr_assert_eq(got, want, "so does the receiver it relayed to");
+  cr_assert(log_has("engine_rank_changed from=0 to=1"),
+            "the engine made at start was made again for rank 1, on the address registered\n%s", K.log);
+  bcast_engine_free(d.e);
+  free(d.t[0].data);
+  sender_free(&s);
+  fake_stop();
+}

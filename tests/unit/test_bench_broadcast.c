@@ -197,6 +197,33 @@ Test(bench_broadcast, sharded_senders_json_runs_each_count_beside_one_sender) {
       "rlorch bench broadcast: --senders: 17 out of range [0, 16]\n");
 }
 
+/* --relays: the direct fan-out and the relay layout, same run; the ratio
+ * is that of the two times printed, the sender's bytes those of each layout. */
+Test(bench_broadcast, relays_json_runs_beside_the_direct_fan_out) {
+  captured c;
+  run(&c, (const char *[]){"--mode", "host", "--relays", "2", "--receivers", "4", "--layers", "1", "--reps", "1",
+                           "--budget-mib", "16", "--json", NULL});
+  cr_assert_eq(c.rc, 0, "stderr: %s", c.err);
+  const char *j = c.out, *at = j;
+  const char *head = "{\"bench\":\"broadcast\",\"preset\":\"100m\",\"mode\":\"host\",\"reps\":1,";
+  cr_assert(!strncmp(j, head, strlen(head)), "%s", j);
+  double wire = num(j, "wire_bytes", &at);
+  cr_assert_eq(num(j, "receivers", &at), 4);
+  cr_assert_eq(num(j, "relays", &at), 2);
+  cr_assert(strstr(at, "\"baseline\":\"direct fan-out\""), "%s", j);
+  double direct = num(j, "direct_s", &at), relays = num(j, "relays_s", &at), ratio = num(j, "ratio", &at);
+  cr_assert(direct > 0 && relays > 0, "%s", j);
+  cr_assert_float_eq(ratio, relays / direct, 1e-3 + 1e-3 * ratio, "%s", j);
+  cr_assert_eq(num(j, "direct_source_bytes", &at), wire * 4, "%s", j);
+  cr_assert_eq(num(j, "relays_source_bytes", &at), wire * 2, "%s", j);
+  bad((const char *[]){"--mode", "staged", "--relays", "2", NULL},
+      "rlorch bench broadcast: --relays: relays run on the host transport (--mode host)\n");
+  bad((const char *[]){"--mode", "host", "--relays", "2", "--senders", "2", NULL},
+      "rlorch bench broadcast: --relays: relays take one sender (no --senders)\n");
+  bad((const char *[]){"--mode", "host", "--relays", "3", "--receivers", "2", NULL},
+      "rlorch bench broadcast: --relays: 3 relays among 2 receivers: at most one relay per receiver\n");
+}
+
 /* Direct needs two GPUs: here it either runs or says what is missing. */
 Test(bench_broadcast, direct_mode_runs_or_says_what_is_missing) {
   bcast_caps caps;

@@ -636,6 +636,7 @@ static void inference__options(agent__inference *in, rlorch_options *ro) {
   ro->tls_key_file = o->tls_client_key_file;
   ro->device = in->device;
   ro->max_concurrent_requests = o->concurrency;
+  ro->data_listen = o->data_listen; /* NULL: this worker relays to no one */
   ro->connect_timeout_s = INFINITY; /* registration is retried without a limit */
   ro->parts = in->parts;
   ro->nparts = in->nparts;

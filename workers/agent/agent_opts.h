@@ -31,7 +31,8 @@ typedef struct agent_opts {
   agent_offload offload;
   int device;               /* -1: none */
   int device_set;           /* 0: pick (0 when a GPU exists, else -1) */
-  const char *data_listen;  /* trainer: host-transport listen address */
+  const char *data_listen;  /* host-transport listen address: a trainer's (NULL: 127.0.0.1:0), or an
+                               inference worker's that may relay to others (NULL: none) */
   int threads;              /* CPU optimizer threads; 0: one per core */
   /* Trainer with AGENT_OFFLOAD_PARAMS_OPTIMIZER: 1 (the default) to send a
    * bf16 shadow that the CPU step writes in the same pass as the update

@@ -14,13 +14,16 @@ static int agent__engine(agent_xfer *x, uint32_t rank, bcast_err *err) {
   if (x->engine && x->rank == rank) return 0;
   if (x->engine) {
     agent_log_info("engine_rank_changed", "from=%u to=%u", x->rank, rank);
+    /* The address Register announced stays this worker's: bind it again. */
+    const char *bound = bcast_engine_data_address(x->engine);
+    if (x->listens && bound) snprintf(x->listen, sizeof x->listen, "%s", bound);
     pthread_mutex_lock(&x->mu);
     bcast_engine_free(x->engine);
     x->engine = NULL;
     pthread_mutex_unlock(&x->mu);
   }
   bcast_engine_opts eo = {.rank = rank, .device = x->device,
-                          .host_listen = x->sender ? x->listen : NULL};
+                          .host_listen = x->listens ? x->listen : NULL};
   bcast_engine *e = NULL;
   int rc = bcast_engine_new(&eo, &e, err);
   if (rc) return rc;
@@ -29,7 +32,7 @@ static int agent__engine(agent_xfer *x, uint32_t rank, bcast_err *err) {
   if (x->cancelled[0]) bcast_engine_cancel(e, x->cancelled); /* aborted before it existed */
   pthread_mutex_unlock(&x->mu);
   x->rank = rank;
-  if (x->sender)
+  if (x->listens)
     agent_log_info("engine", "rank=%u device=%d data_address=%s", rank, x->device,
              bcast_engine_data_address(x->engine));
   return 0;
@@ -44,10 +47,11 @@ int agent_xfer_init(agent_xfer *x, int sender, uint32_t rank, int device, const 
   x->sender = sender;
   x->device = device;
   snprintf(x->listen, sizeof x->listen, "%s", listen ? listen : "127.0.0.1:0");
+  x->listens = sender || listen;
   x->bind = bind;
   x->done = done;
   x->ud = ud;
-  if (!sender) return 0;
+  if (!x->listens) return 0;
   bcast_err be = {0};
   if (agent__engine(x, rank, &be)) {
     snprintf(err, errlen, "broadcast engine (listen %s): %s", x->listen, be.msg);

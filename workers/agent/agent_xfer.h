@@ -35,7 +35,8 @@ typedef void (*agent_xfer_begin_fn)(void *ud, const bcast_plan *p);
 typedef struct agent_xfer {
   int sender;
   int device;
-  char listen[256];      /* host-transport listen address (sender) */
+  char listen[256];      /* host-transport listen address (sender, or a receiver that may relay) */
+  int listens;           /* the engine listens: the sender, or a receiver given an address */
   /* Guards `engine` (the pointer, not the engine) and `cancelled`: the attach
    * thread cancels through it while the command thread executes. */
   pthread_mutex_t mu;
@@ -57,7 +58,10 @@ typedef struct agent_xfer {
 /* The sender's engine exists from the start (its data address goes into
  * Register), listening as plan rank `rank` (a trainer group's rank r is
  * source rank r of every plan), so its data address stays the one Register
- * announced; receivers create theirs on the first trigger, with its rank. */
+ * announced; receivers create theirs on the first trigger, with its rank.
+ * A receiver given `listen` (non-NULL) may relay (bcast.h, "relays"): its
+ * engine listens from the start too, and keeps the address it bound (the
+ * port the system chose for ":0") when a plan gives it another rank. */
 int agent_xfer_init(agent_xfer *x, int sender, uint32_t rank, int device, const char *listen,
                     agent_xfer_bind_fn bind, agent_xfer_done_fn done, void *ud, char *err,
                     size_t errlen);

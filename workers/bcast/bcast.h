@@ -251,6 +251,8 @@ typedef enum { BCAST_CHECKSUM_NONE = 1, BCAST_CHECKSUM_XXH3_64 = 2 } bcast_check
  * residency (where the sender keeps its storage changes how, not what, it
  * sends), data pointers and devices, deadline_unix_ms, host_endpoint,
  * mode_reason, min_gbps, the source endpoints and the data-channel secret.
+ * relay_from is covered only when set, so a plan without relays hashes as
+ * it did before there were relays; the relay endpoints are not covered.
  * nsources is covered only when above 1, so a one-source plan hashes as it
  * did before there were several; which source sends what is covered through
  * every bucket's source_rank.  The secret stays out on
@@ -319,7 +321,15 @@ typedef struct bcast_plan {
   uint32_t nviews;
   bcast_part *view_parts;
   uint32_t *rank_view;
+  /* Host-transport relays (see "relays" below): world_size entries, the rank
+   * each rank takes its bytes from (a source's entry is its own rank), or
+   * NULL: every receiver takes from the source.  Covered by the hash when
+   * not NULL. */
+  uint32_t *relay_from;
   /* Fields below are not covered by the hash (see above). */
+  /* With relay_from: world_size strings (malloc'd, owned by the plan), where
+   * each relaying receiver listens ("host:port"), "" for every other rank. */
+  char **relay_endpoints;
   /* Host mode with nsources > 1: where each source listens, nsources
    * strings (malloc'd, owned by the plan; entry 0 equals host_endpoint);
    * NULL for a one-source plan, whose source is at host_endpoint. */
@@ -360,7 +370,67 @@ typedef struct bcast_plan_opts {
    * shape[dim], or the kind is unknown. A view that leaves a receiver
    * nothing at all is refused too. */
   const bcast_receiver_view *receiver_views;
+  /* Relays (bcast_plan_set_relays): world_size entries each, or NULL. */
+  const uint32_t *relay_from;
+  const char *const *relay_endpoints;
 } bcast_plan_opts;
+
+/* ---- relays: receivers that forward what they receive ----------------------
+ * On the host transport the source's link carries one copy per receiver it
+ * serves.  With relays, a receiver (one per node, say) takes the bytes from
+ * the source and forwards each bucket, as soon as it has verified it, to
+ * the receivers that take from it (its downstreams, on its node), which may
+ * relay again (a chain or a tree).  relay_from[r] is the rank r takes from:
+ * the source, or a receiver that relays; relay_endpoints[r] is where a
+ * relaying receiver r listens (its engine's host_listen, reported as its
+ * data address).  A downstream connects to its upstream exactly as to a
+ * source (same handshake, secret, TLS), and a relay serves its downstreams
+ * as a source does (same bounds on strangers and stalls).
+ *
+ * Supported: host mode, one source, whole receivers.  Refused with
+ * BCAST_EINVAL naming the field: an entry out of range, a receiver taking
+ * from itself, a source taking from anyone but itself, a cycle (a chain that
+ * never reaches the source), relays in another mode, with several sources or
+ * with receiver views, an endpoint missing for a relaying receiver, an
+ * endpoint given to a rank no one takes from, entries that are not
+ * world_size long (pb).
+ *
+ * What success means: a relay confirms to its upstream only once it has
+ * verified every bucket and every downstream confirmed, so the source's
+ * BCAST_OK means every receiver of the tree holds every bucket verified.
+ * A downstream that fails (or never connects) fails its relay, whose error
+ * names it and which tells its upstream why (the ACK carries the message);
+ * a relay whose upstream fails tells its downstreams at once (an ABORT
+ * frame with the reason, or the connection closed mid-bucket), so none
+ * waits for the deadline.  Every rank reports its own stats (a relay: as a
+ * receiver) and its own checksum.
+ *
+ * The planner's entry (the orchestrator's runner): build the plan as usual,
+ * then bcast_plan_set_relays with the layout and the relays' data
+ * addresses, or pass both in bcast_plan_opts; either validates the layout
+ * and recomputes the hash.  relay_from NULL clears the relays. */
+int bcast_plan_set_relays(bcast_plan *p, const uint32_t *relay_from, const char *const *relay_endpoints,
+                          bcast_err *err);
+/* One relay per node, the layout that has the source's NIC carry the model
+ * once per node: node[r] names rank r's node (labels compared as strings).
+ * Receivers on the source's node take from the source; on every other node
+ * with two or more receivers, the first one that can relay (can_relay[r]
+ * non-zero; NULL: every one can, e.g. it has a data address) takes from the
+ * source and the others on that node take from it; a node where none can
+ * takes from the source.  Fills relay_from (world_size entries) and
+ * returns the number of relays; give the relays' data addresses to
+ * bcast_plan_set_relays with it. */
+uint32_t bcast_relay_layout(uint32_t world_size, uint32_t root, const char *const *node, const int *can_relay,
+                            uint32_t *relay_from);
+/* The rank `rank` takes its bytes from: relay_from[rank], or the root when
+ * the plan has no relays (or rank is out of range). */
+uint32_t bcast_plan_upstream(const bcast_plan *p, uint32_t rank);
+/* Where `rank` connects to take its bytes: its upstream's relay endpoint,
+ * or the source's (host_endpoint). */
+const char *bcast_plan_upstream_endpoint(const bcast_plan *p, uint32_t rank);
+/* Receivers that take their bytes from `rank` (its downstreams); without
+ * relays, every receiver for the root and 0 for the others. */
+uint32_t bcast_plan_downstreams(const bcast_plan *p, uint32_t rank);
 
 /* Buckets per layer and per wire dtype, slices concatenated at fixed offsets,
  * split so no bucket exceeds the budget; validates the manifest first.  Draws
@@ -375,7 +445,7 @@ int bcast_plan_build(const bcast_tensor *tensors, size_t n, const bcast_plan_opt
  * gives the plan bcast_plan_build gives for its tensors, hash included. */
 int bcast_plan_build_sharded(const bcast_shard_map *m, const bcast_plan_opts *opts,
                              bcast_plan **out, bcast_err *err);
-/* Also refuses, naming them: nsources >= world_size, root_rank other than 0
+/* Also refuses, naming them: a bad relay layout (see "relays"), nsources >= world_size, root_rank other than 0
  * with several sources, a bucket whose source_rank >= nsources, a stage rank
  * other than its source, an empty or too long source endpoint, and
  * endpoints that contradict host_endpoint. */
@@ -544,12 +614,14 @@ typedef struct bcast_engine_opts {
   int device;              /* CUDA device, -1 for none */
   uint32_t staging_buffers; /* >= 2; 0: 3 */
   double timeout_s;        /* connect and per-bucket deadline; 0: 60 */
-  const char *host_listen; /* root in host mode: "127.0.0.1:0" etc. */
+  const char *host_listen; /* host mode: where the root, or a receiver that relays, listens:
+                              "127.0.0.1:0" etc. */
 } bcast_engine_opts;
 
 int bcast_engine_new(const bcast_engine_opts *o, bcast_engine **out, bcast_err *err);
 void bcast_engine_free(bcast_engine *e);
-/* Host mode root: the address actually bound ("127.0.0.1:41234"). */
+/* Host mode root, or a receiver that may relay: the address actually bound
+ * ("127.0.0.1:41234"); NULL for an engine opened without host_listen. */
 const char *bcast_engine_data_address(const bcast_engine *e);
 /* NCCL root: makes the unique id to put into the plan. */
 int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err);

@@ -387,7 +387,7 @@ static int execute_host(bcast_engine *e, const bcast_plan *p, const bcast_tensor
   }
   bcast__host_io io = {.timeout_s = e->o.timeout_s, .cancel_fd = e->cancel_pipe[0], .stale_id = stale};
   if (!rc && sender) rc = bcast__host_send(e->listen_fd, p, e->o.rank, local, map, &io, cast_threads(e), stats, err);
-  else if (!rc) rc = bcast__host_recv(p, e->o.rank, local, map, &io, stats, err);
+  else if (!rc) rc = bcast__host_recv(e->listen_fd, p, e->o.rank, local, map, &io, stats, err);
   if (!rc && h.t && !sender) {
     double t1 = bcast__now();
     rc = shadow_flush(e, caller, &h, err);

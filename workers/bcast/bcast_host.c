@@ -13,6 +13,8 @@
  *                     then `bytes` payload bytes (slices at plan offsets, zero padding)
  *   receiver -> root  ACK    "RLBA" i32 status, u32 msglen, msg      (after the last
  *                     bucket, or at the first error)
+ *   relay -> receiver ABORT  "RLBX" i32 status, u32 msglen, 12 zero bytes, msg  (in
+ *                     place of a bucket header: the relay's upstream failed)
  * On a TLS plan (bcast_plan.tls) the two sides run TLS 1.3 after the REPLY,
  * the receiver as client (bcast_tls.c: an external PSK per connection,
  * HMAC-SHA256(secret, "rlorch.bcast.tls/2" || nonce || rx_nonce || rank ||
@@ -47,6 +49,16 @@
  * plan order.  A receiver runs one connection per source at once and sends
  * each source its ACK only once every source's buckets arrived.
  *
+ * Relays (bcast_plan.relay_from, one source): a receiver that relays is a
+ * receiver of this protocol towards its upstream (the source or another
+ * relay, at bcast_plan_upstream_endpoint) and a root of it towards its
+ * downstreams, on its engine's listener, with the same handshake, TLS and
+ * bounds; it forwards every bucket as received and verified (header and
+ * checksum as the source sent them), and ACKs its upstream only after every
+ * downstream ACKed it, or with the reason one failed.  A root reads an ACK
+ * that arrives while it still sends: a receiver sends one early only to say
+ * why it fails.
+ *
  * The root casts bucket k+1 on a worker thread while bucket k is on the wire
  * (two buffers) and writes to all receivers at once with non-blocking sockets
  * and poll.  Every wait is bounded by the deadline and ends early when the
@@ -79,6 +91,7 @@
 #define MAGIC_REPLY 0x52424c52u     /* "RLBR" */
 #define MAGIC_BUCKET 0x4b424c52u    /* "RLBK" */
 #define MAGIC_ACK 0x41424c52u       /* "RLBA" */
+#define MAGIC_ABORT 0x58424c52u     /* "RLBX" */
 #define PROTO_VERSION 2u
 #define HEADER_BYTES 24
 #define CHALLENGE_BYTES (8 + BCAST_NONCE_BYTES)
@@ -92,6 +105,10 @@
 /* What a bucket may take beyond its bytes at the plan's floor: the cast of
  * the next bucket, a scheduling hiccup. */
 #define BUCKET_SLACK_S 2.0
+/* A relay gives up on downstreams that do not connect this long before its
+ * own deadline, so that its upstream, which waits as long as the relay
+ * would, still hears why (the relay's ACK names them). */
+#define RELAY_REPORT_S 1.0
 #define SOCK_BUF (8 << 20)
 #define SOCK_MIN_BUF (4 << 20)
 
@@ -342,9 +359,10 @@ static void fill_stats(bcast_stats *st, const bcast_plan *p, double t0, bcast_bu
   st->gbps = st->total_s > 0 ? (double)st->wire_bytes / st->total_s / 1e9 : 0;
 }
 
-/* Every source's link carries one copy per receiver; the plan's floor
- * (min_gbps) holds for each source's link on its own. */
-static uint32_t receivers(const bcast_plan *p) { return p->world_size - bcast__plan_nsources(p); }
+/* Every sender's link (a source's, a relay's) carries one copy per receiver
+ * it serves; the plan's floor (min_gbps) holds for each link on its own, and
+ * the busiest one sets the pace of the whole pipeline. */
+static uint32_t fanout(const bcast_plan *p) { return bcast__plan_fanout(p); }
 
 static uint64_t max_bucket(const bcast_plan *p) {
   uint64_t m = 0;
@@ -359,16 +377,16 @@ static uint64_t max_bucket(const bcast_plan *p) {
 static double bucket_deadline(const bcast_plan *p, size_t k, const bcast__host_io *io, double slack) {
   double t = io->timeout_s;
   if (p->min_gbps > 0) {
-    uint32_t rx = receivers(p);
-    double fanout = rx > 1 ? (double)rx : 1.0;
-    t = slack + (double)p->buckets[k].bytes * fanout / (p->min_gbps * 1e9);
+    uint32_t rx = fanout(p);
+    double copies = rx > 1 ? (double)rx : 1.0;
+    t = slack + (double)p->buckets[k].bytes * copies / (p->min_gbps * 1e9);
   }
   return bcast__deadline(t, p->deadline_unix_ms);
 }
 
 /* What a receiver is expected to take at least, for messages (GB/s). */
 static double per_receiver_floor(const bcast_plan *p) {
-  uint32_t rx = receivers(p);
+  uint32_t rx = fanout(p);
   return rx > 1 ? p->min_gbps / (double)rx : p->min_gbps;
 }
 
@@ -434,6 +452,7 @@ typedef struct pending {
 typedef struct acceptor {
   const bcast_plan *p;
   const bcast__host_io *io;
+  uint32_t rank; /* the root's (a source, or a relay) */
   peer *peers;
   size_t have, want;
   pending pend[PENDING_MAX];
@@ -485,6 +504,14 @@ static int accept_new(acceptor *ac, int lfd, double plan_deadline, bcast_err *er
   return 0;
 }
 
+/* 1 when rank r takes its bytes from root `me`: every receiver from each
+ * source, or those relay_from sends to `me`. */
+static int serves(const bcast_plan *p, uint32_t me, uint32_t r) {
+  uint32_t ns = bcast__plan_nsources(p);
+  if (r >= p->world_size || r == me || r == p->root_rank || (ns > 1 && r < ns)) return 0;
+  return bcast_plan_upstream(p, r) == me || ns > 1;
+}
+
 /* A connection that proved it holds the plan's secret: a receiver of this
  * plan, to answer with the root's own proof.  1 when admitted, 0 when it
  * went away before the answer (it may come again), <0 to fail the plan. */
@@ -493,9 +520,12 @@ static int admit(acceptor *ac, pending *c, const bcast__hello *h, bcast_err *err
   char why[256] = "";
   int code = BCAST_OK;
   uint32_t ns = bcast__plan_nsources(p);
-  if (h->rank >= p->world_size || h->rank == p->root_rank || (ns > 1 && h->rank < ns)) {
+  if (!serves(p, ac->rank, h->rank)) {
     code = BCAST_EPEER;
-    if (ns > 1)
+    if (p->relay_from && h->rank < p->world_size && h->rank != p->root_rank)
+      snprintf(why, sizeof why, "receiver claims rank %u: it takes its bytes from rank %u, not from rank %u",
+               h->rank, bcast_plan_upstream(p, h->rank), ac->rank);
+    else if (ns > 1)
       snprintf(why, sizeof why, "receiver claims rank %u: not a receiver rank of world size %u with sources "
                "0..%u", h->rank, p->world_size, ns - 1);
     else
@@ -545,7 +575,7 @@ static int admit(acceptor *ac, pending *c, const bcast__hello *h, bcast_err *err
       return 0;
     }
   }
-  ac->peers[ac->have++] = (peer){pc, h->rank, 0};
+  ac->peers[ac->have++] = (peer){pc, h->rank, bcast_plan_rank_view(p, h->rank)};
   return 1;
 }
 
@@ -598,7 +628,7 @@ static int accept_fail_timeout(acceptor *ac, bcast_err *err) {
   char missing[192] = "";
   size_t len = 0;
   for (uint32_t r = 0; r < p->world_size && len + 12 < sizeof missing; r++) {
-    int found = r == p->root_rank || r < bcast__plan_nsources(p);
+    int found = !serves(p, ac->rank, r);
     for (size_t i = 0; i < ac->have; i++) found |= ac->peers[i].rank == r;
     if (!found) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%u", len ? "," : "", r);
   }
@@ -757,6 +787,7 @@ static int send_bucket(const bcast_plan *p, size_t k, peer *peers, size_t np, in
   }
   int rc = BCAST_OK;
   struct pollfd pf[np + 1];
+  size_t at[np + 1]; /* the peer of each pf entry */
   for (;;) {
     size_t waiting = 0;
     for (size_t i = 0; i < np; i++) {
@@ -775,7 +806,12 @@ static int send_bucket(const bcast_plan *p, size_t k, peer *peers, size_t np, in
         rc = peer_failed(p, pr, k, r < 0 ? errno : EPIPE, 0, err);
         goto out;
       }
-      if (pr->sent < total) pf[waiting++] = (struct pollfd){pr->c.fd, pr->want, 0};
+      /* POLLIN too: a receiver sends nothing before its last bucket but an
+       * ACK that says why it fails (a relay whose downstream failed). */
+      if (pr->sent < total) {
+        at[waiting] = i;
+        pf[waiting++] = (struct pollfd){pr->c.fd, (short)(pr->want | POLLIN), 0};
+      }
     }
     if (!waiting) break;
     size_t npf = waiting;
@@ -786,6 +822,11 @@ static int send_bucket(const bcast_plan *p, size_t k, peer *peers, size_t np, in
       rc = bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
       break;
     }
+    for (size_t w = 0; n > 0 && w < waiting; w++)
+      if ((pf[w].revents & POLLIN) && !(peers[at[w]].want & POLLIN)) {
+        rc = peer_failed(p, &peers[at[w]], k, EPIPE, 0, err);
+        goto out;
+      }
     if (n <= 0 && bcast__now() >= deadline) {
       /* Name the receiver furthest behind: the one holding the others up. */
       peer *slow = NULL;
@@ -844,12 +885,13 @@ typedef struct view_buf {
 } view_buf;
 
 /* What each receiver gets of bucket k, cast into `buf` with checksum `sum`:
- * the whole buffer, or its view's packed copy. */
+ * the whole buffer, or its view's packed copy (vb NULL: every receiver is
+ * whole, as a relay's are: validation refuses views with relays). */
 static void peers_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint64_t sum, peer *peers, size_t np,
                          view_buf *vb) {
   for (size_t i = 0; i < np; i++) {
     peer *pr = &peers[i];
-    if (pr->view == BCAST_VIEW_WHOLE) {
+    if (pr->view == BCAST_VIEW_WHOLE || !vb) {
       pr->buf = buf;
       pr->len = p->buckets[k].bytes;
       pr->sum = sum;
@@ -876,9 +918,11 @@ static void peers_bucket(const bcast_plan *p, size_t k, const uint8_t *buf, uint
 static int collect_acks(const bcast_plan *p, peer *peers, size_t np, const bcast__host_io *io, bcast_err *err) {
   double t0 = bcast__now(), dl = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
   if (p->min_gbps > 0) {
-    double fanout = np > 1 ? (double)np : 1.0;
+    /* With relays each hop below holds as much again before the last
+     * receiver confirms, and every relay waits for its own receivers. */
+    double copies = np > 1 ? (double)np : 1.0, hops = bcast__plan_depth(p);
     double inflight = (double)max_bucket(p) + 2.0 * SOCK_BUF;
-    dl = bcast__deadline(BUCKET_SLACK_S + inflight * fanout / (p->min_gbps * 1e9), p->deadline_unix_ms);
+    dl = bcast__deadline(hops * (BUCKET_SLACK_S + inflight * copies / (p->min_gbps * 1e9)), p->deadline_unix_ms);
   }
   /* Several sources: receivers confirm once every source's buckets are in,
    * so this source also waits for the slowest other one, within the bounds
@@ -935,7 +979,7 @@ static int send_all(caster *c, peer *peers, size_t np, view_buf *vbuf, const bca
 int bcast__host_send(int lfd, const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
                      const bcast__host_io *io, int cast_threads, bcast_stats *stats, bcast_err *err) {
   double t0 = bcast__now();
-  size_t np = receivers(p), nmine = 0;
+  size_t np = bcast_plan_downstreams(p, rank), nmine = 0;
   uint64_t mb = 0, bytes = 0;
   for (size_t b = 0; b < p->nbuckets; b++)
     if (p->buckets[b].source_rank == rank) {
@@ -961,7 +1005,7 @@ int bcast__host_send(int lfd, const bcast_plan *p, uint32_t rank, const bcast_te
       bt[j].bucket = (uint32_t)b;
       mine[j++] = b;
     }
-  acceptor ac = {.p = p, .io = io, .peers = peers, .want = np};
+  acceptor ac = {.p = p, .io = io, .rank = rank, .peers = peers, .want = np};
   rc = accept_all(lfd, &ac, bcast__deadline(io->timeout_s, p->deadline_unix_ms), err);
   /* Whatever is still pending is not a receiver of this plan. */
   while (ac.npend) pending_drop(&ac, ac.npend - 1, 1);
@@ -1192,9 +1236,22 @@ static void scatter(const bcast_plan *p, size_t k, uint32_t view, const uint8_t 
 
 /* Receives bucket k into buf, verifies it, scatters it.  On a checksum error
  * the ACK tells the root why before the connection closes. */
+/* An ABORT frame in place of bucket k's header (a relay whose upstream
+ * failed): its reason, read within a second. */
+static int upstream_aborted(bcast__conn *c, const char *ep, size_t k, const uint8_t *h, bcast_err *err) {
+  uint32_t len = get32(h + 8);
+  char msg[512];
+  if (len > 511 || io_full(c, msg, len, 0, -1, bcast__now() + 1.0))
+    return bcast__fail(err, BCAST_EPEER, "upstream %s gave up at bucket %zu without a readable reason", ep, k);
+  msg[len] = 0;
+  for (uint32_t i = 0; i < len; i++)
+    if (msg[i] < 0x20 || msg[i] > 0x7e) msg[i] = '?'; /* it goes into logs */
+  return bcast__fail(err, BCAST_EPEER, "upstream %s gave up at bucket %zu: %s", ep, k, msg);
+}
+
 static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size_t k, uint32_t view,
                        uint8_t *buf, const bcast_tensor *local, const uint32_t *map, const bcast__host_io *io,
-                       bcast_bucket_timing *bt, bcast_err *err) {
+                       bcast_bucket_timing *bt, uint64_t *sum, bcast_err *err) {
   const bcast_bucket *b = &p->buckets[k];
   uint64_t bytes = bcast__view_bucket_bytes(p, view, k);
   /* Longer than the root's own bound: when a peer holds the bucket up, the
@@ -1202,10 +1259,12 @@ static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size
   double dl = bucket_deadline(p, k, io, 2 * BUCKET_SLACK_S), t0 = bcast__now();
   uint8_t h[HEADER_BYTES];
   size_t took = 0;
-  if (io_full(c, h, sizeof h, 0, io->cancel_fd, dl) ||
-      (get32(h) == MAGIC_BUCKET && get64(h + 8) == bytes &&
-       io_full_done(c, buf, bytes, 0, io->cancel_fd, dl, &took))) {
-    int e = errno;
+  int e = 0;
+  if (io_full(c, h, sizeof h, 0, io->cancel_fd, dl)) e = errno;
+  else if (get32(h) == MAGIC_ABORT) return upstream_aborted(c, ep, k, h, err);
+  else if (get32(h) == MAGIC_BUCKET && get64(h + 8) == bytes && io_full_done(c, buf, bytes, 0, io->cancel_fd, dl, &took))
+    e = errno;
+  if (e) {
     double el = bcast__now() - t0;
     if (e == ETIMEDOUT && p->min_gbps > 0)
       return bcast__fail(err, BCAST_ETIMEDOUT, "root %s stalled at bucket %zu (layer %u): observed %.3g GB/s (%.1f "
@@ -1230,6 +1289,7 @@ static int recv_bucket(bcast__conn *c, const bcast_plan *p, const char *ep, size
     }
   }
   scatter(p, k, view, buf, local, map);
+  if (sum) *sum = get64(h + 16);
   bt->bucket = (uint32_t)k;
   bt->wire_s = t1 - t0;
   bt->cast_s = bcast__now() - t1; /* receivers: verify and scatter */
@@ -1273,7 +1333,8 @@ static void gate_abort(ack_gate *g) {
 static int recv_source(const bcast_plan *p, uint32_t src, uint32_t rank, const bcast_tensor *local,
                        const uint32_t *map, const bcast__host_io *io, ack_gate *gate, bcast_bucket_timing *bt,
                        double *wire_s, bcast_err *err) {
-  const char *ep = bcast_plan_source_endpoint(p, src);
+  /* Relays have one source: a receiver takes from its upstream. */
+  const char *ep = p->relay_from ? bcast_plan_upstream_endpoint(p, rank) : bcast_plan_source_endpoint(p, src);
   if (!ep[0]) return bcast__fail(err, BCAST_EINVAL, "plan '%s': host mode without host_endpoint", p->id);
   bcast__conn c;
   int rc = connect_and_handshake(p, ep, rank, io, &c, err);
@@ -1287,7 +1348,7 @@ static int recv_source(const bcast_plan *p, uint32_t src, uint32_t rank, const b
   for (size_t k = 0; k < p->nbuckets && !rc; k++) {
     /* A bucket the view gets nothing of is not sent to it. */
     if (p->buckets[k].source_rank != src || !bcast__view_bucket_bytes(p, view, k)) continue;
-    rc = recv_bucket(&c, p, ep, k, view, buf, local, map, io, &bt[k], err);
+    rc = recv_bucket(&c, p, ep, k, view, buf, local, map, io, &bt[k], NULL, err);
     *wire_s += bt[k].wire_s;
   }
   if (!rc && gate_pass(gate))
@@ -1413,7 +1474,219 @@ static int recv_sources(const bcast_plan *p, uint32_t rank, const bcast_tensor *
   return rc;
 }
 
-int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
+/* ======================= relay ================================================ */
+
+/* A relay is a receiver of its upstream and a root of its downstreams: a
+ * thread takes every bucket from the upstream into slot k % 2 (verified and
+ * scattered as by any receiver) while the calling thread forwards the other
+ * slot to every downstream at once (send_bucket), so the upstream link and
+ * the downstream links run together, a bucket apart.  The thread waits
+ * while both slots are still to be forwarded: a slow downstream slows the
+ * upstream, which the per-bucket bounds (at the busiest link's fanout)
+ * allow for. */
+typedef struct relay_rx {
+  const bcast_plan *p;
+  bcast__conn *up;
+  const char *ep;
+  const bcast_tensor *local;
+  const uint32_t *map;
+  bcast__host_io io; /* cancel_fd: the relay's own abort pipe */
+  bcast_bucket_timing *bt;
+  uint8_t *buf[2];
+  uint64_t sum[2];
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  size_t filled, forwarded; /* buckets received, buckets forwarded (their slots free) */
+  int done, stop, rc;
+  bcast_err err;
+  int notify_fd; /* a byte per bucket received and one at the end (non-blocking: a hint) */
+} relay_rx;
+
+static void notify(int fd) {
+  ssize_t w = write(fd, "x", 1); /* a full pipe already says "look" */
+  (void)w;
+}
+
+static void *relay_rx_main(void *arg) {
+  relay_rx *x = arg;
+  int rc = BCAST_OK;
+  for (size_t k = 0; k < x->p->nbuckets && !rc; k++) {
+    pthread_mutex_lock(&x->mu);
+    while (k - x->forwarded >= 2 && !x->stop) pthread_cond_wait(&x->cv, &x->mu);
+    int stop = x->stop;
+    pthread_mutex_unlock(&x->mu);
+    if (stop) {
+      rc = bcast__fail(&x->err, BCAST_ECANCELED, "plan '%s': relay stopped at bucket %zu", x->p->id, k);
+      break;
+    }
+    uint64_t sum = 0;
+    rc = recv_bucket(x->up, x->p, x->ep, k, BCAST_VIEW_WHOLE, x->buf[k & 1], x->local, x->map, &x->io, &x->bt[k],
+                     &sum, &x->err);
+    if (rc) break;
+    pthread_mutex_lock(&x->mu);
+    x->sum[k & 1] = sum;
+    x->filled = k + 1;
+    pthread_mutex_unlock(&x->mu);
+    notify(x->notify_fd);
+  }
+  pthread_mutex_lock(&x->mu);
+  x->rc = rc;
+  x->done = 1;
+  pthread_mutex_unlock(&x->mu);
+  notify(x->notify_fd);
+  return NULL;
+}
+
+/* Forwards every bucket as the thread brings it.  *boundary: the failure
+ * came between buckets (the upstream failed, or a cancel), so the
+ * downstreams can still be told why; a failed send leaves them mid-bucket. */
+static int relay_forward(relay_rx *x, uint32_t rank, peer *peers, size_t np, int notify_fd,
+                         const bcast__host_io *io, int *boundary, bcast_err *err) {
+  const bcast_plan *p = x->p;
+  char drain[64];
+  *boundary = 1;
+  for (size_t k = 0; k < p->nbuckets; k++) {
+    for (;;) {
+      pthread_mutex_lock(&x->mu);
+      int ready = x->filled > k, done = x->done, xrc = x->rc;
+      pthread_mutex_unlock(&x->mu);
+      if (ready) break;
+      if (done)
+        return bcast__fail(err, xrc ? xrc : BCAST_EPEER, "upstream rank %u: %s", bcast_plan_upstream(p, rank),
+                           x->err.msg);
+      /* The thread's waits are bounded by the plan: it always ends. */
+      struct pollfd pf[2] = {{notify_fd, POLLIN, 0}, {io->cancel_fd, POLLIN, 0}};
+      int n = poll(pf, io->cancel_fd >= 0 ? 2 : 1, -1);
+      if (n > 0 && io->cancel_fd >= 0 && pf[1].revents)
+        return bcast__fail(err, BCAST_ECANCELED, "plan '%s': cancelled at bucket %zu", p->id, k);
+      while (read(notify_fd, drain, sizeof drain) > 0) {
+      }
+    }
+    *boundary = 0;
+    peers_bucket(p, k, x->buf[k & 1], x->sum[k & 1], peers, np, NULL);
+    int rc = send_bucket(p, k, peers, np, io->cancel_fd, bucket_deadline(p, k, io, BUCKET_SLACK_S), err);
+    if (rc) return rc;
+    *boundary = 1;
+    pthread_mutex_lock(&x->mu);
+    x->forwarded = k + 1;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+  }
+  return BCAST_OK;
+}
+
+/* Tells a downstream, between buckets, why no more come: an ABORT frame
+ * ("RLBX" i32 status, u32 len, 12 zero bytes: a header's size) and the
+ * reason.  Best effort within a second: the connection closes after it. */
+static void send_abort(peer *pr, int status, const char *msg) {
+  uint8_t b[HEADER_BYTES + 512] = {0};
+  size_t len = strnlen(msg, 511);
+  put32(b, MAGIC_ABORT);
+  put32(b + 4, (uint32_t)status);
+  put32(b + 8, (uint32_t)len);
+  memcpy(b + HEADER_BYTES, msg, len);
+  io_full(&pr->c, b, HEADER_BYTES + len, 1, -1, bcast__now() + 1.0);
+}
+
+/* After a failed relay's ACK: reads (and drops) what the upstream still
+ * sends until it closes, for a second at most, so that closing with unread
+ * bytes does not reset the connection and lose the ACK before it is read. */
+static void drain_until_closed(bcast__conn *c, int cancel_fd) {
+  uint8_t junk[16384];
+  double deadline = bcast__now() + 1.0;
+  for (;;) {
+    short want = POLLIN;
+    ssize_t r = bcast__conn_io(c, junk, sizeof junk, 0, &want);
+    if (r > 0) continue;
+    if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
+    if (!wait_fd(c->fd, want, cancel_fd, deadline)) return;
+  }
+}
+
+/* A relaying receiver: connects to its upstream, accepts its downstreams on
+ * the engine's listener (as a source does), forwards every bucket as it
+ * arrives, waits for every downstream's ACK, then sends its own: OK only
+ * when it and every downstream (and theirs) hold every bucket.  A failure
+ * of a downstream goes upstream in the ACK; one of the upstream goes to the
+ * downstreams in an ABORT frame. */
+static int relay_serve(int lfd, const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
+                       const bcast__host_io *io, bcast_bucket_timing *bt, double *wire_s, uint32_t *refused,
+                       bcast_err *err) {
+  uint32_t np = bcast_plan_downstreams(p, rank);
+  if (lfd < 0)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': rank %u relays for %u receiver(s), but its engine was opened "
+                       "without host_listen", p->id, rank, np);
+  const char *ep = bcast_plan_upstream_endpoint(p, rank);
+  double deadline = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
+  bcast__conn up;
+  int rc = connect_and_handshake(p, ep, rank, io, &up, err);
+  if (rc) return rc;
+  uint64_t mb = max_bucket(p);
+  peer *peers = calloc(np, sizeof *peers);
+  relay_rx x = {.p = p, .up = &up, .ep = ep, .local = local, .map = map, .io = *io, .bt = bt};
+  x.buf[0] = malloc(mb ? mb : 1);
+  x.buf[1] = malloc(mb ? mb : 1);
+  int abort_p[2] = {-1, -1}, notify_p[2] = {-1, -1}, started = 0, boundary = 1;
+  pthread_mutex_init(&x.mu, NULL);
+  pthread_cond_init(&x.cv, NULL);
+  pthread_t tid;
+  if (!peers || !x.buf[0] || !x.buf[1])
+    rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for two %llu-byte relay buffers", (unsigned long long)mb);
+  else if (pipe2(abort_p, O_CLOEXEC | O_NONBLOCK) || pipe2(notify_p, O_CLOEXEC | O_NONBLOCK))
+    rc = bcast__fail(err, BCAST_EIO, "plan '%s': pipe for the relay: %s", p->id, strerror(errno));
+  if (!rc) {
+    x.io.cancel_fd = abort_p[0];
+    x.notify_fd = notify_p[1];
+    /* Receiving starts at once: the upstream is not held while the
+     * downstreams connect. */
+    if (pthread_create(&tid, NULL, relay_rx_main, &x))
+      rc = bcast__fail(err, BCAST_ENOMEM, "plan '%s': cannot start the relay's receiving thread", p->id);
+    else started = 1;
+  }
+  acceptor ac = {.p = p, .io = io, .rank = rank, .peers = peers, .want = np};
+  double left = deadline - bcast__now(), margin = left / 2 < RELAY_REPORT_S ? left / 2 : RELAY_REPORT_S;
+  double accept_by = deadline - margin;
+  if (!rc) rc = accept_all(lfd, &ac, accept_by, err);
+  while (ac.npend) pending_drop(&ac, ac.npend - 1, 1);
+  *refused = ac.refused;
+  if (!rc) rc = relay_forward(&x, rank, peers, np, notify_p[0], io, &boundary, err);
+  if (!rc && (rc = collect_acks(p, peers, np, io, err))) boundary = 0; /* past the last bucket */
+  if (started) {
+    if (rc) { /* the thread may still wait on the upstream or for a slot */
+      notify(abort_p[1]);
+      pthread_mutex_lock(&x.mu);
+      x.stop = 1;
+      pthread_cond_broadcast(&x.cv);
+      pthread_mutex_unlock(&x.mu);
+    }
+    pthread_join(tid, NULL);
+  }
+  int upstream_failed = started && x.rc && x.rc != BCAST_ECANCELED;
+  if (rc && boundary)
+    for (size_t i = 0; i < ac.have; i++) send_abort(&peers[i], rc, err ? err->msg : "relay failed");
+  if (!rc) {
+    double t = 0;
+    for (size_t k = 0; k < p->nbuckets; k++) t += bt[k].wire_s;
+    *wire_s = t;
+    if (send_status(&up, MAGIC_ACK, 0, "", io->cancel_fd, deadline))
+      rc = bcast__fail(err, BCAST_EPEER, "upstream %s: final confirmation not delivered: %s", ep, strerror(errno));
+  } else if (!upstream_failed) { /* the upstream is fine: it learns why */
+    send_status(&up, MAGIC_ACK, rc, err ? err->msg : "relay failed", -1, bcast__now() + 1.0);
+    drain_until_closed(&up, io->cancel_fd);
+  }
+  for (size_t i = 0; i < ac.have; i++) bcast__conn_close(&peers[i].c);
+  bcast__conn_close(&up);
+  pthread_cond_destroy(&x.cv);
+  pthread_mutex_destroy(&x.mu);
+  pipe_close(abort_p);
+  pipe_close(notify_p);
+  free(x.buf[0]);
+  free(x.buf[1]);
+  free(peers);
+  return rc;
+}
+
+int bcast__host_recv(int lfd, const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
                      const bcast__host_io *io, bcast_stats *stats, bcast_err *err) {
   double t0 = bcast__now();
   if (!p->has_secret)
@@ -1423,7 +1696,10 @@ int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *loc
   if (!bt) return bcast__fail(err, BCAST_ENOMEM, "out of memory for %zu bucket timings", p->nbuckets);
   for (size_t b = 0; b < p->nbuckets; b++) bt[b].bucket = (uint32_t)b;
   double wire_alone_s = 0;
-  int rc = bcast__plan_nsources(p) > 1
+  uint32_t refused = 0;
+  int rc = p->relay_from && bcast_plan_downstreams(p, rank)
+               ? relay_serve(lfd, p, rank, local, map, io, bt, &wire_alone_s, &refused, err)
+           : bcast__plan_nsources(p) > 1
                ? recv_sources(p, rank, local, map, io, bt, &wire_alone_s, err)
                : recv_source(p, p->root_rank, rank, local, map, io, NULL, bt, &wire_alone_s, err);
   if (rc == BCAST_OK && stats) {
@@ -1431,6 +1707,7 @@ int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *loc
     fill_stats(stats, p, t0, bt, p->nbuckets,
                view == BCAST_VIEW_WHOLE ? bcast_plan_wire_bytes(p) : bcast_plan_view_bytes(p, view, UINT32_MAX),
                wire_alone_s);
+    stats->refused_connections = refused;
     bt = NULL;
   }
   free(bt);

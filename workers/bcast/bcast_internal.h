@@ -65,6 +65,11 @@ uint64_t bcast__view_bucket_bytes(const bcast_plan *p, uint32_t view, size_t k);
 
 /* nsources, 1 when 0. */
 uint32_t bcast__plan_nsources(const bcast_plan *p);
+/* Relays (bcast_plan.c): the most receivers any one rank serves (without
+ * relays, every receiver: the source's); the most hops from the source to a
+ * receiver (1 without relays).  Bounds of a validated plan's waits. */
+uint32_t bcast__plan_fanout(const bcast_plan *p);
+uint32_t bcast__plan_depth(const bcast_plan *p);
 /* Casts n elements with up to `threads` threads (1: the calling thread only). */
 int bcast__cast_parallel(void *dst, bcast_dtype dst_dtype, const void *src,
                          bcast_dtype src_dtype, size_t n, int threads);
@@ -163,12 +168,16 @@ typedef struct bcast__host_io {
   const char *stale_id;
 } bcast__host_io;
 /* A source (`rank` < the plan's sources) serves its own buckets to every
- * receiver; a receiver takes every source's (a stream per source). */
+ * receiver it serves (bcast_plan_downstreams); a receiver takes every
+ * source's (a stream per source), or its upstream's, and forwards them
+ * when it relays. */
 int bcast__host_send(int listen_fd, const bcast_plan *p, uint32_t rank, const bcast_tensor *local,
                      const uint32_t *map,
                      const bcast__host_io *io, int cast_threads, bcast_stats *stats, bcast_err *err);
-int bcast__host_recv(const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
-                     const bcast__host_io *io, bcast_stats *stats, bcast_err *err);
+/* listen_fd: the engine's listener (-1: none), which a receiver that relays
+ * (bcast_plan_downstreams > 0) serves its downstreams on. */
+int bcast__host_recv(int listen_fd, const bcast_plan *p, uint32_t rank, const bcast_tensor *local,
+                     const uint32_t *map, const bcast__host_io *io, bcast_stats *stats, bcast_err *err);
 
 /* GPU backend. Without CUDA in the build these return BCAST_ENOTSUP with a message. */
 typedef struct bcast_gpu bcast_gpu;

@@ -113,7 +113,51 @@ static void plan_msg_free(Rlorch__V1__BroadcastPlan *m) {
   }
   free(m->views);
   free(m->rank_views);
+  free(m->relay_from);
+  for (size_t i = 0; m->relay_endpoints && i < m->n_relay_endpoints; i++) free(m->relay_endpoints[i]);
+  free(m->relay_endpoints);
   free(m);
+}
+
+/* Relays on the wire: world_size entries each, only when the plan has them
+ * (a plan without relays encodes as it did before). 1, or 0 out of memory. */
+static int relays_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan *m) {
+  if (!p->relay_from) return 1;
+  size_t n = p->world_size;
+  if (!(m->relay_from = malloc((n ? n : 1) * sizeof *m->relay_from)) ||
+      !(m->relay_endpoints = calloc(n ? n : 1, sizeof *m->relay_endpoints)))
+    return 0;
+  memcpy(m->relay_from, p->relay_from, n * sizeof *m->relay_from);
+  m->n_relay_from = n;
+  for (size_t r = 0; r < n; r++) {
+    const char *e = p->relay_endpoints && p->relay_endpoints[r] ? p->relay_endpoints[r] : "";
+    if (!(m->relay_endpoints[r] = strdup(e))) return 0;
+    m->n_relay_endpoints = r + 1;
+  }
+  return 1;
+}
+
+/* The arrays as they came; bcast_plan_validate judges the layout. */
+static int relays_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan *p, bcast_err *err) {
+  if (!m->n_relay_from && !m->n_relay_endpoints) return BCAST_OK;
+  if (m->n_relay_from != p->world_size)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from has %zu entries for %u ranks", p->id,
+                       m->n_relay_from, p->world_size);
+  if (m->n_relay_endpoints && m->n_relay_endpoints != p->world_size)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints has %zu entries for %u ranks", p->id,
+                       m->n_relay_endpoints, p->world_size);
+  size_t n = p->world_size;
+  if (!(p->relay_from = malloc(n * sizeof *p->relay_from)) ||
+      !(p->relay_endpoints = calloc(n, sizeof *p->relay_endpoints)))
+    return bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
+  memcpy(p->relay_from, m->relay_from, n * sizeof *p->relay_from);
+  for (size_t r = 0; r < n; r++) {
+    const char *e = m->n_relay_endpoints && m->relay_endpoints[r] ? m->relay_endpoints[r] : "";
+    if (strlen(e) >= sizeof p->host_endpoint)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%zu] longer than 255 bytes", p->id, r);
+    if (!(p->relay_endpoints[r] = strdup(e))) return bcast__fail(err, BCAST_ENOMEM, "plan_from_pb: out of memory");
+  }
+  return BCAST_OK;
 }
 
 /* Views on the wire: each view's parts other than whole, by tensor index. */
@@ -221,6 +265,7 @@ int bcast_plan_to_pb(const bcast_plan *p, Rlorch__V1__BroadcastPlan **out, bcast
     }
   }
   if (ok) ok = views_to_pb(p, m);
+  if (ok) ok = relays_to_pb(p, m);
   if (ok && p->has_secret) {
     ok = (m->data_secret.data = malloc(sizeof p->secret)) != NULL;
     if (ok) {
@@ -345,6 +390,7 @@ int bcast_plan_from_pb(const Rlorch__V1__BroadcastPlan *m, bcast_plan **out, bca
     rc = bucket_from_pb(m->buckets[b], b, &p->buckets[b], err);
   }
   if (!rc) rc = views_from_pb(m, p, err);
+  if (!rc) rc = relays_from_pb(m, p, err);
   if (!rc) rc = bcast_plan_validate(p, err);
   if (!rc && bcast_plan_hash(p) != p->hash)
     rc = bcast__fail(err, BCAST_EMISMATCH, "plan '%s': hash %016llx does not match its contents (%016llx)", p->id,

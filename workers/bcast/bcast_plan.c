@@ -330,7 +330,9 @@ static int plan_make(const bcast_tensor *tensors, size_t n, const bcast_shard_ma
     bcast_plan_free(p);
     return rc;
   }
-  if ((rc = plan_layout(p, m, err)) || (rc = bcast__views_set(p, o->receiver_views, err))) {
+  if ((rc = plan_layout(p, m, err)) || (rc = bcast__views_set(p, o->receiver_views, err)) ||
+      ((o->relay_from || o->relay_endpoints) &&
+       (rc = bcast_plan_set_relays(p, o->relay_from, o->relay_endpoints, err)))) {
     bcast_plan_free(p);
     return rc;
   }
@@ -437,6 +439,9 @@ static int slices_tile(const bcast_plan *p, slice_ref *refs, size_t n, bcast_err
   return BCAST_OK;
 }
 
+static int relays_check(const bcast_plan *p, bcast_err *err);
+static int relays_copy(bcast_plan *p, const uint32_t *rf, const char *const *eps);
+
 /* The sources' count and endpoints. */
 static int sources_check(const bcast_plan *p, bcast_err *err) {
   if (p->nsources <= 1) {
@@ -484,6 +489,7 @@ int bcast_plan_validate(const bcast_plan *p, bcast_err *err) {
   if ((rc = sources_check(p, err))) return rc;
   if ((rc = bcast_manifest_check(p->tensors, p->ntensors, NULL, err))) return rc;
   if ((rc = bcast__views_check(p, err))) return rc;
+  if ((rc = relays_check(p, err))) return rc;
   for (size_t i = 0; i < p->ntensors; i++)
     if (p->tensors[i].shard_offset || p->tensors[i].shard_elems)
       return bcast__fail(err, BCAST_EINVAL, "plan '%s': tensor '%s' describes a shard; a plan's tensors are whole",
@@ -591,6 +597,11 @@ uint64_t bcast_plan_hash(const bcast_plan *p) {
     }
     for (uint32_t r = 0; r < p->world_size; r++) h_u64(&h, p->rank_view[r]);
   }
+  /* Only with relays: a plan without them hashes as it always has. */
+  if (p->relay_from) {
+    h_bytes(&h, "relays", 6);
+    for (uint32_t r = 0; r < p->world_size; r++) h_u64(&h, p->relay_from[r]);
+  }
   h_u64(&h, p->nbuckets);
   for (size_t b = 0; b < p->nbuckets; b++) {
     const bcast_bucket *k = &p->buckets[b];
@@ -624,6 +635,8 @@ static void endpoints_free(char **eps, uint32_t n) {
 void bcast_plan_free(bcast_plan *p) {
   if (!p) return;
   endpoints_free(p->source_endpoints, p->nsources);
+  endpoints_free(p->relay_endpoints, p->world_size);
+  free(p->relay_from);
   bcast__views_free(p);
   bcast__wipe(p->secret, sizeof p->secret); /* freed memory is not a place to leave it */
   for (size_t b = 0; b < p->nbuckets; b++) free(p->buckets[b].slices);
@@ -662,7 +675,10 @@ bcast_plan *bcast_plan_dup(const bcast_plan *p) {
   q->buckets = NULL;
   q->nbuckets = 0;
   q->source_endpoints = NULL;
+  q->relay_from = NULL;
+  q->relay_endpoints = NULL;
   if (bcast__views_dup(q, p)) goto fail;
+  if (p->relay_from && relays_copy(q, p->relay_from, (const char *const *)p->relay_endpoints)) goto fail;
   if (p->source_endpoints) {
     if (!(q->source_endpoints = calloc(p->nsources, sizeof *q->source_endpoints))) goto fail;
     for (uint32_t r = 0; r < p->nsources; r++)
@@ -683,6 +699,218 @@ bcast_plan *bcast_plan_dup(const bcast_plan *p) {
 fail:
   bcast_plan_free(q);
   return NULL;
+}
+
+/* ---- relays ----------------------------------------------------------------------- */
+
+/* p's relay arrays made from rf and eps (NULL or NULL entries: ""), both
+ * world_size long.  BCAST_ENOMEM or 0; an endpoint too long is cut here and
+ * refused by relays_check, which sees it at full length first. */
+static int relays_copy(bcast_plan *p, const uint32_t *rf, const char *const *eps) {
+  uint32_t n = p->world_size;
+  if (!(p->relay_from = malloc((n ? n : 1) * sizeof *p->relay_from)) ||
+      !(p->relay_endpoints = calloc(n ? n : 1, sizeof *p->relay_endpoints)))
+    return BCAST_ENOMEM;
+  memcpy(p->relay_from, rf, n * sizeof *rf);
+  for (uint32_t r = 0; r < n; r++)
+    if (!(p->relay_endpoints[r] = strndup(eps && eps[r] ? eps[r] : "", sizeof p->host_endpoint)))
+      return BCAST_ENOMEM;
+  return BCAST_OK;
+}
+
+/* depth[r]: the hops from the source to rank r along relay_from (0 for the
+ * source), walking each chain once; -1 when r's chain never reaches the
+ * source, with *at the rank where the walk found the cycle. */
+static int relay_depths(const bcast_plan *p, uint32_t *depth, uint32_t *at) {
+  uint32_t n = p->world_size, root = p->root_rank, unknown = UINT32_MAX, walking = UINT32_MAX - 1;
+  for (uint32_t r = 0; r < n; r++) depth[r] = unknown;
+  depth[root] = 0;
+  for (uint32_t r = 0; r < n; r++) {
+    uint32_t v = r;
+    while (depth[v] == unknown) { /* mark the chain up to a known rank */
+      depth[v] = walking;
+      v = p->relay_from[v];
+    }
+    if (depth[v] == walking) { /* the walk met itself: a cycle */
+      *at = v;
+      return -1;
+    }
+    /* Unwind: each rank of the chain is one hop below the next. */
+    uint32_t base = depth[v], len = 0;
+    for (uint32_t u = r; depth[u] == walking; u = p->relay_from[u]) len++;
+    for (uint32_t u = r, d = base + len; depth[u] == walking; d--) {
+      uint32_t next = p->relay_from[u];
+      depth[u] = d;
+      u = next;
+    }
+  }
+  return 0;
+}
+
+static int relays_check(const bcast_plan *p, bcast_err *err) {
+  if (!p->relay_from) {
+    if (p->relay_endpoints)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints without relay_from", p->id);
+    return BCAST_OK;
+  }
+  if (p->mode != BCAST_MODE_HOST)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from in %s mode: relays forward over the host "
+                       "transport only", p->id, bcast_mode_name(p->mode));
+  if (p->nsources > 1)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from with %u sources: relays forward the bytes of "
+                       "one source", p->id, p->nsources);
+  if (p->nviews)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from with receiver views: relays forward to whole "
+                       "receivers only", p->id);
+  if (!p->relay_endpoints)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from without relay_endpoints", p->id);
+  uint32_t n = p->world_size, root = p->root_rank;
+  for (uint32_t r = 0; r < n; r++) {
+    uint32_t u = p->relay_from[r];
+    if (u >= n)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from[%u] = %u: out of range (world size %u)", p->id,
+                         r, u, n);
+    if (r == root && u != r)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from[%u] = %u: rank %u is the source, which takes "
+                         "from no one (its entry is its own rank)", p->id, r, u, r);
+    if (r != root && u == r)
+      return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from[%u] = %u: a receiver takes from the source "
+                         "or a relay, not from itself", p->id, r, u);
+  }
+  /* depth, then each rank's downstream count: one pass each, so that a
+   * plan of many ranks (or a hostile one) costs linear time. */
+  uint32_t *k = malloc((n ? n : 1) * sizeof *k), at = 0;
+  if (!k) return bcast__fail(err, BCAST_ENOMEM, "out of memory validating plan '%s'", p->id);
+  if (relay_depths(p, k, &at)) {
+    free(k);
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_from[%u] = %u: rank %u is on a cycle that never "
+                       "reaches the source (rank %u)", p->id, at, p->relay_from[at], at, root);
+  }
+  memset(k, 0, n * sizeof *k);
+  for (uint32_t r = 0; r < n; r++)
+    if (r != root) k[p->relay_from[r]]++;
+  int rc = BCAST_OK;
+  for (uint32_t r = 0; r < n && !rc; r++) {
+    const char *e = p->relay_endpoints[r];
+    uint32_t down = k[r];
+    if (!e) rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] missing", p->id, r);
+    else if (strnlen(e, sizeof p->host_endpoint) >= sizeof p->host_endpoint)
+      rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] longer than 255 bytes", p->id, r);
+    else if (r == root && e[0])
+      rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] '%s': rank %u is the source, which "
+                       "listens at host_endpoint", p->id, r, e, r);
+    else if (r != root && down && !e[0])
+      rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] empty: rank %u relays for %u "
+                       "receiver(s)", p->id, r, r, down);
+    else if (r != root && !down && e[0])
+      rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] '%s': rank %u relays for no receiver",
+                       p->id, r, e, r);
+  }
+  free(k);
+  return rc;
+}
+
+int bcast_plan_set_relays(bcast_plan *p, const uint32_t *relay_from, const char *const *relay_endpoints,
+                          bcast_err *err) {
+  if (!p) return bcast__fail(err, BCAST_EINVAL, "plan_set_relays: NULL plan");
+  if (!relay_from && relay_endpoints)
+    return bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints without relay_from", p->id);
+  uint32_t *old_from = p->relay_from;
+  char **old_eps = p->relay_endpoints;
+  p->relay_from = NULL;
+  p->relay_endpoints = NULL;
+  int rc = BCAST_OK;
+  for (uint32_t r = 0; relay_from && relay_endpoints && r < p->world_size && !rc; r++)
+    if (relay_endpoints[r] && strlen(relay_endpoints[r]) >= sizeof p->host_endpoint)
+      rc = bcast__fail(err, BCAST_EINVAL, "plan '%s': relay_endpoints[%u] longer than 255 bytes", p->id, r);
+  if (!rc && relay_from && relays_copy(p, relay_from, relay_endpoints))
+    rc = bcast__fail(err, BCAST_ENOMEM, "plan '%s': out of memory for %u relay entries", p->id, p->world_size);
+  if (!rc) rc = relays_check(p, err);
+  if (rc) { /* the plan stays as it was */
+    endpoints_free(p->relay_endpoints, p->world_size);
+    free(p->relay_from);
+    p->relay_from = old_from;
+    p->relay_endpoints = old_eps;
+    return rc;
+  }
+  endpoints_free(old_eps, p->world_size);
+  free(old_from);
+  p->hash = bcast_plan_hash(p);
+  return BCAST_OK;
+}
+
+/* rank r's node, "" for a missing label */
+static const char *node_of(const char *const *node, uint32_t r) { return node && node[r] ? node[r] : ""; }
+
+uint32_t bcast_relay_layout(uint32_t world_size, uint32_t root, const char *const *node, const int *can_relay,
+                            uint32_t *relay_from) {
+  uint32_t relays = 0;
+  for (uint32_t r = 0; r < world_size; r++) relay_from[r] = r == root ? r : root;
+  if (root >= world_size) return 0;
+  for (uint32_t r = 0; r < world_size; r++) {
+    const char *nr = node_of(node, r);
+    if (r == root || !strcmp(nr, node_of(node, root))) continue;
+    /* The node's first receiver decides; later ones were settled by it. */
+    int first = 1;
+    for (uint32_t q = 0; q < r && first; q++) first = !(q != root && !strcmp(node_of(node, q), nr));
+    if (!first) continue;
+    uint32_t relay = UINT32_MAX, peers = 0;
+    for (uint32_t q = r; q < world_size; q++)
+      if (q != root && !strcmp(node_of(node, q), nr)) {
+        peers++;
+        if (relay == UINT32_MAX && (!can_relay || can_relay[q])) relay = q;
+      }
+    if (peers < 2 || relay == UINT32_MAX) continue; /* nothing to share, or no one to share it */
+    relays++;
+    for (uint32_t q = r; q < world_size; q++)
+      if (q != root && q != relay && !strcmp(node_of(node, q), nr)) relay_from[q] = relay;
+  }
+  return relays;
+}
+
+uint32_t bcast_plan_upstream(const bcast_plan *p, uint32_t rank) {
+  if (!p) return 0;
+  return p->relay_from && rank < p->world_size ? p->relay_from[rank] : p->root_rank;
+}
+
+const char *bcast_plan_upstream_endpoint(const bcast_plan *p, uint32_t rank) {
+  if (!p) return "";
+  uint32_t u = bcast_plan_upstream(p, rank);
+  if (u == p->root_rank || !p->relay_endpoints || !p->relay_endpoints[u]) return p->host_endpoint;
+  return p->relay_endpoints[u];
+}
+
+uint32_t bcast_plan_downstreams(const bcast_plan *p, uint32_t rank) {
+  if (!p || rank >= p->world_size) return 0;
+  uint32_t ns = bcast__plan_nsources(p);
+  if (!p->relay_from) {
+    int source = ns > 1 ? rank < ns : rank == p->root_rank;
+    return source ? p->world_size - ns : 0;
+  }
+  uint32_t k = 0;
+  for (uint32_t r = 0; r < p->world_size; r++) k += r != rank && p->relay_from[r] == rank;
+  return k;
+}
+
+uint32_t bcast__plan_fanout(const bcast_plan *p) {
+  if (!p->relay_from) return p->world_size - bcast__plan_nsources(p);
+  uint32_t *k = calloc(p->world_size ? p->world_size : 1, sizeof *k), m = 0;
+  if (!k) return p->world_size - 1; /* every receiver on one link: the longest bound */
+  for (uint32_t r = 0; r < p->world_size; r++)
+    if (r != p->root_rank && p->relay_from[r] < p->world_size && ++k[p->relay_from[r]] > m) m = k[p->relay_from[r]];
+  free(k);
+  return m;
+}
+
+uint32_t bcast__plan_depth(const bcast_plan *p) {
+  if (!p->relay_from) return 1;
+  uint32_t *depth = malloc((p->world_size ? p->world_size : 1) * sizeof *depth), at = 0, m = 1;
+  if (!depth) return p->world_size; /* a chain through every rank: the longest bound */
+  if (relay_depths(p, depth, &at) == 0)
+    for (uint32_t r = 0; r < p->world_size; r++)
+      if (depth[r] > m) m = depth[r];
+  free(depth);
+  return m;
 }
 
 /* ---- binding local tensors ------------------------------------------------------ */

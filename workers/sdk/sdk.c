@@ -514,6 +514,8 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
   } else {
     w->caps_pb.max_concurrent_requests = w->ao.concurrency;
     w->reg.role = RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE;
+    /* Given data_listen it may relay broadcasts to other receivers. */
+    w->reg.data_address = (char *)agent_xfer_data_address(&w->xfer);
     if (sdk__register_parts(w)) {
       rc = sdk_fail(err, RLORCH_E_NOMEM, "no memory for the parts");
       goto fail;
@@ -679,8 +681,9 @@ SDK__EXPORT size_t rlorch_broadcast_id(rlorch_worker *w, char *buf, size_t len) 
 }
 
 SDK__EXPORT const char *rlorch_data_address(const rlorch_worker *w) {
-  if (!w || w->ao.role != AGENT_ROLE_TRAINER || !w->xfer_ready) return NULL;
-  return agent_xfer_data_address(&w->xfer);
+  if (!w || !w->xfer_ready) return NULL;
+  const char *a = agent_xfer_data_address(&w->xfer);
+  return a[0] ? a : NULL;
 }
 
 SDK__EXPORT rlorch_status rlorch_next(rlorch_worker *w, double timeout_s, rlorch_command **cmd,

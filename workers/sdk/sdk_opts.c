@@ -331,9 +331,6 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
   if (o->device < -1)
     return sdk_fail(err, RLORCH_E_INVALID, "options.device: %d (a CUDA device index, or -1)",
                     o->device);
-  if (o->role == RLORCH_ROLE_INFERENCE && o->data_listen)
-    return sdk_fail(err, RLORCH_E_INVALID,
-                    "options.data_listen: only a trainer listens (receivers connect to it)");
   rlorch_status rc = sdk__check_v2(v, err);
   if (!rc) rc = sdk__check_v3(v, err);
   if (rc) return rc;
