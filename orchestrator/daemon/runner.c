@@ -504,44 +504,109 @@ typedef struct plan_bounds {
   char expected[SCHED_TEXT_MAX / 2]; /* what they were made of, for a timeout's message */
 } plan_bounds;
 
+/* Relays where they may pay, on the host transport with one source and
+ * whole receivers: on every node but the source's that holds two or more
+ * receivers, the first of them that listens for data (its data address)
+ * takes the bytes from the source and forwards them to the node's others,
+ * so that the source's NIC carries one copy per node, not one per receiver.
+ * from[] and eps[] get world_size entries; 1 when some node got a relay. */
+static int relay_layout(runner *r, const sched_action *a, const bcast_plan *plan,
+                        const topology *t, uint32_t *from, const char **eps) {
+  uint32_t n = plan->world_size, root = plan->root_rank;
+  if (plan->mode != BCAST_MODE_HOST || plan->nsources > 1 || plan->nviews || n != t->nplace)
+    return 0;
+  for (uint32_t i = 0; i < n; i++) from[i] = root, eps[i] = "";
+  int any = 0;
+  for (uint32_t v = 0; v < t->topo.nodes; v++) {
+    if (v == t->place[root].node) continue; /* the source's own: loopback, no NIC */
+    uint32_t relay = UINT32_MAX, on = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      if (i == root || t->place[i].node != v) continue;
+      on++;
+      workers_entry *w = workers_by_id(r->workers, a->participants[i]);
+      if (relay == UINT32_MAX && w && w->data_address[0]) relay = i, eps[i] = w->data_address;
+    }
+    if (on < 2 || relay == UINT32_MAX) {
+      if (relay != UINT32_MAX) eps[relay] = "";
+      continue;
+    }
+    for (uint32_t i = 0; i < n; i++)
+      if (i != root && i != relay && t->place[i].node == v) from[i] = relay;
+    any = 1;
+  }
+  return any;
+}
+
 /* The cost model's prediction of `plan` on its participants' topology
- * (topology.h, bcast_topo.h), into r->pred. A plan the model cannot predict
- * goes on without one, and its record says why. */
-static void predict_plan(runner *r, const sched_action *a, const bcast_plan *plan) {
+ * (topology.h, bcast_topo.h), into r->pred; and the layout it chooses: a
+ * host plan gets relays (relay_layout) when the model predicts them at
+ * least 10% faster than the direct fan-out (a relay forwards over loopback
+ * and costs a node's host some CPU, so a tie keeps the simpler plan). A plan
+ * the model cannot predict goes on as built, without a prediction, and its
+ * record says why. */
+static void predict_plan(runner *r, const sched_action *a, bcast_plan *plan) {
   plan_prediction *p = &r->pred;
   memset(p, 0, sizeof *p);
   snprintf(p->plan_id, sizeof p->plan_id, "%s", a->plan_id);
-  const Rlorch__V1__Capabilities **caps = calloc(a->nparticipants ? a->nparticipants : 1,
-                                                 sizeof *caps);
-  if (!caps) {
+  size_t n = a->nparticipants;
+  const Rlorch__V1__Capabilities **caps = calloc(n ? n : 1, sizeof *caps);
+  uint32_t *from = calloc(n ? n : 1, sizeof *from);
+  const char **eps = calloc(n ? n : 1, sizeof *eps);
+  topology t = {0};
+  if (!caps || !from || !eps) {
     snprintf(p->note, sizeof p->note, "out of memory");
-    return;
+    goto out;
   }
-  for (size_t i = 0; i < a->nparticipants; i++) {
+  for (size_t i = 0; i < n; i++) {
     workers_entry *w = workers_by_id(r->workers, a->participants[i]);
     caps[i] = w ? w->caps : NULL;
   }
-  topology t;
   char err[TOPOLOGY_NOTE_MAX];
   bcast_err be = {0};
   bcast_topo_opts o = {.layout = BCAST_LAYOUT_ENGINE};
-  if (topology_build(caps, a->nparticipants, &r->o->cfg->topology, &t, err, sizeof err) != 0) {
+  if (topology_build(caps, n, &r->o->cfg->topology, &t, err, sizeof err) != 0) {
     snprintf(p->note, sizeof p->note, "topology: %s", err);
-  } else if (bcast_topo_predict(plan, t.place, t.nplace, &t.topo, &o, &p->pred, &be) != 0) {
-    snprintf(p->note, sizeof p->note, "cost model: %s", be.msg);
-  } else {
-    p->ok = 1;
-    p->nodes = t.topo.nodes;
-    snprintf(p->layout, sizeof p->layout, "%s", bcast_mode_name(plan->mode));
-    const bcast_topo_stage *slow = NULL;
-    for (size_t i = 0; i < p->pred.nstages; i++)
-      if (!slow || p->pred.stages[i].seconds > slow->seconds) slow = &p->pred.stages[i];
-    if (slow) snprintf(p->bottleneck, sizeof p->bottleneck, "%s at %s", slow->name, slow->where);
-    snprintf(p->choice, sizeof p->choice, "%s: %.4g s", p->layout, p->pred.total_s);
-    snprintf(p->note, sizeof p->note, "%s", t.note);
+    goto out;
   }
+  if (bcast_topo_predict(plan, t.place, t.nplace, &t.topo, &o, &p->pred, &be) != 0) {
+    snprintf(p->note, sizeof p->note, "cost model: %s", be.msg);
+    goto out;
+  }
+  p->ok = 1;
+  p->nodes = t.topo.nodes;
+  snprintf(p->layout, sizeof p->layout, "%s", bcast_mode_name(plan->mode));
+  snprintf(p->choice, sizeof p->choice, "%s: %.4g s", p->layout, p->pred.total_s);
+  snprintf(p->note, sizeof p->note, "%s", t.note);
+  bcast_topo_pred rp;
+  o.relay_from = from;
+  if (relay_layout(r, a, plan, &t, from, eps)) {
+    if (bcast_topo_predict(plan, t.place, t.nplace, &t.topo, &o, &rp, &be) != 0) {
+      snprintf(p->choice, sizeof p->choice, "%s: %.4g s; relays not predicted: %.160s",
+               p->layout, p->pred.total_s, be.msg);
+    } else if (rp.total_s < 0.9 * p->pred.total_s) {
+      if (bcast_plan_set_relays(plan, from, eps, &be) != 0) {
+        snprintf(p->choice, sizeof p->choice, "%s: %.4g s; relays refused: %.160s", p->layout,
+                 p->pred.total_s, be.msg);
+      } else {
+        snprintf(p->choice, sizeof p->choice, "%s+relays: %.4g s; direct fan-out: %.4g s",
+                 p->layout, rp.total_s, p->pred.total_s);
+        snprintf(p->layout, sizeof p->layout, "%s+relays", bcast_mode_name(plan->mode));
+        p->pred = rp;
+      }
+    } else {
+      snprintf(p->choice, sizeof p->choice, "%s: %.4g s; with relays: %.4g s", p->layout,
+               p->pred.total_s, rp.total_s);
+    }
+  }
+  const bcast_topo_stage *slow = NULL;
+  for (size_t i = 0; i < p->pred.nstages; i++)
+    if (!slow || p->pred.stages[i].seconds > slow->seconds) slow = &p->pred.stages[i];
+  if (slow) snprintf(p->bottleneck, sizeof p->bottleneck, "%s at %s", slow->name, slow->where);
+out:
   topology_free(&t);
   free(caps);
+  free(from);
+  free(eps);
 }
 
 static int plan_bounds_of(runner *r, bcast_mode mode, uint64_t wire_bytes, uint32_t receivers,
