@@ -636,6 +636,9 @@ static void inference__options(agent__inference *in, rlorch_options *ro) {
   ro->tls_key_file = o->tls_client_key_file;
   ro->device = in->device;
   ro->max_concurrent_requests = o->concurrency;
+  ro->node = o->node;
+  ro->nics = o->nics;
+  ro->nic_gbits = o->nic_gbits;
   ro->connect_timeout_s = INFINITY; /* registration is retried without a limit */
   ro->parts = in->parts;
   ro->nparts = in->nparts;
