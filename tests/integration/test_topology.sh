@@ -5,9 +5,10 @@
 # and says both were configured; an inference worker with --node b keeps the
 # NICs it detected (the loopback never among them) and says only the node was
 # configured; one set through the environment (RLORCH_NODE, RLORCH_NIC_GBITS)
-# has every detected NIC at that speed. Each prints what it uses in one log
-# line at start. Bad values are refused before anything starts, naming the
-# flag or variable.
+# has every detected NIC at that speed; a Python worker (the package's
+# node, nics, nic_gbits keywords) reports what it was given. Each prints what
+# it uses in one log line at start. Bad values are refused before anything
+# starts, naming the flag or variable.
 source "$(dirname "$0")/lib.sh"
 need_cmd python3
 
@@ -38,8 +39,26 @@ serve_start || finish
 start_agent trainer topo-trainer --node a --nics 2 --nic-gbits 100
 start_agent inference topo-inference --node b
 RLORCH_NODE=c RLORCH_NIC_GBITS=40 start_agent inference topo-env
-wait_until 60 live_count_is 3
-assert_eq 0 "$?" "the three workers attach"
+# The Python package on the same library (numpy is all it needs), run by the
+# interpreter CMake found (RLORCH_PYTHON), as test_python does.
+PY="${RLORCH_PYTHON:-python3}"
+workers=3
+if "$PY" -c 'import ctypes, numpy' 2>/dev/null; then
+  asan_for_python
+  PYTHONPATH="$RLORCH_SOURCE_DIR/workers/python" RLORCH_LIBRARY="$RLORCH_BUILD_DIR/lib/librlorch.so.1" \
+    "$PY" -c '
+import sys, time, rlorch
+w = rlorch.Worker("inference", sys.argv[1], name="topo-py", node="py", nics=1, nic_gbits=400)
+w.start()
+while True:
+    time.sleep(1)' "$GRPC_ADDR" >"$TEST_TMP/agent-topo-py.log" 2>&1 &
+  track_pid $!
+  workers=4
+else
+  skip "$PY lacks ctypes or numpy: no Python worker"
+fi
+wait_until 60 live_count_is $workers
+assert_eq 0 "$?" "the $workers workers attach"
 
 # ---- the trainer: node and NICs configured --------------------------------------------
 t="$(topo topo-trainer)"
@@ -84,6 +103,16 @@ if ((nics_e > 0)); then
 else
   assert_contains "$(cat "$TEST_TMP/agent-topo-env.log")" "nic_gbits 40: no NIC detected to set it on" \
     "without a detected NIC the speed set is said to apply to none"
+fi
+
+# ---- the Python worker: its keywords ----------------------------------------------------
+if ((workers == 4)); then
+  p="$(topo topo-py)"
+  assert_eq py "$(field "$p" node)" "the Python worker is on node py"
+  assert_eq '[{"gbits": 400, "name": "nic0", "numa_node": -1, "rdma": false}]' \
+    "$(python3 -c 'import json,sys; print(json.dumps(json.loads(sys.argv[1])["nics"], sort_keys=True))' "$p")" \
+    "its one NIC is of 400 Gb/s"
+  assert_eq '["node", "nics"]' "$(field "$p" configured)" "it names node and nics as configured"
 fi
 
 # ---- what each says at start, and the table --------------------------------------------

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "orchestrator/cli/agent_flags.h"
+#include "workers/agent/agent_core.h"
 #include "workers/bcast/bcast.h"
 
 static char root[128];
@@ -379,6 +380,55 @@ Test(systopo_flags, nic_summary_groups_speeds_fastest_first) {
   cr_assert_str_eq(bcast_systopo_nic_summary((double[]){2.5, -1}, 2, b, sizeof b), "1x2.5G+1x?");
   cr_assert_str_eq(bcast_systopo_nic_summary((double[]){400, 100}, 2, b, 8), "1x400G",
                    "what does not fit is cut at a whole group");
+}
+
+/* ---- what Register carries -------------------------------------------------------- */
+
+Test(systopo, register_carries_the_topology) {
+  nic("eth0", "0x1003", "up", "25000", "1");
+  mkdirs("class/net/eth0/device/infiniband/mlx5_0");
+  bcast_caps caps;
+  bcast_caps_probe(&caps);
+  bcast_systopo_probe(root, "host-a", &caps.topo); /* the fake machine's */
+  bcast_systopo_set_gpu(&caps.topo, root, "0000:3b:00.0");
+  caps.topo.n_nvlink_peers = 1;
+  snprintf(caps.topo.nvlink_peers[0], sizeof caps.topo.nvlink_peers[0], "GPU-1");
+  bcast_err err = {0};
+  bcast_systopo_config c = {.node = "a", .nic_gbits = 100};
+  cr_assert_eq(bcast_systopo_configure(&caps.topo, &c, NULL, &err), BCAST_OK, "%s", err.msg);
+  agent_caps_pb pb;
+  agent_caps_to_pb(&caps, 0, &pb);
+  const Rlorch__V1__Topology *t = pb.caps.topology;
+  cr_assert_not_null(t);
+  cr_assert_str_eq(t->node, "a");
+  cr_assert_str_eq(t->gpu_pci_bus_id, "0000:3b:00.0");
+  cr_assert_eq(t->n_nvlink_peers, 1);
+  cr_assert_str_eq(t->nvlink_peers[0], "GPU-1");
+  cr_assert_eq(t->n_nics, 1);
+  cr_assert_str_eq(t->nics[0]->name, "eth0");
+  cr_assert_float_eq(t->nics[0]->gbits, 100.0, 1e-12);
+  cr_assert_eq(t->nics[0]->numa_node, 1);
+  cr_assert(t->nics[0]->rdma);
+  cr_assert_eq(t->n_configured, 2);
+  cr_assert_str_eq(t->configured[0], "node");
+  cr_assert_str_eq(t->configured[1], "nics.gbits");
+  cr_assert_eq(t->h2d_gbps, 0.0, "not measured");
+  /* Encoded and decoded, as the orchestrator gets it. */
+  size_t len = rlorch__v1__capabilities__get_packed_size(&pb.caps);
+  uint8_t *buf = malloc(len);
+  cr_assert_not_null(buf);
+  rlorch__v1__capabilities__pack(&pb.caps, buf);
+  Rlorch__V1__Capabilities *back = rlorch__v1__capabilities__unpack(NULL, len, buf);
+  cr_assert_not_null(back);
+  cr_assert_str_eq(back->topology->node, "a");
+  cr_assert_eq(back->topology->n_nics, 1);
+  rlorch__v1__capabilities__free_unpacked(back, NULL);
+  free(buf);
+  /* Without a device the GPU's fields stay empty, as gpu_uuid does. */
+  agent_caps_to_pb(&caps, -1, &pb);
+  cr_assert_str_eq(pb.caps.topology->gpu_pci_bus_id, "");
+  cr_assert_eq(pb.caps.topology->n_nvlink_peers, 0);
+  cr_assert_str_eq(pb.caps.topology->node, "a");
 }
 
 /* ---- the agents' flags -------------------------------------------------------- */
