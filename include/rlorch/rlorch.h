@@ -257,8 +257,9 @@ typedef struct rlorch_options {
   /* Where the worker runs, for the orchestrator's model of every plan
    * (Capabilities.topology; `rlorch ctl list-workers` shows it). The library
    * detects it (the GPU's bus id, NUMA node and NVLink peers; the NICs in
-   * /sys/class/net that are up, but the loopback and bridges, with their
-   * speeds); these set what the system cannot say, each checked at
+   * /sys/class/net that are up, each link counted once: no loopback, bridge
+   * or bond slave; and their speeds); these set what the system cannot say,
+   * each checked at
    * rlorch_create and named in Topology.configured:
    * - node: the node (machine) name, 1..127 bytes without spaces, quotes or
    *   control characters; workers of one name share its NICs. NULL: the

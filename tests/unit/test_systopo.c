@@ -124,7 +124,7 @@ Test(systopo, nics_up_with_speed_numa_and_rdma_sorted_by_name) {
   cr_assert_str_eq(t.note, "", "nothing was missing: %s", t.note);
 }
 
-Test(systopo, loopback_down_and_bridges_are_not_nics) {
+Test(systopo, loopback_down_bridges_and_bond_slaves_are_not_nics) {
   nic("lo", "0x9", "unknown", NULL, NULL);
   nic("loop1", "0x9", "unknown", NULL, NULL);
   put("class/net/loop1/type", "772"); /* ARPHRD_LOOPBACK under another name */
@@ -136,11 +136,23 @@ Test(systopo, loopback_down_and_bridges_are_not_nics) {
   nic("br0", "0x1003", "up", "-1", NULL);
   mkdirs("class/net/br0/bridge");
   nic("tun0", "0x10d1", "unknown", NULL, NULL);   /* up, its state unknown: kept */
+  /* A bond of two ports: the bond (their sum) is listed, its slaves are not. */
+  nic("bond0", "0x1403", "up", "200000", NULL);
+  nic("ens1f0", "0x1803", "up", "100000", "0");
+  mkdirs("class/net/ens1f0/bonding_slave");
+  nic("ens1f1", "0x1803", "up", "100000", "0");
+  mkdirs("class/net/ens1f1/bonding_slave");
+  /* Ports of a bridge: a physical one is listed, a container's veth end is not. */
+  nic("eno1", "0x1103", "up", "25000", "0");
+  mkdirs("class/net/eno1/brport");
+  nic("veth12ab", "0x1103", "up", "10000", NULL);
+  mkdirs("class/net/veth12ab/brport");
   bcast_systopo t;
   bcast_systopo_probe(root, "h", &t);
-  cr_assert_eq(t.n_nics, 2, "%u NICs", t.n_nics);
-  cr_assert_str_eq(t.nics[0].name, "eth0");
-  cr_assert_str_eq(t.nics[1].name, "tun0");
+  const char *want[] = {"bond0", "eno1", "eth0", "tun0"};
+  cr_assert_eq(t.n_nics, 4, "%u NICs", t.n_nics);
+  for (int i = 0; i < 4; i++) cr_assert_str_eq(t.nics[i].name, want[i]);
+  cr_assert_float_eq(t.nics[0].gbits, 200.0, 1e-9);
 }
 
 Test(systopo, unknown_speed_and_numa_and_missing_files) {

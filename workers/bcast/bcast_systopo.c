@@ -209,21 +209,29 @@ static int st__cpu_numa(const char *root) {
 #define ST__IFF_UP 0x1
 #define ST__ARPHRD_LOOPBACK 772
 
-/* Whether interface `name` carries traffic of its own: not the loopback, not
- * down, not a bridge (its traffic goes out through its ports, counted
- * already: listing both would double the node's bandwidth). What cannot be
- * read does not exclude it. */
+static int st__net_has(const char *root, const char *name, const char *what) {
+  char rel[128];
+  snprintf(rel, sizeof rel, "class/net/%s/%s", name, what);
+  return st__is_dir(root, rel);
+}
+
+/* Whether interface `name` carries the node's traffic once: not the
+ * loopback, not down, and not counted twice: a bridge's traffic leaves
+ * through its ports and a bond's slaves carry the bond's (sysfs gives the
+ * bond their sum), so the bridge and the slaves are left out; so is a
+ * virtual port of a bridge (the host's end of a container's veth), whose
+ * traffic is the container's. What cannot be read does not exclude it. */
 static int st__nic_usable(const char *root, const char *name) {
   long v;
-  char state[32], rel[128];
+  char state[32];
   if (!strcmp(name, "lo")) return 0;
   if (!st__read_long(&v, root, "class/net/%s/type", name) && v == ST__ARPHRD_LOOPBACK) return 0;
   if (!st__read_long(&v, root, "class/net/%s/flags", name) && !(v & ST__IFF_UP)) return 0;
   if (!st__read(state, sizeof state, root, "class/net/%s/operstate", name) &&
       (!strcmp(state, "down") || !strcmp(state, "lowerlayerdown") || !strcmp(state, "notpresent")))
     return 0;
-  snprintf(rel, sizeof rel, "class/net/%s/bridge", name);
-  return !st__is_dir(root, rel);
+  if (st__net_has(root, name, "bridge") || st__net_has(root, name, "bonding_slave")) return 0;
+  return !(st__net_has(root, name, "brport") && !st__net_has(root, name, "device"));
 }
 
 /* RDMA: the interface's device has an InfiniBand port (mlx5 Ethernet ports
