@@ -259,8 +259,7 @@ typedef struct rlorch_options {
    * detects it (the GPU's bus id, NUMA node and NVLink peers; the NICs in
    * /sys/class/net that are up, each link counted once: no loopback, bridge
    * or bond slave; and their speeds); these set what the system cannot say,
-   * each checked at
-   * rlorch_create and named in Topology.configured:
+   * each checked at rlorch_create and named in Topology.configured:
    * - node: the node (machine) name, 1..127 bytes without spaces, quotes or
    *   control characters; workers of one name share its NICs. NULL: the
    *   machine's boot id (the same for every container of one host);
