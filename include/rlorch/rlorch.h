@@ -42,7 +42,7 @@ extern "C" {
 /* The API this header describes. A change that breaks a caller compiled
  * against it raises the soname (librlorch.so.1); fields added at the end of
  * the options struct raise this number only. */
-#define RLORCH_API_VERSION 3
+#define RLORCH_API_VERSION 4
 
 /* The API version the loaded library implements (>= every version it can
  * serve), and its release ("0.1.0") in *release when release is not NULL. */
@@ -254,6 +254,23 @@ typedef struct rlorch_options {
    * NULL / 0: every tensor whole. */
   const rlorch_part *parts;
   size_t nparts;
+  /* ---- API version 4 ---- */
+  /* Where the worker runs, for the orchestrator's model of every plan
+   * (Capabilities.topology; `rlorch ctl list-workers` shows it). The library
+   * detects it (the GPU's bus id, NUMA node and NVLink peers; the NICs in
+   * /sys/class/net that are up, each link counted once: no loopback, bridge
+   * or bond slave; and their speeds); these set what the system cannot say,
+   * each checked at rlorch_create and named in Topology.configured:
+   * - node: the node (machine) name, 1..127 bytes without spaces, quotes or
+   *   control characters; workers of one name share its NICs. NULL: the
+   *   machine's boot id (the same for every container of one host);
+   * - nics with nic_gbits: the node has `nics` NICs (1..32, "nic0", ...) of
+   *   nic_gbits Gb/s each instead of those detected; nics needs nic_gbits;
+   * - nic_gbits alone (0 < G <= 10000): the speed of every detected NIC (a
+   *   virtual or shaped link whose rate sysfs does not know). 0: detected. */
+  const char *node;
+  uint32_t nics;
+  double nic_gbits;
 } rlorch_options;
 
 /* Fills every field with its default for `role`, api_version included.

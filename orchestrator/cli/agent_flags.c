@@ -9,6 +9,7 @@
 
 #include "orchestrator/common/opt.h"
 #include "rpc/rpc.h"
+#include "workers/bcast/bcast.h"
 #include "workers/bcast/bcast_preset.h"
 
 #define AF(m, ctype) OPT_OFF(agent_flags, m, ctype)
@@ -47,7 +48,19 @@ static const opt_name agent__dists[] = {
    .metavar = "NAME", .help = "worker name, at most 200 bytes", .dflt = "host name and pid"},      \
   {.name = "device", .flag = "--device", .type = OPT_I32, .off = AF(opts.device, int),             \
    .min = -1, .max = 1023, .metavar = "N", .help = "CUDA device, -1 for none",                     \
-   .dflt = "0 when a GPU exists, else -1"}
+   .dflt = "0 when a GPU exists, else -1"},                                                    \
+  {.name = "node", .flag = "--node", .type = OPT_STR, .off = AF(opts.node, char *),                \
+   .metavar = "NAME", .help = "the node (machine) this worker runs on; workers of one node share " \
+   "its NICs", .dflt = "the machine's boot id"},                                                 \
+  {.name = "nics", .flag = "--nics", .type = OPT_U32, .off = AF(opts.nics, uint32_t), .min = 1,   \
+   .max = BCAST_SYSTOPO_MAX_NICS, .metavar = "N",                                                 \
+   .help = "with --nic-gbits: the node has N NICs of that speed, instead of those detected",     \
+   .dflt = "those detected (sysfs)"},                                                             \
+  {.name = "nic_gbits", .flag = "--nic-gbits", .type = OPT_DOUBLE,                                \
+   .off = AF(opts.nic_gbits, double), .min = 0, .max = BCAST_SYSTOPO_MAX_GBITS,                  \
+   .flags = OPT_GT_MIN, .metavar = "G",                                                           \
+   .help = "each NIC's speed in Gb/s (a shaped link's rate); alone, sets every detected NIC's",   \
+   .dflt = "each NIC's own (sysfs)"}
 
 #define AGENT__DATA_LISTEN(what, dflt_)                                                           \
   {.name = "data_listen", .flag = "--data-listen", .type = OPT_ADDR,                               \
@@ -224,6 +237,15 @@ static int agent__check(agent_flags *o, opt_state *st) {
     const char *set = a->tls_client_cert_file ? "tls_client_cert_file" : "tls_client_key_file";
     return opt_fail(st, opt_origin(st, set), "set without %s (give both or neither)",
                     a->tls_client_cert_file ? "--tls-client-key" : "--tls-client-cert");
+  }
+  /* The one check of these settings, the SDK's too; its field names are
+   * this table's. */
+  const char *field = NULL;
+  bcast_err be = {0};
+  bcast_systopo_config tc = {.node = a->node, .nics = a->nics, .nic_gbits = a->nic_gbits};
+  if (bcast_systopo_config_check(&tc, &field, &be)) {
+    size_t skip = strlen(field) + 2; /* "nics: " */
+    return opt_fail(st, opt_origin(st, field), "%s", strlen(be.msg) > skip ? be.msg + skip : be.msg);
   }
   a->device_set = opt_is_set(st, "device");
   a->seed_set = opt_is_set(st, "seed");

@@ -124,7 +124,7 @@ static const opt_cmd ctl__global_cmd = {
               "  stop-run       stop a run\n"
               "  get-run        show a run\n"
               "  list-runs      list runs\n"
-              "  list-workers   list workers\n"
+              "  list-workers   list workers: role, state, node and NICs, run, GPUs\n"
               "  watch-run      stream a run's events\n"
               "  set-policy     override the broadcast mode of a run\n"
               "  health         gRPC health of a service\n",

@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include "orchestrator/common/pbjson.h"
+#include "workers/bcast/bcast.h"
 
 const char *ctl_enum(const ProtobufCEnumDescriptor *d, int v, char *buf, size_t len) {
   return pbjson_enum_short(d, v, buf, len);
@@ -45,15 +46,28 @@ void ctl_print_runs(FILE *f, const Rlorch__V1__Run *const *runs, size_t n) {
   }
 }
 
+/* A worker's NICs as the table shows them ("2x100G"), from its topology. */
+static const char *ctl__nics(const Rlorch__V1__Topology *t, char *buf, size_t len) {
+  double g[BCAST_SYSTOPO_MAX_NICS];
+  size_t n = t ? t->n_nics : 0;
+  if (n > BCAST_SYSTOPO_MAX_NICS) n = BCAST_SYSTOPO_MAX_NICS;
+  for (size_t i = 0; i < n; i++) g[i] = t->nics[i]->gbits;
+  return bcast_systopo_nic_summary(g, n, buf, len);
+}
+
 void ctl_print_workers(FILE *f, const Rlorch__V1__WorkerInfo *const *w, size_t n) {
-  fprintf(f, "%-12s %-9s %-10s %-18s %-10s %7s %5s %-8s %-8s %s\n", "ID", "ROLE", "STATE", "NAME",
-          "RUN", "VERSION", "GPUS", "CUDA", "NCCL", "DATA");
+  fprintf(f, "%-12s %-9s %-10s %-18s %-16s %-12s %-10s %7s %5s %-8s %-8s %s\n", "ID", "ROLE",
+          "STATE", "NAME", "NODE", "NICS", "RUN", "VERSION", "GPUS", "CUDA", "NCCL", "DATA");
   for (size_t i = 0; i < n; i++) {
-    char r[32], s[32];
+    char r[32], s[32], nics[64];
     const Rlorch__V1__Capabilities *c = w[i]->capabilities;
-    fprintf(f, "%-12s %-9s %-10s %-18s %-10s %7" PRIu64 " %5u %-8s %-8s %s\n", w[i]->id,
-            ctl_enum(&rlorch__v1__worker_role__descriptor, w[i]->role, r, sizeof r),
+    const Rlorch__V1__Topology *t = c ? c->topology : NULL;
+    /* A node named by default is the machine's boot id: its first 16
+     * characters tell machines apart; --json has it whole. */
+    fprintf(f, "%-12s %-9s %-10s %-18s %-16.16s %-12s %-10s %7" PRIu64 " %5u %-8s %-8s %s\n",
+            w[i]->id, ctl_enum(&rlorch__v1__worker_role__descriptor, w[i]->role, r, sizeof r),
             ctl_enum(&rlorch__v1__worker_state__descriptor, w[i]->state, s, sizeof s), w[i]->name,
+            t && t->node[0] ? t->node : "-", ctl__nics(t, nics, sizeof nics),
             w[i]->run_id[0] ? w[i]->run_id : "-", w[i]->policy_version, c ? c->cuda_devices : 0,
             c && c->cuda_version[0] ? c->cuda_version : "-",
             c && c->nccl_version[0] ? c->nccl_version : "-",

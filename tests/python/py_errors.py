@@ -130,6 +130,20 @@ def main():
            lambda: I(tensors=cols, parts=[("w", "slice", 1, 2, 2)]))
     I(tensors=cols, parts=[P("w", "slice", dim=1, start=2, count=2), P("expert.1", "none")]).close()
     report(True, "an inference worker holding columns [2, 4) of its tensor is created", "")
+    # API version 4: where the worker runs.
+    expect("an empty node name", E, "options.node: empty", lambda: I(node=""))
+    expect("a node name with a space", E, "options.node: \"rack 1\" holds a space", lambda: I(node="rack 1"))
+    expect("a node name too long", E, "options.node: 199 bytes, more than 127", lambda: T(node="n" * 199))
+    expect("NICs without their speed", E, "options.nics: 2 NICs without nic_gbits", lambda: T(nics=2))
+    expect("a negative NIC count", E, "options.nics: -1", lambda: T(nics=-1, nic_gbits=100))
+    expect("too many NICs", E, "options.nics: 33, more than 32", lambda: T(nics=33, nic_gbits=100))
+    expect("a speed of 0 with NICs", E, "options.nics: 2 NICs without nic_gbits",
+           lambda: T(nics=2, nic_gbits=0))
+    expect("a negative speed", E, "options.nic_gbits: -5 is not a positive speed", lambda: I(nic_gbits=-5))
+    expect("an absurd speed", E, "options.nic_gbits: 1e+06 Gb/s, more than 10000", lambda: I(nic_gbits=1e6))
+    expect("a speed that is not a number", E, "options.nic_gbits: 'fast'", lambda: I(nic_gbits="fast"))
+    I(node="py-node", nics=2, nic_gbits=25).close()
+    report(True, "an inference worker on node py-node with 2 x 25 Gb/s is created", "")
     expect("a storage dtype the library lacks", E, "storage_dtype: unknown value 9",
            lambda: T(tensors=[rlorch.Tensor("w", a.ctypes.data, shape=a.shape, dtype=9, wire_dtype="bf16",
                                             owner=a)]))

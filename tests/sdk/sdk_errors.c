@@ -421,6 +421,71 @@ int main(int argc, char **argv) {
     rlorch_free(w1);
   }
 
+  {
+    /* API version 4: where the worker runs. Each bad setting is refused
+     * naming its field; good ones make a worker. */
+    char longname[200];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    RESET(RLORCH_ROLE_INFERENCE);
+    o.node = "";
+    create_fails(&o, RLORCH_E_INVALID, "options.node: empty", "an empty node name");
+    o.node = longname;
+    create_fails(&o, RLORCH_E_INVALID, "options.node: 199 bytes, more than 127", "a node name too long");
+    o.node = "rack 1";
+    create_fails(&o, RLORCH_E_INVALID, "options.node: \"rack 1\" holds a space", "a node name with a space");
+    RESET(RLORCH_ROLE_TRAINER);
+    o.nics = 2;
+    create_fails(&o, RLORCH_E_INVALID, "options.nics: 2 NICs without nic_gbits", "NICs without their speed");
+    o.nics = 33;
+    o.nic_gbits = 100;
+    create_fails(&o, RLORCH_E_INVALID, "options.nics: 33, more than 32", "too many NICs");
+    o.nics = 0;
+    o.nic_gbits = -1;
+    create_fails(&o, RLORCH_E_INVALID, "options.nic_gbits: -1 is not a positive speed", "a negative speed");
+    o.nic_gbits = 0.0 / 0.0;
+    create_fails(&o, RLORCH_E_INVALID, "nan is not a positive speed in Gb/s", "a NaN speed");
+    o.nic_gbits = 1e6;
+    create_fails(&o, RLORCH_E_INVALID, "options.nic_gbits: 1e+06 Gb/s, more than 10000", "an absurd speed");
+    o.node = "n-1";
+    o.nics = 2;
+    o.nic_gbits = 100;
+    rlorch_worker *wt = NULL;
+    expect(rlorch_create(&o, &wt, &err), RLORCH_OK, &err, "", "a worker on node n-1 with 2 x 100 Gb/s");
+    rlorch_free(wt);
+  }
+  {
+    /* A caller built against version 3's header: its struct ends before
+     * version 4's node, nics and nic_gbits; 0xA5 bytes read as them would be
+     * a wild pointer and 0xA5A5A5A5 NICs. */
+    unsigned char room[sizeof(rlorch_options) + 16];
+    memset(room, 0xA5, sizeof room);
+    size_t v3_size = offsetof(rlorch_options, nparts) + sizeof(size_t);
+    rlorch_options *v3 = (rlorch_options *)(void *)room;
+    rlorch_options_init(v3, v3_size, RLORCH_ROLE_INFERENCE);
+    int spill = 0;
+    for (size_t k = v3_size; k < sizeof room; k++) spill |= room[k] != 0xA5;
+    rlorch_tensor t3[4];
+    tensors(t3, RLORCH_DTYPE_BF16, RLORCH_DTYPE_BF16);
+    v3->orchestrator = orch;
+    v3->token_file = token;
+    v3->tensors = t3;
+    v3->ntensors = 4;
+    rlorch_worker *w3 = NULL;
+    rlorch_status rc = rlorch_create(v3, &w3, &err);
+    if (spill || v3->api_version != 3 || rc != RLORCH_OK) {
+      failures++;
+      printf("FAIL a version 3 caller: api_version %u, %s, create %s: %s\n", v3->api_version,
+             spill ? "written past its struct" : "nothing written past its struct",
+             rlorch_status_name(rc), err.message);
+    } else {
+      passes++;
+      printf("ok   a version 3 caller gets api_version 3 and a worker; the bytes past its struct are "
+             "neither written nor read\n");
+    }
+    rlorch_free(w3);
+  }
+
   /* A worker that exists but is not started. */
   RESET(RLORCH_ROLE_TRAINER);
   rlorch_worker *w = NULL;

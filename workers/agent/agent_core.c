@@ -718,17 +718,48 @@ void agent_free(agent *a) {
 
 /* ---- helpers for both roles ------------------------------------------------- */
 
-void agent_caps_to_pb(const bcast_caps *caps, int device, Rlorch__V1__Capabilities *out) {
-  rlorch__v1__capabilities__init(out);
-  out->cuda_devices = device >= 0 ? (uint32_t)caps->cuda_devices : 0;
-  out->cuda_version = (char *)caps->cuda_version;
-  out->nccl_version = (char *)caps->nccl_version;
-  out->pinned_limit_bytes = caps->pinned_limit_bytes;
-  out->cpu_threads = (uint32_t)caps->cpu_threads;
-  out->gpu_name = device >= 0 ? (char *)caps->gpu_name : "";
+static void agent__topo_to_pb(const bcast_systopo *t, int device, agent_caps_pb *out) {
+  Rlorch__V1__Topology *m = &out->topo;
+  rlorch__v1__topology__init(m);
+  m->node = (char *)t->node;
+  m->numa_node = t->numa_node;
+  if (device >= 0) {
+    m->gpu_pci_bus_id = (char *)t->gpu_pci_bus_id;
+    for (uint32_t i = 0; i < t->n_nvlink_peers; i++) out->peers[i] = (char *)t->nvlink_peers[i];
+    m->n_nvlink_peers = t->n_nvlink_peers;
+    m->nvlink_peers = out->peers;
+  }
+  for (uint32_t i = 0; i < t->n_nics; i++) {
+    Rlorch__V1__Nic *n = &out->nic[i];
+    rlorch__v1__nic__init(n);
+    n->name = (char *)t->nics[i].name;
+    n->gbits = t->nics[i].gbits;
+    n->numa_node = t->nics[i].numa_node;
+    n->rdma = t->nics[i].rdma != 0;
+    out->nicp[i] = n;
+  }
+  m->n_nics = t->n_nics;
+  m->nics = out->nicp;
+  const char *names[3];
+  m->n_configured = bcast_systopo_configured_names(t->configured, names);
+  for (size_t i = 0; i < m->n_configured; i++) out->configured[i] = (char *)names[i];
+  m->configured = out->configured;
+}
+
+void agent_caps_to_pb(const bcast_caps *caps, int device, agent_caps_pb *out) {
+  Rlorch__V1__Capabilities *c = &out->caps;
+  rlorch__v1__capabilities__init(c);
+  c->cuda_devices = device >= 0 ? (uint32_t)caps->cuda_devices : 0;
+  c->cuda_version = (char *)caps->cuda_version;
+  c->nccl_version = (char *)caps->nccl_version;
+  c->pinned_limit_bytes = caps->pinned_limit_bytes;
+  c->cpu_threads = (uint32_t)caps->cpu_threads;
+  c->gpu_name = device >= 0 ? (char *)caps->gpu_name : "";
   /* Colocation is read from these two (bcast_caps_select_device set them). */
-  out->gpu_uuid = device >= 0 ? (char *)caps->gpu_uuid : "";
-  out->host_id = (char *)caps->host_id;
+  c->gpu_uuid = device >= 0 ? (char *)caps->gpu_uuid : "";
+  c->host_id = (char *)caps->host_id;
+  agent__topo_to_pb(&caps->topo, device, out);
+  c->topology = &out->topo;
 }
 
 void agent_default_name(agent_role role, char *buf, size_t len) {
@@ -770,4 +801,15 @@ void agent_log_devices(const bcast_caps *caps, int device) {
     agent_log_warn("devices", "device=none transport=host-tcp cpu_threads=%d msg=\"NO GPU: weights "
              "move over the HOST TCP transport with CPU casts%s%s\"",
              caps->cpu_threads, caps->note[0] ? "; " : "", caps->note);
+}
+
+/* The house rule: a worker says what it uses. What the system would not
+ * tell (a speed unknown, no NVML) is said at warning level. */
+void agent_log_topology(const bcast_systopo *t) {
+  char line[4096];
+  bcast_systopo_describe(t, line, sizeof line);
+  int unknown = 0;
+  for (uint32_t i = 0; i < t->n_nics; i++) unknown |= !(t->nics[i].gbits > 0);
+  if (unknown || !t->n_nics) agent_log_warn("topology", "%s", line);
+  else agent_log_info("topology", "%s", line);
 }

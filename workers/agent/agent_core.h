@@ -134,9 +134,21 @@ uint32_t agent_id_tag(const agent *a);
 /* Sleeps up to `s` seconds, waking early when the agent stops. */
 void agent_sleep(agent *a, double s);
 
-/* Fills the Capabilities message (strings point into caps): the GPU name and
- * UUID are those of `device`, as bcast_caps_select_device left them. */
-void agent_caps_to_pb(const bcast_caps *caps, int device, Rlorch__V1__Capabilities *out);
+/* Register's Capabilities and the storage of its topology (Topology, Nic). */
+typedef struct agent_caps_pb {
+  Rlorch__V1__Capabilities caps;
+  Rlorch__V1__Topology topo;
+  Rlorch__V1__Nic nic[BCAST_SYSTOPO_MAX_NICS];
+  Rlorch__V1__Nic *nicp[BCAST_SYSTOPO_MAX_NICS];
+  char *peers[BCAST_SYSTOPO_MAX_PEERS];
+  char *configured[3];
+} agent_caps_pb;
+/* Fills out->caps, its topology included (strings point into caps, which
+ * must outlive it): the GPU name, UUID and the topology's GPU fields are
+ * those of `device`, as bcast_caps_select_device left them. */
+void agent_caps_to_pb(const bcast_caps *caps, int device, agent_caps_pb *out);
+/* Logs where the worker runs, detected and configured, in one line. */
+void agent_log_topology(const bcast_systopo *t);
 /* The default worker name: "host-pid" (role-prefixed). */
 void agent_default_name(agent_role role, char *buf, size_t len);
 /* Resolves --device against what the machine offers; -1 with a message when

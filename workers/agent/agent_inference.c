@@ -637,6 +637,9 @@ static void inference__options(agent__inference *in, rlorch_options *ro) {
   ro->device = in->device;
   ro->max_concurrent_requests = o->concurrency;
   ro->data_listen = o->data_listen; /* NULL: this worker relays to no one */
+  ro->node = o->node;
+  ro->nics = o->nics;
+  ro->nic_gbits = o->nic_gbits;
   ro->connect_timeout_s = INFINITY; /* registration is retried without a limit */
   ro->parts = in->parts;
   ro->nparts = in->nparts;

@@ -81,6 +81,13 @@ typedef struct agent_opts {
   const char *tls_ca_file;
   const char *tls_client_cert_file;
   const char *tls_client_key_file;
+  /* Where the worker runs, where the system cannot say it (bcast.h,
+   * bcast_systopo_config): the node's name (NULL: the machine's host id),
+   * and its NICs: nics of nic_gbits Gb/s each instead of those detected,
+   * or nic_gbits alone for the speed of every detected one (0: detected). */
+  const char *node;
+  uint32_t nics;
+  double nic_gbits;
 } agent_opts;
 
 /* Fills every field with its default for role. */

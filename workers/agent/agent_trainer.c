@@ -408,6 +408,9 @@ static int trainer__create(agent__trainer *tr, char *err, size_t errlen) {
   ro.tls_key_file = tr->o.tls_client_key_file;
   ro.device = tr->device;
   ro.data_listen = tr->o.data_listen;
+  ro.node = tr->o.node;
+  ro.nics = tr->o.nics;
+  ro.nic_gbits = tr->o.nic_gbits;
   /* An agent waits for its orchestrator as long as it takes (a signal ends
    * the wait): it is started by a supervisor, possibly before the server. */
   ro.connect_timeout_s = INFINITY;

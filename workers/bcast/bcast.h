@@ -557,6 +557,85 @@ void bcast_cost_model_default(bcast_cost_model *m);
 int bcast_cost_estimate(const bcast_cost_model *m, bcast_mode mode, uint64_t wire_bytes,
                         uint32_t receivers, double measured_gbps, bcast_cost *out, bcast_err *err);
 
+/* ---- where a worker runs (bcast_systopo.c) ---------------------------------
+ * What Capabilities.topology reports: the node, the NUMA node, the GPU's PCI
+ * bus id and NVLink peers, the node's NICs. Detected from sysfs (under a
+ * root a test may point at a fake tree) and, for the GPU, CUDA and NVML
+ * (loaded at run time); configured where the system cannot say (a node name
+ * shared by the containers of one machine, a NIC's shaped rate). */
+#define BCAST_SYSTOPO_NODE_MAX 128    /* bytes of a node name, NUL included */
+#define BCAST_SYSTOPO_MAX_NICS 32     /* NICs listed; more are counted in the note */
+#define BCAST_SYSTOPO_MAX_PEERS 64    /* NVLink peers listed */
+#define BCAST_SYSTOPO_MAX_GBITS 10000 /* the fastest NIC one may configure, Gb/s */
+
+/* Topology fields set by configuration (bcast_systopo.configured). */
+enum {
+  BCAST_SYSTOPO_CONF_NODE = 1u << 0,     /* "node" */
+  BCAST_SYSTOPO_CONF_NICS = 1u << 1,     /* "nics": the list replaced */
+  BCAST_SYSTOPO_CONF_NIC_GBITS = 1u << 2 /* "nics.gbits": the detected NICs' speed set */
+};
+
+typedef struct bcast_systopo_nic {
+  char name[32];  /* interface name */
+  double gbits;   /* Gb/s (1e9 bits/s); 0: unknown */
+  int numa_node;  /* -1: unknown */
+  int rdma;       /* an InfiniBand or RoCE device */
+} bcast_systopo_nic;
+
+typedef struct bcast_systopo {
+  char node[BCAST_SYSTOPO_NODE_MAX]; /* default: the host id */
+  int numa_node;                     /* the GPU's, else the CPUs'; -1: unknown */
+  int gpu_numa_node, cpu_numa_node;  /* what numa_node is chosen from */
+  char gpu_pci_bus_id[32];           /* "0000:3b:00.0"; "" without a GPU */
+  uint32_t nvlinks;                  /* active NVLink links of the GPU */
+  uint32_t n_nvlink_peers;
+  char nvlink_peers[BCAST_SYSTOPO_MAX_PEERS][48]; /* GPU UUIDs */
+  uint32_t n_nics;
+  bcast_systopo_nic nics[BCAST_SYSTOPO_MAX_NICS];
+  unsigned configured;               /* BCAST_SYSTOPO_CONF_* */
+  char note[512];                    /* what could not be detected, in words */
+} bcast_systopo;
+
+/* What a worker's settings say instead of the system. Zero fields: detected.
+ * nics needs nic_gbits (the configured NICs' speed); nic_gbits alone sets
+ * the speed of every detected NIC. */
+typedef struct bcast_systopo_config {
+  const char *node; /* NULL: detected; else 1..BCAST_SYSTOPO_NODE_MAX-1 bytes */
+  uint32_t nics;    /* 0: detected; else 1..BCAST_SYSTOPO_MAX_NICS NICs "nic0", ... */
+  double nic_gbits; /* 0: detected; else in (0, BCAST_SYSTOPO_MAX_GBITS] */
+} bcast_systopo_config;
+
+/* Reads the node's NICs and the CPUs' NUMA node under sysfs_root ("/sys"),
+ * names the node host_id; no GPU yet. Never fails: what cannot be read is
+ * unknown, and the note says so. */
+void bcast_systopo_probe(const char *sysfs_root, const char *host_id, bcast_systopo *t);
+/* The worker's GPU: its PCI bus id (any case, a 4- or 8-digit domain; NULL or
+ * "" for none) and that device's NUMA node under sysfs_root. Clears the
+ * NVLink fields: bcast_caps_select_device fills them. */
+void bcast_systopo_set_gpu(bcast_systopo *t, const char *sysfs_root, const char *pci_bus_id);
+/* NVLink: the active links of t's GPU and which of the other visible GPUs
+ * (n of them: PCI bus ids and UUIDs) it reaches over them, from NVML opened
+ * at run time (dlopen "libnvidia-ml.so.1"). Without a GPU nothing; without
+ * NVML, none known and the note says so. */
+void bcast_systopo_set_nvlink(bcast_systopo *t, const char *const *bus_ids,
+                              const char *const *uuids, size_t n);
+/* BCAST_OK, or BCAST_EINVAL naming the bad setting in err and in *field
+ * ("node", "nics", "nic_gbits": the caller's names for them differ). */
+int bcast_systopo_config_check(const bcast_systopo_config *c, const char **field, bcast_err *err);
+/* Checks c and applies it to t, recording what it set in t->configured. */
+int bcast_systopo_configure(bcast_systopo *t, const bcast_systopo_config *c, const char **field,
+                            bcast_err *err);
+/* The names of t->configured's fields, for Capabilities.topology.configured:
+ * up to 3 into names; returns how many. */
+size_t bcast_systopo_configured_names(unsigned configured, const char *names[3]);
+/* NICs grouped by speed, fastest first: "2x100G", "1x400G+1x25G", "1x?"
+ * (unknown speed), "-" for none. */
+const char *bcast_systopo_nic_summary(const double *gbits, size_t n, char *buf, size_t len);
+/* Adds a remark to t->note ("; " between remarks). */
+void bcast_systopo_note(bcast_systopo *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The whole topology as logfmt fields, for the worker's start-up line. */
+const char *bcast_systopo_describe(const bcast_systopo *t, char *buf, size_t len);
+
 /* ---- capabilities --------------------------------------------------------- */
 typedef struct bcast_caps {
   int cuda_built, nccl_built;   /* compiled in */
@@ -571,11 +650,14 @@ typedef struct bcast_caps {
   int cpu_threads;
   int cpu_avx2, cpu_avx512;     /* vector units the host casts use */
   char note[256];               /* why a mode is unavailable, in words */
+  bcast_systopo topo;           /* where it runs: probed, then configured by the worker */
 } bcast_caps;
 
 void bcast_caps_probe(bcast_caps *caps);
-/* Points gpu_name and gpu_uuid at `device` (the one a worker uses); device -1,
- * or one that is not visible, empties both. Colocation is decided on them. */
+/* Points gpu_name, gpu_uuid and the topology's GPU fields (bus id, NUMA
+ * node, NVLink peers among the other visible GPUs) at `device` (the one a
+ * worker uses); device -1, or one that is not visible, empties them.
+ * Colocation is decided on gpu_uuid and host_id. */
 void bcast_caps_select_device(bcast_caps *caps, int device);
 /* 1 when the mode can run here; else 0 and a reason in `why`. */
 int bcast_mode_available(const bcast_caps *caps, bcast_mode m, char *why, size_t whylen);

@@ -14,6 +14,9 @@
 #include <cuda_runtime_api.h>
 #endif
 
+/* Where the topology is read from; tests point bcast_systopo_probe elsewhere. */
+#define BCAST__SYSFS "/sys"
+
 #if defined(__x86_64__)
 /* XCR0: the register state the OS saves on a context switch. */
 static uint64_t bcast__xcr0(void) {
@@ -59,6 +62,7 @@ void bcast_caps_probe(bcast_caps *c) {
       (uint64_t)rl.rlim_cur < phys)
     c->pinned_limit_bytes = (uint64_t)rl.rlim_cur;
   bcast__host_id(c->host_id, sizeof c->host_id);
+  bcast_systopo_probe(BCAST__SYSFS, c->host_id, &c->topo);
   bcast__gpu_probe(c);
 }
 
@@ -77,9 +81,40 @@ void bcast__host_id(char *out, size_t len) {
   out[len - 1] = '\0';
 }
 
+#ifdef RLORCH_HAVE_CUDA
+/* The GPU's place: its bus id, its NUMA node, and which other visible GPUs
+ * it reaches over NVLink (by their UUIDs, as Capabilities.gpu_uuid names
+ * GPUs). */
+static void bcast__caps_gpu_topo(bcast_caps *c, int device) {
+  char bus[32];
+  if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    bcast_systopo_note(&c->topo, "CUDA gives no PCI bus id for device %d", device);
+    return;
+  }
+  bcast_systopo_set_gpu(&c->topo, BCAST__SYSFS, bus);
+  char ids[BCAST_SYSTOPO_MAX_PEERS][32], uuids[BCAST_SYSTOPO_MAX_PEERS][48];
+  const char *idp[BCAST_SYSTOPO_MAX_PEERS], *uup[BCAST_SYSTOPO_MAX_PEERS];
+  size_t n = 0;
+  for (int d = 0; d < c->cuda_devices && n < BCAST_SYSTOPO_MAX_PEERS; d++) {
+    if (d == device) continue;
+    if (cudaDeviceGetPCIBusId(ids[n], (int)sizeof ids[n], d) != cudaSuccess ||
+        bcast__gpu_uuid(d, uuids[n], sizeof uuids[n]) != BCAST_OK) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    idp[n] = ids[n];
+    uup[n] = uuids[n];
+    n++;
+  }
+  bcast_systopo_set_nvlink(&c->topo, idp, uup, n);
+}
+#endif
+
 void bcast_caps_select_device(bcast_caps *c, int device) {
   if (!c) return;
   c->gpu_name[0] = c->gpu_uuid[0] = '\0';
+  bcast_systopo_set_gpu(&c->topo, BCAST__SYSFS, NULL);
   if (device < 0 || device >= c->cuda_devices) return;
 #ifdef RLORCH_HAVE_CUDA
   struct cudaDeviceProp prop;
@@ -87,6 +122,7 @@ void bcast_caps_select_device(bcast_caps *c, int device) {
     snprintf(c->gpu_name, sizeof c->gpu_name, "%.127s", prop.name);
   else
     (void)cudaGetLastError();
+  bcast__caps_gpu_topo(c, device);
 #endif
   bcast__gpu_uuid(device, c->gpu_uuid, sizeof c->gpu_uuid);
 }

@@ -487,6 +487,7 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
     sdk__log_ud = o->log_ud;
     agent_log_config(sdk__log, NULL, (agent_log_level)o->log_level);
   }
+  agent_log_topology(&w->caps.topo);
   char msg[1024];
   int trainer = w->ao.role == AGENT_ROLE_TRAINER;
   /* A trainer group's rank r is source rank r of every plan. */
@@ -499,9 +500,9 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
   w->xfer.begin = sdk__begin;
   rlorch__v1__register_request__init(&w->reg);
   agent_caps_to_pb(&w->caps, w->device, &w->caps_pb);
-  w->reg.capabilities = &w->caps_pb;
-  w->caps_pb.trainer_rank = w->so.o.trainer_rank;
-  w->caps_pb.trainer_ranks = w->so.o.trainer_ranks;
+  w->reg.capabilities = &w->caps_pb.caps;
+  w->caps_pb.caps.trainer_rank = w->so.o.trainer_rank;
+  w->caps_pb.caps.trainer_ranks = w->so.o.trainer_ranks;
   if (trainer) {
     w->manifest = agent_pb_manifest(w->t, w->n, w->so.model, (int)w->so.o.offload);
     if (!w->manifest) {
@@ -512,7 +513,7 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
     w->reg.manifest = w->manifest;
     w->reg.data_address = (char *)agent_xfer_data_address(&w->xfer);
   } else {
-    w->caps_pb.max_concurrent_requests = w->ao.concurrency;
+    w->caps_pb.caps.max_concurrent_requests = w->ao.concurrency;
     w->reg.role = RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE;
     /* Given data_listen it may relay broadcasts to other receivers. */
     w->reg.data_address = (char *)agent_xfer_data_address(&w->xfer);

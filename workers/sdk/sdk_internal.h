@@ -61,7 +61,7 @@ struct rlorch_worker {
   int broadcasting;    /* the before callback ran, the after one is due */
   uint64_t checksum;   /* trainer: of the tensors as last reported */
   Rlorch__V1__WeightManifest *manifest; /* trainer */
-  Rlorch__V1__Capabilities caps_pb;
+  agent_caps_pb caps_pb; /* Register's capabilities, its topology's storage */
   Rlorch__V1__RegisterRequest reg;
   agent_xfer xfer;
   int xfer_ready;

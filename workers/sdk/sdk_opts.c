@@ -35,15 +35,30 @@ _Static_assert((int)RLORCH_PART_SLICE == (int)BCAST_PART_SLICE, "part kinds");
 _Static_assert((int)RLORCH_PART_NONE == (int)BCAST_PART_NONE, "part kinds");
 
 /* The struct's size as each API version laid it out: version 1 ended at
- * broadcast_ud, version 2 at shards, version 3 (this header) at its end. */
+ * broadcast_ud, version 2 at shards, version 3 at nparts, version 4 (this
+ * header) at its end. */
 #define SDK__V1_SIZE (offsetof(rlorch_options, broadcast_ud) + sizeof(void *))
 #define SDK__V2_SIZE (offsetof(rlorch_options, shards) + sizeof(void *))
+#define SDK__V3_SIZE (offsetof(rlorch_options, nparts) + sizeof(size_t))
 _Static_assert(offsetof(rlorch_options, token) >= SDK__V1_SIZE, "version 2 fields follow version 1's");
 _Static_assert(offsetof(rlorch_options, parts) >= SDK__V2_SIZE, "version 3 fields follow version 2's");
+_Static_assert(offsetof(rlorch_options, node) >= SDK__V3_SIZE, "version 4 fields follow version 3's");
 
 /* The bytes of the options a caller of API `version` has. */
 static size_t sdk__version_size(uint32_t version) {
-  return version == 1 ? SDK__V1_SIZE : version == 2 ? SDK__V2_SIZE : sizeof(rlorch_options);
+  return version == 1   ? SDK__V1_SIZE
+         : version == 2 ? SDK__V2_SIZE
+         : version == 3 ? SDK__V3_SIZE
+                        : sizeof(rlorch_options);
+}
+
+/* The API version of a caller's struct of `size` bytes (0: not one). */
+static uint32_t sdk__size_version(size_t size) {
+  return size < SDK__V1_SIZE   ? 0
+         : size < SDK__V2_SIZE ? 1
+         : size < SDK__V3_SIZE ? 2
+         : size < sizeof(rlorch_options) ? 3
+                                         : RLORCH_API_VERSION;
 }
 
 SDK__EXPORT void rlorch_options_init(rlorch_options *o, size_t size, rlorch_role role) {
@@ -54,7 +69,7 @@ SDK__EXPORT void rlorch_options_init(rlorch_options *o, size_t size, rlorch_role
    * number; no byte past `size` is written. */
   memset(o, 0, size < sizeof *o ? size : sizeof *o);
   if (size < SDK__V1_SIZE) return;
-  o->api_version = size < SDK__V2_SIZE ? 1 : size < sizeof *o ? 2 : RLORCH_API_VERSION;
+  o->api_version = sdk__size_version(size);
   o->role = role;
   o->device = -1;
   o->max_concurrent_requests = 8; /* the orchestrator's default max_requests_per_worker */
@@ -253,6 +268,18 @@ static rlorch_status sdk__check_v3(const rlorch_options *o, rlorch_error *err) {
   return RLORCH_OK;
 }
 
+/* The fields of API version 4 (zero, detected, for older callers): the
+ * engine's one check of them, as `rlorch trainer --node` gets it. */
+static rlorch_status sdk__topo_config(const rlorch_options *o, bcast_systopo_config *c,
+                                      rlorch_error *err) {
+  *c = (bcast_systopo_config){.node = o->node, .nics = o->nics, .nic_gbits = o->nic_gbits};
+  const char *field = NULL;
+  bcast_err be = {0};
+  if (bcast_systopo_config_check(c, &field, &be))
+    return sdk_fail(err, RLORCH_E_INVALID, "options.%s", be.msg); /* "nics: ..." */
+  return RLORCH_OK;
+}
+
 /* options.parts against the caller's tensors (converted in w->t): a part's
  * tensor given has room for it in its shape; a NONE part's is not given (the
  * worker holds nothing of it). Then the parts are kept on w->t (what the
@@ -331,8 +358,10 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
   if (o->device < -1)
     return sdk_fail(err, RLORCH_E_INVALID, "options.device: %d (a CUDA device index, or -1)",
                     o->device);
+  bcast_systopo_config topo = {0};
   rlorch_status rc = sdk__check_v2(v, err);
   if (!rc) rc = sdk__check_v3(v, err);
+  if (!rc) rc = sdk__topo_config(v, &topo, err);
   if (rc) return rc;
   sdk_opts *so = &w->so;
   if (sdk__dup(o->orchestrator, &so->orchestrator) || sdk__dup(o->name, &so->name) ||
@@ -372,6 +401,10 @@ rlorch_status sdk_opts_take(rlorch_worker *w, const rlorch_options *o, rlorch_er
                     w->caps.cuda_built ? "" : "; this library is built without CUDA");
   w->device = o->device;
   bcast_caps_select_device(&w->caps, w->device);
+  bcast_err be = {0};
+  /* The node name is copied into the topology: the caller's may go. */
+  if (bcast_systopo_configure(&w->caps.topo, &topo, NULL, &be))
+    return sdk_fail(err, RLORCH_E_INVALID, "options.%s", be.msg);
   rc = sdk__tensors(w, o, shards, err);
   return rc ? rc : sdk__parts(w, parts, nparts, err);
 }

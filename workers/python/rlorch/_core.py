@@ -508,14 +508,23 @@ class Worker:
     An inference worker that is a rank of a tensor- or expert-parallel engine
     lists the parts it holds (parts: rlorch.Part each, by tensor name;
     tensors not listed are held whole); its Tensors keep the full shapes and
-    hold the parts (see rlorch.Part)."""
+    hold the parts (see rlorch.Part).
+
+    Where the worker runs is detected (its GPU's bus id, NUMA node and
+    NVLink peers; the node's NICs and their speeds) and reported at
+    registration; node (the node's name, default the machine's boot id),
+    nics with nic_gbits (that many NICs of that speed in Gb/s instead of
+    those detected) and nic_gbits alone (every detected NIC's speed) say
+    what the system cannot, as rlorch's agents' --node, --nics and
+    --nic-gbits do."""
 
     def __init__(self, role, orchestrator, tensors=(), name=None, token_file=None,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None, device=-1,
                  data_listen=None, max_concurrent_requests=8, connect_timeout_s=30.0,
                  on_broadcast_before=None, on_broadcast_after=None, log_level="info",
                  token=None, model=None, offload=None, held_run_id=None, held_version=0,
-                 trainer_rank=0, trainer_ranks=0, shards=None, parts=None):
+                 trainer_rank=0, trainer_ranks=0, shards=None, parts=None, node=None, nics=0,
+                 nic_gbits=0.0):
         if role not in _ROLE:
             raise _invalid(f"options.role: {role!r} is neither 'trainer' nor 'inference'")
         self.role = role
@@ -560,6 +569,7 @@ class Worker:
         o.token = cstr("token", token)
         o.model = cstr("model", model)
         o.held_run_id = cstr("held_run_id", held_run_id)
+        o.node = cstr("node", node)
         if offload is not None:
             o.offload = _int(ctypes.c_int, _enum(_OFFLOAD, offload, "options.offload"))
         setnum("held_version", held_version)
@@ -568,6 +578,8 @@ class Worker:
         setnum("device", device)
         setnum("max_concurrent_requests", max_concurrent_requests)
         setnum("connect_timeout_s", connect_timeout_s)
+        setnum("nics", nics)
+        setnum("nic_gbits", nic_gbits)
         o.log = _log_cb
         o.log_level = _int(ctypes.c_int, _enum(_LOG_LEVEL, log_level, "options.log_level"))
 

@@ -15,7 +15,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
 
 # ---- constants: the header's #defines and enum values --------------------------
 
-RLORCH_API_VERSION = 3
+RLORCH_API_VERSION = 4
 RLORCH_NAME_MAX = 127
 RLORCH_MAX_DIMS = 8
 
@@ -167,6 +167,10 @@ class rlorch_options(Structure):
         # API version 3
         ("parts", POINTER(rlorch_part)),
         ("nparts", c_size_t),
+        # API version 4
+        ("node", c_char_p),
+        ("nics", c_uint32),
+        ("nic_gbits", c_double),
     ]
 
 
