@@ -76,17 +76,26 @@ void ctl_print_workers(FILE *f, const Rlorch__V1__WorkerInfo *const *w, size_t n
 }
 
 void ctl_print_step_header(FILE *f) {
-  fprintf(f, "%5s %5s %7s %8s %-7s %10s %9s %9s %9s %8s %7s\n", "STEP", "USED", "DROPPED",
-          "TRAIN_S", "MODE", "BYTES", "STAGING_S", "WIRE_S", "TOTAL_S", "GB/S", "STAGE%");
+  fprintf(f, "%5s %5s %7s %8s %-7s %10s %9s %9s %9s %8s %7s %9s %6s  %s\n", "STEP", "USED",
+          "DROPPED", "TRAIN_S", "MODE", "BYTES", "STAGING_S", "WIRE_S", "TOTAL_S", "GB/S", "STAGE%",
+          "PRED_S", "MEAS/P", "BOTTLENECK");
 }
 
 void ctl_print_step(FILE *f, const Rlorch__V1__StepRecord *s) {
   char m[32], b[32];
-  fprintf(f, "%5" PRIu64 " %5u %7u %8.3f %-7s %10s %9.4f %9.4f %9.4f %8.2f %6.1f%%\n", s->step,
+  fprintf(f, "%5" PRIu64 " %5u %7u %8.3f %-7s %10s %9.4f %9.4f %9.4f %8.2f %6.1f%%", s->step,
           s->rollouts_used, s->rollouts_dropped, s->train_seconds,
           ctl_enum(&rlorch__v1__broadcast_mode__descriptor, s->mode, m, sizeof m),
           ctl_bytes(s->wire_bytes, b, sizeof b), s->exposed_staging_seconds, s->wire_seconds,
           s->total_seconds, s->gbps, 100.0 * s->staging_share);
+  /* The cost model's prediction beside the measurement (docs/ARCHITECTURE.md,
+   * "Every plan predicted"); "-" where it made none. */
+  const Rlorch__V1__CostPrediction *p = s->prediction;
+  if (p)
+    fprintf(f, " %9.4f %6.2f  %s %s\n", p->total_seconds, p->measured_over_predicted, p->layout,
+            p->bottleneck);
+  else
+    fprintf(f, " %9s %6s  %s\n", "-", "-", s->prediction_note[0] ? s->prediction_note : "-");
 }
 
 void ctl_print_event(FILE *f, const Rlorch__V1__RunEvent *e, int *header_done) {
