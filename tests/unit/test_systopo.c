@@ -249,9 +249,14 @@ Test(systopo, gpu_bus_id_normalized_and_its_numa_node_first) {
   bcast_systopo_set_gpu(&t, root, NULL);
   cr_assert_str_eq(t.gpu_pci_bus_id, "");
   cr_assert_str_eq(t.note, "");
+  char d[4096];
+  bcast_systopo_describe(&t, d, sizeof d);
+  cr_assert(strstr(d, "gpu_pci=- ") && strstr(d, "no GPU: no bus id, no NVLink peers"), "%s", d);
   bcast_systopo_set_gpu(&t, root, "3b:00");
   cr_assert_str_eq(t.gpu_pci_bus_id, "");
-  cr_assert(strstr(t.note, "GPU PCI bus id \"3b:00\" malformed"), "%s", t.note);
+  cr_assert(strstr(t.gpu_note, "GPU PCI bus id \"3b:00\" malformed"), "%s", t.gpu_note);
+  bcast_systopo_set_gpu(&t, root, "0000:3b:00.0");
+  cr_assert_str_eq(t.gpu_note, "", "a GPU chosen again starts its remarks afresh");
 }
 
 Test(systopo, nvlink_needs_a_gpu_and_says_when_nvml_is_missing) {
@@ -261,7 +266,7 @@ Test(systopo, nvlink_needs_a_gpu_and_says_when_nvml_is_missing) {
   const char *ids[] = {"0000:3c:00.0"}, *uuids[] = {"GPU-00000000-0000-0000-0000-000000000001"};
   bcast_systopo_set_nvlink(&t, ids, uuids, 1);
   cr_assert_eq(t.n_nvlink_peers, 0);
-  cr_assert_str_eq(t.note, "", "no GPU: nothing to ask NVML");
+  cr_assert_str_eq(t.gpu_note, "", "no GPU: nothing to ask NVML");
   /* A bus id no GPU of this machine has: NVML, where it is installed,
    * knows no such device (or no GPU at all); without it, it is missing.
    * Either way no peer, and the note says why. */
@@ -271,9 +276,12 @@ Test(systopo, nvlink_needs_a_gpu_and_says_when_nvml_is_missing) {
   bcast_systopo_set_nvlink(&t, ids, uuids, 1);
   cr_assert_eq(t.n_nvlink_peers, 0);
   cr_assert_eq(t.nvlinks, 0u);
-  if (!h) cr_assert(strstr(t.note, "NVML (libnvidia-ml.so.1) not loadable"), "%s", t.note);
-  else cr_assert(strstr(t.note, "NVML"), "%s", t.note);
-  cr_assert(strstr(t.note, "NVLink peers unknown"), "%s", t.note);
+  if (!h) cr_assert(strstr(t.gpu_note, "NVML (libnvidia-ml.so.1) not loadable"), "%s", t.gpu_note);
+  else cr_assert(strstr(t.gpu_note, "NVML"), "%s", t.gpu_note);
+  cr_assert(strstr(t.gpu_note, "NVLink peers unknown"), "%s", t.gpu_note);
+  char d[4096];
+  bcast_systopo_describe(&t, d, sizeof d);
+  cr_assert(strstr(d, "NVLink peers unknown"), "the start-up line says it: %s", d);
 }
 
 /* ---- configuration ------------------------------------------------------------ */

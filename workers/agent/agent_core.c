@@ -803,8 +803,9 @@ void agent_log_devices(const bcast_caps *caps, int device) {
              caps->cpu_threads, caps->note[0] ? "; " : "", caps->note);
 }
 
-/* The house rule: a worker says what it uses. What the system would not
- * tell (a speed unknown, no NVML) is said at warning level. */
+/* The house rule: a worker says what it uses. A NIC of unknown speed, or
+ * none at all, leaves the model of its plans guessing: said at warning
+ * level. */
 void agent_log_topology(const bcast_systopo *t) {
   char line[4096];
   bcast_systopo_describe(t, line, sizeof line);

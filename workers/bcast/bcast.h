@@ -593,7 +593,8 @@ typedef struct bcast_systopo {
   uint32_t n_nics;
   bcast_systopo_nic nics[BCAST_SYSTOPO_MAX_NICS];
   unsigned configured;               /* BCAST_SYSTOPO_CONF_* */
-  char note[512];                    /* what could not be detected, in words */
+  char note[256];                    /* what the node's probe could not tell, in words */
+  char gpu_note[256];                /* the same of the GPU's (bcast_systopo_set_gpu resets it) */
 } bcast_systopo;
 
 /* What a worker's settings say instead of the system. Zero fields: detected.
@@ -631,8 +632,8 @@ size_t bcast_systopo_configured_names(unsigned configured, const char *names[3])
 /* NICs grouped by speed, fastest first: "2x100G", "1x400G+1x25G", "1x?"
  * (unknown speed), "-" for none. */
 const char *bcast_systopo_nic_summary(const double *gbits, size_t n, char *buf, size_t len);
-/* Adds a remark to t->note ("; " between remarks). */
-void bcast_systopo_note(bcast_systopo *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Adds a remark about the GPU to t->gpu_note ("; " between remarks). */
+void bcast_systopo_gpu_note(bcast_systopo *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The whole topology as logfmt fields, for the worker's start-up line. */
 const char *bcast_systopo_describe(const bcast_systopo *t, char *buf, size_t len);
 

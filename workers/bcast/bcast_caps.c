@@ -89,7 +89,7 @@ static void bcast__caps_gpu_topo(bcast_caps *c, int device) {
   char bus[32];
   if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, device) != cudaSuccess) {
     (void)cudaGetLastError();
-    bcast_systopo_note(&c->topo, "CUDA gives no PCI bus id for device %d", device);
+    bcast_systopo_gpu_note(&c->topo, "CUDA gives no PCI bus id for device %d", device);
     return;
   }
   bcast_systopo_set_gpu(&c->topo, BCAST__SYSFS, bus);

@@ -144,13 +144,13 @@ static void st__note(char *note, size_t len, const char *fmt, ...) {
   va_end(ap);
 }
 
-void bcast_systopo_note(bcast_systopo *t, const char *fmt, ...) {
+void bcast_systopo_gpu_note(bcast_systopo *t, const char *fmt, ...) {
   char msg[256];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  st__note(t->note, sizeof t->note, "%s", msg);
+  st__note(t->gpu_note, sizeof t->gpu_note, "%s", msg);
 }
 
 /* ---- NUMA node of the CPUs -------------------------------------------------- */
@@ -306,12 +306,12 @@ static int st__bus_id(const char *in, char *out, size_t len) {
 }
 
 void bcast_systopo_set_gpu(bcast_systopo *t, const char *sysfs_root, const char *pci_bus_id) {
-  t->gpu_pci_bus_id[0] = '\0';
+  t->gpu_pci_bus_id[0] = t->gpu_note[0] = '\0';
   t->gpu_numa_node = -1;
   t->nvlinks = t->n_nvlink_peers = 0;
   if (pci_bus_id && pci_bus_id[0]) {
     if (st__bus_id(pci_bus_id, t->gpu_pci_bus_id, sizeof t->gpu_pci_bus_id))
-      st__note(t->note, sizeof t->note, "GPU PCI bus id \"%.40s\" malformed", pci_bus_id);
+      st__note(t->gpu_note, sizeof t->gpu_note, "GPU PCI bus id \"%.40s\" malformed", pci_bus_id);
     else
       t->gpu_numa_node = st__numa(sysfs_root, "bus/pci/devices/%s/numa_node", t->gpu_pci_bus_id);
   }
@@ -377,19 +377,19 @@ void bcast_systopo_set_nvlink(bcast_systopo *t, const char *const *bus_ids,
   if (!t->gpu_pci_bus_id[0]) return;
   void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h) {
-    st__note(t->note, sizeof t->note, "NVML (libnvidia-ml.so.1) not loadable: NVLink peers unknown");
+    st__note(t->gpu_note, sizeof t->gpu_note, "NVML (libnvidia-ml.so.1) not loadable: NVLink peers unknown");
     return;
   }
   st__nvml f;
   int rc;
   st__nvml_dev dev;
   if (st__nvml_open(h, &f)) {
-    st__note(t->note, sizeof t->note, "NVML lacks the NVLink calls: NVLink peers unknown");
+    st__note(t->gpu_note, sizeof t->gpu_note, "NVML lacks the NVLink calls: NVLink peers unknown");
   } else if ((rc = f.init()) != 0) {
-    st__note(t->note, sizeof t->note, "NVML init failed (%d): NVLink peers unknown", rc);
+    st__note(t->gpu_note, sizeof t->gpu_note, "NVML init failed (%d): NVLink peers unknown", rc);
   } else {
     if ((rc = f.by_bus_id(t->gpu_pci_bus_id, &dev)) != 0) {
-      st__note(t->note, sizeof t->note, "NVML does not know GPU %s (%d): NVLink peers unknown",
+      st__note(t->gpu_note, sizeof t->gpu_note, "NVML does not know GPU %s (%d): NVLink peers unknown",
                t->gpu_pci_bus_id, rc);
     } else {
       int active[ST__NVML_NVLINK_MAX_LINKS] = {0};
@@ -407,7 +407,7 @@ void bcast_systopo_set_nvlink(bcast_systopo *t, const char *const *bus_ids,
             !st__nvlinked(&f, dev, peer, bus, active))
           continue;
         if (t->n_nvlink_peers == BCAST_SYSTOPO_MAX_PEERS) {
-          st__note(t->note, sizeof t->note, "NVLink peers past %d not listed", BCAST_SYSTOPO_MAX_PEERS);
+          st__note(t->gpu_note, sizeof t->gpu_note, "NVLink peers past %d not listed", BCAST_SYSTOPO_MAX_PEERS);
           break;
         }
         snprintf(t->nvlink_peers[t->n_nvlink_peers++], sizeof t->nvlink_peers[0], "%s", uuids[i]);
@@ -534,7 +534,7 @@ const char *bcast_systopo_nic_summary(const double *gbits, size_t n, char *buf, 
 }
 
 const char *bcast_systopo_describe(const bcast_systopo *t, char *buf, size_t len) {
-  char sum[256], list[1024] = "", unknown[512] = "", conf[64] = "", note[768];
+  char sum[256], list[1024] = "", unknown[512] = "", conf[64] = "", note[1024];
   double g[BCAST_SYSTOPO_MAX_NICS];
   size_t used = 0, uused = 0;
   for (uint32_t i = 0; i < t->n_nics; i++) {
@@ -560,6 +560,8 @@ const char *bcast_systopo_describe(const bcast_systopo *t, char *buf, size_t len
     snprintf(conf + l, sizeof conf - l, "%s%s", i ? "," : "", names[i]);
   }
   snprintf(note, sizeof note, "%s", t->note);
+  if (t->gpu_note[0]) st__note(note, sizeof note, "%s", t->gpu_note);
+  if (!t->gpu_pci_bus_id[0]) st__note(note, sizeof note, "no GPU: no bus id, no NVLink peers");
   if (unknown[0])
     st__note(note, sizeof note, "speed unknown (0 Gb/s) for %s: set nic_gbits (--nic-gbits)", unknown);
   snprintf(buf, len,
