@@ -516,6 +516,16 @@ int main(int argc, char **argv) {
          "next after a failed start");
   rlorch_free(w);
 
+  /* Given data_listen, an inference worker listens too: it may relay. */
+  RESET(RLORCH_ROLE_INFERENCE);
+  o.orchestrator = dead;
+  o.data_listen = "127.0.0.1:0";
+  w = NULL;
+  expect(rlorch_create(&o, &w, &err), RLORCH_OK, &err, "", "an inference worker that may relay");
+  check(listens(rlorch_data_address(w)), "a relaying inference worker's data address listens",
+        rlorch_data_address(w));
+  rlorch_free(w);
+
   /* The orchestrator refuses a wrong token: its status text comes back. */
   RESET(RLORCH_ROLE_TRAINER);
   o.token_file = NULL;

@@ -245,6 +245,7 @@ typedef struct fake_root {
   int lfd;
   const bcast_plan *p;
   const model *m;
+  int hold_fd; /* -1: die after bucket 0; else stay silent until it is readable */
 } fake_root;
 
 static void *fake_root_main(void *arg) {
@@ -277,45 +278,75 @@ static void *fake_root_main(void *arg) {
     (void)w;
   }
   free(buf);
-  usleep(200 * 1000);
+  if (f->hold_fd >= 0) {
+    char c;
+    ssize_t r = read(f->hold_fd, &c, 1);
+    (void)r;
+  } else {
+    usleep(200 * 1000);
+  }
   close(fd); /* dies with the plan half sent */
   return NULL;
 }
 
-Test(bcast_relay, an_upstream_that_dies_mid_plan_fails_the_downstreams_promptly_with_a_message) {
+/* A listener for a fake source on loopback; its "host:port" in ep. */
+static int fake_listen(char *ep, size_t len) {
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET};
   inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
   cr_assert_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
   cr_assert_eq(listen(lfd, 4), 0);
   socklen_t sl = sizeof sa;
-  getsockname(lfd, (struct sockaddr *)&sa, &sl);
-  char root_ep[64];
-  snprintf(root_ep, sizeof root_ep, "127.0.0.1:%u", ntohs(sa.sin_port));
+  cr_assert_eq(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+  snprintf(ep, len, "127.0.0.1:%u", ntohs(sa.sin_port));
+  return lfd;
+}
 
-  model m;
-  model_init(&m);
-  part parts[4];
-  memset(parts, 0, sizeof parts);
-  const char *eps[4] = {"", NULL, "", ""};
-  for (uint32_t r = 1; r < 4; r++) parts[r].e = engine(r, r == 1 ? "127.0.0.1:0" : NULL, 20);
-  eps[1] = bcast_engine_data_address(parts[1].e);
+/* Ranks 1 (a relay) and 2, 3 (its downstreams) of a plan whose source is
+ * at root_ep, each started on a thread of its own. */
+static bcast_plan *relayed_start(model *m, part parts[4], const char *root_ep, const char *id) {
+  memset(parts, 0, 4 * sizeof *parts);
+  for (uint32_t r = 1; r < 4; r++) parts[r].e = engine(r, r == 1 ? "127.0.0.1:0" : NULL, 30);
+  const char *eps[4] = {"", bcast_engine_data_address(parts[1].e), "", ""};
   uint32_t rf[] = {0, 0, 1, 1};
-  bcast_plan_opts o = {.id = "relay/dies", .mode = BCAST_MODE_HOST, .staging_budget = 64 << 10, .world_size = 4,
+  bcast_plan_opts o = {.id = id, .mode = BCAST_MODE_HOST, .staging_budget = 64 << 10, .world_size = 4,
                        .host_endpoint = root_ep, .relay_from = rf, .relay_endpoints = eps};
   bcast_plan *p = NULL;
   bcast_err err = {0};
-  cr_assert_eq(bcast_plan_build(m.src, NT, &o, &p, &err), BCAST_OK, "%s", err.msg);
-  fake_root f = {lfd, p, &m};
-  pthread_t ft, t[4];
-  cr_assert_eq(pthread_create(&ft, NULL, fake_root_main, &f), 0);
-  double t0 = now_s();
+  cr_assert_eq(bcast_plan_build(m->src, NT, &o, &p, &err), BCAST_OK, "%s", err.msg);
   for (uint32_t r = 1; r < 4; r++) {
     parts[r].p = p;
-    part_receiver(&parts[r], &m);
-    cr_assert_eq(pthread_create(&t[r], NULL, part_main, &parts[r]), 0);
+    part_receiver(&parts[r], m);
   }
+  return p;
+}
+
+static void relayed_run(part parts[4], pthread_t t[4]) {
+  for (uint32_t r = 1; r < 4; r++) cr_assert_eq(pthread_create(&t[r], NULL, part_main, &parts[r]), 0);
+}
+
+static void relayed_join(part parts[4], pthread_t t[4]) {
   for (uint32_t r = 1; r < 4; r++) pthread_join(t[r], NULL);
+}
+
+static void relayed_free(part parts[4], bcast_plan *p) {
+  for (uint32_t r = 1; r < 4; r++) part_free(&parts[r]);
+  bcast_plan_free(p);
+}
+
+Test(bcast_relay, an_upstream_that_dies_mid_plan_fails_the_downstreams_promptly_with_a_message) {
+  char root_ep[64];
+  int lfd = fake_listen(root_ep, sizeof root_ep);
+  model m;
+  model_init(&m);
+  part parts[4];
+  pthread_t ft, t[4];
+  bcast_plan *p = relayed_start(&m, parts, root_ep, "relay/dies");
+  fake_root f = {lfd, p, &m, -1}; /* sends bucket 0, then dies */
+  cr_assert_eq(pthread_create(&ft, NULL, fake_root_main, &f), 0);
+  double t0 = now_s();
+  relayed_run(parts, t);
+  relayed_join(parts, t);
   double took = now_s() - t0;
   pthread_join(ft, NULL);
   cr_assert_eq(parts[1].rc, BCAST_EPEER, "relay: %d %s", parts[1].rc, parts[1].err.msg);
@@ -326,9 +357,8 @@ Test(bcast_relay, an_upstream_that_dies_mid_plan_fails_the_downstreams_promptly_
     cr_assert(strstr(parts[r].err.msg, "gave up at bucket 1") && strstr(parts[r].err.msg, "upstream rank 0"),
               "rank %u: %s", r, parts[r].err.msg);
   }
-  cr_assert_lt(took, 5.0, "the downstreams are told at once, not at the 20 s deadline (%.2f s)", took);
-  for (uint32_t r = 1; r < 4; r++) part_free(&parts[r]);
-  bcast_plan_free(p);
+  cr_assert_lt(took, 5.0, "the downstreams are told at once, not at the 30 s deadline (%.2f s)", took);
+  relayed_free(parts, p);
   model_free(&m);
   close(lfd);
 }
@@ -635,4 +665,39 @@ Test(bcast_relay, one_relay_per_node_is_the_first_receiver_there_that_can_relay)
   /* No labels: one node, no relay. */
   cr_assert_eq(bcast_relay_layout(4, 0, NULL, NULL, rf), 0);
   for (int r = 0; r < 4; r++) cr_assert_eq(rf[r], 0);
+}
+
+Test(bcast_relay, a_cancelled_relay_ends_at_once_and_tells_its_downstreams) {
+  char root_ep[64];
+  int lfd = fake_listen(root_ep, sizeof root_ep);
+  model m;
+  model_init(&m);
+  part parts[4];
+  pthread_t ft, t[4];
+  bcast_plan *p = relayed_start(&m, parts, root_ep, "relay/cancel");
+  int hold[2];
+  cr_assert_eq(pipe(hold), 0);
+  fake_root f = {lfd, p, &m, hold[0]}; /* sends bucket 0, then nothing */
+  cr_assert_eq(pthread_create(&ft, NULL, fake_root_main, &f), 0);
+  relayed_run(parts, t);
+  usleep(500 * 1000);
+  double t0 = now_s();
+  cr_assert_eq(bcast_engine_cancel(parts[1].e, "relay/cancel"), BCAST_OK);
+  relayed_join(parts, t);
+  double took = now_s() - t0;
+  ssize_t w = write(hold[1], "x", 1);
+  (void)w;
+  pthread_join(ft, NULL);
+  cr_assert_eq(parts[1].rc, BCAST_ECANCELED, "relay: %d %s", parts[1].rc, parts[1].err.msg);
+  for (uint32_t r = 2; r < 4; r++) {
+    cr_assert_eq(parts[r].rc, BCAST_EPEER, "rank %u: %d %s", r, parts[r].rc, parts[r].err.msg);
+    cr_assert(strstr(parts[r].err.msg, "gave up at bucket 1") && strstr(parts[r].err.msg, "cancelled"),
+              "rank %u: %s", r, parts[r].err.msg);
+  }
+  cr_assert_lt(took, 3.0, "every rank ends at the cancel, not at the 30 s timeout (%.2f s)", took);
+  close(hold[0]);
+  close(hold[1]);
+  relayed_free(parts, p);
+  model_free(&m);
+  close(lfd);
 }
