@@ -515,7 +515,9 @@ int bcast_topo_predict(const bcast_plan *p, const bcast_topo_place *place, size_
     return bcast__fail(err, BCAST_EINVAL, "plan: %u ranks, %u sources: no receiver", p->world_size, ns);
   rc = layout_check(p, place, nplace, o, ns, err);
   if (rc) return rc;
-  src_bytes *sb = calloc(ns, sizeof *sb);
+  /* ns is at least 1 (bcast__plan_nsources), which the analyser cannot see
+   * across files. */
+  src_bytes *sb = calloc(ns ? ns : 1, sizeof *sb);
   if (!sb) return bcast__fail(err, BCAST_ENOMEM, "topology: out of memory");
   uint64_t total = 0;
   rc = source_bytes(p, ns, sb, &total, err);
