@@ -385,6 +385,36 @@ Test(bcast_topo, relays_carry_the_model_once_per_node) {
   bcast_plan_free(p);
 }
 
+Test(bcast_topo, relays_by_node) {
+  bcast_plan *p = plan_of(one_tensor(BCAST_DTYPE_BF16, BCAST_RES_HOST_PINNED), BCAST_MODE_HOST, 6);
+  bcast_topo t = small_topo();
+  /* receiver 1 on the source's node; 2, 4 on node 1; 3, 5 on node 2 */
+  bcast_topo_place pl[6] = {{0, 0}, {0, 1}, {1, 0}, {2, 0}, {1, 1}, {2, 1}};
+  uint32_t rf[6];
+  bcast_err e = {0};
+  cr_assert_eq(bcast_topo_relays_by_node(p, pl, 6, &t, rf, &e), BCAST_OK, "%s", e.msg);
+  const uint32_t want[6] = {0, 0, 0, 0, 2, 3};
+  for (int r = 0; r < 6; r++) cr_assert_eq(rf[r], want[r], "relay_from[%d] %u, want %u", r, rf[r], want[r]);
+  /* NIC-bound: the model leaves node 0 twice instead of four times. */
+  bcast_topo_opts o = {.layout = BCAST_LAYOUT_ENGINE, .relay_from = rf};
+  bcast_topo_pred with, without;
+  cr_assert_eq(bcast_topo_predict(p, pl, 6, &t, &o, &with, &e), BCAST_OK, "%s", e.msg);
+  o.relay_from = NULL;
+  cr_assert_eq(bcast_topo_predict(p, pl, 6, &t, &o, &without, &e), BCAST_OK, "%s", e.msg);
+  near(stage(&with, "nic")->seconds, 2 * GIB / 20e9, "with relays");
+  near(stage(&without, "nic")->seconds, 4 * GIB / 20e9, "without");
+  cr_assert_eq(bcast_topo_relays_by_node(p, pl, 5, &t, rf, &e), BCAST_EINVAL);
+  cr_assert(strstr(e.msg, "5 places for a plan of 6 ranks"), "%s", e.msg);
+  bcast_topo_place off[6] = {{0, 0}, {0, 1}, {1, 0}, {3, 0}, {1, 1}, {2, 1}};
+  cr_assert_eq(bcast_topo_relays_by_node(p, off, 6, &t, rf, &e), BCAST_EINVAL);
+  cr_assert(strstr(e.msg, "placement[3].node 3 >= nodes 3"), "%s", e.msg);
+  bcast_plan_free(p);
+  p = sharded_plan(6, BCAST_MODE_HOST);
+  cr_assert_eq(bcast_topo_relays_by_node(p, pl, 6, &t, rf, &e), BCAST_EINVAL);
+  cr_assert(strstr(e.msg, "relay_from: relays are for plans of one source, not 2"), "%s", e.msg);
+  bcast_plan_free(p);
+}
+
 static void relay_refused(const bcast_plan *p, const bcast_topo_place *pl, bcast_topo_layout layout,
                           const uint32_t *rf, const char *needle) {
   bcast_topo t = small_topo();
