@@ -701,3 +701,27 @@ Test(bcast_relay, a_cancelled_relay_ends_at_once_and_tells_its_downstreams) {
   model_free(&m);
   close(lfd);
 }
+
+/* A participant that proves itself to the source as a rank that takes from
+ * a relay is told why it is refused, and the source names it. */
+Test(bcast_relay, a_rank_that_takes_from_a_relay_is_refused_by_the_source) {
+  uint32_t rf[] = {0, 0, 1};
+  world w;
+  world_make(&w, 3, rf, 0, 3.0);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, part_main, &w.parts[0]), 0);
+  int fd = bp_dial(w.p->host_endpoint);
+  cr_assert_geq(fd, 0);
+  uint8_t nonce[BP_NONCE], rx[BP_NONCE], hello[512];
+  cr_assert_eq(bp_challenge(fd, nonce), 0);
+  size_t hl = bp_hello(hello, w.p, 2, w.p->secret, nonce, rx);
+  cr_assert_eq(send(fd, hello, hl, MSG_NOSIGNAL), (ssize_t)hl);
+  int st = bp_reply(fd, w.p, 2, nonce, rx);
+  cr_assert_eq(st, BCAST_EPEER, "the source refuses rank 2 with a reason (status %d)", st);
+  pthread_join(t, NULL);
+  close(fd);
+  cr_assert_eq(w.parts[0].rc, BCAST_EPEER, "%d %s", w.parts[0].rc, w.parts[0].err.msg);
+  cr_assert(strstr(w.parts[0].err.msg, "receiver claims rank 2: it takes its bytes from rank 1, not from rank 0"),
+            "%s", w.parts[0].err.msg);
+  world_free(&w);
+}
