@@ -13,7 +13,8 @@
  *           every shard; baseline: one sender of the same bytes, same run.
  *           --relays N: N of the --receivers take from the sender and
  *           forward to the others; baseline: every receiver taking from
- *           the sender (the direct fan-out), same run.
+ *           the sender (the direct fan-out), same run, the two layouts
+ *           stepping in turn on the same engines.
  *   colocated: sender and receiver on GPU 0, the receiver's bf16 buffers
  *           written by the sender (--master: fp32 pinned host, fp32 on the
  *           GPU, or a bf16 pinned host copy). Floors, all measured here: fp32
@@ -669,52 +670,66 @@ out:
 
 /* ---- relays (--relays) ---------------------------------------------------------------------- */
 
-/* One plan from one sender to the --receivers ranks on fresh engines: with
- * nrelays 0 every receiver takes from the sender; else ranks 1..nrelays
- * take from it and relay to the others, round-robin.  *engine_s: the median
- * step, first rank's start to last rank's end. */
+/* One sender and the --receivers ranks, one engine each (ranks 1..--relays
+ * listening), and two plans on them: every receiver taking from the sender,
+ * and ranks 1..N taking from it and relaying to the others, round-robin.
+ * The two run in turn, a step of each per rep (each after a step of the
+ * other: the first of each pair is its warm-up), so that a machine whose
+ * load drifts weighs on both alike; *direct_s and *relay_s are medians. */
 static int relay_run(const bb_args *a, const bcast_tensor *snd, size_t n, bcast_tensor *const *rcv,
-                     uint32_t nrelays, double *engine_s) {
-  uint32_t world = 1 + a->receivers;
+                     double *direct_s, double *relay_s) {
+  uint32_t world = 1 + a->receivers, nr = a->relays;
   bcast_engine **e = calloc(world, sizeof *e);
   uint32_t *from = calloc(world, sizeof *from);
   const char **eps = calloc(world, sizeof *eps);
   bb_rank *rk = calloc(world, sizeof *rk);
-  bcast_plan *plan = NULL;
+  double *dt = calloc(a->reps, sizeof *dt), *rt = calloc(a->reps, sizeof *rt);
+  bcast_plan *plan[2] = {NULL, NULL};
   bcast_err err = {0};
   int rc = 1;
-  if (!e || !from || !eps || !rk) {
+  if (!e || !from || !eps || !rk || !dt || !rt) {
     fprintf(stderr, "bench broadcast: out of memory for %u ranks\n", world);
     goto out;
   }
   for (uint32_t i = 0; i < world; i++) {
     bcast_engine_opts eo = {.rank = i, .device = -1, .timeout_s = 120,
-                            .host_listen = i <= nrelays ? "127.0.0.1:0" : NULL};
+                            .host_listen = i <= nr ? "127.0.0.1:0" : NULL};
     if (bcast_engine_new(&eo, &e[i], &err)) goto fail;
-    eps[i] = i && i <= nrelays ? bcast_engine_data_address(e[i]) : "";
-    from[i] = !nrelays || i <= nrelays ? 0 : 1 + (i - nrelays - 1) % nrelays;
+    eps[i] = i && i <= nr ? bcast_engine_data_address(e[i]) : "";
+    from[i] = i <= nr ? 0 : 1 + (i - nr - 1) % nr;
   }
-  char id[64];
-  snprintf(id, sizeof id, "bench-host-relays-%u", nrelays);
-  bcast_plan_opts po = {.id = id, .mode = BCAST_MODE_HOST, .world_size = world, .root_rank = 0,
-                        .staging_budget = (uint64_t)a->budget_mib << 20,
-                        .host_endpoint = bcast_engine_data_address(e[0]), .relay_from = nrelays ? from : NULL,
-                        .relay_endpoints = nrelays ? eps : NULL};
-  if (bcast_plan_build(snd, n, &po, &plan, &err)) goto fail;
-  for (uint32_t i = 0; i < world; i++)
-    rk[i] = (bb_rank){.rank = i, .eng = e[i], .plan = plan, .local = i ? rcv[i - 1] : snd, .n = n};
-  rc = run_group(rk, (int)world, (int)a->reps, engine_s);
-  for (uint32_t i = 0; i < world; i++) bcast_stats_free(&rk[i].stats);
+  for (int l = 0; l < 2; l++) {
+    bcast_plan_opts po = {.id = l ? "bench-host-relays" : "bench-host-direct", .mode = BCAST_MODE_HOST,
+                          .world_size = world, .root_rank = 0, .staging_budget = (uint64_t)a->budget_mib << 20,
+                          .host_endpoint = bcast_engine_data_address(e[0]), .relay_from = l ? from : NULL,
+                          .relay_endpoints = l ? eps : NULL};
+    if (bcast_plan_build(snd, n, &po, &plan[l], &err)) goto fail;
+  }
+  rc = 0;
+  for (uint32_t k = 0; k < a->reps && !rc; k++)
+    for (int l = 0; l < 2 && !rc; l++) {
+      for (uint32_t i = 0; i < world; i++)
+        rk[i] = (bb_rank){.rank = i, .eng = e[i], .plan = plan[l], .local = i ? rcv[i - 1] : snd, .n = n};
+      rc = run_group(rk, (int)world, 1, l ? &rt[k] : &dt[k]);
+      for (uint32_t i = 0; i < world; i++) bcast_stats_free(&rk[i].stats);
+    }
+  if (!rc) {
+    *direct_s = median(dt, (int)a->reps);
+    *relay_s = median(rt, (int)a->reps);
+  }
   goto out;
 fail:
-  fprintf(stderr, "bench broadcast: %u relays: %s (%s)\n", nrelays, err.msg, bcast_strerror(err.code));
+  fprintf(stderr, "bench broadcast: %u relays: %s (%s)\n", nr, err.msg, bcast_strerror(err.code));
 out:
   for (uint32_t i = 0; e && i < world; i++) bcast_engine_free(e[i]);
-  bcast_plan_free(plan);
+  bcast_plan_free(plan[0]);
+  bcast_plan_free(plan[1]);
   free(e);
   free(from);
   free(eps);
   free(rk);
+  free(dt);
+  free(rt);
   return rc;
 }
 
@@ -766,7 +781,7 @@ static int bench_relays(const bb_args *a) {
       goto fail;
   uint64_t wire = 0;
   for (size_t i = 0; i < n; i++) wire += bcast_tensor_elems(&snd[i]) * 2;
-  if (relay_run(a, snd, n, rcv, 0, &direct_s) || relay_run(a, snd, n, rcv, a->relays, &relay_s)) goto out;
+  if (relay_run(a, snd, n, rcv, &direct_s, &relay_s)) goto out;
   report_relays(a, bcast_preset_params(bcast_preset_find(a->preset), &so), wire, direct_s, relay_s);
   rc = 0;
   goto out;

@@ -701,3 +701,80 @@ Test(bcast_relay, a_cancelled_relay_ends_at_once_and_tells_its_downstreams) {
   model_free(&m);
   close(lfd);
 }
+
+/* A participant that proves itself to the source as a rank that takes from
+ * a relay is told why it is refused, and the source names it. */
+Test(bcast_relay, a_rank_that_takes_from_a_relay_is_refused_by_the_source) {
+  uint32_t rf[] = {0, 0, 1};
+  world w;
+  world_make(&w, 3, rf, 0, 3.0);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, part_main, &w.parts[0]), 0);
+  int fd = bp_dial(w.p->host_endpoint);
+  cr_assert_geq(fd, 0);
+  uint8_t nonce[BP_NONCE], rx[BP_NONCE], hello[512];
+  cr_assert_eq(bp_challenge(fd, nonce), 0);
+  size_t hl = bp_hello(hello, w.p, 2, w.p->secret, nonce, rx);
+  cr_assert_eq(send(fd, hello, hl, MSG_NOSIGNAL), (ssize_t)hl);
+  int st = bp_reply(fd, w.p, 2, nonce, rx);
+  cr_assert_eq(st, BCAST_EPEER, "the source refuses rank 2 with a reason (status %d)", st);
+  pthread_join(t, NULL);
+  close(fd);
+  cr_assert_eq(w.parts[0].rc, BCAST_EPEER, "%d %s", w.parts[0].rc, w.parts[0].err.msg);
+  cr_assert(strstr(w.parts[0].err.msg, "receiver claims rank 2: it takes its bytes from rank 1, not from rank 0"),
+            "%s", w.parts[0].err.msg);
+  world_free(&w);
+}
+
+static void *late_main(void *arg) {
+  usleep(3000 * 1000); /* longer than a bucket's bound at the plan's floor */
+  return part_main(arg);
+}
+
+/* A downstream that comes late holds the source at its accept, as a late
+ * receiver does without relays, not inside a bucket's bound: the plan goes
+ * through, bit for bit. */
+Test(bcast_relay, a_late_downstream_delays_the_plan_but_does_not_fail_it) {
+  model m;
+  memset(&m, 0, sizeof m);
+  /* More than the socket buffers hold: a relay receiving before its
+   * downstreams came would hold the source up mid-plan. */
+  tensor(&m.src[0], "big", 0, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 4096, 4096);
+  tensor(&m.src[1], "l1.a", 1, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 64, 64);
+  tensor(&m.src[2], "l1.b", 1, BCAST_DTYPE_U16, BCAST_DTYPE_U16, 64, 64);
+  tensor(&m.src[3], "l2.c", 2, BCAST_DTYPE_BF16, BCAST_DTYPE_BF16, 64, 64);
+  part parts[4];
+  memset(parts, 0, sizeof parts);
+  parts[0].e = engine(0, "127.0.0.1:0", 30);
+  parts[1].e = engine(1, "127.0.0.1:0", 30);
+  parts[2].e = engine(2, NULL, 30);
+  parts[3].e = engine(3, NULL, 30);
+  const char *eps[4] = {"", bcast_engine_data_address(parts[1].e), "", ""};
+  uint32_t rf[] = {0, 0, 1, 1};
+  bcast_plan_opts o = {.id = "relay/late", .mode = BCAST_MODE_HOST, .staging_budget = 4 << 20, .world_size = 4,
+                       .host_endpoint = bcast_engine_data_address(parts[0].e), .min_gbps = 0.5,
+                       .relay_from = rf, .relay_endpoints = eps};
+  bcast_plan *p = NULL;
+  bcast_err err = {0};
+  cr_assert_eq(bcast_plan_build(m.src, NT, &o, &p, &err), BCAST_OK, "%s", err.msg);
+  parts[0].sender = 1;
+  memcpy(parts[0].local, m.src, sizeof m.src);
+  for (uint32_t r = 0; r < 4; r++) {
+    parts[r].p = p;
+    if (r) part_receiver(&parts[r], &m);
+  }
+  pthread_t t[4];
+  for (uint32_t r = 0; r < 4; r++)
+    cr_assert_eq(pthread_create(&t[r], NULL, r == 3 ? late_main : part_main, &parts[r]), 0);
+  for (uint32_t r = 0; r < 4; r++) pthread_join(t[r], NULL);
+  uint64_t want = 0, got = 0;
+  cr_assert_eq(bcast_plan_source_checksum(p, 0, m.src, NT, 0, &want, &err), BCAST_OK, "%s", err.msg);
+  for (uint32_t r = 0; r < 4; r++) cr_assert_eq(parts[r].rc, BCAST_OK, "rank %u: %s", r, parts[r].err.msg);
+  for (uint32_t r = 1; r < 4; r++) {
+    cr_assert_eq(bcast_plan_source_checksum(p, 0, parts[r].local, NT, 1, &got, &err), BCAST_OK, "%s", err.msg);
+    cr_assert_eq(got, want, "rank %u holds the version sent", r);
+  }
+  for (uint32_t r = 0; r < 4; r++) part_free(&parts[r]);
+  bcast_plan_free(p);
+  model_free(&m);
+}

@@ -714,7 +714,11 @@ int bcast_engine_nccl_id(bcast_engine *e, uint8_t id[128], bcast_err *err);
  * socket serves plan after plan.  Receivers connect to plan->host_endpoint
  * anew for each plan and present (plan id, hash, rank); a different plan is
  * refused on both sides with BCAST_EMISMATCH.  The root returns once every
- * receiver confirmed the last bucket.  Every wait is bounded by timeout_s
+ * receiver confirmed the last bucket.  With relays (see "relays") a
+ * receiver connects to its upstream instead (bcast_plan_upstream_endpoint),
+ * and a receiver that relays needs opts.host_listen too (BCAST_EINVAL
+ * naming it otherwise); every receiver's confirmation still reaches the
+ * root, through the relays' own.  Every wait is bounded by timeout_s
  * (connect, each bucket) and by plan->deadline_unix_ms.  Stats: wire_bytes
  * counts the plan's bytes once (what each receiver gets); on the root cast_s
  * is cast + checksum, on receivers verify + scatter; exposed_s = total_s -

@@ -1603,12 +1603,22 @@ static void drain_until_closed(bcast__conn *c, int cancel_fd) {
   }
 }
 
-/* A relaying receiver: connects to its upstream, accepts its downstreams on
- * the engine's listener (as a source does), forwards every bucket as it
- * arrives, waits for every downstream's ACK, then sends its own: OK only
- * when it and every downstream (and theirs) hold every bucket.  A failure
- * of a downstream goes upstream in the ACK; one of the upstream goes to the
- * downstreams in an ABORT frame. */
+/* Tells the upstream why this relay fails, then waits for it to close. */
+static void report_upstream(bcast__conn *up, int rc, const bcast_err *err, int cancel_fd) {
+  send_status(up, MAGIC_ACK, rc, err ? err->msg : "relay failed", -1, bcast__now() + 1.0);
+  drain_until_closed(up, cancel_fd);
+}
+
+/* A relaying receiver: accepts its downstreams on the engine's listener (as
+ * a source does), then connects to its upstream, forwards every bucket as
+ * it arrives, waits for every downstream's ACK, then sends its own: OK only
+ * when it and every downstream (and theirs) hold every bucket.  Connecting
+ * upstream only once its downstreams are in makes the source wait for a
+ * late downstream where it waits for a late receiver anyway, at its accept
+ * (bounded by the plan's deadline), never inside a bucket's bound.  A
+ * failure of a downstream goes upstream in the ACK (even one that never
+ * connected: the relay then connects only to say so); one of the upstream
+ * goes to the downstreams in an ABORT frame. */
 static int relay_serve(int lfd, const bcast_plan *p, uint32_t rank, const bcast_tensor *local, const uint32_t *map,
                        const bcast__host_io *io, bcast_bucket_timing *bt, double *wire_s, uint32_t *refused,
                        bcast_err *err) {
@@ -1618,15 +1628,13 @@ static int relay_serve(int lfd, const bcast_plan *p, uint32_t rank, const bcast_
                        "without host_listen", p->id, rank, np);
   const char *ep = bcast_plan_upstream_endpoint(p, rank);
   double deadline = bcast__deadline(io->timeout_s, p->deadline_unix_ms);
-  bcast__conn up;
-  int rc = connect_and_handshake(p, ep, rank, io, &up, err);
-  if (rc) return rc;
   uint64_t mb = max_bucket(p);
   peer *peers = calloc(np, sizeof *peers);
+  bcast__conn up = {.fd = -1};
   relay_rx x = {.p = p, .up = &up, .ep = ep, .local = local, .map = map, .io = *io, .bt = bt};
   x.buf[0] = malloc(mb ? mb : 1);
   x.buf[1] = malloc(mb ? mb : 1);
-  int abort_p[2] = {-1, -1}, notify_p[2] = {-1, -1}, started = 0, boundary = 1;
+  int abort_p[2] = {-1, -1}, notify_p[2] = {-1, -1}, started = 0, boundary = 1, connected = 0, rc = BCAST_OK;
   pthread_mutex_init(&x.mu, NULL);
   pthread_cond_init(&x.cv, NULL);
   pthread_t tid;
@@ -1634,21 +1642,28 @@ static int relay_serve(int lfd, const bcast_plan *p, uint32_t rank, const bcast_
     rc = bcast__fail(err, BCAST_ENOMEM, "out of memory for two %llu-byte relay buffers", (unsigned long long)mb);
   else if (pipe2(abort_p, O_CLOEXEC | O_NONBLOCK) || pipe2(notify_p, O_CLOEXEC | O_NONBLOCK))
     rc = bcast__fail(err, BCAST_EIO, "plan '%s': pipe for the relay: %s", p->id, strerror(errno));
+  acceptor ac = {.p = p, .io = io, .rank = rank, .peers = peers, .want = np};
+  /* Downstreams get until a little before the deadline: what is left is the
+   * time to tell the upstream about one that never came. */
+  double left = deadline - bcast__now(), margin = left / 2 < RELAY_REPORT_S ? left / 2 : RELAY_REPORT_S;
+  if (!rc) rc = accept_all(lfd, &ac, deadline - margin, err);
+  while (ac.npend) pending_drop(&ac, ac.npend - 1, 1);
+  *refused = ac.refused;
+  if (rc != BCAST_ENOMEM && rc != BCAST_ECANCELED) {
+    bcast_err cerr = {0};
+    bcast__host_io cio = *io;
+    if (rc) cio.timeout_s = margin; /* only to report */
+    int crc = connect_and_handshake(p, ep, rank, &cio, &up, &cerr);
+    connected = crc == BCAST_OK;
+    if (!rc && crc) rc = bcast__fail(err, crc, "%s", cerr.msg);
+  }
   if (!rc) {
     x.io.cancel_fd = abort_p[0];
     x.notify_fd = notify_p[1];
-    /* Receiving starts at once: the upstream is not held while the
-     * downstreams connect. */
     if (pthread_create(&tid, NULL, relay_rx_main, &x))
       rc = bcast__fail(err, BCAST_ENOMEM, "plan '%s': cannot start the relay's receiving thread", p->id);
     else started = 1;
   }
-  acceptor ac = {.p = p, .io = io, .rank = rank, .peers = peers, .want = np};
-  double left = deadline - bcast__now(), margin = left / 2 < RELAY_REPORT_S ? left / 2 : RELAY_REPORT_S;
-  double accept_by = deadline - margin;
-  if (!rc) rc = accept_all(lfd, &ac, accept_by, err);
-  while (ac.npend) pending_drop(&ac, ac.npend - 1, 1);
-  *refused = ac.refused;
   if (!rc) rc = relay_forward(&x, rank, peers, np, notify_p[0], io, &boundary, err);
   if (!rc && (rc = collect_acks(p, peers, np, io, err))) boundary = 0; /* past the last bucket */
   if (started) {
@@ -1670,12 +1685,11 @@ static int relay_serve(int lfd, const bcast_plan *p, uint32_t rank, const bcast_
     *wire_s = t;
     if (send_status(&up, MAGIC_ACK, 0, "", io->cancel_fd, deadline))
       rc = bcast__fail(err, BCAST_EPEER, "upstream %s: final confirmation not delivered: %s", ep, strerror(errno));
-  } else if (!upstream_failed) { /* the upstream is fine: it learns why */
-    send_status(&up, MAGIC_ACK, rc, err ? err->msg : "relay failed", -1, bcast__now() + 1.0);
-    drain_until_closed(&up, io->cancel_fd);
+  } else if (connected && !upstream_failed) { /* the upstream is fine: it learns why */
+    report_upstream(&up, rc, err, io->cancel_fd);
   }
   for (size_t i = 0; i < ac.have; i++) bcast__conn_close(&peers[i].c);
-  bcast__conn_close(&up);
+  if (up.fd >= 0) bcast__conn_close(&up);
   pthread_cond_destroy(&x.cv);
   pthread_mutex_destroy(&x.mu);
   pipe_close(abort_p);
