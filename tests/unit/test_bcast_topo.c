@@ -69,6 +69,7 @@ static bcast_topo small_topo(void) {
   t.host_cores_gbps = 0;
   t.host_cast_gbps = 0;
   t.pageable_gbps = 25;
+  t.tcp_plan_ms = 0;
   t.hop_latency_us = 10;
   t.nccl_bucket_us = 0;
   t.coloc_plan_us = 0;
@@ -147,6 +148,10 @@ Test(bcast_topo, host_transport_processes_and_cores) {
   near(stage(&r, "tcp")->seconds, tcp, "send thread plus the host");
   near(stage(&r, "cast")->seconds, cast, "fp32 bytes cast on the CPU");
   near(r.total_s, (tcp + cast) / 4 + 0.75 * tcp, "pipelined");
+  t.tcp_plan_ms = 20;
+  r = predict_ok(p, pl, &t, BCAST_LAYOUT_ENGINE, 0);
+  near(r.total_s, (tcp + cast) / 4 + 0.75 * tcp + 0.020, "and the plan's fixed cost");
+  t.tcp_plan_ms = 0;
 
   /* Shared cores: 6B of stream ends over 5 GB/s binds on its own. */
   t.host_cores_gbps = 5;
@@ -506,7 +511,7 @@ Test(bcast_topo, refusals_name_the_field) {
                           "tcp_stream_gbps", "hop_latency_us", "tcp_send_gbps",  "host_gbps",
                           "host_cores_gbps", "host_cast_gbps", "pageable_gbps",  "nccl_bucket_us",
                           "coloc_plan_us",  "coloc_write_us",  "coloc_source_us", "node[1].nics 0 must be >= 1",
-                          "node[2].nic_gbits 0 must be > 0", "tls_stream_gbps"};
+                          "node[2].nic_gbits 0 must be > 0", "tls_stream_gbps", "tcp_plan_ms"};
   const bcast_topo_node no_nics[3] = {{2, 80}, {0, 80}, {2, 80}}, no_rate[3] = {{2, 80}, {1, 40}, {2, 0}};
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     bcast_topo t = small_topo();
@@ -533,6 +538,7 @@ Test(bcast_topo, refusals_name_the_field) {
     case 19: t.node = no_nics; break;
     case 20: t.node = no_rate; break;
     case 21: t.tls_stream_gbps = -1; break;
+    case 22: t.tcp_plan_ms = NAN; break;
     }
     refused(p, pl, 3, &t, BCAST_LAYOUT_ENGINE, 0, fields[i]);
   }

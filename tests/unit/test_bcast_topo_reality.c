@@ -19,6 +19,7 @@
 
 typedef enum {
   H200,    /* the H200 machines (2 x H200 NV18, 1 x H200) and their hosts: bcast_topo_default */
+  H200B,   /* the 1 x H200 host lent on 2026-12-02: its own host-transport figures */
   DEV      /* the 2-core development machine: its host-transport figures */
 } machine;
 
@@ -163,6 +164,30 @@ static const row rows[] = {
     {"bench broadcast host --senders, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 2, 2, 0, 1, 0, 1.216, 1.3085},
     /* | 4 | 0.8220 s |; 0.802 s */
     {"bench broadcast host --senders, H200 host", "1b", H200, BCAST_MODE_HOST, FP32, PAGEABLE, 4, 2, 0, 1, 0, 0.802, 0.8220},
+    /* "The cost model against every measured figure", the host lent on
+     * 2026-12-02: --senders 8 --receivers 4: 2.5459, 1.6259, 1.1073, 1.0879 s */
+    {"bench broadcast host --senders, H200 host B", "1b", H200B, BCAST_MODE_HOST, FP32, PAGEABLE, 1, 4, 0, 1, 0,
+     2.5459, 2.5459},
+    {"bench broadcast host --senders, H200 host B", "1b", H200B, BCAST_MODE_HOST, FP32, PAGEABLE, 2, 4, 0, 1, 0,
+     1.6259, 1.6259},
+    {"bench broadcast host --senders, H200 host B", "1b", H200B, BCAST_MODE_HOST, FP32, PAGEABLE, 4, 4, 0, 1, 0,
+     1.1073, 1.1073},
+    {"bench broadcast host --senders, H200 host B", "1b", H200B, BCAST_MODE_HOST, FP32, PAGEABLE, 8, 4, 0, 1, 0,
+     1.0879, 1.0879},
+    /* same run, --senders 4 --receivers 2: 1.5537, 1.0964, 0.7038 s */
+    {"bench broadcast host --senders, H200 host B", "1b", H200B, BCAST_MODE_HOST, FP32, PAGEABLE, 1, 2, 0, 1, 0,
+     1.5537, 1.5537},
+    {"bench broadcast host --senders, H200 host B", "1b", H200B, BCAST_MODE_HOST, FP32, PAGEABLE, 2, 2, 0, 1, 0,
+     1.0964, 1.0964},
+    {"bench broadcast host --senders, H200 host B", "1b", H200B, BCAST_MODE_HOST, FP32, PAGEABLE, 4, 2, 0, 1, 0,
+     0.7038, 0.7038},
+    /* same run: 4b engine 5.4262 s; 100m engine 0.1550 s, TLS 0.2310 s */
+    {"bench broadcast host, H200 host B", "4b", H200B, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 0, 5.4262,
+     5.4262},
+    {"bench broadcast --tls (plain), H200 host B", "100m", H200B, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 0,
+     0.1550, 0.1550},
+    {"bench broadcast --tls, H200 host B", "100m", H200B, BCAST_MODE_HOST, FP32, PAGEABLE, 0, 1, 0, 1, 1, 0.2310,
+     0.2310},
     /* "The host transport with several senders", this development machine:
      * | 1 | 0.2339 s |, a second run 0.2373 s */
     {"bench broadcast host --senders, 2 cores", "100m", DEV, BCAST_MODE_HOST, FP32, PAGEABLE, 1, 2, 0, 1, 0, 0.2339, 0.2373},
@@ -177,6 +202,14 @@ static const row rows[] = {
 static bcast_topo topo_of(machine m) {
   bcast_topo t;
   bcast_topo_default(&t, 1);
+  if (m == H200B) {
+    t.tcp_stream_gbps = 1.8;
+    t.tls_stream_gbps = 1.15;
+    t.tcp_send_gbps = 4.6;
+    t.host_gbps = 40;
+    t.host_cores_gbps = 19;
+    t.tcp_plan_ms = 40;
+  }
   if (m == DEV) {
     t.tcp_stream_gbps = 0;
     t.tcp_send_gbps = 1.80;
@@ -272,7 +305,7 @@ Test(bcast_topo_reality, every_measured_broadcast_within_10_percent) {
     }
     printf("| %s | %s | %s%s | %u -> %u | %s %s | %s | %s | %.4f s | %s%s | %s at %s |\n", r->what, r->preset,
            bcast_mode_name(r->mode), r->tls ? " (TLS)" : "", r->senders ? r->senders : 1, r->receivers,
-           bcast_dtype_name(r->storage), residency_name(r->res), r->on == DEV ? "2-core" : "H200", measured,
+           bcast_dtype_name(r->storage), residency_name(r->res), r->on == DEV ? "2-core" : r->on == H200B ? "H200 B" : "H200", measured,
            pred.total_s, ratio, ok ? "" : " **off**", b ? b->name : "-", b ? b->where : "-");
     if (!ok) {
       char line[512];

@@ -72,6 +72,7 @@ int bcast_topo_check(const bcast_topo *t, bcast_err *err) {
               {"host_gbps", t->host_gbps, " (0: no cap)"},
               {"host_cores_gbps", t->host_cores_gbps, " (0: no cap)"},
               {"host_cast_gbps", t->host_cast_gbps, " (0: no cap)"},
+              {"tcp_plan_ms", t->tcp_plan_ms, ""},
               {"hop_latency_us", t->hop_latency_us, ""},
               {"nccl_bucket_us", t->nccl_bucket_us, ""},
               {"coloc_plan_us", t->coloc_plan_us, ""},
@@ -293,6 +294,7 @@ static int predict_host(const bcast_plan *p, const bcast_topo_place *place, cons
   add_stage(out, "cores", &cores, 0);
   add_stage(out, "nic", &nic, 0);
   add_stage(out, "h2d", &h2d, 1);
+  out->latency_s = t->tcp_plan_ms * 1e-3;
   load_free(&l);
   return BCAST_OK;
 }

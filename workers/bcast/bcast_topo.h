@@ -53,6 +53,8 @@ typedef struct bcast_topo {
   double host_cast_gbps;   /* a source's CPU cast and checksum, storage bytes/s */
   double pageable_gbps;    /* the host transport's synchronous copies between GPU
                               tensors and pageable host memory, > 0 */
+  double tcp_plan_ms;      /* fixed cost of a host-transport plan (connections,
+                              handshakes, threads), >= 0 */
   double hop_latency_us;   /* per hop of an NCCL ring, >= 0 */
   double nccl_bucket_us;   /* fixed cost of each bucket's NCCL group, >= 0 */
   /* Colocated (every rank on one GPU): fixed costs of a plan, >= 0. */
