@@ -31,13 +31,31 @@ TOLERANCE=0.10
 # connections, so the first step starts no colder than the others.
 WARMUP=0
 
+# attach_wait SECONDS N PID...: "ok" once N workers are attached; else which
+# of the PIDs exited (with its last log line), or that SECONDS passed.
+attach_wait() {
+  local deadline=$((SECONDS + $1)) n=$2 pid
+  shift 2
+  while ((SECONDS < deadline)); do
+    live_count_is "$n" 2>/dev/null && { echo ok; return; }
+    for pid in "$@"; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        echo "$(basename "${LOG_OF[$pid]}" .log) exited: $(tail -n 1 "${LOG_OF[$pid]}")"
+        return
+      fi
+    done
+    sleep 0.2
+  done
+  echo "$(live_workers) of $n attached after $1 s"
+}
+
 # case_run NAME MBIT DELAY_MS RECEIVERS...: hosts 0..N-1 on links of MBIT
 # Mbit/s and DELAY_MS each way, RECEIVERS[k-1] inference workers on host k;
 # a run of STEPS steps; every check of the case, then its table row.
 case_run() {
   local name=$1 mbit=$2 delay=$3 gbits
   shift 3
-  local per_host=("$@") hosts=$(($# + 1)) nrecv=0 k i run out params wire bound events
+  local per_host=("$@") hosts=$(($# + 1)) nrecv=0 k i run out params wire bound events pids
   gbits="$(python3 -c "print($mbit / 1000)")"
   for i in "${per_host[@]}"; do nrecv=$((nrecv + i)); done
 
@@ -59,16 +77,20 @@ case_run() {
     --node host0 --nics 1 --nic-gbits "$gbits" --preset 100m --layers "$LAYERS" --device -1 \
     --threads 1 --data-listen "$(netns_addr 0):0" --log-level info >"$TEST_TMP/trainer.$name.log" 2>&1 &
   track_pid $!
+  pids=($!)
+  LOG_OF[$!]="$TEST_TMP/trainer.$name.log"
   for ((k = 1; k < hosts; k++)); do
     for ((i = 0; i < per_host[k - 1]; i++)); do
       ip netns exec "$(netns_name "$k")" "$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" --name "$name-h$k-$i" \
         --node "host$k" --nics 1 --nic-gbits "$gbits" --device -1 --log-level info \
         >"$TEST_TMP/inference.$name.h$k.$i.log" 2>&1 &
       track_pid $!
+      pids+=($!)
+      LOG_OF[$!]="$TEST_TMP/inference.$name.h$k.$i.log"
     done
   done
-  wait_until 60 live_count_is $((nrecv + 1))
-  assert_eq 0 "$?" "[$name] the trainer and $nrecv inference workers on $hosts hosts attach" || return 1
+  out="$(attach_wait 60 $((nrecv + 1)) "${pids[@]}")"
+  assert_eq ok "$out" "[$name] the trainer and $nrecv inference workers on $hosts hosts attach" || return 1
 
   params="$(grep -oE 'event=trainer_ready .* params=[0-9]+' "$TEST_TMP/trainer.$name.log" | grep -oE '[0-9]+$')"
   wire=$((params * 2)) # bf16 on the wire
@@ -152,6 +174,7 @@ PY
 }
 
 TABLE=()
+declare -A LOG_OF
 case_run 2-hosts 300 1 1
 case_run 4-hosts 400 1 1 1 1
 case_run 8-hosts 1000 0.5 1 1 1 1 1 1 1
