@@ -107,7 +107,11 @@ case_run() {
     --max-async-level 1 | json_get id)"
   assert_ne "" "$run" "[$name] the run starts" || return 1
   events="$TEST_TMP/events.$name"
-  timeout "$bound" "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json watch-run "$run" >"$events"
+  # In the background, so that a SIGTERM to the test (a timeout) cleans up
+  # at once: bash runs its traps only once a foreground command ends.
+  timeout "$bound" "$RLORCH_BIN" ctl --target "$GRPC_ADDR" --json watch-run "$run" >"$events" &
+  track_pid $!
+  wait $!
   assert_eq 0 "$?" "[$name] the run ends within ${bound} s"
   out="$(ctl --json get-run "$run")"
   assert_eq RUN_STATE_SUCCEEDED "$(json_get state "$out")" "[$name] the run succeeds: $(json_get message "$out")"
