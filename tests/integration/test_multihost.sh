@@ -4,7 +4,8 @@
 # to a bridge in the root namespace by a veth pair shaped with tc in both
 # directions (lib.sh, "hosts in network namespaces"): host 0 runs the trainer
 # (host transport, listening on its own address), hosts 1..N-1 one or two
-# inference workers, the daemon listens on the bridge's address. Every worker
+# inference workers (each listening on its host's address, so that it may
+# relay), the daemon listens on the bridge's address. Every worker
 # is told its place (--node, --nics, --nic-gbits: its link's shaped rate), so
 # the orchestrator's cost model predicts every plan on the topology the
 # workers reported; each step's record carries that prediction beside the
@@ -90,7 +91,8 @@ case_run() {
     for ((i = 0; i < per_host[k - 1]; i++)); do
       ip netns exec "$(netns_name "$k")" "$RLORCH_BIN" inference --orchestrator "$GRPC_ADDR" \
         --name "$name-h$k-$i" --node "host$k" --nics 1 --nic-gbits "$(python3 -c "print($mbit / 1000)")" \
-        --device -1 --log-level info >"$TEST_TMP/inference.$name.h$k.$i.log" 2>&1 &
+        --data-listen "$(netns_addr "$k"):0" --device -1 --log-level info \
+        >"$TEST_TMP/inference.$name.h$k.$i.log" 2>&1 &
       track_pid $!
       pids+=($!)
       LOG_OF[$!]="$TEST_TMP/inference.$name.h$k.$i.log"
