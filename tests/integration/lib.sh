@@ -581,15 +581,13 @@ __lib_netns_remove() {
       else
         kill -0 "${BASH_REMATCH[1]}" 2>/dev/null && continue
       fi
-      if [[ $kind == veth ]]; then
+      if [[ $kind != netns ]]; then
         ip link del "$name" 2>/dev/null
-      elif [[ $kind == bridge ]]; then
-        ip link del "$name" 2>/dev/null
-      else
-        # A process of this shell's that was not tracked goes with its host.
-        [[ $1 == own ]] && ip netns pids "$name" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
-        ip netns del "$name" 2>/dev/null
+        continue
       fi
+      # A process of this shell's that was not tracked goes with its host.
+      [[ $1 == own ]] && ip netns pids "$name" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+      ip netns del "$name" 2>/dev/null
     done
   done
   return 0
