@@ -549,15 +549,20 @@ asan_for_python() {
 # ---- hosts in network namespaces ----------------------------------------------------
 #
 # Several "hosts" on one machine (as root): network namespaces, each with its
-# own address on 10.231.X.0/24, joined by a veth pair to a bridge in the root
-# namespace that holds 10.231.X.1 (where a daemon can listen), each link shaped
-# in both directions: the namespace side's egress is the host's upload, the
-# bridge side's its download. tbf sets the rate; netem, where the kernel has
-# it, the latency. Every name starts with rlns and the test shell's pid, so
+# own address on 10.231.X.0/24, joined by a veth pair (MTU NETNS_MTU) to a
+# bridge in the root namespace that holds 10.231.X.1 (where a daemon can
+# listen), each link shaped in both directions: the namespace side's egress is
+# the host's upload, the bridge side's its download. tbf sets the rate; netem,
+# where the kernel has it, the latency. Every name starts with rlns and the test shell's pid, so
 # tests running at once never share one, and what a run left behind when it
 # died is found and removed by the next (netns_sweep).
 
 NETNS_TAG="rlns$$"
+# Jumbo frames, as a cluster's data network runs: a TCP segment of 8948 bytes
+# is a 9014-byte frame, 99.3% goodput through a tbf (which counts frames),
+# where MTU 1500 gives 95.6% (docs/BENCHMARKS.md, "Multi-host runs in network
+# namespaces").
+NETNS_MTU=9000
 NETNS_NET=""   # 10.231.X once netns_net_create has run
 NETNS_GW=""    # the bridge's address, 10.231.X.1
 NETNS_NETEM="" # 1 when the kernel has netem (probed by netns_net_create), else 0
@@ -668,7 +673,7 @@ netns_host_add() {
   local ns out="${NETNS_TAG}v$1" in="${NETNS_TAG}n$1"
   ns="$(netns_name "$1")"
   if ! { ip netns add "$ns" &&
-         ip link add "$out" type veth peer name "$in" netns "$ns" &&
+         ip link add "$out" mtu "$NETNS_MTU" type veth peer name "$in" mtu "$NETNS_MTU" netns "$ns" &&
          ip link set "$out" master "${NETNS_TAG}b" up &&
          ip -n "$ns" addr add "$(netns_addr "$1")/24" dev "$in" &&
          ip -n "$ns" link set "$in" up && ip -n "$ns" link set lo up &&
