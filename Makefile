@@ -19,12 +19,13 @@ DEB_BUILD_PKGS := build-essential cmake ninja-build pkg-config \
             libyaml-dev libhttp-parser-dev libsqlite3-dev libxxhash-dev libssl-dev libjansson-dev
 # Everything `make test` needs: the above, the test tools and the checkers;
 # PyYAML and kubectl (`kubectl kustomize`) for the deployment checks;
+# iproute2 (ip, tc) for the multi-host test's network namespaces and shaped links;
 # numpy and CPU PyTorch for the Python package and the RL example (python3-torch brings
 # about 300 packages, 215 MB to download and 900 MB installed: on one Debian
 # 12 machine the download took 5 s and unpacking 25 s, a minute or two of
 # apt-get install in all).
 DEB_PKGS := $(DEB_BUILD_PKGS) git ca-certificates libcriterion-dev sqlite3 prometheus curl python3 \
-            python3-yaml clang-14 clang-tidy-14 python3-numpy python3-torch
+            python3-yaml clang-14 clang-tidy-14 python3-numpy python3-torch iproute2
 
 .PHONY: all deps deps-build build run test test-unit test-asan test-clang test-fuzz test-gpu bench clean node-deps
 

@@ -78,6 +78,22 @@ track_pid() {
   __LIB_PIDS+=("$1")
 }
 
+# stop_tracked: stops every process registered with track_pid now (SIGTERM,
+# SIGKILL 5 s later), before what they use is taken away.
+stop_tracked() {
+  local pid
+  for pid in "${__LIB_PIDS[@]}"; do __lib_stop_pid "$pid"; done
+  __LIB_PIDS=()
+}
+
+# skip_all MESSAGE: the whole script cannot run here (exit 77, which ctest
+# counts as skipped, not passed).
+skip_all() {
+  printf 'skip - %s\n' "$*"
+  __LIB_FINISHED=1
+  exit 77
+}
+
 __lib_stop_pid() {
   local pid=$1 i
   kill -0 "$pid" 2>/dev/null || return 0
@@ -114,15 +130,16 @@ trap 'exit 143' TERM
 
 # ---- ports and processes --------------------------------------------------------
 
-# Prints N (default 1) distinct free TCP ports on 127.0.0.1, space-separated.
-# All are held open together while chosen, so they differ from each other.
+# Prints N (default 1) distinct free TCP ports on SERVE_HOST (default
+# 127.0.0.1), space-separated. All are held open together while chosen, so
+# they differ from each other.
 free_port() {
-  python3 - "${1:-1}" <<'EOF'
+  python3 - "${1:-1}" "${SERVE_HOST:-127.0.0.1}" <<'EOF'
 import socket, sys
 socks = []
 for _ in range(int(sys.argv[1])):
     s = socket.socket()
-    s.bind(("127.0.0.1", 0))
+    s.bind((sys.argv[2], 0))
     socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
@@ -154,9 +171,10 @@ __lib_serving() {
   [[ "$(json_get message.status <<<"$out" 2>/dev/null)" == SERVING ]]
 }
 
-# serve_start [ARGS...]: starts "$RLORCH_BIN" serve on free loopback ports with a
-# fresh data directory, waits until the gRPC health check says SERVING, and
-# exports SERVE_PID, GRPC_ADDR, METRICS_ADDR, SERVE_DATA_DIR and SERVE_LOG.
+# serve_start [ARGS...]: starts "$RLORCH_BIN" serve on free ports of SERVE_HOST
+# (default loopback) with a fresh data directory, waits until the gRPC health
+# check says SERVING, and exports SERVE_PID, GRPC_ADDR, METRICS_ADDR,
+# SERVE_DATA_DIR and SERVE_LOG.
 # Extra arguments go to serve after the defaults (so they may override them).
 # Returns 1 (after recording a failure) when the daemon exits or is not serving
 # within SERVE_START_TIMEOUT_S seconds.
@@ -164,8 +182,8 @@ serve_start() {
   local ports deadline
   ports="$(free_port 2)" || { fail "serve_start: no free port"; return 1; }
   __LIB_SERVE_SEQ=$((__LIB_SERVE_SEQ + 1))
-  GRPC_ADDR="127.0.0.1:${ports%% *}"
-  METRICS_ADDR="127.0.0.1:${ports##* }"
+  GRPC_ADDR="${SERVE_HOST:-127.0.0.1}:${ports%% *}"
+  METRICS_ADDR="${SERVE_HOST:-127.0.0.1}:${ports##* }"
   SERVE_DATA_DIR="$TEST_TMP/data.$__LIB_SERVE_SEQ"
   SERVE_LOG="$TEST_TMP/serve.$__LIB_SERVE_SEQ.log"
   export GRPC_ADDR METRICS_ADDR SERVE_DATA_DIR SERVE_LOG
@@ -526,4 +544,165 @@ asan_for_python() {
   LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
   export LD_PRELOAD
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+}
+
+# ---- hosts in network namespaces ----------------------------------------------------
+#
+# Several "hosts" on one machine (as root): network namespaces, each with its
+# own address on 10.231.X.0/24, joined by a veth pair (MTU NETNS_MTU) to a
+# bridge in the root namespace that holds 10.231.X.1 (where a daemon can
+# listen), each link shaped in both directions: the namespace side's egress is
+# the host's upload, the bridge side's its download. tbf sets the rate; netem,
+# where the kernel has it, the latency. Every name starts with rlns and the test shell's pid, so
+# tests running at once never share one, and what a run left behind when it
+# died is found and removed by the next (netns_sweep).
+
+NETNS_TAG="rlns$$"
+# Jumbo frames, as a cluster's data network runs: a TCP segment of 8948 bytes
+# is a 9014-byte frame, 99.3% goodput through a tbf (which counts frames),
+# where MTU 1500 gives 95.6% (docs/BENCHMARKS.md, "Multi-host runs in network
+# namespaces").
+NETNS_MTU=9000
+NETNS_NET=""   # 10.231.X once netns_net_create has run
+NETNS_GW=""    # the bridge's address, 10.231.X.1
+NETNS_NETEM="" # 1 when the kernel has netem (probed by netns_net_create), else 0
+__LIB_NETNS_CLEANUP=0
+
+# __lib_netns_remove own|dead: removes the veth pairs, namespaces and bridges
+# named after this shell (own) or after a shell that has exited (dead). A
+# veth goes first (its peer with it), then the namespace, then the bridge.
+__lib_netns_remove() {
+  local name names kind
+  for kind in veth netns bridge; do
+    case $kind in
+      veth) names="$(ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1)" ;;
+      netns) names="$(ip netns list 2>/dev/null | awk '{print $1}')" ;;
+      bridge) names="$(ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}')" ;;
+    esac
+    for name in $names; do
+      [[ $name =~ ^rlns([0-9]+)(v[0-9]+|h[0-9]+|b)$ ]] || continue
+      if [[ $1 == own ]]; then
+        [[ ${BASH_REMATCH[1]} == "$$" ]] || continue
+      else
+        kill -0 "${BASH_REMATCH[1]}" 2>/dev/null && continue
+      fi
+      if [[ $kind != netns ]]; then
+        ip link del "$name" 2>/dev/null
+        continue
+      fi
+      # A process of this shell's that was not tracked goes with its host.
+      [[ $1 == own ]] && ip netns pids "$name" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+      ip netns del "$name" 2>/dev/null
+    done
+  done
+  return 0
+}
+
+# netns_sweep: removes what runs whose shell has exited left behind (a crash,
+# a SIGKILL that skipped their cleanup).
+netns_sweep() { __lib_netns_remove dead; }
+
+# netns_net_create: the bridge, on the first 10.231.X.0/24 that no interface
+# of the root namespace uses (chosen under a lock, so that two tests starting
+# together do not take the same one); sets NETNS_NET, NETNS_GW and
+# NETNS_NETEM. Removes leftovers first, and everything it makes on exit.
+netns_net_create() {
+  local lock fd x used br="${NETNS_TAG}b"
+  if ((__LIB_NETNS_CLEANUP == 0)); then
+    on_exit netns_teardown
+    __LIB_NETNS_CLEANUP=1
+  fi
+  lock="$(dirname "$TEST_TMP")/rlorch-netns.lock"
+  exec {fd}>>"$lock" || { fail "netns: cannot open the lock file $lock"; return 1; }
+  if ! flock -w 30 "$fd"; then
+    exec {fd}>&-
+    fail "netns: $lock still locked after 30 s"
+    return 1
+  fi
+  netns_sweep
+  used=" $(ip -o -4 addr show | grep -oE 'inet 10\.231\.[0-9]+\.' | cut -d. -f3 | tr '\n' ' ')"
+  for ((x = 0; x < 256; x++)); do [[ $used == *" $x "* ]] || break; done
+  if ((x == 256)); then
+    exec {fd}>&-
+    fail "netns: every 10.231.X.0/24 is in use"
+    return 1
+  fi
+  if ! { ip link add "$br" type bridge && ip addr add "10.231.$x.1/24" dev "$br" &&
+         ip link set "$br" up; } 2>"$TEST_TMP/netns.err"; then
+    exec {fd}>&-
+    fail "netns: cannot make bridge $br on 10.231.$x.1/24: $(tail -n 1 "$TEST_TMP/netns.err")"
+    return 1
+  fi
+  exec {fd}>&-
+  NETNS_NET="10.231.$x"
+  NETNS_GW="$NETNS_NET.1"
+  if [[ -z $NETNS_NETEM ]]; then
+    NETNS_NETEM=0
+    tc qdisc add dev "$br" root netem delay 1ms 2>/dev/null && NETNS_NETEM=1
+    tc qdisc del dev "$br" root 2>/dev/null
+  fi
+  return 0
+}
+
+# netns_name K, netns_addr K: host K's namespace and address. A process for
+# the namespace starts as `ip netns exec "$(netns_name K)" CMD... &` (ip execs
+# CMD, so $! is CMD's pid for track_pid; a shell function run with & would
+# leave CMD behind its subshell).
+netns_name() { printf '%s' "${NETNS_TAG}h$1"; }
+netns_addr() { printf '%s' "$NETNS_NET.$((10 + $1))"; }
+
+# __lib_netns_shape NS DEV MBIT DELAY_MS: DEV's egress (in namespace NS, or
+# the root one when NS is empty) at MBIT Mbit/s, after DELAY_MS of netem
+# delay when DELAY_MS is not 0 and the kernel has netem. The rate is tbf's
+# (its tokens count every byte of a frame, headers included), with a bucket
+# above one 64 KiB GSO packet and a queue of 20 ms at that rate.
+__lib_netns_shape() {
+  local tcn=(tc) parent=(root)
+  [[ -n $1 ]] && tcn=(tc -n "$1")
+  if [[ $4 != 0 && $NETNS_NETEM == 1 ]]; then
+    "${tcn[@]}" qdisc add dev "$2" root handle 1: netem delay "${4}ms" limit 100000 || return 1
+    parent=(parent 1:1)
+  fi
+  "${tcn[@]}" qdisc add dev "$2" "${parent[@]}" handle 10: tbf rate "${3}mbit" burst 256kb latency 20ms
+}
+
+# netns_host_add K MBIT DELAY_MS: host K (namespace netns_name K, address
+# netns_addr K) on the bridge, its link shaped to MBIT Mbit/s and DELAY_MS
+# each way (see __lib_netns_shape).
+netns_host_add() {
+  local ns out="${NETNS_TAG}v$1" in="${NETNS_TAG}n$1"
+  ns="$(netns_name "$1")"
+  if ! { ip netns add "$ns" &&
+         ip link add "$out" mtu "$NETNS_MTU" type veth peer name "$in" mtu "$NETNS_MTU" netns "$ns" &&
+         ip link set "$out" master "${NETNS_TAG}b" up &&
+         ip -n "$ns" addr add "$(netns_addr "$1")/24" dev "$in" &&
+         ip -n "$ns" link set "$in" up && ip -n "$ns" link set lo up &&
+         __lib_netns_shape "$ns" "$in" "$2" "$3" && __lib_netns_shape "" "$out" "$2" "$3"; } \
+       2>"$TEST_TMP/netns.err"; then
+    fail "netns: cannot make host $1 ($ns, $(netns_addr "$1"), $2 Mbit/s, $3 ms): $(tail -n 1 "$TEST_TMP/netns.err")"
+    return 1
+  fi
+}
+
+# netns_link_bytes K up|down: bytes host K's shaped link has carried out of
+# the host (up) or into it (down), as its tbf counted them (frames, headers
+# included).
+netns_link_bytes() {
+  local tcn=(tc) dev="${NETNS_TAG}v$1"
+  if [[ $2 == up ]]; then
+    tcn=(tc -n "$(netns_name "$1")")
+    dev="${NETNS_TAG}n$1"
+  fi
+  "${tcn[@]}" -j -s qdisc show dev "$dev" | python3 -c '
+import json, sys
+print(sum(q["bytes"] for q in json.load(sys.stdin) if q["kind"] == "tbf"))'
+}
+
+# netns_teardown: stops every tracked process (they may run in a namespace),
+# then removes this shell's veth pairs, namespaces and bridge.
+netns_teardown() {
+  stop_tracked
+  __lib_netns_remove own
+  NETNS_NET=""
+  NETNS_GW=""
 }
