@@ -145,6 +145,7 @@ struct sched {
 
   sched_worker_info *workers;  /* sorted by id */
   size_t nworkers, workers_cap;
+  sched_map worker_index;      /* id -> index in workers */
 
   sched__request *reqs;        /* sorted by id (ids only grow), dead slots included */
   size_t nreqs, reqs_cap;      /* slots */
@@ -281,9 +282,18 @@ static size_t sched__lower(const sched *s, uint32_t id) {
   return lo;
 }
 
+/* By the id index: every event looks its worker up, and a binary search
+ * over thousands of workers misses the cache at every step. */
 static sched_worker_info *sched__worker(sched *s, uint32_t id) {
-  size_t i = sched__lower(s, id);
-  return i < s->nworkers && s->workers[i].id == id ? &s->workers[i] : NULL;
+  const uint32_t *i = sched_map_get(&s->worker_index, id);
+  return i ? &s->workers[*i] : NULL;
+}
+
+/* Workers from `from` on moved in the array: their index entries follow
+ * (room reserved; only an id out of order or a forget moves any). */
+static void sched__reindex_workers(sched *s, size_t from) {
+  for (size_t i = from; i < s->nworkers; i++)
+    if (sched_map_put(&s->worker_index, s->workers[i].id, (uint32_t)i)) s->index_oom = 1;
 }
 
 static const char *sched__name(sched *s, uint32_t id) {
@@ -1378,6 +1388,7 @@ void sched_free(sched *s) {
   free(s->cands);
   free(s->expired);
   sched_map_free(&s->pool_ids);
+  sched_map_free(&s->worker_index);
   free(s->pool_tally.e);
   free(s->req_tally.e);
   free(s->workers);
@@ -1572,7 +1583,7 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
   }
   /* Room in every index for one more worker: no later event may fail on it. */
   size_t room = s->nworkers + 1;
-  int nomem = sched_heap_reserve(&s->alive, room) ||
+  int nomem = sched_map_reserve(&s->worker_index, room) || sched_heap_reserve(&s->alive, room) ||
               sched__grow(&s->expired, &s->expired_cap, room, sizeof *s->expired);
   for (size_t i = 0; !nomem && i < s->ncands; i++) nomem = sched_heap_reserve(&s->cands[i].h, room);
   if (nomem) return sched__fail_arg(s, SCHED_ENOMEM, "out of memory registering worker %" PRIu32, id);
@@ -1583,6 +1594,8 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
     memmove(&s->workers[i + 1], &s->workers[i], (s->nworkers - i) * sizeof *s->workers);
     s->nworkers++;
     w = &s->workers[i];
+    w->id = id;
+    sched__reindex_workers(s, i);
   }
   memset(w, 0, sizeof *w);
   w->id = id;
@@ -1718,6 +1731,8 @@ int sched_worker_forget(sched *s, int64_t now, uint32_t id) {
    * lost, and a plan pending since then was built without it. */
   memmove(&s->workers[i], &s->workers[i + 1], (s->nworkers - i - 1) * sizeof *s->workers);
   s->nworkers--;
+  sched_map_del(&s->worker_index, id);
+  sched__reindex_workers(s, i);
   return SCHED_OK;
 }
 
