@@ -308,7 +308,7 @@ int cmd_sim(int argc, char **argv) {
   for (int k = 0; k < SIM_CPU_KINDS; k++)
     printf(" %s %.3f s%s", sim_cpu_kind_name((sim_cpu_kind)k), r.cpu_by[k], k + 1 < SIM_CPU_KINDS ? "," : "\n");
   double per_worker_us = cpu / steps / workers * 1e6;
-  printf("           timer: %.0f ns an empty interval, taken off each of %" PRIu64 " timed calls\n",
+  printf("           timer: %.0f ns an empty interval (mean), one taken off each of %" PRIu64 " timed calls\n",
          r.timer_s * 1e9, r.timed_calls);
   printf("baseline   bare RPC round trip (unary health Check, loopback, p50 of %d): %.1f us\n",
          SIM_RTT_CALLS, rtt_s * 1e6);

@@ -36,7 +36,9 @@ static void sched_heap__place(sched_heap *h, size_t i, sched_heap_entry x) {
   *sched_map_get(&h->pos, x.key) = (uint32_t)i;
 }
 
-static void sched_heap__up(sched_heap *h, size_t i) {
+/* The entry at i moves up or down to its place; `xpos` is where its own
+ * position is recorded (looked up once: the map does not change meanwhile). */
+static void sched_heap__up(sched_heap *h, size_t i, uint32_t *xpos) {
   sched_heap_entry x = h->e[i];
   while (i > 0) {
     size_t p = (i - 1) / 2;
@@ -44,10 +46,11 @@ static void sched_heap__up(sched_heap *h, size_t i) {
     sched_heap__place(h, i, h->e[p]);
     i = p;
   }
-  sched_heap__place(h, i, x);
+  h->e[i] = x;
+  *xpos = (uint32_t)i;
 }
 
-static void sched_heap__down(sched_heap *h, size_t i) {
+static void sched_heap__down(sched_heap *h, size_t i, uint32_t *xpos) {
   sched_heap_entry x = h->e[i];
   for (;;) {
     size_t c = 2 * i + 1;
@@ -57,7 +60,8 @@ static void sched_heap__down(sched_heap *h, size_t i) {
     sched_heap__place(h, i, h->e[c]);
     i = c;
   }
-  sched_heap__place(h, i, x);
+  h->e[i] = x;
+  *xpos = (uint32_t)i;
 }
 
 int sched_heap_set(sched_heap *h, uint64_t key, int64_t prio) {
@@ -65,15 +69,16 @@ int sched_heap_set(sched_heap *h, uint64_t key, int64_t prio) {
   if (at) {
     size_t i = *at;
     int64_t was = h->e[i].prio;
+    if (prio == was) return 0;
     h->e[i].prio = prio;
-    if (prio < was) sched_heap__up(h, i);
-    else sched_heap__down(h, i);
+    if (prio < was) sched_heap__up(h, i, at);
+    else sched_heap__down(h, i, at);
     return 0;
   }
   if (sched_heap_reserve(h, h->n + 1)) return SCHED_ENOMEM;
   if (sched_map_put(&h->pos, key, (uint32_t)h->n)) return SCHED_ENOMEM; /* room reserved */
   h->e[h->n++] = (sched_heap_entry){.prio = prio, .key = key};
-  sched_heap__up(h, h->n - 1);
+  sched_heap__up(h, h->n - 1, sched_map_get(&h->pos, key));
   return 0;
 }
 
@@ -84,9 +89,10 @@ static void sched_heap__remove_at(sched_heap *h, size_t i) {
   if (i == h->n) return;
   sched_heap_entry last = h->e[h->n];
   int64_t was = h->e[i].prio;
-  sched_heap__place(h, i, last);
-  if (last.prio < was) sched_heap__up(h, i);
-  else sched_heap__down(h, i);
+  uint32_t *lpos = sched_map_get(&h->pos, last.key);
+  h->e[i] = last;
+  if (last.prio < was) sched_heap__up(h, i, lpos);
+  else sched_heap__down(h, i, lpos);
 }
 
 int sched_heap_del(sched_heap *h, uint64_t key) {

@@ -50,7 +50,6 @@ typedef struct sim {
   int failed;
   int succeeded;            /* RUN_STATE succeeded was seen */
   sim_cpu_kind actions_kind; /* whom taking actions is charged to */
-  double timer_s;           /* what an empty timed interval reads (timer_cost) */
 } sim;
 
 static int fail(sim *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -72,29 +71,15 @@ static double cpu_now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* What a timed interval with nothing in it reads: the end of one clock read
- * and the start of the next, a system call's worth, more than many scheduler
- * calls cost. The median of many, measured at the start of the run and
- * taken off every timed call, so that what is charged is the call's own. */
-static double timer_cost(void) {
-  enum { N = 4001 };
-  static double v[N];
-  for (int i = 0; i < N; i++) {
-    double c0 = cpu_now();
-    v[i] = cpu_now() - c0;
-  }
-  qsort(v, N, sizeof *v, cmp_double);
-  return v[N / 2];
-}
-
-/* Charges the interval since c0, less the timer's own cost. */
+/* Charges the interval since c0 less an empty one timed at once after it.
+ * A timed interval holds the end of one clock read and the start of the
+ * next, a system call's worth, more than many scheduler calls cost, and
+ * that worth moves with the machine's load; an empty interval measured
+ * beside each call takes it off under the same conditions. */
 static void charge(sim *m, sim_cpu_kind k, double c0) {
-  double s = cpu_now() - c0 - m->timer_s;
+  double c1 = cpu_now(), c2 = cpu_now();
+  double s = (c1 - c0) - (c2 - c1);
+  m->res->timer_s += c2 - c1; /* summed here, a mean at the end */
   m->res->timed_calls++;
   m->res->cpu_by[k] += s;
   if (k != SIM_CPU_REGISTER) m->res->sched_cpu_s += s;
@@ -510,7 +495,6 @@ int sim_run(const sim_workload *w, const bcast_topo *t, sim_result *out, char *e
   m->errlen = errlen;
   m->rng = w->seed * 0x9e3779b97f4a7c15ull + 1;
   m->actions_kind = SIM_CPU_REGISTER;
-  m->timer_s = out->timer_s = timer_cost();
   evq_init(&m->q, sizeof(sim_ev));
   int rc = setup(m);
   m->actions_kind = SIM_CPU_ACTIONS;
@@ -538,6 +522,7 @@ int sim_run(const sim_workload *w, const bcast_topo *t, sim_result *out, char *e
     if (!rc) rc = react(m);
   }
   if (m->s) sched_get_counters(m->s, &out->counters);
+  if (out->timed_calls) out->timer_s /= (double)out->timed_calls;
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   out->peak_rss_kib = ru.ru_maxrss;
