@@ -6,9 +6,9 @@
 
 #include <stddef.h>
 
-/* The median round trip, in seconds, of `n` health Checks of the server at
- * `target` ("127.0.0.1:7070") after 100 that warm the channel; 0 when none
- * was answered SERVING. */
+/* The round trip, in seconds, of health Checks of the server at `target`
+ * ("127.0.0.1:7070"): after 100 that warm the channel, the least of the
+ * medians of three runs of n / 3 (n >= 3); 0 when none was answered. */
 double rtt_health_check(const char *target, int n);
 
 /* The same against a server of this process on a loopback port, started and
