@@ -715,12 +715,10 @@ static void sched__requeue_worker(sched *s, uint32_t id) {
   s->ncancelled = k;
 }
 
-/* Rebuilds the pool's id index after the pool was filtered (once a step).
- * The map has room for max_buffered ids, so no put allocates. */
-static void sched__pool_reindex(sched *s) {
-  sched_map_clear(&s->pool_ids);
-  for (size_t i = 0; i < s->npool; i++)
-    if (sched_map_put(&s->pool_ids, s->pool[i].r.id, 0)) s->index_oom = 1;
+/* Rollout r leaves the pool (batched or stale): its id and its count go. */
+static void sched__pool_forget(sched *s, const sched__rollout *r) {
+  sched_map_del(&s->pool_ids, r->r.id);
+  sched__tally_add(&s->pool_tally, r->gversion, -1);
 }
 
 /* Drops buffered groups older than the bound of step `n` (a group's
@@ -735,11 +733,10 @@ static void sched__prune(sched *s, uint64_t n) {
   size_t j = 0;
   for (size_t i = 0; i < s->npool; i++) {
     if ((int64_t)s->pool[i].gversion >= bound) s->pool[j++] = s->pool[i];
-    else sched__tally_add(&s->pool_tally, s->pool[i].gversion, -1);
+    else sched__pool_forget(s, &s->pool[i]);
   }
   uint64_t dropped = s->npool - j;
   s->npool = j;
-  sched__pool_reindex(s);
   s->c.rollouts_dropped_stale += dropped;
   s->dropped_since_commit += dropped;
   s->c.rollouts_buffered = (uint32_t)s->npool;
@@ -777,10 +774,9 @@ static void sched__take_batch(sched *s, uint64_t n) {
     const sched__rollout *r = &s->pool[i];
     int taken = r->gversion < cut_version || (r->gversion == cut_version && r->seq <= cut_seq);
     if (!taken) s->pool[j++] = *r;
-    else sched__tally_add(&s->pool_tally, r->gversion, -1);
+    else sched__pool_forget(s, r);
   }
   s->npool = j;
-  sched__pool_reindex(s);
   s->c.rollouts_buffered = (uint32_t)s->npool;
 }
 

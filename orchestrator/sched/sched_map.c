@@ -90,8 +90,3 @@ int sched_map_del(sched_map *m, uint64_t key) {
   m->n--;
   return 1;
 }
-
-void sched_map_clear(sched_map *m) {
-  if (m->cap) memset(m->slots, 0, m->cap * sizeof *m->slots);
-  m->n = 0;
-}

@@ -34,8 +34,6 @@ int sched_map_put(sched_map *m, uint64_t key, uint32_t val);
 uint32_t *sched_map_get(const sched_map *m, uint64_t key);
 /* 1 if `key` was there and is removed, 0 if it was absent. */
 int sched_map_del(sched_map *m, uint64_t key);
-/* Removes every key, keeping the room. */
-void sched_map_clear(sched_map *m);
 static inline size_t sched_map_size(const sched_map *m) { return m->n; }
 
 #endif

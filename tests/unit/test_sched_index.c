@@ -59,12 +59,8 @@ Test(sched_map, random_operations_match_an_array) {
         if (r.in[k]) n--;
         r.in[k] = 0;
         break;
-      default:
-        if (rnd() % 200 == 0) {
-          sched_map_clear(&m);
-          memset(r.in, 0, sizeof r.in);
-          n = 0;
-        }
+      default: /* a look-up only, below */
+        break;
       }
       cr_assert_eq(sched_map_size(&m), n);
       /* Every key, present or not, answers as the array does. */
