@@ -62,6 +62,14 @@ typedef struct sched__candidates {
   sched_heap h;
 } sched__candidates;
 
+#define SCHED__NONE UINT32_MAX
+
+/* A worker's place in the list of live workers by last proof of life. */
+typedef struct sched__seen_link {
+  uint32_t prev, next; /* worker indices, SCHED__NONE at the ends */
+  uint32_t in;         /* in the list: live */
+} sched__seen_link;
+
 /* A group waiting to be sent again (its worker lost, its report refused). */
 typedef struct sched__requeued {
   uint64_t group;
@@ -183,7 +191,14 @@ struct sched {
 
   /* Indexes kept with every change, so that no event scans every worker or
    * request: a step with N workers costs O(N log N), not O(N^2). */
-  sched_heap alive;            /* live workers by last_seen_ms: the next heartbeat timeout */
+  /* The live workers, least recently seen first: a proof of life carries the
+   * latest time (the clock never goes back), so it moves its worker to the
+   * tail in O(1), and the head times out first. Links are indices into the
+   * worker array, kept beside it; a small array, so a heartbeat touches
+   * little memory. */
+  sched__seen_link *seen;      /* workers_cap of them, by worker index */
+  size_t seen_cap;
+  uint32_t seen_head, seen_tail; /* SCHED__NONE: empty */
   sched_heap timers;           /* requests in flight not yet overdue by sent_ms
                                   (request_timeout_ms > 0): the next request timeout */
   sched__candidates *cands;    /* dispatch candidates by version; empty ones kept for reuse */
@@ -355,11 +370,48 @@ static void sched__track(sched *s, const sched_worker_info *w, int sign) {
   }
 }
 
-/* Worker `w` was heard from at `now` (the heap holds every live worker, so
- * the key is there and the set cannot allocate). */
+static void sched__seen_unlink(sched *s, uint32_t k) {
+  sched__seen_link *l = &s->seen[k];
+  if (!l->in) return;
+  if (l->prev != SCHED__NONE) s->seen[l->prev].next = l->next;
+  else s->seen_head = l->next;
+  if (l->next != SCHED__NONE) s->seen[l->next].prev = l->prev;
+  else s->seen_tail = l->prev;
+  *l = (sched__seen_link){SCHED__NONE, SCHED__NONE, 0};
+}
+
+/* Worker `w` was heard from at `now`, the latest time yet: to the tail. */
 static void sched__seen(sched *s, sched_worker_info *w, int64_t now) {
+  uint32_t k = (uint32_t)(w - s->workers);
   w->last_seen_ms = now;
-  if (sched_heap_set(&s->alive, w->id, now)) s->index_oom = 1;
+  if (s->seen[k].in && s->seen_tail == k) return;
+  sched__seen_unlink(s, k);
+  s->seen[k] = (sched__seen_link){s->seen_tail, SCHED__NONE, 1};
+  if (s->seen_tail != SCHED__NONE) s->seen[s->seen_tail].next = k;
+  else s->seen_head = k;
+  s->seen_tail = k;
+}
+
+/* The worker array moved by `by` (+1: opened at index `at`; -1: closed
+ * there): the links follow. O(workers), as the move itself. */
+static void sched__seen_shift(sched *s, uint32_t at, int by) {
+  size_t n = s->nworkers; /* after the move */
+  if (by > 0 && at + 1 == n) { /* appended: nothing moved */
+    s->seen[at] = (sched__seen_link){SCHED__NONE, SCHED__NONE, 0};
+    return;
+  }
+  if (by > 0) memmove(&s->seen[at + 1], &s->seen[at], (n - 1 - at) * sizeof *s->seen);
+  else memmove(&s->seen[at], &s->seen[at + 1], (n - at) * sizeof *s->seen);
+#define SCHED__FIX(x) \
+  if ((x) != SCHED__NONE && (x) >= at) (x) = (uint32_t)((int64_t)(x) + by)
+  for (size_t i = 0; i < n; i++) {
+    SCHED__FIX(s->seen[i].prev);
+    SCHED__FIX(s->seen[i].next);
+  }
+  SCHED__FIX(s->seen_head);
+  SCHED__FIX(s->seen_tail);
+#undef SCHED__FIX
+  if (by > 0) s->seen[at] = (sched__seen_link){SCHED__NONE, SCHED__NONE, 0};
 }
 
 /* Adds `delta` rollouts of `version`. Room for a new version is reserved by
@@ -1353,6 +1405,7 @@ int sched_new(const sched_settings *settings, sched **out, char *err, size_t err
   s->next_request_id = s->id_base;
   s->next_group_id = s->id_base;
   s->st.deadline_ms = SCHED_NEVER;
+  s->seen_head = s->seen_tail = SCHED__NONE;
   s->last_now = INT64_MIN;
   s->pool_cap = s->max_buffered;
   s->pool = malloc(s->pool_cap * sizeof *s->pool);
@@ -1378,7 +1431,7 @@ nomem:
 
 void sched_free(sched *s) {
   if (!s) return;
-  sched_heap_free(&s->alive);
+  free(s->seen);
   sched_heap_free(&s->timers);
   for (size_t i = 0; i < s->ncands; i++) sched_heap_free(&s->cands[i].h);
   free(s->cands);
@@ -1463,9 +1516,10 @@ int64_t sched_next_deadline(const sched *s) {
       s->st.failing_since + SCHED__PEER_GRACE_MS < d)
     d = s->st.failing_since + SCHED__PEER_GRACE_MS;
   /* The least recently seen live worker times out first. */
-  const sched_heap_entry *seen = sched_heap_min(&s->alive);
-  if (seen && seen->prio + s->cfg.heartbeat_timeout_ms < d)
-    d = seen->prio + s->cfg.heartbeat_timeout_ms;
+  if (s->seen_head != SCHED__NONE) {
+    int64_t due = s->workers[s->seen_head].last_seen_ms + s->cfg.heartbeat_timeout_ms;
+    if (due < d) d = due;
+  }
   if (s->mixed && s->mixed_since + s->cfg.heartbeat_timeout_ms < d)
     d = s->mixed_since + s->cfg.heartbeat_timeout_ms;
   /* The oldest request not yet overdue (none whose due time would overflow). */
@@ -1579,7 +1633,8 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
   }
   /* Room in every index for one more worker: no later event may fail on it. */
   size_t room = s->nworkers + 1;
-  int nomem = sched_map_reserve(&s->worker_index, room) || sched_heap_reserve(&s->alive, room) ||
+  int nomem = sched_map_reserve(&s->worker_index, room) ||
+              sched__grow(&s->seen, &s->seen_cap, room, sizeof *s->seen) ||
               sched__grow(&s->expired, &s->expired_cap, room, sizeof *s->expired);
   for (size_t i = 0; !nomem && i < s->ncands; i++) nomem = sched_heap_reserve(&s->cands[i].h, room);
   if (nomem) return sched__fail_arg(s, SCHED_ENOMEM, "out of memory registering worker %" PRIu32, id);
@@ -1592,6 +1647,7 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
     w = &s->workers[i];
     w->id = id;
     sched__reindex_workers(s, i);
+    sched__seen_shift(s, (uint32_t)i, +1);
   }
   memset(w, 0, sizeof *w);
   w->id = id;
@@ -1675,7 +1731,7 @@ static void sched__lose(sched *s, sched_worker_info *w, const char *reason) {
   sched__requeue_worker(s, id);
   sched__set_worker_state(s, w, SCHED_WORKER_LOST, why);
   w->synced = 0; /* lost: in no count, nothing to untrack */
-  sched_heap_del(&s->alive, id);
+  sched__seen_unlink(s, (uint32_t)(w - s->workers));
   int in_plan = 0;
   for (size_t i = 0; sched__plan_pending(s) && i < s->st.nparts; i++)
     if (s->st.parts[i] == id) in_plan = 1;
@@ -1729,6 +1785,7 @@ int sched_worker_forget(sched *s, int64_t now, uint32_t id) {
   s->nworkers--;
   sched_map_del(&s->worker_index, id);
   sched__reindex_workers(s, i);
+  sched__seen_shift(s, (uint32_t)i, -1); /* it was lost: in the list no more */
   return SCHED_OK;
 }
 
@@ -2459,17 +2516,13 @@ int sched_tick(sched *s, int64_t now) {
   /* Losses first: a silent participant re-plans the step rather than failing the run.
    * In id order, as a scan of the workers would find them. */
   size_t nexp = 0;
-  sched_heap_entry e;
-  while (sched_heap_size(&s->alive) && now - sched_heap_min(&s->alive)->prio >= s->cfg.heartbeat_timeout_ms &&
-         sched_heap_pop(&s->alive, &e))
-    s->expired[nexp++] = (uint32_t)e.key; /* room for every worker reserved at registration */
+  for (uint32_t k = s->seen_head;
+       k != SCHED__NONE && now - s->workers[k].last_seen_ms >= s->cfg.heartbeat_timeout_ms;
+       k = s->seen[k].next)
+    s->expired[nexp++] = s->workers[k].id; /* room for every worker reserved at registration */
   if (nexp > 1) qsort(s->expired, nexp, sizeof *s->expired, sched__cmp_u32);
-  for (size_t i = 0; i < nexp; i++) {
+  for (size_t i = 0; i < nexp && !sched__terminal(s); i++) {
     sched_worker_info *w = sched__worker(s, s->expired[i]);
-    if (sched__terminal(s)) { /* still live: they time out in the heap again */
-      sched__seen(s, w, w->last_seen_ms);
-      continue;
-    }
     char why[SCHED_TEXT_MAX];
     snprintf(why, sizeof why, "no heartbeat for %" PRId64 " ms", now - w->last_seen_ms);
     sched__lose(s, w, why);
@@ -2479,6 +2532,7 @@ int sched_tick(sched *s, int64_t now) {
     sched__plan_timeout(s);
   /* Marked here, acted on by every dispatch until the group has its second
    * request: a slow request may find no other worker free at once. */
+  sched_heap_entry e;
   while (sched_heap_size(&s->timers) && now - sched_heap_min(&s->timers)->prio >= s->cfg.request_timeout_ms &&
          sched_heap_pop(&s->timers, &e)) {
     size_t qi = sched__req_index(s, e.key);
