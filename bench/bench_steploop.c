@@ -22,6 +22,7 @@
 #include "orchestrator/common/opt.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "orchestrator/cli/proc.h"
+#include "orchestrator/cli/rtt.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc.h"
@@ -206,35 +207,11 @@ out:
   return res;
 }
 
-/* Median round trip of a unary health Check against the same server. */
-static double bare_rtt(const char *target, int n) {
-  rpc_client *c = NULL;
-  rpc_client_opts o = {.target = target};
-  char err[256];
-  if (rpc_client_new(&o, &c, err, sizeof err)) return 0;
-  double *v = malloc((size_t)n * sizeof *v);
-  Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-  int k = 0;
-  for (int i = 0; i < n + 100 && v; i++) {
-    ProtobufCMessage *resp = NULL;
-    rpc_status st;
-    double t = bench_now();
-    if (rpc_client_call(c, "/grpc.health.v1.Health/Check", &req.base,
-                        &grpc__health__v1__health_check_response__descriptor, 5, &resp,
-                        &st) != GRPC_STATUS_OK)
-      continue;
-    t = bench_now() - t;
-    protobuf_c_message_free_unpacked(resp, NULL);
-    if (i >= 100) v[k++] = t; /* the first calls warm the channel */
-  }
-  double med = 0;
-  if (k) {
-    bench_sort(v, (size_t)k);
-    med = v[k / 2];
-  }
-  free(v);
-  rpc_client_free(c);
-  return med;
+/* Orchestrator CPU per step and per worker (the trainer included), in bare
+ * round trips. */
+static double per_worker(const round_result *r, double rtt) {
+  if (!r->steps || rtt <= 0) return 0;
+  return r->cpu_s / (double)r->steps / rtt / (double)(r->workers + 1);
 }
 
 static pid_t start_serve(const char *exe, const char *addr, const char *maddr, const char *dir) {
@@ -301,11 +278,12 @@ int bench_steploop(int argc, char **argv) {
     waitpid(serve, NULL, 0);
     return 1;
   }
-  double rtt = bare_rtt(addr, 2000);
-  static const uint32_t counts[] = {1, 8, 64};
-  round_result rr[3];
+  double rtt = rtt_health_check(addr, 3000);
+  static const uint32_t counts[] = {1, 8, 64, 256};
+  enum { ROUNDS = sizeof counts / sizeof counts[0] };
+  round_result rr[ROUNDS];
   int rc = 0;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < ROUNDS; i++) {
     rr[i] = run_round(addr, serve, counts[i], steps, per_step);
     if (!rr[i].ok) rc = 1;
   }
@@ -318,12 +296,12 @@ int bench_steploop(int argc, char **argv) {
 
   if (json) {
     printf("{\"bare_rpc_rtt_us\":%.1f,\"rounds\":[", rtt * 1e6);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < ROUNDS; i++)
       printf("%s{\"inference_workers\":%u,\"steps\":%" PRIu64 ",\"rollouts\":%" PRIu64
-             ",\"cpu_us_per_step\":%.1f,\"cpu_us_per_rollout\":%.2f,\"wall_ms_per_step\":%.3f,"
-             "\"ok\":%s}",
+             ",\"cpu_us_per_step\":%.1f,\"x_rtt_per_worker\":%.3f,\"cpu_us_per_rollout\":%.2f,"
+             "\"wall_ms_per_step\":%.3f,\"ok\":%s}",
              i ? "," : "", rr[i].workers, rr[i].steps, rr[i].rollouts,
-             rr[i].steps ? rr[i].cpu_s * 1e6 / (double)rr[i].steps : 0,
+             rr[i].steps ? rr[i].cpu_s * 1e6 / (double)rr[i].steps : 0, per_worker(&rr[i], rtt),
              rr[i].rollouts ? rr[i].cpu_s * 1e6 / (double)rr[i].rollouts : 0,
              rr[i].steps ? rr[i].wall_s * 1e3 / (double)rr[i].steps : 0, rr[i].ok ? "true" : "false");
     printf("]}\n");
@@ -331,19 +309,20 @@ int bench_steploop(int argc, char **argv) {
   }
   printf("orchestration overhead: %u steps x %u rollouts per step, zero-cost workers, loopback\n",
          steps, per_step);
-  printf("baseline: bare RPC round trip (unary health Check, same server, p50): %.1f us\n\n",
+  printf("baseline: bare RPC round trip (unary health Check, same server, least p50 of 3 x 1000): %.1f us\n\n",
          rtt * 1e6);
-  printf("%9s %6s %9s %14s %10s %17s %16s\n", "inference", "steps", "rollouts", "cpu_us/step",
-         "x_rtt", "cpu_us/rollout", "wall_ms/step");
-  for (int i = 0; i < 3; i++) {
+  printf("%9s %6s %9s %14s %10s %14s %17s %16s\n", "inference", "steps", "rollouts", "cpu_us/step",
+         "x_rtt", "x_rtt/worker", "cpu_us/rollout", "wall_ms/step");
+  for (int i = 0; i < ROUNDS; i++) {
     double ps = rr[i].steps ? rr[i].cpu_s * 1e6 / (double)rr[i].steps : 0;
-    printf("%9u %6" PRIu64 " %9" PRIu64 " %14.1f %10.2f %17.2f %16.3f%s\n", rr[i].workers,
-           rr[i].steps, rr[i].rollouts, ps, rtt > 0 ? ps / (rtt * 1e6) : 0,
+    printf("%9u %6" PRIu64 " %9" PRIu64 " %14.1f %10.2f %14.3f %17.2f %16.3f%s\n", rr[i].workers,
+           rr[i].steps, rr[i].rollouts, ps, rtt > 0 ? ps / (rtt * 1e6) : 0, per_worker(&rr[i], rtt),
            rr[i].rollouts ? rr[i].cpu_s * 1e6 / (double)rr[i].rollouts : 0,
            rr[i].steps ? rr[i].wall_s * 1e3 / (double)rr[i].steps : 0,
            rr[i].ok ? "" : "  (run did not succeed)");
   }
   printf("\ncpu_us: orchestrator process CPU time (user + system, from /proc, 10 ms ticks);\n"
-         "x_rtt: orchestrator CPU per step in units of the bare RPC round trip.\n");
+         "x_rtt: orchestrator CPU per step in units of the bare RPC round trip;\n"
+         "x_rtt/worker: the same per worker of the step (the inference workers and the trainer).\n");
   return rc;
 }

@@ -11,15 +11,15 @@
 #include <string.h>
 
 #include "orchestrator/cli/commands.h"
+#include "orchestrator/cli/rtt.h"
 #include "orchestrator/common/opt.h"
 #include "orchestrator/sim/sim.h"
 
 extern char **environ;
 
-/* A bare unary RPC round trip to the orchestrator, p50 on the development
- * machine (docs/BENCHMARKS.md, "Orchestration overhead"): the yardstick of
- * the orchestrator's CPU per worker. */
-#define SIM_RPC_ROUND_TRIP_US 109.5
+/* Health Checks timed for the bare round trip: the yardstick of the
+ * orchestrator's CPU per worker, measured after the run on this machine. */
+#define SIM_RTT_CALLS 3000
 
 typedef struct sim_opts {
   char *scenario, *cluster, *model;
@@ -277,6 +277,13 @@ int cmd_sim(int argc, char **argv) {
     status = 1;
     goto out;
   }
+  /* After the run, so that the server's threads take nothing from it. */
+  double rtt_s = 0;
+  if (rtt_loopback(SIM_RTT_CALLS, &rtt_s, err, sizeof err)) {
+    fprintf(stderr, "rlorch sim: %s\n", err);
+    status = 1;
+    goto out;
+  }
   uint32_t k = w.replica_gpus ? w.replica_gpus : 1;
   uint32_t per_step = w.rollouts_per_step ? w.rollouts_per_step : w.group_size * w.inference_workers;
   uint32_t workers = w.trainer_ranks + w.inference_workers;
@@ -301,8 +308,12 @@ int cmd_sim(int argc, char **argv) {
   for (int k = 0; k < SIM_CPU_KINDS; k++)
     printf(" %s %.3f s%s", sim_cpu_kind_name((sim_cpu_kind)k), r.cpu_by[k], k + 1 < SIM_CPU_KINDS ? "," : "\n");
   double per_worker_us = cpu / steps / workers * 1e6;
+  printf("           timer: %.0f ns an empty interval (mean), one taken off each of %" PRIu64 " timed calls\n",
+         r.timer_s * 1e9, r.timed_calls);
+  printf("baseline   bare RPC round trip (unary health Check, loopback, least p50 of 3 x %d): %.1f us\n",
+         SIM_RTT_CALLS / 3, rtt_s * 1e6);
   printf("per worker %.2f us a step = %.3f bare RPC round trips (%.1f us)\n", per_worker_us,
-         per_worker_us / SIM_RPC_ROUND_TRIP_US, SIM_RPC_ROUND_TRIP_US);
+         per_worker_us / (rtt_s * 1e6), rtt_s * 1e6);
   printf("memory     peak RSS %.1f MiB\n", (double)r.peak_rss_kib / 1024.0);
   printf("plan       %s (the scheduler's choice), %" PRIu64 " buckets, %.2f GB on the wire\n",
          sched_mode_name(r.mode), r.plan_buckets, (double)r.wire_bytes / 1e9);

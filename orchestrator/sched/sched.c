@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "orchestrator/sched/sched.h"
+#include "orchestrator/sched/sched_heap.h"
+#include "orchestrator/sched/sched_map.h"
 
 typedef enum {
   SCHED__IDLE = 0,     /* waiting for a batch */
@@ -30,6 +32,7 @@ typedef struct sched__request {
   int64_t sent_ms;  /* dispatch time: the request timeout counts from it */
   uint64_t twin;    /* the other request in flight for the same group; 0: none */
   int overdue;      /* out for request_timeout_ms: its group may go to another worker too */
+  int dead;         /* answered, cancelled or lost: a slot kept until the array is compacted */
 } sched__request;
 
 typedef struct sched__rollout {
@@ -38,6 +41,34 @@ typedef struct sched__rollout {
   uint64_t seq;      /* arrival order: ties between equal versions go oldest first; a
                         group's rollouts arrive together, so their seqs are consecutive */
 } sched__rollout;
+
+/* Rollouts counted by version: what dispatch's demand is made of. */
+typedef struct sched__tally_entry {
+  uint64_t version;
+  uint64_t count;
+} sched__tally_entry;
+
+/* One entry per version present, none at count 0: a handful, since versions
+ * older than the window's are pruned or answered away. */
+typedef struct sched__tally {
+  sched__tally_entry *e;
+  size_t n, cap;
+} sched__tally;
+
+/* The inference workers that may be given a group now (sched__has_slot), of
+ * one version, by (requests in flight, id): the least loaded is at the top. */
+typedef struct sched__candidates {
+  uint64_t version;
+  sched_heap h;
+} sched__candidates;
+
+#define SCHED__NONE UINT32_MAX
+
+/* A worker's place in the list of live workers by last proof of life. */
+typedef struct sched__seen_link {
+  uint32_t prev, next; /* worker indices, SCHED__NONE at the ends */
+  uint32_t in;         /* in the list: live */
+} sched__seen_link;
 
 /* A group waiting to be sent again (its worker lost, its report refused). */
 typedef struct sched__requeued {
@@ -122,9 +153,11 @@ struct sched {
 
   sched_worker_info *workers;  /* sorted by id */
   size_t nworkers, workers_cap;
+  sched_map worker_index;      /* id -> index in workers */
 
-  sched__request *reqs;        /* sorted by id (ids only grow) */
-  size_t nreqs, reqs_cap;
+  sched__request *reqs;        /* sorted by id (ids only grow), dead slots included */
+  size_t nreqs, reqs_cap;      /* slots */
+  size_t nlive;                /* requests in flight: slots not dead */
   uint64_t next_request_id;
   uint64_t next_group_id;
   sched__requeued *requeue;    /* groups to send again, oldest first; room reserved at
@@ -135,6 +168,9 @@ struct sched {
 
   sched__rollout *pool;        /* arrival order */
   size_t npool, pool_cap;
+  sched_map pool_ids;          /* the ids in pool: a result's duplicates found in O(1) */
+  sched__tally pool_tally;     /* pool by group version */
+  sched__tally req_tally;      /* requests in flight by version, each its count */
   uint64_t next_seq;
   sched__rollout *scratch;     /* batch selection */
   uint64_t *demand;            /* dispatch: rollouts per last usable step, window_len */
@@ -152,6 +188,31 @@ struct sched {
   int64_t last_now;            /* latest event time: the clock must not go back */
   sched_participant *pscratch; /* sched_choose_mode input */
   size_t pscratch_cap;
+
+  /* Indexes kept with every change, so that no event scans every worker or
+   * request: a step with N workers costs O(N log N), not O(N^2). */
+  /* The live workers, least recently seen first: a proof of life carries the
+   * latest time (the clock never goes back), so it moves its worker to the
+   * tail in O(1), and the head times out first. Links are indices into the
+   * worker array, kept beside it; a small array, so a heartbeat touches
+   * little memory. */
+  sched__seen_link *seen;      /* workers_cap of them, by worker index */
+  size_t seen_cap;
+  uint32_t seen_head, seen_tail; /* SCHED__NONE: empty */
+  sched_heap timers;           /* requests in flight not yet overdue by sent_ms
+                                  (request_timeout_ms > 0): the next request timeout */
+  sched__candidates *cands;    /* dispatch candidates by version; empty ones kept for reuse */
+  size_t ncands, cands_cap;
+  uint32_t *expired;           /* sched_tick: the workers whose heartbeat timed out */
+  size_t expired_cap;
+  uint32_t inf_attached;       /* attached inference workers */
+  uint32_t inf_unsynced;       /* attached inference workers not synced */
+  int index_oom;               /* an index could not grow: the run fails at the next pump */
+  /* The trainer group's counts, recomputed after a rank changed state or
+   * version (g_valid 0); ranks, not pointers: the worker array moves. */
+  int g_valid;
+  uint32_t g_live, g_attached;
+  int64_t g_ahead, g_behind;   /* first rank holding the next version, the published one; -1 none */
 
   /* The trainer group: the live trainers, by rank (see "Trainer groups"). */
   uint32_t group_n;            /* its size; 0: no live trainer */
@@ -236,15 +297,144 @@ static size_t sched__lower(const sched *s, uint32_t id) {
   return lo;
 }
 
+/* By the id index: every event looks its worker up, and a binary search
+ * over thousands of workers misses the cache at every step. */
 static sched_worker_info *sched__worker(sched *s, uint32_t id) {
-  size_t i = sched__lower(s, id);
-  return i < s->nworkers && s->workers[i].id == id ? &s->workers[i] : NULL;
+  const uint32_t *i = sched_map_get(&s->worker_index, id);
+  return i ? &s->workers[*i] : NULL;
+}
+
+/* Workers from `from` on moved in the array: their index entries follow
+ * (room reserved; only an id out of order or a forget moves any). */
+static void sched__reindex_workers(sched *s, size_t from) {
+  for (size_t i = from; i < s->nworkers; i++)
+    if (sched_map_put(&s->worker_index, s->workers[i].id, (uint32_t)i)) s->index_oom = 1;
 }
 
 static const char *sched__name(sched *s, uint32_t id) {
   sched_worker_info *w = sched__worker(s, id);
   return w ? w->name : "?";
 }
+
+/* ---- indexes ------------------------------------------------------------------------ */
+
+/* Requests worker `w` may have in flight: K, or less if it says so. */
+static uint32_t sched__cap(const sched *s, const sched_worker_info *w) {
+  uint32_t k = s->cfg.max_outstanding, m = w->caps.max_concurrent_requests;
+  return m && m < k ? m : k;
+}
+
+/* Only a synced worker is given rollouts to make: one that may hold another
+ * version waits for its catch-up. */
+static int sched__has_slot(const sched *s, const sched_worker_info *w) {
+  return w->role == SCHED_ROLE_INFERENCE && sched__attached(w) && w->synced &&
+         w->outstanding < sched__cap(s, w);
+}
+
+/* Dispatch's order: least loaded first, then lowest id (unique, so no ties). */
+static int64_t sched__load_key(const sched_worker_info *w) {
+  return (int64_t)(((uint64_t)w->outstanding << 32) | w->id);
+}
+
+/* The candidates of `version`; with `create`, made (or an empty one reused)
+ * when missing. NULL when missing, or out of memory. */
+static sched_heap *sched__cands_of(sched *s, uint64_t version, int create) {
+  sched__candidates *spare = NULL;
+  for (size_t i = 0; i < s->ncands; i++) {
+    if (s->cands[i].version == version) return &s->cands[i].h;
+    if (!spare && sched_heap_size(&s->cands[i].h) == 0) spare = &s->cands[i];
+  }
+  if (!create) return NULL;
+  if (!spare) {
+    if (sched__grow(&s->cands, &s->cands_cap, s->ncands + 1, sizeof *s->cands)) return NULL;
+    spare = &s->cands[s->ncands++];
+    sched_heap_init(&spare->h);
+  }
+  spare->version = version;
+  return &spare->h;
+}
+
+/* Adds (sign +1) or removes (-1) worker `w` as it stands to or from the
+ * counts and candidates. Every change to what they depend on (state,
+ * synced, policy_version, outstanding) is made between a -1 and a +1. */
+static void sched__track(sched *s, const sched_worker_info *w, int sign) {
+  if (w->role != SCHED_ROLE_INFERENCE || !sched__attached(w)) return;
+  s->inf_attached += (uint32_t)sign;
+  if (!w->synced) s->inf_unsynced += (uint32_t)sign;
+  if (!sched__has_slot(s, w)) return;
+  sched_heap *h = sched__cands_of(s, w->policy_version, sign > 0);
+  if (sign < 0) {
+    if (h) sched_heap_del(h, w->id);
+  } else if (!h || sched_heap_set(h, w->id, sched__load_key(w))) {
+    s->index_oom = 1;
+  }
+}
+
+static void sched__seen_unlink(sched *s, uint32_t k) {
+  sched__seen_link *l = &s->seen[k];
+  if (!l->in) return;
+  if (l->prev != SCHED__NONE) s->seen[l->prev].next = l->next;
+  else s->seen_head = l->next;
+  if (l->next != SCHED__NONE) s->seen[l->next].prev = l->prev;
+  else s->seen_tail = l->prev;
+  *l = (sched__seen_link){SCHED__NONE, SCHED__NONE, 0};
+}
+
+/* Worker `w` was heard from at `now`, the latest time yet: to the tail. */
+static void sched__seen(sched *s, sched_worker_info *w, int64_t now) {
+  uint32_t k = (uint32_t)(w - s->workers);
+  w->last_seen_ms = now;
+  if (s->seen[k].in && s->seen_tail == k) return;
+  sched__seen_unlink(s, k);
+  s->seen[k] = (sched__seen_link){s->seen_tail, SCHED__NONE, 1};
+  if (s->seen_tail != SCHED__NONE) s->seen[s->seen_tail].next = k;
+  else s->seen_head = k;
+  s->seen_tail = k;
+}
+
+/* The worker array moved by `by` (+1: opened at index `at`; -1: closed
+ * there): the links follow. O(workers), as the move itself. */
+static void sched__seen_shift(sched *s, uint32_t at, int by) {
+  size_t n = s->nworkers; /* after the move */
+  if (by > 0 && at + 1 == n) { /* appended: nothing moved */
+    s->seen[at] = (sched__seen_link){SCHED__NONE, SCHED__NONE, 0};
+    return;
+  }
+  if (by > 0) memmove(&s->seen[at + 1], &s->seen[at], (n - 1 - at) * sizeof *s->seen);
+  else memmove(&s->seen[at], &s->seen[at + 1], (n - at) * sizeof *s->seen);
+#define SCHED__FIX(x) \
+  if ((x) != SCHED__NONE && (x) >= at) (x) = (uint32_t)((int64_t)(x) + by)
+  for (size_t i = 0; i < n; i++) {
+    SCHED__FIX(s->seen[i].prev);
+    SCHED__FIX(s->seen[i].next);
+  }
+  SCHED__FIX(s->seen_head);
+  SCHED__FIX(s->seen_tail);
+#undef SCHED__FIX
+  if (by > 0) s->seen[at] = (sched__seen_link){SCHED__NONE, SCHED__NONE, 0};
+}
+
+/* Adds `delta` rollouts of `version`. Room for a new version is reserved by
+ * the caller (sched__tally_reserve) wherever failing is not allowed. */
+static int sched__tally_add(sched__tally *t, uint64_t version, int64_t delta) {
+  for (size_t i = 0; i < t->n; i++) {
+    if (t->e[i].version != version) continue;
+    t->e[i].count += (uint64_t)delta;
+    if (t->e[i].count == 0) t->e[i] = t->e[--t->n];
+    return 0;
+  }
+  if (delta <= 0) return 0; /* nothing of it was counted */
+  if (sched__grow(&t->e, &t->cap, t->n + 1, sizeof *t->e)) return SCHED_ENOMEM;
+  t->e[t->n++] = (sched__tally_entry){.version = version, .count = (uint64_t)delta};
+  return 0;
+}
+
+static int sched__tally_reserve(sched__tally *t) {
+  return sched__grow(&t->e, &t->cap, t->n + 1, sizeof *t->e);
+}
+
+/* The trainer group's counts and disagreement, from the ranks as they stand. */
+static void sched__group_cache(sched *s);
 
 /* ---- the trainer group ------------------------------------------------------------- */
 
@@ -260,6 +450,7 @@ static sched_worker_info *sched__rank(sched *s, uint32_t r) {
 /* Rebuilds the group from the live trainers (registration keeps them one
  * group: one size, one trainer per rank). */
 static void sched__group_scan(sched *s) {
+  s->g_valid = 0;
   memset(s->rank_live, 0, s->group_n);
   s->group_n = 0;
   for (size_t i = 0; i < s->nworkers; i++) {
@@ -271,14 +462,25 @@ static void sched__group_scan(sched *s) {
   }
 }
 
-/* Ranks live (attached too, when `attached`). */
-static uint32_t sched__ranks_count(sched *s, int attached) {
-  uint32_t n = 0;
+static void sched__group_cache(sched *s) {
+  if (s->g_valid) return;
+  s->g_live = s->g_attached = 0;
+  s->g_ahead = s->g_behind = -1;
   for (uint32_t r = 0; r < s->group_n; r++) {
     const sched_worker_info *w = sched__rank(s, r);
-    if (w && (!attached || sched__attached(w))) n++;
+    if (!w) continue;
+    s->g_live++;
+    if (sched__attached(w)) s->g_attached++;
+    int64_t *slot = w->policy_version > s->steps_done ? &s->g_ahead : &s->g_behind;
+    if (*slot < 0) *slot = r;
   }
-  return n;
+  s->g_valid = 1;
+}
+
+/* Ranks live (attached too, when `attached`). */
+static uint32_t sched__ranks_count(sched *s, int attached) {
+  sched__group_cache(s);
+  return attached ? s->g_attached : s->g_live;
 }
 
 static int sched__group_ready(sched *s) {
@@ -370,7 +572,10 @@ static void sched__emit_worker(sched *s, const sched_worker_info *w, const char 
 static void sched__set_worker_state(sched *s, sched_worker_info *w, sched_worker_state st,
                                     const char *why) {
   if (w->state == st) return;
+  sched__track(s, w, -1);
   w->state = st;
+  sched__track(s, w, +1);
+  if (w->role == SCHED_ROLE_TRAINER) s->g_valid = 0;
   sched__emit_worker(s, w, why);
 }
 
@@ -434,7 +639,25 @@ static size_t sched__req_find(const sched *s, uint64_t id) {
 /* Index of request `id` in flight, or s->nreqs. */
 static size_t sched__req_index(const sched *s, uint64_t id) {
   size_t i = sched__req_find(s, id);
-  return i < s->nreqs && s->reqs[i].id == id ? i : s->nreqs;
+  return i < s->nreqs && s->reqs[i].id == id && !s->reqs[i].dead ? i : s->nreqs;
+}
+
+/* Drops the dead slots once they outnumber the live ones: a removal costs
+ * O(1) amortised instead of a move of every later request. Indices into
+ * s->reqs do not survive a removal. */
+static void sched__req_compact(sched *s) {
+  if (s->nreqs - s->nlive <= s->nlive || s->nreqs < 64) return;
+  size_t j = 0;
+  for (size_t i = 0; i < s->nreqs; i++)
+    if (!s->reqs[i].dead) s->reqs[j++] = s->reqs[i];
+  s->nreqs = j;
+}
+
+/* Request q leaves the flight: its counts and its timer go with it. */
+static void sched__req_forget(sched *s, const sched__request *q) {
+  s->c.rollouts_requested -= q->count;
+  sched__tally_add(&s->req_tally, q->version, -(int64_t)q->count);
+  sched_heap_del(&s->timers, q->id);
 }
 
 /* The other request of q's group no longer has q beside it. */
@@ -446,12 +669,15 @@ static void sched__unlink_twin(sched *s, const sched__request *q) {
 
 static void sched__req_remove(sched *s, size_t i) {
   sched_worker_info *w = sched__worker(s, s->reqs[i].worker);
-  s->c.rollouts_requested -= s->reqs[i].count;
+  sched__req_forget(s, &s->reqs[i]);
   sched__unlink_twin(s, &s->reqs[i]);
-  memmove(&s->reqs[i], &s->reqs[i + 1], (s->nreqs - i - 1) * sizeof *s->reqs);
-  s->nreqs--;
+  s->reqs[i].dead = 1;
+  s->nlive--;
+  sched__req_compact(s);
   if (w && w->outstanding > 0) {
+    sched__track(s, w, -1);
     w->outstanding--;
+    sched__track(s, w, +1);
     if (w->outstanding == 0 && w->state == SCHED_WORKER_BUSY)
       sched__set_worker_state(s, w, SCHED_WORKER_READY, "no rollout request in flight");
   }
@@ -515,25 +741,36 @@ static void sched__requeue_worker(sched *s, uint32_t id) {
   int orphans = 0;
   for (size_t i = 0; i < s->nreqs; i++) {
     const sched__request *q = &s->reqs[i];
+    if (q->dead) continue;
     if (q->worker != id) {
       s->reqs[j++] = *q;
       continue;
     }
-    s->c.rollouts_requested -= q->count;
+    sched__req_forget(s, q);
     if (q->twin) orphans = 1;
     else sched__requeue(s, q->group, NULL);
   }
-  s->nreqs = j;
+  s->nreqs = s->nlive = j;
   /* The twins of removed requests stand alone now; they may sit before or
    * after theirs, so they are found once the array is whole again. */
   for (size_t i = 0; orphans && i < s->nreqs; i++)
     if (s->reqs[i].twin && sched__req_index(s, s->reqs[i].twin) == s->nreqs) s->reqs[i].twin = 0;
   sched_worker_info *w = sched__worker(s, id);
-  if (w) w->outstanding = 0;
+  if (w) {
+    sched__track(s, w, -1);
+    w->outstanding = 0;
+    sched__track(s, w, +1);
+  }
   size_t k = 0;
   for (size_t i = 0; i < s->ncancelled; i++)
     if (s->cancelled[i].worker != id) s->cancelled[k++] = s->cancelled[i];
   s->ncancelled = k;
+}
+
+/* Rollout r leaves the pool (batched or stale): its id and its count go. */
+static void sched__pool_forget(sched *s, const sched__rollout *r) {
+  sched_map_del(&s->pool_ids, r->r.id);
+  sched__tally_add(&s->pool_tally, r->gversion, -1);
 }
 
 /* Drops buffered groups older than the bound of step `n` (a group's
@@ -541,9 +778,14 @@ static void sched__requeue_worker(sched *s, uint32_t id) {
  * group stale for step n is stale for every later step. */
 static void sched__prune(sched *s, uint64_t n) {
   int64_t bound = (int64_t)n - (int64_t)s->cfg.max_async_level;
+  int any = 0; /* the pump calls this on every event while idle: scan only for a reason */
+  for (size_t i = 0; i < s->pool_tally.n; i++)
+    if ((int64_t)s->pool_tally.e[i].version < bound) any = 1;
+  if (!any) return;
   size_t j = 0;
   for (size_t i = 0; i < s->npool; i++) {
     if ((int64_t)s->pool[i].gversion >= bound) s->pool[j++] = s->pool[i];
+    else sched__pool_forget(s, &s->pool[i]);
   }
   uint64_t dropped = s->npool - j;
   s->npool = j;
@@ -584,6 +826,7 @@ static void sched__take_batch(sched *s, uint64_t n) {
     const sched__rollout *r = &s->pool[i];
     int taken = r->gversion < cut_version || (r->gversion == cut_version && r->seq <= cut_seq);
     if (!taken) s->pool[j++] = *r;
+    else sched__pool_forget(s, r);
   }
   s->npool = j;
   s->c.rollouts_buffered = (uint32_t)s->npool;
@@ -671,13 +914,12 @@ static int64_t sched__deadline(const sched *s, const sched__window *w, uint64_t 
 static void sched__demand(sched *s, const sched__window *w) {
   size_t len = (size_t)(w->last - w->first + 1);
   memset(s->demand, 0, len * sizeof *s->demand);
-  for (size_t i = 0; i < s->npool; i++) {
-    int64_t d = sched__deadline(s, w, s->pool[i].gversion);
-    if (d >= 0) s->demand[d]++;
-  }
-  for (size_t i = 0; i < s->nreqs; i++) {
-    int64_t d = sched__deadline(s, w, s->reqs[i].version);
-    if (d >= 0) s->demand[d] += s->reqs[i].count;
+  const sched__tally *t[2] = {&s->pool_tally, &s->req_tally};
+  for (size_t k = 0; k < 2; k++) {
+    for (size_t i = 0; i < t[k]->n; i++) {
+      int64_t d = sched__deadline(s, w, t[k]->e[i].version);
+      if (d >= 0) s->demand[d] += t[k]->e[i].count;
+    }
   }
 }
 
@@ -698,19 +940,6 @@ static void sched__room(sched *s, const sched__window *w) {
     if (s->fill[k + 1] < s->fill[k]) s->fill[k] = s->fill[k + 1];
 }
 
-/* Requests worker `w` may have in flight: K, or less if it says so. */
-static uint32_t sched__cap(const sched *s, const sched_worker_info *w) {
-  uint32_t k = s->cfg.max_outstanding, m = w->caps.max_concurrent_requests;
-  return m && m < k ? m : k;
-}
-
-/* Only a synced worker is given rollouts to make: one that may hold another
- * version waits for its catch-up. */
-static int sched__has_slot(const sched *s, const sched_worker_info *w) {
-  return w->role == SCHED_ROLE_INFERENCE && sched__attached(w) && w->synced &&
-         w->outstanding < sched__cap(s, w);
-}
-
 /* Whether max_buffered leaves room for one more group. */
 static int sched__under_cap(const sched *s) {
   return (uint64_t)s->npool + s->c.rollouts_requested + s->cfg.group_size <= s->max_buffered;
@@ -721,16 +950,20 @@ static int sched__under_cap(const sched *s) {
  * hold different versions (one that attached after the last broadcast holds
  * an older one), so room is per worker. `avoid`, if not NULL, is skipped. */
 static sched_worker_info *sched__pick(sched *s, const sched__window *win, const uint32_t *avoid) {
-  sched_worker_info *best = NULL;
-  for (size_t i = 0; i < s->nworkers; i++) {
-    sched_worker_info *w = &s->workers[i];
-    if (!sched__has_slot(s, w) || (avoid && w->id == *avoid)) continue;
-    if (best && w->outstanding >= best->outstanding) continue;
-    int64_t d = sched__deadline(s, win, w->policy_version);
+  sched_heap_entry best = {0, 0}, two[2];
+  int found = 0;
+  for (size_t i = 0; i < s->ncands; i++) {
+    int64_t d = sched__deadline(s, win, s->cands[i].version);
     if (d < 0 || s->fill[d] < s->cfg.group_size) continue;
-    best = w;
+    size_t n = sched_heap_least(&s->cands[i].h, two);
+    /* The least, or the one after it when the least is to be avoided. */
+    size_t k = n && avoid && two[0].key == *avoid ? 1 : 0;
+    if (k < n && (!found || two[k].prio < best.prio)) {
+      best = two[k];
+      found = 1;
+    }
   }
-  return best;
+  return found ? sched__worker(s, (uint32_t)best.key) : NULL;
 }
 
 /* Sends `group` to worker `w`: a DISPATCH and a request in flight, counted in
@@ -743,6 +976,9 @@ static int64_t sched__send(sched *s, int64_t now, const sched__window *win, sche
    * report) where nothing can be allowed to fail: room for it now. */
   if (sched__grow(&s->requeue, &s->requeue_cap, s->nreqs + s->nrequeue + 1, sizeof *s->requeue))
     return -1;
+  int timed = s->cfg.request_timeout_ms > 0 && now <= INT64_MAX - s->cfg.request_timeout_ms;
+  if (sched__tally_reserve(&s->req_tally) || (timed && sched_heap_reserve(&s->timers, s->nlive + 1)))
+    return -1;
   sched_action *a = sched__act(s, SCHED_ACT_DISPATCH);
   if (!a) return -1;
   uint64_t id = s->next_request_id++;
@@ -752,13 +988,18 @@ static int64_t sched__send(sched *s, int64_t now, const sched__window *win, sche
   a->count = g;
   a->policy_version = w->policy_version;
   size_t i = s->nreqs++;
+  s->nlive++;
   s->reqs[i] = (sched__request){.id = id, .worker = w->id, .count = g, .group = group,
                                 .version = w->policy_version, .sent_ms = now};
+  sched__tally_add(&s->req_tally, w->policy_version, g); /* room reserved */
+  if (timed) sched_heap_set(&s->timers, id, now);       /* room reserved */
   int64_t d = sched__deadline(s, win, w->policy_version);
   if (d >= 0) s->demand[d] += g;
   s->c.rollouts_requested += g;
   s->c.requests_dispatched++;
+  sched__track(s, w, -1);
   w->outstanding++;
+  sched__track(s, w, +1);
   sched__set_worker_state(s, w, SCHED_WORKER_BUSY, "generating rollouts");
   return (int64_t)i;
 }
@@ -767,17 +1008,27 @@ static int64_t sched__send(sched *s, int64_t now, const sched__window *win, sche
  * version some step in the window can use (ties: lowest id); NULL if none. */
 static void sched__two_free(sched *s, const sched__window *win, sched_worker_info **b1,
                             sched_worker_info **b2) {
-  *b1 = *b2 = NULL;
-  for (size_t i = 0; i < s->nworkers; i++) {
-    sched_worker_info *w = &s->workers[i];
-    if (!sched__has_slot(s, w) || sched__deadline(s, win, w->policy_version) < 0) continue;
-    if (!*b1 || w->outstanding < (*b1)->outstanding) {
-      *b2 = *b1;
-      *b1 = w;
-    } else if (!*b2 || w->outstanding < (*b2)->outstanding) {
-      *b2 = w;
+  sched_heap_entry best[2], two[2];
+  size_t found = 0;
+  for (size_t i = 0; i < s->ncands; i++) {
+    if (sched__deadline(s, win, s->cands[i].version) < 0) continue;
+    size_t n = sched_heap_least(&s->cands[i].h, two);
+    for (size_t k = 0; k < n; k++) {
+      if (found < 2) {
+        best[found++] = two[k];
+      } else if (two[k].prio < best[1].prio) {
+        best[1] = two[k];
+      }
+      if (found == 2 && best[1].prio < best[0].prio) {
+        sched_heap_entry t = best[0];
+        best[0] = best[1];
+        best[1] = t;
+      }
     }
   }
+  /* Looked up only now: both lookups see the worker array as it stands. */
+  *b1 = found > 0 ? sched__worker(s, (uint32_t)best[0].key) : NULL;
+  *b2 = found > 1 ? sched__worker(s, (uint32_t)best[1].key) : NULL;
 }
 
 /* A second request for every slow group: one whose only request in flight is
@@ -790,7 +1041,7 @@ static void sched__resend_slow(sched *s, int64_t now, const sched__window *win) 
   int looked = 0; /* the workers are scanned only once a slow group is found */
   size_t n = s->nreqs; /* the second requests appended below are not overdue */
   for (size_t i = 0; i < n; i++) {
-    if (!s->reqs[i].overdue || s->reqs[i].twin) continue;
+    if (s->reqs[i].dead || !s->reqs[i].overdue || s->reqs[i].twin) continue;
     if (!sched__under_cap(s)) return;
     if (!looked) {
       sched__two_free(s, win, &b1, &b2);
@@ -951,13 +1202,7 @@ static void sched__start_plan(sched *s, int64_t now) {
 }
 
 /* Whether an attached inference worker waits for its catch-up. */
-static int sched__wants_catchup(const sched *s) {
-  for (size_t i = 0; i < s->nworkers; i++) {
-    const sched_worker_info *w = &s->workers[i];
-    if (w->role == SCHED_ROLE_INFERENCE && sched__attached(w) && !w->synced) return 1;
-  }
-  return 0;
-}
+static int sched__wants_catchup(const sched *s) { return s->inf_unsynced > 0; }
 
 /* No step can start and some attached workers may not hold the published
  * version: the trainer sends them the weights it holds, which are that
@@ -1016,13 +1261,9 @@ static void sched__adopt_step(sched *s, int64_t now) {
 /* The first rank holding the next version and the first holding the
  * published one, when the live ranks disagree; 0 when they agree. */
 static int sched__ranks_disagree(sched *s, sched_worker_info **ahead, sched_worker_info **behind) {
-  *ahead = *behind = NULL;
-  for (uint32_t r = 0; r < s->group_n; r++) {
-    sched_worker_info *w = sched__rank(s, r);
-    if (!w) continue;
-    sched_worker_info **slot = w->policy_version > s->steps_done ? ahead : behind;
-    if (!*slot) *slot = w;
-  }
+  sched__group_cache(s);
+  *ahead = s->g_ahead >= 0 ? sched__rank(s, (uint32_t)s->g_ahead) : NULL;
+  *behind = s->g_behind >= 0 ? sched__rank(s, (uint32_t)s->g_behind) : NULL;
   return *ahead && *behind;
 }
 
@@ -1075,9 +1316,7 @@ static void sched__settle_group(sched *s, int64_t now) {
 static void sched__update_run_state(sched *s) {
   if (s->state != SCHED_RUN_PENDING && s->state != SCHED_RUN_RUNNING) return;
   int ready = sched__group_ready(s);
-  uint32_t ninf = 0, n = s->group_n;
-  for (size_t i = 0; i < s->nworkers; i++)
-    if (s->workers[i].role == SCHED_ROLE_INFERENCE && sched__attached(&s->workers[i])) ninf++;
+  uint32_t ninf = s->inf_attached, n = s->group_n;
   char why[SCHED_TEXT_MAX];
   if (n > 1 && s->mixed) {
     sched__disagree_text(s, why, sizeof why);
@@ -1112,6 +1351,10 @@ static void sched__update_run_state(sched *s) {
 
 static void sched__pump(sched *s, int64_t now) {
   if (sched__terminal(s)) return;
+  if (s->index_oom) {
+    sched__fail_run(s, SCHED_ABORT_ERROR, "out of memory growing the scheduler's indexes");
+    return;
+  }
   sched__settle_group(s, now);
   if (sched__terminal(s)) return;
   sched__update_run_state(s);
@@ -1162,6 +1405,7 @@ int sched_new(const sched_settings *settings, sched **out, char *err, size_t err
   s->next_request_id = s->id_base;
   s->next_group_id = s->id_base;
   s->st.deadline_ms = SCHED_NEVER;
+  s->seen_head = s->seen_tail = SCHED__NONE;
   s->last_now = INT64_MIN;
   s->pool_cap = s->max_buffered;
   s->pool = malloc(s->pool_cap * sizeof *s->pool);
@@ -1176,6 +1420,7 @@ int sched_new(const sched_settings *settings, sched **out, char *err, size_t err
   s->cancelled = malloc(SCHED__CANCELLED_MAX * sizeof *s->cancelled);
   if (!s->pool || !s->scratch || !s->st.batch || !s->demand || !s->fill || !s->cancelled)
     goto nomem;
+  if (sched_map_reserve(&s->pool_ids, s->pool_cap)) goto nomem;
   *out = s;
   return SCHED_OK;
 nomem:
@@ -1186,6 +1431,15 @@ nomem:
 
 void sched_free(sched *s) {
   if (!s) return;
+  free(s->seen);
+  sched_heap_free(&s->timers);
+  for (size_t i = 0; i < s->ncands; i++) sched_heap_free(&s->cands[i].h);
+  free(s->cands);
+  free(s->expired);
+  sched_map_free(&s->pool_ids);
+  sched_map_free(&s->worker_index);
+  free(s->pool_tally.e);
+  free(s->req_tally.e);
   free(s->workers);
   free(s->reqs);
   free(s->requeue);
@@ -1261,19 +1515,16 @@ int64_t sched_next_deadline(const sched *s) {
   if (sched__plan_pending(s) && s->st.failing && s->st.failing_since + SCHED__PEER_GRACE_MS > s->last_now &&
       s->st.failing_since + SCHED__PEER_GRACE_MS < d)
     d = s->st.failing_since + SCHED__PEER_GRACE_MS;
-  for (size_t i = 0; i < s->nworkers; i++) {
-    const sched_worker_info *w = &s->workers[i];
-    if (!sched__live(w)) continue;
-    int64_t due = w->last_seen_ms + s->cfg.heartbeat_timeout_ms;
+  /* The least recently seen live worker times out first. */
+  if (s->seen_head != SCHED__NONE) {
+    int64_t due = s->workers[s->seen_head].last_seen_ms + s->cfg.heartbeat_timeout_ms;
     if (due < d) d = due;
   }
   if (s->mixed && s->mixed_since + s->cfg.heartbeat_timeout_ms < d)
     d = s->mixed_since + s->cfg.heartbeat_timeout_ms;
-  for (size_t i = 0; s->cfg.request_timeout_ms > 0 && i < s->nreqs; i++) {
-    const sched__request *q = &s->reqs[i];
-    if (q->overdue || q->sent_ms > INT64_MAX - s->cfg.request_timeout_ms) continue;
-    if (q->sent_ms + s->cfg.request_timeout_ms < d) d = q->sent_ms + s->cfg.request_timeout_ms;
-  }
+  /* The oldest request not yet overdue (none whose due time would overflow). */
+  const sched_heap_entry *sent = sched_heap_min(&s->timers);
+  if (sent && sent->prio + s->cfg.request_timeout_ms < d) d = sent->prio + s->cfg.request_timeout_ms;
   return d;
 }
 
@@ -1315,6 +1566,7 @@ static uint64_t sched__max_version(const sched *s) {
 static int sched__trainer_fits(sched *s, sched_worker_info *t, uint64_t v) {
   uint64_t n = s->steps_done;
   t->policy_version = v;
+  s->g_valid = 0;
   /* The next version: its step is adopted once every rank holds it
    * (sched__settle_group). */
   if (v == n || (v == n + 1 && s->st.phase == SCHED__IDLE)) return 1;
@@ -1379,6 +1631,13 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
                              "worker %" PRIu32 ": trainer rank %" PRIu32 " is held by %s", id,
                              rank, held->name);
   }
+  /* Room in every index for one more worker: no later event may fail on it. */
+  size_t room = s->nworkers + 1;
+  int nomem = sched_map_reserve(&s->worker_index, room) ||
+              sched__grow(&s->seen, &s->seen_cap, room, sizeof *s->seen) ||
+              sched__grow(&s->expired, &s->expired_cap, room, sizeof *s->expired);
+  for (size_t i = 0; !nomem && i < s->ncands; i++) nomem = sched_heap_reserve(&s->cands[i].h, room);
+  if (nomem) return sched__fail_arg(s, SCHED_ENOMEM, "out of memory registering worker %" PRIu32, id);
   if (!w) {
     if (sched__grow(&s->workers, &s->workers_cap, s->nworkers + 1, sizeof *s->workers))
       return sched__fail_arg(s, SCHED_ENOMEM, "out of memory registering worker %" PRIu32, id);
@@ -1386,6 +1645,9 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
     memmove(&s->workers[i + 1], &s->workers[i], (s->nworkers - i) * sizeof *s->workers);
     s->nworkers++;
     w = &s->workers[i];
+    w->id = id;
+    sched__reindex_workers(s, i);
+    sched__seen_shift(s, (uint32_t)i, +1);
   }
   memset(w, 0, sizeof *w);
   w->id = id;
@@ -1400,7 +1662,7 @@ int sched_worker_registered(sched *s, int64_t now, uint32_t id, sched_role role,
   w->policy_version = policy_version;
   /* After a resume nobody is trusted until a plan verified it. */
   w->synced = role == SCHED_ROLE_INFERENCE && !s->resume_pending && policy_version == s->steps_done;
-  w->last_seen_ms = now;
+  sched__seen(s, w, now); /* room reserved above */
   sched__emit_worker(s, w, "registered");
   if (role == SCHED_ROLE_TRAINER) {
     sched__group_scan(s);
@@ -1420,7 +1682,7 @@ int sched_worker_attached(sched *s, int64_t now, uint32_t id) {
   if (rc) return rc;
   if (w->state != SCHED_WORKER_REGISTERED)
     return sched__fail_arg(s, SCHED_ESTATE, "worker %s: already attached", w->name);
-  w->last_seen_ms = now;
+  sched__seen(s, w, now);
   sched__set_worker_state(s, w, SCHED_WORKER_READY, "command stream open");
   sched__pump(s, now);
   return SCHED_OK;
@@ -1433,10 +1695,12 @@ int sched_worker_heartbeat(sched *s, int64_t now, uint32_t id, uint64_t policy_v
   if (rc) return rc;
   /* Alive, whatever the version says: refusing the proof of life would have
    * the worker lost and registering again in a loop. */
-  w->last_seen_ms = now;
+  sched__seen(s, w, now);
   if (w->role == SCHED_ROLE_INFERENCE) {
     if (!w->synced) { /* any version: its catch-up will set it */
+      sched__track(s, w, -1);
       w->policy_version = policy_version;
+      sched__track(s, w, +1);
     } else if (policy_version > sched__max_version(s)) {
       return sched__fail_arg(s, SCHED_EINVAL,
                              "worker %s: heartbeat policy_version %" PRIu64
@@ -1446,7 +1710,9 @@ int sched_worker_heartbeat(sched *s, int64_t now, uint32_t id, uint64_t policy_v
       /* Within a run a worker's weights only move forward; a heartbeat read
        * before its broadcast landed may arrive after the commit, and taking
        * its older version would shut the worker out of dispatch until the next. */
+      sched__track(s, w, -1);
       w->policy_version = policy_version;
+      sched__track(s, w, +1);
     }
   }
   /* The last participant heard from since a broadcast error: the error stands. */
@@ -1464,7 +1730,8 @@ static void sched__lose(sched *s, sched_worker_info *w, const char *reason) {
   int trainer = w->role == SCHED_ROLE_TRAINER;
   sched__requeue_worker(s, id);
   sched__set_worker_state(s, w, SCHED_WORKER_LOST, why);
-  w->synced = 0;
+  w->synced = 0; /* lost: in no count, nothing to untrack */
+  sched__seen_unlink(s, (uint32_t)(w - s->workers));
   int in_plan = 0;
   for (size_t i = 0; sched__plan_pending(s) && i < s->st.nparts; i++)
     if (s->st.parts[i] == id) in_plan = 1;
@@ -1516,15 +1783,16 @@ int sched_worker_forget(sched *s, int64_t now, uint32_t id) {
    * lost, and a plan pending since then was built without it. */
   memmove(&s->workers[i], &s->workers[i + 1], (s->nworkers - i - 1) * sizeof *s->workers);
   s->nworkers--;
+  sched_map_del(&s->worker_index, id);
+  sched__reindex_workers(s, i);
+  sched__seen_shift(s, (uint32_t)i, -1); /* it was lost: in the list no more */
   return SCHED_OK;
 }
 
 /* ---- rollouts --------------------------------------------------------------------------------- */
 
 static int sched__pool_has(const sched *s, uint64_t id) {
-  for (size_t i = 0; i < s->npool; i++)
-    if (s->pool[i].r.id == id) return 1;
-  return 0;
+  return sched_map_get(&s->pool_ids, id) != NULL;
 }
 
 /* Checks a report before anything is kept: all or nothing. A group is
@@ -1585,7 +1853,7 @@ static int sched__answered(sched *s, int64_t now, uint32_t worker, uint64_t requ
                            sched_worker_info **w, size_t *qi) {
   int rc = sched__get_live(s, worker, w);
   if (rc) return rc;
-  (*w)->last_seen_ms = now;
+  sched__seen(s, *w, now);
   if (request_id < s->id_base)
     return sched__fail_arg(s, SCHED_ESTALE,
                            "worker %s: request %" PRIu64 " was sent before the orchestrator "
@@ -1622,6 +1890,9 @@ int sched_rollouts_done(sched *s, int64_t now, uint32_t worker, uint64_t request
   if (rc) return rc;
   sched__request q = s->reqs[qi];
   rc = sched__check_rollouts(s, w, &q, rollouts, n);
+  /* A new version in the pool's tally is the only growth below. */
+  if (rc == SCHED_OK && sched__tally_reserve(&s->pool_tally))
+    return sched__fail_arg(s, SCHED_ENOMEM, "out of memory buffering request %" PRIu64, q.id);
   sched__req_remove(s, qi); /* frees the reservation: the pool has room for its count */
   if (rc == SCHED_OK) {
     /* The first whole answer wins: the group's other request is not needed. */
@@ -1630,9 +1901,12 @@ int sched_rollouts_done(sched *s, int64_t now, uint32_t worker, uint64_t request
     uint64_t gversion = rollouts[0].policy_version;
     for (size_t i = 1; i < n; i++)
       if (rollouts[i].policy_version < gversion) gversion = rollouts[i].policy_version;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
       s->pool[s->npool++] =
           (sched__rollout){.r = rollouts[i], .gversion = gversion, .seq = s->next_seq++};
+      if (sched_map_put(&s->pool_ids, rollouts[i].id, 0)) s->index_oom = 1; /* room reserved */
+    }
+    sched__tally_add(&s->pool_tally, gversion, (int64_t)n); /* room reserved */
     s->c.rollouts_received += n;
     s->c.rollouts_buffered = (uint32_t)s->npool;
   } else if (!q.twin) {
@@ -1691,7 +1965,7 @@ int sched_shard_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
   sched_worker_info *t = NULL;
   int rc = sched__is_trainer(s, worker, &t);
   if (rc) return rc;
-  t->last_seen_ms = now;
+  sched__seen(s, t, now);
   if (!(train_seconds >= 0))
     return sched__fail_arg(s, SCHED_EINVAL, "trainer %s: train_seconds %g: must be >= 0",
                            t->name, train_seconds);
@@ -1711,6 +1985,7 @@ int sched_shard_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
     }
     if (offload) t->offload = *offload;
     t->policy_version = step + 1;
+    s->g_valid = 0;
     s->rank_seconds[rank] = train_seconds;
     s->rank_sum[rank] = shard_checksum;
     sched__pump(s, now); /* adopts the step once every rank holds it */
@@ -1734,6 +2009,7 @@ int sched_shard_step_done(sched *s, int64_t now, uint32_t worker, uint64_t step,
     return sched__fail_arg(s, SCHED_ESTALE, "%s: step %" PRIu64 " reported already", who, step);
   if (offload) t->offload = *offload;
   t->policy_version = step + 1;
+  s->g_valid = 0;
   s->rank_trained[rank] = 1;
   s->rank_seconds[rank] = train_seconds;
   s->rank_sum[rank] = shard_checksum;
@@ -1856,7 +2132,7 @@ int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id
   sched_worker_info *w = NULL;
   int rc = sched__get_live(s, worker, &w);
   if (rc) return rc;
-  w->last_seen_ms = now;
+  sched__seen(s, w, now);
   size_t rank;
   rc = sched__plan_rank(s, SCHED__ACKING, worker, plan_id, &rank);
   if (rc) return rc;
@@ -1961,9 +2237,12 @@ static void sched__participants_hold(sched *s) {
   for (size_t i = 0; i < s->st.nparts; i++) {
     sched_worker_info *w = sched__worker(s, s->st.parts[i]);
     if (!w) continue;
+    sched__track(s, w, -1);
     w->policy_version = s->steps_done;
     if (w->role == SCHED_ROLE_INFERENCE && sched__live(w)) w->synced = 1;
+    sched__track(s, w, +1);
   }
+  s->g_valid = 0; /* the ranks hold the published version */
   s->resume_pending = 0;
 }
 
@@ -1995,6 +2274,7 @@ static void sched__commit(sched *s, int64_t now) {
   sched__record(s, now, s->steps_done + 1, &rec);
 
   s->steps_done++;
+  s->g_valid = 0; /* which ranks hold the next version is counted from steps_done */
   st->attempt = 0; /* the next step's plans are named afresh */
   s->c.steps = s->steps_done;
   s->c.policy_version = s->steps_done;
@@ -2019,7 +2299,7 @@ int sched_broadcast_done(sched *s, int64_t now, uint32_t worker, const char *pla
   sched_worker_info *w = NULL;
   int rc = sched__get_live(s, worker, &w);
   if (rc) return rc;
-  w->last_seen_ms = now;
+  sched__seen(s, w, now);
   size_t rank;
   rc = sched__plan_rank(s, SCHED__BROADCASTING, worker, plan_id, &rank);
   if (rc) return rc;
@@ -2097,6 +2377,11 @@ int sched_hold_dispatch(sched *s, int64_t now, int hold) {
 
 int sched_has_rollout(const sched *s, uint64_t id) { return s && sched__pool_has(s, id); }
 
+static int sched__cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 static int sched__cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return (x > y) - (x < y);
@@ -2113,6 +2398,7 @@ size_t sched_open_groups(const sched *s, uint64_t *out, size_t cap) {
   size_t n = 0, total = 0;
   for (size_t i = 0; i < s->nreqs; i++) {
     const sched__request *q = &s->reqs[i];
+    if (q->dead) continue;
     if (q->twin && q->twin < q->id) continue; /* listed with the first of the two */
     if (n < cap) out[n++] = q->group;
     total++;
@@ -2227,10 +2513,16 @@ static int sched__failing_due(sched *s, int64_t now) {
 int sched_tick(sched *s, int64_t now) {
   if (sched__begin(s, now)) return SCHED_EINVAL;
   if (sched__terminal(s)) return SCHED_OK;
-  /* Losses first: a silent participant re-plans the step rather than failing the run. */
-  for (size_t i = 0; i < s->nworkers && !sched__terminal(s); i++) {
-    sched_worker_info *w = &s->workers[i];
-    if (!sched__live(w) || now < w->last_seen_ms + s->cfg.heartbeat_timeout_ms) continue;
+  /* Losses first: a silent participant re-plans the step rather than failing the run.
+   * In id order, as a scan of the workers would find them. */
+  size_t nexp = 0;
+  for (uint32_t k = s->seen_head;
+       k != SCHED__NONE && now - s->workers[k].last_seen_ms >= s->cfg.heartbeat_timeout_ms;
+       k = s->seen[k].next)
+    s->expired[nexp++] = s->workers[k].id; /* room for every worker reserved at registration */
+  if (nexp > 1) qsort(s->expired, nexp, sizeof *s->expired, sched__cmp_u32);
+  for (size_t i = 0; i < nexp && !sched__terminal(s); i++) {
+    sched_worker_info *w = sched__worker(s, s->expired[i]);
     char why[SCHED_TEXT_MAX];
     snprintf(why, sizeof why, "no heartbeat for %" PRId64 " ms", now - w->last_seen_ms);
     sched__lose(s, w, why);
@@ -2240,9 +2532,11 @@ int sched_tick(sched *s, int64_t now) {
     sched__plan_timeout(s);
   /* Marked here, acted on by every dispatch until the group has its second
    * request: a slow request may find no other worker free at once. */
-  for (size_t i = 0; s->cfg.request_timeout_ms > 0 && i < s->nreqs; i++) {
-    sched__request *q = &s->reqs[i];
-    if (!q->overdue && now - q->sent_ms >= s->cfg.request_timeout_ms) q->overdue = 1;
+  sched_heap_entry e;
+  while (sched_heap_size(&s->timers) && now - sched_heap_min(&s->timers)->prio >= s->cfg.request_timeout_ms &&
+         sched_heap_pop(&s->timers, &e)) {
+    size_t qi = sched__req_index(s, e.key);
+    if (qi < s->nreqs) s->reqs[qi].overdue = 1;
   }
   sched__pump(s, now);
   return SCHED_OK;
@@ -2268,7 +2562,7 @@ void sched_get_run(const sched *s, sched_run_info *out) {
 void sched_get_counters(const sched *s, sched_counters *out) {
   *out = s->c;
   out->policy_version = s->steps_done;
-  out->requests_in_flight = (uint32_t)s->nreqs;
+  out->requests_in_flight = (uint32_t)s->nlive;
 }
 
 int sched_get_worker(const sched *s, uint32_t id, sched_worker_info *out) {

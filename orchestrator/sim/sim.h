@@ -8,8 +8,9 @@
  * acks after a few milliseconds, and a broadcast after the time the
  * topology cost model (bcast_topo.h) predicts for the plan the planner
  * built. Workers send heartbeats; none is lost. The scheduler and the
- * planner are timed with getrusage around their calls only, so the figures
- * are the orchestrator's CPU, not the simulation's. */
+ * planner are timed with the thread's CPU clock around their calls only,
+ * each less an empty interval timed beside it (the clock's own cost), so the
+ * figures are the orchestrator's CPU, not the simulation's nor the clock's. */
 #ifndef RLORCH_SIM_H
 #define RLORCH_SIM_H
 
@@ -68,6 +69,8 @@ typedef struct sim_result {
   uint64_t events;            /* delivered to the scheduler */
   double sim_seconds;         /* simulated time at the last commit */
   double sched_cpu_s;         /* scheduler calls, the whole run (registrations excluded) */
+  double timer_s;             /* an empty timed interval, the mean of those taken off the calls */
+  uint64_t timed_calls;       /* scheduler calls timed */
   double cpu_by[SIM_CPU_KINDS]; /* the same by call, registrations included */
   double plan_cpu_s;          /* planner + cost model, every plan */
   double shard_cpu_s;         /* bcast_shards_check once, at the start */

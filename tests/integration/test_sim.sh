@@ -21,6 +21,19 @@ assert_contains "$LAST_OUTPUT" "plan       host (the scheduler's choice)" "sever
 assert_contains "$LAST_OUTPUT" "multiroot (replicas of 8)     0.353 s" "the model's multiroot time"
 assert_contains "$LAST_OUTPUT" "chosen: multiroot, 0.353 s" "the faster layout is chosen"
 assert_contains "$LAST_OUTPUT" "bare RPC round trips" "CPU per worker against an RPC round trip"
+# The round trip is measured in the run, and the ratio is the CPU over it.
+base=$(sed -n 's/^baseline   bare RPC round trip .*: \([0-9.]*\) us$/\1/p' <<<"$LAST_OUTPUT")
+read -r us ratio rtt < <(sed -n 's/^per worker \([0-9.]*\) us a step = \([0-9.]*\) bare RPC round trips (\([0-9.]*\) us)$/\1 \2 \3/p' <<<"$LAST_OUTPUT")
+if [ -z "$base" ] || [ -z "$ratio" ]; then
+  fail "baseline or per-worker line missing"
+elif ! awk -v b="$base" -v r="$rtt" 'BEGIN { exit !(b > 0 && b == r) }'; then
+  fail "per-worker ratio against $rtt us, baseline $base us"
+elif ! awk -v u="$us" -v r="$ratio" -v b="$base" 'BEGIN { d = u / b - r; exit !(d < 0.001 && d > -0.001) }'; then
+  fail "per worker $us us / $base us is not $ratio"
+else
+  pass "the ratio is the CPU per worker over the round trip measured in the run ($base us)"
+fi
+assert_contains "$LAST_OUTPUT" "an empty interval (mean), one taken off each of" "the timer's own cost taken off"
 assert_contains "$LAST_OUTPUT" "peak RSS" "memory"
 assert_contains "$LAST_OUTPUT" "Perplexity" "anchors printed"
 
