@@ -505,36 +505,34 @@ typedef struct plan_bounds {
 } plan_bounds;
 
 /* Relays where they may pay, on the host transport with one source and
- * whole receivers: on every node but the source's that holds two or more
- * receivers, the first of them that listens for data (its data address)
- * takes the bytes from the source and forwards them to the node's others,
- * so that the source's NIC carries one copy per node, not one per receiver.
- * from[] and eps[] get world_size entries; 1 when some node got a relay. */
+ * whole receivers: the engine's one-relay-per-node layout
+ * (bcast_relay_layout) over the topology's nodes, a relay being a receiver
+ * that listens for data (its data address). from[] and eps[] get
+ * world_size entries; 1 when some node got a relay. */
 static int relay_layout(runner *r, const sched_action *a, const bcast_plan *plan,
                         const topology *t, uint32_t *from, const char **eps) {
-  uint32_t n = plan->world_size, root = plan->root_rank;
+  uint32_t n = plan->world_size;
   if (plan->mode != BCAST_MODE_HOST || plan->nsources > 1 || plan->nviews || n != t->nplace)
     return 0;
-  for (uint32_t i = 0; i < n; i++) from[i] = root, eps[i] = "";
-  int any = 0;
-  for (uint32_t v = 0; v < t->topo.nodes; v++) {
-    if (v == t->place[root].node) continue; /* the source's own: loopback, no NIC */
-    uint32_t relay = UINT32_MAX, on = 0;
+  const char **node = calloc(n, sizeof *node);
+  int *can = calloc(n, sizeof *can);
+  uint32_t relays = 0;
+  if (node && can) {
     for (uint32_t i = 0; i < n; i++) {
-      if (i == root || t->place[i].node != v) continue;
-      on++;
       workers_entry *w = workers_by_id(r->workers, a->participants[i]);
-      if (relay == UINT32_MAX && w && w->data_address[0]) relay = i, eps[i] = w->data_address;
+      node[i] = topology_node_name(t, t->place[i].node);
+      can[i] = w && w->data_address[0];
+      eps[i] = "";
     }
-    if (on < 2 || relay == UINT32_MAX) {
-      if (relay != UINT32_MAX) eps[relay] = "";
-      continue;
-    }
-    for (uint32_t i = 0; i < n; i++)
-      if (i != root && i != relay && t->place[i].node == v) from[i] = relay;
-    any = 1;
+    relays = bcast_relay_layout(n, plan->root_rank, node, can, from);
+    /* A relay listens where it registered (can[] holds only those that did). */
+    for (uint32_t i = 0; relays && i < n; i++)
+      if (i != plan->root_rank && from[i] != plan->root_rank)
+        eps[from[i]] = workers_by_id(r->workers, a->participants[from[i]])->data_address;
   }
-  return any;
+  free(node);
+  free(can);
+  return relays > 0;
 }
 
 /* The cost model's prediction of `plan` on its participants' topology
@@ -598,9 +596,7 @@ static void predict_plan(runner *r, const sched_action *a, bcast_plan *plan) {
                p->pred.total_s, rp.total_s);
     }
   }
-  const bcast_topo_stage *slow = NULL;
-  for (size_t i = 0; i < p->pred.nstages; i++)
-    if (!slow || p->pred.stages[i].seconds > slow->seconds) slow = &p->pred.stages[i];
+  const bcast_topo_stage *slow = bcast_topo_pred_bottleneck(&p->pred);
   if (slow) snprintf(p->bottleneck, sizeof p->bottleneck, "%s at %s", slow->name, slow->where);
 out:
   topology_free(&t);

@@ -419,29 +419,6 @@ static int places_check(const bcast_plan *p, const bcast_topo_place *place, size
   return BCAST_OK;
 }
 
-int bcast_topo_relays_by_node(const bcast_plan *p, const bcast_topo_place *place, size_t nplace,
-                              const bcast_topo *t, uint32_t *relay_from, bcast_err *err) {
-  if (!p || !place || !relay_from) return bcast__fail(err, BCAST_EINVAL, "topology: NULL argument");
-  int rc = bcast_topo_check(t, err);
-  if (!rc) rc = places_check(p, place, nplace, t, err);
-  if (rc) return rc;
-  uint32_t ns = bcast__plan_nsources(p);
-  if (ns != 1)
-    return bcast__fail(err, BCAST_EINVAL, "relay_from: relays are for plans of one source, not %u", ns);
-  uint32_t *first = malloc((size_t)t->nodes * sizeof *first);
-  if (!first) return bcast__fail(err, BCAST_ENOMEM, "topology: out of memory");
-  for (uint32_t v = 0; v < t->nodes; v++) first[v] = UINT32_MAX;
-  first[place[0].node] = 0; /* the source's node: everyone takes from it */
-  relay_from[0] = 0;
-  for (uint32_t r = 1; r < p->world_size; r++) {
-    uint32_t v = place[r].node;
-    relay_from[r] = first[v] == UINT32_MAX ? 0 : first[v];
-    if (first[v] == UINT32_MAX) first[v] = r;
-  }
-  free(first);
-  return BCAST_OK;
-}
-
 /* Checks what the layout asks of the plan and the placement. */
 static int layout_check(const bcast_plan *p, const bcast_topo_place *place, size_t nplace,
                         const bcast_topo_opts *o, uint32_t ns, bcast_err *err) {

@@ -147,15 +147,6 @@ int bcast_topo_predict(const bcast_plan *p, const bcast_topo_place *place, size_
                        const bcast_topo *t, const bcast_topo_opts *o, bcast_topo_pred *out,
                        bcast_err *err);
 
-/* The relay layout that takes the model out of the source's node once per
- * node: receivers on the source's node take from the source; on each other
- * node its first receiver (lowest rank) takes from the source and relays to
- * the node's other receivers. Fills relay_from (world_size entries, as
- * bcast_topo_opts.relay_from); refused with BCAST_EINVAL, naming the field,
- * for a plan of several sources or a placement off the topology. */
-int bcast_topo_relays_by_node(const bcast_plan *p, const bcast_topo_place *place, size_t nplace,
-                              const bcast_topo *t, uint32_t *relay_from, bcast_err *err);
-
 /* The stage that takes longest (serial stages included); NULL when none. */
 const bcast_topo_stage *bcast_topo_pred_bottleneck(const bcast_topo_pred *p);
 
