@@ -173,3 +173,37 @@ void *bp_reference(const bcast_tensor *t) {
   }
   return w;
 }
+
+static uint32_t bp__rnd(uint32_t *x) {
+  *x ^= *x << 13;
+  *x ^= *x >> 17;
+  *x ^= *x << 5;
+  return *x;
+}
+
+void bp_random_tensor(bcast_tensor *t, const char *name, uint32_t layer, bcast_dtype st,
+                      bcast_dtype wt, uint64_t d0, uint64_t d1, bcast_residency res,
+                      int specials, uint32_t *rng) {
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->layer = layer;
+  t->storage_dtype = st;
+  t->wire_dtype = wt;
+  t->ndim = 2;
+  t->shape[0] = d0;
+  t->shape[1] = d1;
+  t->residency = res;
+  uint64_t n = d0 * d1;
+  t->data = malloc(n * bcast_dtype_size(st));
+  for (uint64_t i = 0; t->data && i < n; i++) {
+    uint32_t v = bp__rnd(rng);
+    if (st != BCAST_DTYPE_FP32) {
+      ((uint16_t *)t->data)[i] = (uint16_t)v;
+      continue;
+    }
+    if (specials && i % 97 == 0) v = (i & 1) ? 0x7fc12345u : 0xff800001u; /* NaNs */
+    else if (specials && i % 89 == 0) v = 0x00018000u;                  /* subnormal */
+    else v = (v & 0x8fffffffu) | 0x30000000u; /* mostly finite, near fp16 range */
+    ((uint32_t *)t->data)[i] = v;
+  }
+}

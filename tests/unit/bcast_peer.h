@@ -15,6 +15,14 @@
 #define BP_MAC 32
 #define BP_CHALLENGE 40
 
+/* A 2-D sender tensor [d0, d1] of storage dtype st and wire dtype wt, its
+ * data malloc'd and filled from the xorshift state *rng: fp32 mostly finite
+ * and near the fp16 range, and with `specials` NaNs and subnormals among
+ * them (every 97th and 89th element); 16-bit storage any bit pattern. */
+void bp_random_tensor(bcast_tensor *t, const char *name, uint32_t layer, bcast_dtype st,
+                      bcast_dtype wt, uint64_t d0, uint64_t d1, bcast_residency res,
+                      int specials, uint32_t *rng);
+
 /* Reference wire bytes of one whole sender tensor, cast element by element
  * with the scalar casts (a 16-bit storage copied): what every receiver must
  * hold after the broadcast. malloc'd, 2 bytes per element. */

@@ -23,39 +23,12 @@ typedef struct fixture {
 } fixture;
 
 static uint32_t rng = 0x9e3779b9u;
-static uint32_t rnd(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 17;
-  rng ^= rng << 5;
-  return rng;
-}
 
 static void add(fixture *f, const char *name, uint32_t layer, bcast_dtype st, bcast_dtype wt, uint64_t d0,
                 uint64_t d1) {
-  bcast_tensor *t = &f->src[f->n++];
-  memset(t, 0, sizeof *t);
-  snprintf(t->name, sizeof t->name, "%s", name);
-  t->layer = layer;
-  t->storage_dtype = st;
-  t->wire_dtype = wt;
-  t->ndim = 2;
-  t->shape[0] = d0;
-  t->shape[1] = d1;
-  t->residency = (f->n & 1) ? BCAST_RES_HOST_PAGEABLE : BCAST_RES_HOST_PINNED;
-  uint64_t n = d0 * d1;
-  size_t sz = bcast_dtype_size(st);
-  t->data = malloc(n * sz);
-  for (uint64_t i = 0; i < n; i++) {
-    uint32_t v = rnd();
-    if (st == BCAST_DTYPE_FP32) {
-      if (i % 97 == 0) v = (i & 1) ? 0x7fc12345u : 0xff800001u; /* NaNs */
-      else if (i % 89 == 0) v = 0x00018000u;                  /* subnormal */
-      else v = (v & 0x8fffffffu) | 0x30000000u;               /* mostly finite, near fp16 range */
-      ((uint32_t *)t->data)[i] = v;
-    } else {
-      ((uint16_t *)t->data)[i] = (uint16_t)v;
-    }
-  }
+  bcast_residency res = (f->n & 1) ? BCAST_RES_HOST_PAGEABLE : BCAST_RES_HOST_PINNED;
+  bp_random_tensor(&f->src[f->n], name, layer, st, wt, d0, d1, res, 1, &rng);
+  f->n++;
 }
 
 static void fixture_init(fixture *f) {

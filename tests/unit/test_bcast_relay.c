@@ -25,30 +25,10 @@ typedef struct model {
 } model;
 
 static uint32_t rng = 0x2545f491u;
-static uint32_t rnd(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 17;
-  rng ^= rng << 5;
-  return rng;
-}
 
 static void tensor(bcast_tensor *t, const char *name, uint32_t layer, bcast_dtype st, bcast_dtype wt, uint64_t d0,
                    uint64_t d1) {
-  memset(t, 0, sizeof *t);
-  snprintf(t->name, sizeof t->name, "%s", name);
-  t->layer = layer;
-  t->storage_dtype = st;
-  t->wire_dtype = wt;
-  t->ndim = 2;
-  t->shape[0] = d0;
-  t->shape[1] = d1;
-  t->residency = BCAST_RES_HOST_PAGEABLE;
-  uint64_t n = d0 * d1;
-  t->data = malloc(n * bcast_dtype_size(st));
-  for (uint64_t i = 0; i < n; i++) {
-    if (st == BCAST_DTYPE_FP32) ((uint32_t *)t->data)[i] = (rnd() & 0x8fffffffu) | 0x30000000u;
-    else ((uint16_t *)t->data)[i] = (uint16_t)rnd();
-  }
+  bp_random_tensor(t, name, layer, st, wt, d0, d1, BCAST_RES_HOST_PAGEABLE, 0, &rng);
 }
 
 static void model_init(model *m) {

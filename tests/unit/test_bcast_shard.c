@@ -30,12 +30,6 @@ static double now_s(void) {
 }
 
 static uint32_t rng = 0x2545f491u;
-static uint32_t rnd(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 17;
-  rng ^= rng << 5;
-  return rng;
-}
 
 /* ---- a model and its shards ------------------------------------------------- */
 
@@ -49,23 +43,7 @@ typedef struct model {
 
 static void add(model *m, const char *name, uint32_t layer, bcast_dtype st, bcast_dtype wt, uint64_t d0,
                 uint64_t d1) {
-  bcast_tensor *t = &m->full[m->n++];
-  memset(t, 0, sizeof *t);
-  snprintf(t->name, sizeof t->name, "%s", name);
-  t->layer = layer;
-  t->storage_dtype = st;
-  t->wire_dtype = wt;
-  t->ndim = 2;
-  t->shape[0] = d0;
-  t->shape[1] = d1;
-  t->residency = BCAST_RES_HOST_PAGEABLE;
-  uint64_t n = d0 * d1;
-  t->data = malloc(n * bcast_dtype_size(st));
-  for (uint64_t i = 0; i < n; i++) {
-    uint32_t v = rnd();
-    if (st == BCAST_DTYPE_FP32) ((uint32_t *)t->data)[i] = (v & 0x8fffffffu) | 0x30000000u;
-    else ((uint16_t *)t->data)[i] = (uint16_t)v;
-  }
+  bp_random_tensor(&m->full[m->n++], name, layer, st, wt, d0, d1, BCAST_RES_HOST_PAGEABLE, 0, &rng);
 }
 
 /* Rank r holds elements [off, off + count) of tensor i, in a buffer of its own. */
