@@ -757,43 +757,65 @@ static void report_relays(const bb_args *a, uint64_t params, uint64_t wire, doub
          rx, nr);
 }
 
+/* The model's copies for a run of one sender and `receivers` receivers: the
+ * sender's manifest and storage, and each receiver's. Freed whole by
+ * copies_free, allocated or not. */
+typedef struct bb_copies {
+  bcast_tensor *snd, **rcv;
+  bcast_storage *ss, **rs;
+  size_t n;
+  uint32_t receivers;
+} bb_copies;
+
+static void copies_free(bb_copies *c) {
+  for (uint32_t i = 0; c->rs && i < c->receivers; i++) bcast_storage_free(c->rs[i]);
+  for (uint32_t i = 0; c->rcv && i < c->receivers; i++) free(c->rcv[i]);
+  bcast_storage_free(c->ss);
+  free(c->snd);
+  free(c->rcv);
+  free(c->rs);
+  memset(c, 0, sizeof *c);
+}
+
+/* Each receiver's manifest (preset options ro) and zeroed storage, and the
+ * sender's storage for its manifest c->snd, filled. */
+static int copies_alloc(const bb_args *a, const bcast_preset_opts *ro, bb_copies *c, bcast_err *err) {
+  c->receivers = a->receivers;
+  c->rcv = calloc(a->receivers, sizeof *c->rcv);
+  c->rs = calloc(a->receivers, sizeof *c->rs);
+  if (!c->rcv || !c->rs) {
+    err->code = BCAST_ENOMEM;
+    snprintf(err->msg, sizeof err->msg, "out of memory");
+    return BCAST_ENOMEM;
+  }
+  size_t m = 0;
+  int rc = bcast_storage_alloc(c->snd, c->n, BCAST_FILL_SENDER, 42, &c->ss, err);
+  for (uint32_t i = 0; !rc && i < a->receivers; i++)
+    rc = bcast_preset_manifest(a->preset, ro, &c->rcv[i], &m, err) ||
+         bcast_storage_alloc(c->rcv[i], m, BCAST_FILL_RECEIVER, 0, &c->rs[i], err);
+  return rc;
+}
+
 /* The model once in fp32 for the sender, a bf16 copy per receiver; the
  * direct fan-out and the relay layout in the same run. */
 static int bench_relays(const bb_args *a) {
   bcast_preset_opts so = {.storage_dtype = BCAST_DTYPE_FP32, .wire_dtype = BCAST_DTYPE_BF16,
                           .residency = BCAST_RES_HOST_PAGEABLE, .max_layers = a->max_layers};
-  bcast_tensor *snd = NULL, **rcv = calloc(a->receivers, sizeof *rcv);
-  bcast_storage *ss = NULL, **rs = calloc(a->receivers, sizeof *rs);
-  size_t n = 0, m = 0;
+  bb_copies c = {0};
   bcast_err err = {0};
   double direct_s = 0, relay_s = 0;
   int rc = 1;
-  if (!rcv || !rs) {
-    fprintf(stderr, "bench broadcast: out of memory\n");
+  if (bcast_preset_manifest(a->preset, &so, &c.snd, &c.n, &err) || copies_alloc(a, &so, &c, &err)) {
+    fprintf(stderr, "bench broadcast: %s (%s)\n", err.msg, bcast_strerror(err.code));
     goto out;
   }
-  if (bcast_preset_manifest(a->preset, &so, &snd, &n, &err) ||
-      bcast_storage_alloc(snd, n, BCAST_FILL_SENDER, 42, &ss, &err))
-    goto fail;
-  for (uint32_t i = 0; i < a->receivers; i++)
-    if (bcast_preset_manifest(a->preset, &so, &rcv[i], &m, &err) ||
-        bcast_storage_alloc(rcv[i], m, BCAST_FILL_RECEIVER, 0, &rs[i], &err))
-      goto fail;
   uint64_t wire = 0;
-  for (size_t i = 0; i < n; i++) wire += bcast_tensor_elems(&snd[i]) * 2;
-  if (relay_run(a, snd, n, rcv, &direct_s, &relay_s)) goto out;
+  for (size_t i = 0; i < c.n; i++) wire += bcast_tensor_elems(&c.snd[i]) * 2;
+  if (relay_run(a, c.snd, c.n, c.rcv, &direct_s, &relay_s)) goto out;
   report_relays(a, bcast_preset_params(bcast_preset_find(a->preset), &so), wire, direct_s, relay_s);
   rc = 0;
-  goto out;
-fail:
-  fprintf(stderr, "bench broadcast: %s (%s)\n", err.msg, bcast_strerror(err.code));
 out:
-  for (uint32_t i = 0; rs && i < a->receivers; i++) bcast_storage_free(rs[i]);
-  for (uint32_t i = 0; rcv && i < a->receivers; i++) free(rcv[i]);
-  bcast_storage_free(ss);
-  free(snd);
-  free(rcv);
-  free(rs);
+  copies_free(&c);
   return rc;
 }
 
@@ -870,24 +892,18 @@ static int bench_senders(const bb_args *a) {
   }
   bcast_preset_opts ro = so;
   if (coloc) ro.residency = BCAST_RES_GPU;
-  bcast_tensor *snd = NULL, **rcv = calloc(a->receivers, sizeof *rcv);
-  bcast_storage *ss = NULL, **rs = calloc(a->receivers, sizeof *rs);
-  size_t n = 0, m = 0;
+  bb_copies c = {0};
   bcast_err err = {0};
   bb_shard_run runs[BB_MAX_COUNTS];
   uint32_t counts[BB_MAX_COUNTS];
   bb_result fl;
   memset(&fl, 0, sizeof fl);
   int rc = 1, k = sender_counts(a->senders, counts);
-  if (!rcv || !rs) {
-    fprintf(stderr, "bench broadcast: out of memory\n");
-    goto out;
-  }
-  if (bcast_preset_manifest(a->preset, &so, &snd, &n, &err)) goto fail;
+  if (bcast_preset_manifest(a->preset, &so, &c.snd, &c.n, &err)) goto fail;
   uint64_t wire = 0, fp32 = 0;
-  for (size_t i = 0; i < n; i++) {
-    wire += bcast_tensor_elems(&snd[i]) * 2;
-    fp32 += bcast_tensor_elems(&snd[i]) * 4;
+  for (size_t i = 0; i < c.n; i++) {
+    wire += bcast_tensor_elems(&c.snd[i]) * 2;
+    fp32 += bcast_tensor_elems(&c.snd[i]) * 4;
   }
   if (coloc) {
     if (gpu_floor(a, fp32, wire, &fl, &err)) goto fail;
@@ -896,25 +912,16 @@ static int bench_senders(const bb_args *a) {
     if (a->master == BB_MASTER_GPU)
       fl.floor_s = ((double)(fp32 + wire) / 2 + (double)wire * (a->receivers - 1)) / (fl.d2d_gbps * 1e9);
   }
-  if (bcast_storage_alloc(snd, n, BCAST_FILL_SENDER, 42, &ss, &err)) goto fail;
-  for (uint32_t i = 0; i < a->receivers; i++)
-    if (bcast_preset_manifest(a->preset, &ro, &rcv[i], &m, &err) ||
-        bcast_storage_alloc(rcv[i], m, BCAST_FILL_RECEIVER, 0, &rs[i], &err))
-      goto fail;
+  if (copies_alloc(a, &ro, &c, &err)) goto fail;
   for (int i = 0; i < k; i++)
-    if (shard_run(a, snd, n, rcv, counts[i], &runs[i])) goto out;
+    if (shard_run(a, c.snd, c.n, c.rcv, counts[i], &runs[i])) goto out;
   report_senders(a, bcast_preset_params(bcast_preset_find(a->preset), &so), wire, runs, k, coloc ? &fl : NULL);
   rc = 0;
   goto out;
 fail:
   fprintf(stderr, "bench broadcast: %s (%s)\n", err.msg, bcast_strerror(err.code));
 out:
-  for (uint32_t i = 0; rs && i < a->receivers; i++) bcast_storage_free(rs[i]);
-  for (uint32_t i = 0; rcv && i < a->receivers; i++) free(rcv[i]);
-  bcast_storage_free(ss);
-  free(snd);
-  free(rcv);
-  free(rs);
+  copies_free(&c);
   return rc;
 }
 
