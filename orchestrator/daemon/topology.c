@@ -188,22 +188,21 @@ int topology_view_build(const Rlorch__V1__WorkerInfo *const *w, size_t n, const 
   const Rlorch__V1__Capabilities **caps = calloc(n, sizeof *caps);
   if (!caps) return snprintf(err, errlen, "out of memory"), -1;
   for (size_t i = 0; i < n; i++) caps[i] = w[i]->capabilities;
-  int rc = topology_build(caps, n, base, &out->t, err, errlen);
+  if (topology_build(caps, n, base, &out->t, err, errlen) != 0) {
+    free(caps); /* out->t is left empty: nothing else to free */
+    return -1;
+  }
   const topology *t = &out->t;
   uint32_t nodes = t->topo.nodes;
-  if (rc == 0) {
-    out->node = calloc(nodes, sizeof *out->node);
-    out->nodep = calloc(nodes, sizeof *out->nodep);
-    out->worker = calloc(n, sizeof *out->worker);
-    out->workerp = calloc(n, sizeof *out->workerp);
-    out->gpus = calloc(n, sizeof *out->gpus);
-    if (!out->node || !out->nodep || !out->worker || !out->workerp || !out->gpus)
-      rc = -1, snprintf(err, errlen, "out of memory");
-  }
-  if (rc != 0) {
+  out->node = calloc(nodes, sizeof *out->node);
+  out->nodep = calloc(nodes, sizeof *out->nodep);
+  out->worker = calloc(n, sizeof *out->worker);
+  out->workerp = calloc(n, sizeof *out->workerp);
+  out->gpus = calloc(n, sizeof *out->gpus);
+  if (!out->node || !out->nodep || !out->worker || !out->workerp || !out->gpus) {
     free(caps);
     topology_view_free(out);
-    return -1;
+    return snprintf(err, errlen, "out of memory"), -1;
   }
   /* Node by node, its workers and its GPUs in rank order: a GPU is listed at
    * the first worker that uses it, which is where the model numbered it. */
