@@ -8,7 +8,7 @@
 # link_nic_gbits, said in the note), c's GPUs in the model's order, the
 # slowest measured rate taken, the link figures as configured; the table and
 # --json; an unknown run refused with NOT_FOUND naming it, a bad run id with
-# INVALID_ARGUMENT; a lost worker left out.
+# INVALID_ARGUMENT; a lost worker left out; the workers of the active run.
 source "$(dirname "$0")/lib.sh"
 need_cmd python3
 need_cmd node
@@ -129,7 +129,7 @@ assert_contains "$LAST_OUTPUT" "GetTopology: NOT_FOUND: run 'run-nope' not found
 serve_stop
 
 # ---- a lost worker is left out; a run's workers ---------------------------------------------
-RLORCH_WORKER_TIMEOUT_MS=2000 RLORCH_LINK_H2D_GBPS=12 serve_start || finish
+RLORCH_WORKER_TIMEOUT_MS=3000 RLORCH_LINK_H2D_GBPS=12 serve_start || finish
 assert_status OK "$(register gone 0000:3b:00.0 20)" "a worker registers and sends no heartbeat"
 lost() { [[ "$(ctl --json list-workers | json_get workers.0.state)" == WORKER_STATE_LOST ]]; }
 wait_until 30 lost
@@ -137,6 +137,26 @@ assert_eq 0 "$?" "it is lost after worker_timeout_ms"
 out="$(grpc_call --method $C/GetTopology --json '{}')"
 assert_eq '[]' "$(json_get message.nodes "$out")" "a lost worker is on no node"
 assert_eq 12 "$(json_get message.h2d_gbps "$out")" "nor is its measured rate taken"
+
+# nodes_of JSON: "node:worker,worker node:worker" of a GetTopology response.
+nodes_of() {
+  json_get message "$1" | python3 -c '
+import json, sys
+t = json.load(sys.stdin)
+print(" ".join(n["name"] + ":" + ",".join(w["name"] for w in n["workers"]) for n in t["nodes"]))'
+}
+start_agent trainer tv-run-t --layers 1 --node a --nics 1 --nic-gbits 100
+wait_until 60 live_count_is 1
+start_agent inference tv-run-i --node b --nics 1 --nic-gbits 100
+wait_until 60 live_count_is 2
+run="$(ctl --json start-run --name tv --preset 100m --steps 0 --rollouts-per-step 2 | json_get id)"
+in_run() { [[ "$(ctl --json list-workers --run "$run" | python3 -c 'import json,sys; print(len(json.load(sys.stdin).get("workers", [])))')" == 2 ]]; }
+wait_until 60 in_run
+assert_eq 0 "$?" "both agents join run $run"
+out="$(grpc_call --method $C/GetTopology --json "{\"run_id\":\"$run\"}")"
+assert_status OK "$out" "GetTopology of the active run"
+assert_eq "a:tv-run-t b:tv-run-i" "$(nodes_of "$out")" "the run's workers on their nodes, the lost one not among them"
+ctl stop-run "$run" >/dev/null
 serve_stop
 
 finish
