@@ -125,6 +125,7 @@ static const opt_cmd ctl__global_cmd = {
               "  get-run        show a run\n"
               "  list-runs      list runs\n"
               "  list-workers   list workers: role, state, node and NICs, run, GPUs\n"
+              "  topology       the nodes the cost model sees: NICs, workers, GPUs, links\n"
               "  watch-run      stream a run's events\n"
               "  set-policy     override the broadcast mode of a run\n"
               "  health         gRPC health of a service\n",
@@ -205,6 +206,10 @@ static const opt_field ctl__list_runs_fields[] = {
 static const opt_field ctl__list_workers_fields[] = {
     {.name = "run_id", .flag = "--run", .type = OPT_STR, .off = CA(run_filter, char *),
      .metavar = "RUN_ID", .help = "only the workers of this run", .dflt = "all"},
+};
+static const opt_field ctl__topology_fields[] = {
+    {.name = "run_id", .flag = "--run", .type = OPT_STR, .off = CA(run_filter, char *),
+     .metavar = "RUN_ID", .help = "only the workers of this run", .dflt = "every live worker"},
 };
 static const opt_field ctl__watch_fields[] = {
     CTL__RUN_ID,
@@ -355,6 +360,19 @@ static int do_list_workers(ctl *c, const ctl_args *a) {
   return 0;
 }
 
+static int do_topology(ctl *c, const ctl_args *a) {
+  Rlorch__V1__GetTopologyRequest req = RLORCH__V1__GET_TOPOLOGY_REQUEST__INIT;
+  if (a->run_filter) req.run_id = a->run_filter;
+  ProtobufCMessage *resp;
+  if (unary(c, "/rlorch.v1.Control/GetTopology", &req.base,
+            &rlorch__v1__get_topology_response__descriptor, &resp))
+    return 1;
+  if (c->json) print_json(resp);
+  else ctl_print_topology(stdout, (const Rlorch__V1__GetTopologyResponse *)resp);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return 0;
+}
+
 typedef struct watch_state {
   ctl *c;
   int header_done;
@@ -424,6 +442,9 @@ static const struct {
     {"list-workers", CTL__CMD("list-workers", ctl__list_workers_fields,
                            "Lists the workers the orchestrator knows."),
      do_list_workers},
+    {"topology", CTL__CMD("topology", ctl__topology_fields,
+                           "Shows the nodes as the cost model places the workers on them."),
+     do_topology},
     {"watch-run", CTL__CMD("watch-run", ctl__watch_fields,
                            "Streams a run's events until it ends (Ctrl-C stops)."),
      do_watch},

@@ -75,6 +75,51 @@ void ctl_print_workers(FILE *f, const Rlorch__V1__WorkerInfo *const *w, size_t n
   }
 }
 
+/* "2x100G", in the speed format of ctl__nics. */
+static const char *ctl__node_nics(const Rlorch__V1__TopologyNode *n, char *buf, size_t len) {
+  char one[32];
+  /* One NIC's summary is "1x<speed>": the speed is what follows the "1x". */
+  bcast_systopo_nic_summary(&n->nic_gbits, 1, one, sizeof one);
+  snprintf(buf, len, "%ux%s%s", n->nics, one + 2, n->nics_assumed ? "(assumed)" : "");
+  return buf;
+}
+
+void ctl_print_topology(FILE *f, const Rlorch__V1__GetTopologyResponse *t) {
+  fprintf(f, "%-16s %-20s %7s %5s\n", "NODE", "NICS", "WORKERS", "GPUS");
+  fprintf(f, "  %-12s %-9s %-18s %-5s %-14s %4s %8s\n", "WORKER", "ROLE", "NAME", "PLACE",
+          "GPU_PCI", "NUMA", "H2D_GB/S");
+  for (size_t i = 0; i < t->n_nodes; i++) {
+    const Rlorch__V1__TopologyNode *n = t->nodes[i];
+    char nics[64];
+    fprintf(f, "%-16s %-20s %7zu %5zu\n", n->name, ctl__node_nics(n, nics, sizeof nics),
+            n->n_workers, n->n_gpus);
+    for (size_t k = 0; k < n->n_workers; k++) {
+      const Rlorch__V1__TopologyWorker *w = n->workers[k];
+      char r[32], place[16], h2d[16] = "-";
+      if (w->host) snprintf(place, sizeof place, "host");
+      else snprintf(place, sizeof place, "gpu%u", w->gpu);
+      if (w->h2d_gbps > 0) snprintf(h2d, sizeof h2d, "%.1f", w->h2d_gbps);
+      fprintf(f, "  %-12s %-9s %-18s %-5s %-14s %4d %8s\n", w->id,
+              ctl_enum(&rlorch__v1__worker_role__descriptor, w->role, r, sizeof r), w->name, place,
+              w->gpu_pci_bus_id[0] ? w->gpu_pci_bus_id : "-", w->numa_node, h2d);
+    }
+  }
+  const Rlorch__V1__LinkFigures *l = t->links;
+  if (t->h2d_measured)
+    fprintf(f, "h2d: %.3g GB/s, the slowest a worker measured\n", t->h2d_gbps);
+  else
+    fprintf(f, "h2d: %.3g GB/s, configured (link_h2d_gbps): no worker measured one\n", t->h2d_gbps);
+  if (l)
+    fprintf(f,
+            "links (link_*): nvlink %.4g GB/s, d2d %.4g GB/s, cast %.4g GB/s, tcp_stream %.4g GB/s, "
+            "tls_stream %.4g GB/s, tcp_send %.4g GB/s, host %.4g GB/s, host_cast %.4g GB/s, "
+            "pageable %.4g GB/s, hop_latency %.4g us; a node without a NIC speed: %u x %.4g Gb/s\n",
+            l->nvlink_gbps, l->d2d_gbps, l->cast_gbps, l->tcp_stream_gbps, l->tls_stream_gbps,
+            l->tcp_send_gbps, l->host_gbps, l->host_cast_gbps, l->pageable_gbps,
+            l->hop_latency_us, l->nics, l->nic_gbits);
+  if (t->note[0]) fprintf(f, "note: %s\n", t->note);
+}
+
 void ctl_print_step_header(FILE *f) {
   fprintf(f, "%5s %5s %7s %8s %-7s %10s %9s %9s %9s %8s %7s %9s %6s  %s\n", "STEP", "USED",
           "DROPPED", "TRAIN_S", "MODE", "BYTES", "STAGING_S", "WIRE_S", "TOTAL_S", "GB/S", "STAGE%",

@@ -9,6 +9,8 @@
 
 void ctl_print_runs(FILE *f, const Rlorch__V1__Run *const *runs, size_t n);
 void ctl_print_workers(FILE *f, const Rlorch__V1__WorkerInfo *const *w, size_t n);
+/* A row per node, its workers under it, then the links and the note. */
+void ctl_print_topology(FILE *f, const Rlorch__V1__GetTopologyResponse *t);
 /* One line per step record; the header is printed once (*header_done). */
 void ctl_print_step_header(FILE *f);
 void ctl_print_step(FILE *f, const Rlorch__V1__StepRecord *s);

@@ -12,6 +12,7 @@
 #include "orchestrator/daemon/orch.h"
 #include "orchestrator/daemon/prompt_source.h"
 #include "orchestrator/daemon/runner.h"
+#include "orchestrator/daemon/topology.h"
 #include "orchestrator/daemon/watch.h"
 #include "orchestrator/daemon/workers.h"
 #include "workers/bcast/bcast_preset.h"
@@ -361,6 +362,36 @@ static void h_set_policy(rpc_call *call, const ProtobufCMessage *req, void *ud) 
   if (run) reply_run(call, run);
 }
 
+/* The live workers, or the live ones of a run, as the cost model would
+ * place them in a plan (topology.h: the runner's own function). */
+static void h_get_topology(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  orch *o = ud;
+  const Rlorch__V1__GetTopologyRequest *r = (const void *)req;
+  if (r->run_id[0]) {
+    Rlorch__V1__Run *run = load_run(o, call, r->run_id);
+    if (!run) return;
+    protobuf_c_message_free_unpacked(&run->base, NULL);
+  }
+  Rlorch__V1__WorkerInfo **w = NULL;
+  size_t n = workers_list(o->workers, r->run_id, &w), live = 0;
+  if (!w) {
+    rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (w[i]->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) w[live++] = w[i];
+    else protobuf_c_message_free_unpacked(&w[i]->base, NULL);
+  topology_view v;
+  char err[TOPOLOGY_NOTE_MAX];
+  if (topology_view_build((const Rlorch__V1__WorkerInfo *const *)w, live, &o->cfg->topology, &v,
+                          err, sizeof err) != 0)
+    rpc_call_fail(call, GRPC_STATUS_INTERNAL, "topology: %s", err);
+  else
+    rpc_call_reply(call, &v.resp.base);
+  topology_view_free(&v);
+  workers_list_free(w, live);
+}
+
 /* ---- WatchRun ---------------------------------------------------------------- */
 
 static int replay_step(const Rlorch__V1__StepRecord *rec, void *arg) {
@@ -421,6 +452,8 @@ const rpc_method control_api_methods[] = {
       rlorch__v1__run_event__descriptor, h_watch_run),
     M("SetBroadcastPolicy", RPC_UNARY, rlorch__v1__set_broadcast_policy_request__descriptor,
       rlorch__v1__run__descriptor, h_set_policy),
+    M("GetTopology", RPC_UNARY, rlorch__v1__get_topology_request__descriptor,
+      rlorch__v1__get_topology_response__descriptor, h_get_topology),
 };
 const size_t control_api_nmethods = sizeof control_api_methods / sizeof control_api_methods[0];
 #undef M

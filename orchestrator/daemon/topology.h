@@ -26,6 +26,9 @@ typedef struct topology {
   bcast_topo_place *place;  /* one per participant, in rank order, owned */
   size_t nplace;
   char (*node_name)[TOPOLOGY_NODE_NAME_MAX]; /* topo.nodes entries, owned */
+  unsigned char *nics_assumed; /* topo.nodes entries, owned: 1 where no worker reports a
+                                  NIC speed and the node got base's NICs */
+  int h2d_measured;             /* topo.h2d_gbps is a worker's measured rate, not base's */
   char note[TOPOLOGY_NOTE_MAX]; /* what was assumed rather than reported; "" when nothing */
 } topology;
 
@@ -42,5 +45,23 @@ void topology_free(topology *t);
 
 /* The node index of rank r's place, and its name. */
 const char *topology_node_name(const topology *t, uint32_t node);
+
+/* What GetTopology answers (control.proto): workers w[0..n) (registration
+ * order; none is fine) built into a topology by topology_build, as a plan
+ * of theirs would be, and shown node by node with their workers and GPUs,
+ * base's figures as the links. `resp` points into the view (which is
+ * therefore not to be copied) and into w, which must outlive it. 0, or -1 with err (topology_build's). */
+typedef struct topology_view {
+  Rlorch__V1__GetTopologyResponse resp;
+  topology t;
+  Rlorch__V1__LinkFigures links;
+  Rlorch__V1__TopologyNode *node, **nodep;       /* t.topo.nodes entries */
+  Rlorch__V1__TopologyWorker *worker, **workerp; /* n entries, grouped by node */
+  char **gpus;                                   /* n entries at most, grouped by node */
+} topology_view;
+
+int topology_view_build(const Rlorch__V1__WorkerInfo *const *w, size_t n, const bcast_topo *base,
+                        topology_view *out, char *err, size_t errlen);
+void topology_view_free(topology_view *v);
 
 #endif

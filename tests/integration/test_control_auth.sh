@@ -44,7 +44,7 @@ assert_eq SERVING "$(ctl health)" "ctl health without --token-file works"
 
 for m in "StartRun {}" "StopRun {\"run_id\":\"run-1\"}" "GetRun {\"run_id\":\"run-1\"}" \
   "ListRuns {}" "ListWorkers {}" "WatchRun {\"run_id\":\"run-1\"}" \
-  "SetBroadcastPolicy {\"run_id\":\"run-1\",\"policy\":1}"; do
+  "SetBroadcastPolicy {\"run_id\":\"run-1\",\"policy\":1}" "GetTopology {}"; do
   name=${m%% *} req=${m#* }
   out="$(grpc_call --method "$C/$name" --json "$req" --deadline-ms 5000)"
   assert_status_details UNAUTHENTICATED "missing bearer token" "$out" "$name without a token: UNAUTHENTICATED"

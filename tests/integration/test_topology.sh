@@ -7,7 +7,8 @@
 # configured; one set through the environment (RLORCH_NODE, RLORCH_NIC_GBITS)
 # has every detected NIC at that speed; a Python worker (the package's
 # node, nics, nic_gbits keywords) reports what it was given. Each prints what
-# it uses in one log line at start. Bad values are refused before anything
+# it uses in one log line at start (without a GPU, no measured host-to-device
+# rate: h2d_gbps=-). Bad values are refused before anything
 # starts, naming the flag or variable.
 source "$(dirname "$0")/lib.sh"
 need_cmd python3
@@ -121,6 +122,9 @@ assert_contains "$(grep 'event=topology' "$TEST_TMP/agent-topo-trainer.log")" \
 assert_contains "$(grep 'event=topology' "$TEST_TMP/agent-topo-trainer.log")" \
   'nics=2x100G nic_list="nic0:100G:numa?,nic1:100G:numa?" configured="node,nics"' \
   "the line names its NICs and what was configured"
+assert_contains "$(grep 'event=topology' "$TEST_TMP/agent-topo-trainer.log")" \
+  'nvlink_peers=0 h2d_gbps=- nics=' "without a GPU no host-to-device rate is measured, and the line says so"
+assert_eq 0 "$(field "$t" h2d_gbps)" "nor reported"
 assert_contains "$(grep 'event=topology' "$TEST_TMP/agent-topo-inference.log")" \
   'node="b"' "the inference worker logs its topology at start"
 table="$(ctl list-workers)"

@@ -1,7 +1,8 @@
 /* Where a worker runs (bcast_systopo.c) on fake sysfs trees: NICs (speeds,
  * down and virtual interfaces, missing files, NUMA, RDMA), the CPUs' and the
- * GPU's NUMA node, the settings that replace what is detected, and the
- * agents' flags for them (--node, --nics, --nic-gbits). */
+ * GPU's NUMA node, its measured host-to-device rate, the settings that
+ * replace what is detected, and the agents' flags for them (--node, --nics,
+ * --nic-gbits). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -451,6 +452,58 @@ Test(systopo, register_carries_the_topology) {
   cr_assert_str_eq(pb.caps.topology->gpu_pci_bus_id, "");
   cr_assert_eq(pb.caps.topology->n_nvlink_peers, 0);
   cr_assert_str_eq(pb.caps.topology->node, "a");
+}
+
+/* ---- the GPU's measured host-to-device rate ------------------------------------------ */
+
+Test(systopo, h2d_is_measured_on_a_gpu_and_said_where_it_cannot_be) {
+  bcast_systopo t;
+  bcast_systopo_probe(root, "h", &t);
+  bcast_systopo_set_gpu(&t, root, "0000:3b:00.0");
+  bcast_systopo_measure_h2d(&t, -1);
+  cr_assert_eq(t.h2d_gbps, 0.0, "no device: nothing measured");
+  cr_assert_str_eq(t.gpu_note, "", "and nothing to say");
+  char d[4096];
+  bcast_systopo_describe(&t, d, sizeof d);
+  cr_assert(strstr(d, " h2d_gbps=- "), "%s", d);
+  /* Device 0: measured where there is one, else why not. */
+  bcast_caps caps;
+  bcast_caps_probe(&caps);
+  bcast_systopo_measure_h2d(&t, 0);
+  bcast_systopo_describe(&t, d, sizeof d);
+  if (caps.cuda_devices > 0) {
+    cr_assert_gt(t.h2d_gbps, 0.5, "a GPU's pinned copies: %g GB/s", t.h2d_gbps);
+    char want[64];
+    snprintf(want, sizeof want, " h2d_gbps=%.1f ", t.h2d_gbps);
+    cr_assert(strstr(d, want), "%s", d);
+  } else {
+    cr_assert_eq(t.h2d_gbps, 0.0);
+    cr_assert(strstr(t.gpu_note, caps.cuda_built
+                                     ? "h2d not measured: host-to-device floor: no CUDA device visible"
+                                     : "h2d not measured: host-to-device floor: built without CUDA"),
+              "%s", t.gpu_note);
+    cr_assert(strstr(d, " h2d_gbps=- "), "%s", d);
+    cr_assert(strstr(d, "h2d not measured"), "the start-up line says why: %s", d);
+  }
+  t.h2d_gbps = 25;
+  bcast_systopo_describe(&t, d, sizeof d);
+  cr_assert(strstr(d, " h2d_gbps=25.0 "), "%s", d);
+  bcast_systopo_set_gpu(&t, root, "0000:5e:00.0");
+  cr_assert_eq(t.h2d_gbps, 0.0, "another GPU: its rate is not the last one's");
+  cr_assert_str_eq(t.gpu_note, "");
+}
+
+Test(systopo, register_carries_the_measured_h2d_of_its_gpu_only) {
+  bcast_caps caps;
+  bcast_caps_probe(&caps);
+  bcast_systopo_probe(root, "h", &caps.topo);
+  bcast_systopo_set_gpu(&caps.topo, root, "0000:3b:00.0");
+  caps.topo.h2d_gbps = 52.5;
+  agent_caps_pb pb;
+  agent_caps_to_pb(&caps, 0, &pb);
+  cr_assert_float_eq(pb.caps.topology->h2d_gbps, 52.5, 1e-12);
+  agent_caps_to_pb(&caps, -1, &pb);
+  cr_assert_eq(pb.caps.topology->h2d_gbps, 0.0, "without a device: none");
 }
 
 /* ---- the agents' flags -------------------------------------------------------- */

@@ -1,8 +1,10 @@
 /* A plan's topology from its participants' reports (daemon/topology.c):
  * nodes by name, else by host id; GPUs shared or not; each node's NICs the
  * best any of its workers reports, else the configured default, said in the
- * note; the slowest measured host-to-device rate; bad input refused. */
+ * note; the slowest measured host-to-device rate; bad input refused; and
+ * GetTopology's view of it, node by node. */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "orchestrator/daemon/topology.h"
@@ -191,4 +193,139 @@ Test(topology, the_model_predicts_on_it) {
                      want);
   bcast_plan_free(plan);
   topology_free(&t);
+}
+
+Test(topology, which_nodes_were_assumed_and_whether_h2d_was_measured) {
+  fleet f = {0};
+  add(&f, "t", "h", "0000:01:00.0", 40, 0);
+  add(&f, "quiet", "h2", "", 0, 0);
+  bcast_topo b = base();
+  topology t;
+  char err[256] = "";
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(t.nics_assumed[0], 0, "node t reports its NICs");
+  cr_assert_eq(t.nics_assumed[1], 1, "node quiet reports none");
+  cr_assert_eq(t.h2d_measured, 0);
+  topology_free(&t);
+  f.topo[0].h2d_gbps = 31;
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(t.h2d_measured, 1);
+  cr_assert_float_eq(t.topo.h2d_gbps, 31, 1e-9);
+  topology_free(&t);
+  cr_assert_null(t.nics_assumed);
+}
+
+/* GetTopology's view: workers as ListWorkers gives them, on f's capabilities. */
+typedef struct {
+  Rlorch__V1__WorkerInfo info[MAXW];
+  const Rlorch__V1__WorkerInfo *ip[MAXW];
+} roster;
+
+static void roster_of(const fleet *f, roster *r, const char *const *names) {
+  static const char *const ids[MAXW] = {"w-1", "w-2", "w-3", "w-4", "w-5", "w-6", "w-7", "w-8"};
+  for (size_t i = 0; i < f->n; i++) {
+    rlorch__v1__worker_info__init(&r->info[i]);
+    r->info[i].id = (char *)ids[i];
+    r->info[i].name = (char *)names[i];
+    r->info[i].role = i ? RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE
+                        : RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER;
+    r->info[i].capabilities = (Rlorch__V1__Capabilities *)&f->caps[i];
+    r->ip[i] = &r->info[i];
+  }
+}
+
+Test(topology, the_view_lists_each_node_with_its_workers_and_gpus) {
+  fleet f = {0};
+  add(&f, "a", "boot-1", "", 100, 100);             /* trainer, no GPU */
+  add(&f, "b", "boot-2", "0000:3b:00.0", 0, 0);     /* b: no NIC speed */
+  add(&f, "a", "boot-1", "", 0, 0);                 /* a's second worker, no GPU */
+  add(&f, "b", "boot-2", "0000:5e:00.0", 0, 0);     /* b's second GPU */
+  add(&f, "b", "boot-2", "0000:3b:00.0", 0, 0);     /* on b's first GPU too */
+  f.topo[1].numa_node = 1;
+  f.topo[1].h2d_gbps = 30;
+  f.topo[3].h2d_gbps = 22;
+  static const char *const names[] = {"t", "b1", "a2", "b2", "b3"};
+  roster r;
+  roster_of(&f, &r, names);
+  bcast_topo b = base();
+  topology_view v;
+  char err[256] = "";
+  cr_assert_eq(topology_view_build(r.ip, f.n, &b, &v, err, sizeof err), 0, "%s", err);
+  const Rlorch__V1__GetTopologyResponse *g = &v.resp;
+  cr_assert_eq(g->n_nodes, 2);
+  const Rlorch__V1__TopologyNode *a = g->nodes[0], *bn = g->nodes[1];
+  cr_assert_str_eq(a->name, "a");
+  cr_assert_eq(a->nics, 2);
+  cr_assert_float_eq(a->nic_gbits, 100, 1e-9);
+  cr_assert(!a->nics_assumed);
+  cr_assert_eq(a->n_gpus, 0, "host places are no GPUs");
+  cr_assert_eq(a->n_workers, 2);
+  cr_assert_str_eq(a->workers[0]->name, "t");
+  cr_assert_str_eq(a->workers[0]->id, "w-1");
+  cr_assert_eq(a->workers[0]->role, RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER);
+  cr_assert_str_eq(a->workers[1]->name, "a2", "a's workers in registration order");
+  cr_assert(a->workers[0]->host && a->workers[1]->host);
+  cr_assert_str_eq(bn->name, "b");
+  cr_assert(bn->nics_assumed);
+  cr_assert_eq(bn->nics, 2, "the configured NICs");
+  cr_assert_float_eq(bn->nic_gbits, 25, 1e-9);
+  cr_assert_eq(bn->n_gpus, 2);
+  cr_assert_str_eq(bn->gpus[0], "0000:3b:00.0");
+  cr_assert_str_eq(bn->gpus[1], "0000:5e:00.0");
+  cr_assert_eq(bn->n_workers, 3);
+  cr_assert_str_eq(bn->workers[0]->name, "b1");
+  cr_assert_eq(bn->workers[0]->gpu, 0);
+  cr_assert_eq(bn->workers[0]->numa_node, 1);
+  cr_assert_float_eq(bn->workers[0]->h2d_gbps, 30, 1e-9);
+  cr_assert_str_eq(bn->workers[0]->gpu_pci_bus_id, "0000:3b:00.0");
+  cr_assert_eq(bn->workers[1]->gpu, 1, "b2 on the second GPU");
+  cr_assert_eq(bn->workers[2]->gpu, 0, "b3 shares b1's GPU");
+  cr_assert(!bn->workers[0]->host && !bn->workers[2]->host);
+  cr_assert_float_eq(g->h2d_gbps, 22, 1e-9, "the slowest measured rate");
+  cr_assert(g->h2d_measured);
+  cr_assert_str_eq(g->note, "node b reports no NIC speed: 2 x 25 Gb/s assumed");
+  cr_assert_eq(g->links->nics, 2);
+  cr_assert_float_eq(g->links->nic_gbits, 25, 1e-9);
+  cr_assert_float_eq(g->links->h2d_gbps, b.h2d_gbps, 1e-9, "links are base's, unmeasured");
+  cr_assert_float_eq(g->links->nvlink_gbps, b.nvlink_gbps, 1e-9);
+  cr_assert_float_eq(g->links->hop_latency_us, b.hop_latency_us, 1e-9);
+  /* It packs as the RPC layer sends it, and comes back the same. */
+  size_t len = protobuf_c_message_get_packed_size(&g->base);
+  uint8_t *buf = malloc(len);
+  cr_assert_not_null(buf);
+  protobuf_c_message_pack(&g->base, buf);
+  Rlorch__V1__GetTopologyResponse *back = rlorch__v1__get_topology_response__unpack(NULL, len, buf);
+  cr_assert_not_null(back);
+  cr_assert_eq(back->n_nodes, 2);
+  cr_assert_eq(back->nodes[1]->n_workers, 3);
+  cr_assert_str_eq(back->nodes[1]->gpus[1], "0000:5e:00.0");
+  rlorch__v1__get_topology_response__free_unpacked(back, NULL);
+  free(buf);
+  topology_view_free(&v);
+  cr_assert_null(v.node);
+}
+
+Test(topology, the_view_of_no_worker_is_the_links_alone) {
+  bcast_topo b = base();
+  topology_view v;
+  char err[256] = "";
+  cr_assert_eq(topology_view_build(NULL, 0, &b, &v, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(v.resp.n_nodes, 0);
+  cr_assert_float_eq(v.resp.h2d_gbps, b.h2d_gbps, 1e-9);
+  cr_assert(!v.resp.h2d_measured);
+  cr_assert_eq(v.resp.links->nics, 2);
+  cr_assert_str_eq(v.resp.note, "");
+  topology_view_free(&v);
+}
+
+Test(topology, the_view_refuses_a_bad_base_by_name) {
+  bcast_topo b = base();
+  b.nvlink_gbps = 0;
+  topology_view v;
+  char err[256] = "";
+  cr_assert_eq(topology_view_build(NULL, 0, &b, &v, err, sizeof err), -1);
+  cr_assert(strstr(err, "nvlink_gbps"), "%s", err);
+  cr_assert_eq(topology_view_build(NULL, 0, NULL, &v, err, sizeof err), -1);
+  cr_assert_str_eq(err, "no base topology");
+  topology_view_free(&v);
 }

@@ -728,6 +728,7 @@ static void agent__topo_to_pb(const bcast_systopo *t, int device, agent_caps_pb 
     for (uint32_t i = 0; i < t->n_nvlink_peers; i++) out->peers[i] = (char *)t->nvlink_peers[i];
     m->n_nvlink_peers = t->n_nvlink_peers;
     m->nvlink_peers = out->peers;
+    m->h2d_gbps = t->h2d_gbps; /* 0 where it could not be measured */
   }
   for (uint32_t i = 0; i < t->n_nics; i++) {
     Rlorch__V1__Nic *n = &out->nic[i];

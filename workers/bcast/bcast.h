@@ -593,6 +593,7 @@ typedef struct bcast_systopo {
   uint32_t n_nics;
   bcast_systopo_nic nics[BCAST_SYSTOPO_MAX_NICS];
   unsigned configured;               /* BCAST_SYSTOPO_CONF_* */
+  double h2d_gbps;                   /* the GPU's pinned host-to-device GB/s, measured; 0: not */
   char note[256];                    /* what the node's probe could not tell, in words */
   char gpu_note[256];                /* the same of the GPU's (bcast_systopo_set_gpu resets it) */
 } bcast_systopo;
@@ -612,7 +613,8 @@ typedef struct bcast_systopo_config {
 void bcast_systopo_probe(const char *sysfs_root, const char *host_id, bcast_systopo *t);
 /* The worker's GPU: its PCI bus id (any case, a 4- or 8-digit domain; NULL or
  * "" for none) and that device's NUMA node under sysfs_root. Clears the
- * NVLink fields: bcast_caps_select_device fills them. */
+ * NVLink fields (bcast_caps_select_device fills them) and the measured
+ * h2d_gbps (bcast_systopo_measure_h2d). */
 void bcast_systopo_set_gpu(bcast_systopo *t, const char *sysfs_root, const char *pci_bus_id);
 /* NVLink: the active links of t's GPU and which of the other visible GPUs
  * (n of them: PCI bus ids and UUIDs) it reaches over them, from NVML opened
@@ -620,6 +622,13 @@ void bcast_systopo_set_gpu(bcast_systopo *t, const char *sysfs_root, const char 
  * NVML, none known and the note says so. */
 void bcast_systopo_set_nvlink(bcast_systopo *t, const char *const *bus_ids,
                               const char *const *uuids, size_t n);
+/* The GPU's pinned host-to-device rate into t->h2d_gbps, measured once with
+ * bcast_floor_h2d (BCAST_SYSTOPO_H2D_BYTES, best of BCAST_SYSTOPO_H2D_REPS):
+ * tens of milliseconds at start. Device -1: nothing (0). A measurement that
+ * cannot be made leaves 0 and says why in t->gpu_note. */
+#define BCAST_SYSTOPO_H2D_BYTES (64ull << 20)
+#define BCAST_SYSTOPO_H2D_REPS 5
+void bcast_systopo_measure_h2d(bcast_systopo *t, int device);
 /* BCAST_OK, or BCAST_EINVAL naming the bad setting in err and in *field
  * ("node", "nics", "nic_gbits": the caller's names for them differ). */
 int bcast_systopo_config_check(const bcast_systopo_config *c, const char **field, bcast_err *err);

@@ -309,6 +309,7 @@ void bcast_systopo_set_gpu(bcast_systopo *t, const char *sysfs_root, const char 
   t->gpu_pci_bus_id[0] = t->gpu_note[0] = '\0';
   t->gpu_numa_node = -1;
   t->nvlinks = t->n_nvlink_peers = 0;
+  t->h2d_gbps = 0; /* another GPU's rate is not this one's */
   if (pci_bus_id && pci_bus_id[0]) {
     if (st__bus_id(pci_bus_id, t->gpu_pci_bus_id, sizeof t->gpu_pci_bus_id))
       st__note(t->gpu_note, sizeof t->gpu_note, "GPU PCI bus id \"%.40s\" malformed", pci_bus_id);
@@ -316,6 +317,18 @@ void bcast_systopo_set_gpu(bcast_systopo *t, const char *sysfs_root, const char 
       t->gpu_numa_node = st__numa(sysfs_root, "bus/pci/devices/%s/numa_node", t->gpu_pci_bus_id);
   }
   st__numa_choose(t);
+}
+
+void bcast_systopo_measure_h2d(bcast_systopo *t, int device) {
+  t->h2d_gbps = 0;
+  if (device < 0) return;
+  /* The floor the benchmarks report against, so that the model's rate and
+   * theirs are one measurement. */
+  bcast_err err = {0};
+  double g = 0;
+  if (bcast_floor_h2d(device, BCAST_SYSTOPO_H2D_BYTES, BCAST_SYSTOPO_H2D_REPS, &g, &err) != 0)
+    st__note(t->gpu_note, sizeof t->gpu_note, "h2d not measured: %s", err.msg);
+  else t->h2d_gbps = g;
 }
 
 /* ---- NVLink peers through NVML ----------------------------------------------
@@ -559,17 +572,19 @@ const char *bcast_systopo_describe(const bcast_systopo *t, char *buf, size_t len
     size_t l = strlen(conf);
     snprintf(conf + l, sizeof conf - l, "%s%s", i ? "," : "", names[i]);
   }
+  char h2d[32] = "-"; /* "-": not measured (no GPU, or the note says why) */
+  if (t->h2d_gbps > 0) snprintf(h2d, sizeof h2d, "%.1f", t->h2d_gbps);
   snprintf(note, sizeof note, "%s", t->note);
   if (t->gpu_note[0]) st__note(note, sizeof note, "%s", t->gpu_note);
   if (!t->gpu_pci_bus_id[0]) st__note(note, sizeof note, "no GPU: no bus id, no NVLink peers");
   if (unknown[0])
     st__note(note, sizeof note, "speed unknown (0 Gb/s) for %s: set nic_gbits (--nic-gbits)", unknown);
   snprintf(buf, len,
-           "node=\"%s\" numa_node=%d numa_from=%s gpu_pci=%s nvlinks=%u nvlink_peers=%u nics=%s "
-           "nic_list=\"%s\" configured=\"%s\" note=\"%s\"",
+           "node=\"%s\" numa_node=%d numa_from=%s gpu_pci=%s nvlinks=%u nvlink_peers=%u h2d_gbps=%s "
+           "nics=%s nic_list=\"%s\" configured=\"%s\" note=\"%s\"",
            t->node, t->numa_node,
            t->gpu_numa_node >= 0 ? "gpu" : t->cpu_numa_node >= 0 ? "cpu" : "none",
-           t->gpu_pci_bus_id[0] ? t->gpu_pci_bus_id : "-", t->nvlinks, t->n_nvlink_peers, sum, list,
-           conf, note);
+           t->gpu_pci_bus_id[0] ? t->gpu_pci_bus_id : "-", t->nvlinks, t->n_nvlink_peers, h2d, sum,
+           list, conf, note);
   return buf;
 }

@@ -487,6 +487,7 @@ SDK__EXPORT rlorch_status rlorch_create(const rlorch_options *o, rlorch_worker *
     sdk__log_ud = o->log_ud;
     agent_log_config(sdk__log, NULL, (agent_log_level)o->log_level);
   }
+  bcast_systopo_measure_h2d(&w->caps.topo, w->device);
   agent_log_topology(&w->caps.topo);
   char msg[1024];
   int trainer = w->ao.role == AGENT_ROLE_TRAINER;
