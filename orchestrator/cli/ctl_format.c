@@ -91,7 +91,8 @@ void ctl_print_topology(FILE *f, const Rlorch__V1__GetTopologyResponse *t) {
   for (size_t i = 0; i < t->n_nodes; i++) {
     const Rlorch__V1__TopologyNode *n = t->nodes[i];
     char nics[64];
-    fprintf(f, "%-16s %-20s %7zu %5zu\n", n->name, ctl__node_nics(n, nics, sizeof nics),
+    /* A node's first 16 characters, as list-workers shows it; --json has it whole. */
+    fprintf(f, "%-16.16s %-20s %7zu %5zu\n", n->name, ctl__node_nics(n, nics, sizeof nics),
             n->n_workers, n->n_gpus);
     for (size_t k = 0; k < n->n_workers; k++) {
       const Rlorch__V1__TopologyWorker *w = n->workers[k];
