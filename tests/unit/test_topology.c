@@ -47,7 +47,7 @@ static void add(fleet *f, const char *node, const char *host, const char *gpu, d
 /* Worker i's NICs' MTUs (0: not reported), in the order add gave them. */
 static void mtus(fleet *f, size_t i, uint32_t mtu0, uint32_t mtu1) {
   uint32_t m[2] = {mtu0, mtu1};
-  for (size_t k = 0; k < f->topo[i].n_nics; k++) f->nicp[i][k]->mtu = m[k];
+  for (size_t k = 0; k < f->topo[i].n_nics && k < 2; k++) f->nicp[i][k]->mtu = m[k];
 }
 
 static bcast_topo base(void) {
