@@ -77,6 +77,9 @@ case_run() {
   fi
   # A tc tbf counts a frame's Ethernet header (14 bytes), not the wire's
   # preamble, FCS and gap: the links' framing as the cost model takes it.
+  # No broadcast_gbps_host for the slow links: a plan's bounds and floor
+  # follow its prediction where that is the slower (docs/ARCHITECTURE.md,
+  # "Bounded waits").
   SERVE_HOST=$NETNS_GW RLORCH_LINK_NIC_FRAME_BYTES=14 serve_start || return 1
 
   ip netns exec "$(netns_name 0)" "$RLORCH_BIN" trainer --orchestrator "$GRPC_ADDR" --name "$name-trainer" \

@@ -471,10 +471,10 @@ int bcast_systopo_configure(bcast_systopo *t, const bcast_systopo_config *c, con
     t->configured |= BCAST_SYSTOPO_CONF_NODE;
   }
   if (c->nics) {
-    /* The configured NICs are the node's data network, whose interfaces a
-     * container may not see: they take the largest MTU of the detected
-     * ones (all up, st__nic_usable), jumbo frames being what a data network
-     * is set up with; 0 when none is known. */
+    /* The configured NICs carry the node's traffic, which leaves by the
+     * detected interfaces (all up, st__nic_usable): they take the largest
+     * MTU of those, the data network's where a management interface keeps
+     * 1500 beside jumbo frames; 0 when none is known. */
     uint32_t mtu = 0;
     for (uint32_t i = 0; i < t->n_nics; i++)
       if (t->nics[i].mtu > mtu) mtu = t->nics[i].mtu;
