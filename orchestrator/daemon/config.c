@@ -189,6 +189,11 @@ static const opt_field config__fields[] = {
     {.name = "link_nic_gbits", .type = OPT_DOUBLE, .off = CONFIG__OFF(topology.nic_gbits, double),
      .min = 0, .max = 1e6, .flags = OPT_GT_MIN, .metavar = "GBITS",
      .help = "cost model: Gb/s of each of those NICs"},
+    {.name = "link_nic_frame_bytes", .type = OPT_DOUBLE,
+     .off = CONFIG__OFF(topology.nic_frame_bytes, double), .min = 0, .max = 65536,
+     .metavar = "BYTES",
+     .help = "cost model: bytes of a NIC's line rate each frame costs beside its MTU (38 on a wire, "
+             "14 through a tc tbf shaper)"},
     {.name = "data_channel_tls", .type = OPT_ENUM, .off = CONFIG__OFF(data_channel_tls, int),
      .names = config__on_off, .metavar = "S",
      .help = "host-transport plans also encrypt their data connections (TLS 1.3 keyed from each "

@@ -22,14 +22,19 @@ static const char *gpu_of(const Rlorch__V1__Capabilities *c) {
   return c->gpu_uuid ? c->gpu_uuid : "";
 }
 
-/* The NICs a rank reports: how many have a known speed, and their sum. */
-static void nics_of(const Rlorch__V1__Capabilities *c, uint32_t *n, double *sum) {
+/* The NICs a rank reports: how many have a known speed, their sum, and the
+ * smallest MTU known among them (0: none), as the model takes one framing
+ * for all of a node's NICs and the smallest frames are the costliest. */
+static void nics_of(const Rlorch__V1__Capabilities *c, uint32_t *n, double *sum, uint32_t *mtu) {
   *n = 0;
   *sum = 0;
+  *mtu = 0;
   if (!c || !c->topology) return;
   for (size_t i = 0; i < c->topology->n_nics; i++) {
-    double g = c->topology->nics[i]->gbits;
-    if (g > 0) (*n)++, *sum += g;
+    const Rlorch__V1__Nic *nic = c->topology->nics[i];
+    if (nic->gbits <= 0) continue;
+    (*n)++, *sum += nic->gbits;
+    if (nic->mtu && (!*mtu || nic->mtu < *mtu)) *mtu = nic->mtu;
   }
 }
 
@@ -87,12 +92,12 @@ int topology_build(const Rlorch__V1__Capabilities *const *caps, size_t n, const 
       snprintf(out->node_name[v], TOPOLOGY_NODE_NAME_MAX, "%s", name);
       nodes++;
     }
-    uint32_t nn;
+    uint32_t nn, mtu;
     double sum;
-    nics_of(caps[r], &nn, &sum);
+    nics_of(caps[r], &nn, &sum, &mtu);
     /* Workers of one node may see different NICs (containers, NUMA
      * affinity): the node is taken to have the most any of them reports. */
-    if (sum > best[v]) best[v] = sum, out->node[v] = (bcast_topo_node){nn, sum / nn};
+    if (sum > best[v]) best[v] = sum, out->node[v] = (bcast_topo_node){nn, sum / nn, mtu};
     const char *gpu = gpu_of(caps[r]);
     out->place[r] = (bcast_topo_place){.node = v, .gpu = UINT32_MAX, .host = gpu[0] == '\0'};
     for (size_t q = 0; gpu[0] && q < r; q++)
@@ -106,11 +111,14 @@ int topology_build(const Rlorch__V1__Capabilities *const *caps, size_t n, const 
   free(gpus);
   for (uint32_t v = 0; v < nodes; v++)
     if (best[v] <= 0) {
-      out->node[v] = (bcast_topo_node){base->nics_per_node, base->nic_gbits};
+      out->node[v] = (bcast_topo_node){base->nics_per_node, base->nic_gbits, base->mtu};
       out->nics_assumed[v] = 1;
       note_add(out, "node %s reports no NIC speed: %u x %g Gb/s assumed", out->node_name[v],
                base->nics_per_node, base->nic_gbits);
     }
+  for (uint32_t v = 0; v < nodes; v++)
+    if (!out->node[v].mtu)
+      note_add(out, "node %s: MTU unknown, %d assumed", out->node_name[v], BCAST_TOPO_MTU_ASSUMED);
   free(best);
   out->nplace = n;
   out->topo.nodes = nodes;

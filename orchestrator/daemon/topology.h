@@ -7,7 +7,8 @@
  *
  * Every assumption is said: a node whose workers report no NIC speed gets
  * the configured default (`nic_gbits`, `nics`), and `note` names it, so a
- * prediction made on guessed links says so in the step record. */
+ * prediction made on guessed links says so in the step record; likewise a
+ * node of unknown MTU (the model assumes 1500). */
 #ifndef RLORCH_DAEMON_TOPOLOGY_H
 #define RLORCH_DAEMON_TOPOLOGY_H
 

@@ -558,11 +558,11 @@ asan_for_python() {
 # died is found and removed by the next (netns_sweep).
 
 NETNS_TAG="rlns$$"
-# Jumbo frames, as a cluster's data network runs: a TCP segment of 8948 bytes
-# is a 9014-byte frame, 99.3% goodput through a tbf (which counts frames),
-# where MTU 1500 gives 95.6% (docs/BENCHMARKS.md, "Multi-host runs in network
-# namespaces").
-NETNS_MTU=9000
+# Ethernet's default: a TCP segment of 1448 bytes is a 1514-byte frame
+# through a tbf (which counts frames), 95.6% goodput; the cost model counts
+# it (link_nic_frame_bytes 14, docs/ARCHITECTURE.md "Cost model of a plan
+# on a topology").
+NETNS_MTU=1500
 NETNS_NET=""   # 10.231.X once netns_net_create has run
 NETNS_GW=""    # the bridge's address, 10.231.X.1
 NETNS_NETEM="" # 1 when the kernel has netem (probed by netns_net_create), else 0

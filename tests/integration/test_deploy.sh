@@ -48,7 +48,7 @@ http_max_connections default_policy max_async_level rollouts_per_step max_reques
 group_size prompts_file max_prompt_tokens max_tokens temperature request_timeout_ms staging_budget_bytes
 broadcast_gbps_host broadcast_gbps_staged broadcast_gbps_direct broadcast_safety broadcast_slack_ms
 link_h2d_gbps link_nvlink_gbps link_d2d_gbps link_cast_gbps link_tcp_stream_gbps link_tls_stream_gbps link_tcp_send_gbps
-link_host_gbps link_host_cast_gbps link_pageable_gbps link_hop_latency_us link_nics link_nic_gbits data_channel_tls"
+link_host_gbps link_host_cast_gbps link_pageable_gbps link_hop_latency_us link_nics link_nic_gbits link_nic_frame_bytes data_channel_tls"
 # The list is the program's: the keys --print-config prints, all of them.
 assert_eq "$(tr ' ' '\n' <<<"$keys" | sed '/^$/d' | sort | tr '\n' ' ')" \
   "$("$RLORCH_BIN" serve --print-config | sed -n 's/^\([a-z0-9_]*\):.*/\1/p' | sort | tr '\n' ' ')" \

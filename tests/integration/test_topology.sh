@@ -65,7 +65,7 @@ assert_eq 0 "$?" "the $workers workers attach"
 t="$(topo topo-trainer)"
 assert_eq a "$(field "$t" node)" "the trainer is on node a"
 assert_eq '[{"gbits": 100, "name": "nic0", "numa_node": -1, "rdma": false}, {"gbits": 100, "name": "nic1", "numa_node": -1, "rdma": false}]' \
-  "$(python3 -c 'import json,sys; print(json.dumps(json.loads(sys.argv[1])["nics"], sort_keys=True))' "$t")" \
+  "$(python3 -c 'import json,sys; print(json.dumps([{k: v for k, v in n.items() if k != "mtu"} for n in json.loads(sys.argv[1])["nics"]], sort_keys=True))' "$t")" \
   "its NICs are exactly nic0 and nic1 of 100 Gb/s"
 assert_eq '["node", "nics"]' "$(field "$t" configured)" "it names node and nics as configured"
 assert_eq "" "$(field "$t" gpu_pci_bus_id)" "without a GPU it names no PCI bus id"
@@ -86,10 +86,16 @@ for n in t["nics"]:
     if n["name"].startswith("nic") and n["name"][3:].isdigit(): bad.append(f"{n['name']}: a configured name")
     if not os.path.isdir(f"/sys/class/net/{n['name']}"): bad.append(f"{n['name']}: not an interface here")
     if n["gbits"] < 0: bad.append(f"{n['name']}: {n['gbits']} Gb/s")
+    try: mtu = int(open(f"/sys/class/net/{n['name']}/mtu").read())
+    except (OSError, ValueError): mtu = 0
+    if n.get("mtu", 0) != mtu: bad.append(f"{n['name']}: MTU {n.get('mtu', 0)}, sysfs says {mtu}")
 print("; ".join(bad) or "ok")
 PY
 )"
-assert_eq ok "$check" "its NICs are this machine's interfaces, the loopback not among them"
+assert_eq ok "$check" "its NICs are this machine's interfaces with their MTU, the loopback not among them"
+mtus="$(python3 -c 'import json,sys; print(sorted({n.get("mtu", 0) for n in json.loads(sys.argv[1])["nics"]}))' "$t")"
+want="$(python3 -c 'import json,sys; print([max([n.get("mtu", 0) for n in json.loads(sys.argv[1])["nics"]] or [0])])' "$i")"
+assert_eq "$want" "$mtus" "the trainer's configured NICs take the largest MTU of the detected ones"
 nics_i="$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])["nics"]))' "$i")"
 
 # ---- the environment: a speed for every detected NIC -----------------------------------
@@ -111,7 +117,7 @@ if ((workers == 4)); then
   p="$(topo topo-py)"
   assert_eq py "$(field "$p" node)" "the Python worker is on node py"
   assert_eq '[{"gbits": 400, "name": "nic0", "numa_node": -1, "rdma": false}]' \
-    "$(python3 -c 'import json,sys; print(json.dumps(json.loads(sys.argv[1])["nics"], sort_keys=True))' "$p")" \
+    "$(python3 -c 'import json,sys; print(json.dumps([{k: v for k, v in n.items() if k != "mtu"} for n in json.loads(sys.argv[1])["nics"]], sort_keys=True))' "$p")" \
     "its one NIC is of 400 Gb/s"
   assert_eq '["node", "nics"]' "$(field "$p" configured)" "it names node and nics as configured"
 fi
@@ -123,7 +129,7 @@ assert_contains "$(grep 'event=topology' "$TEST_TMP/agent-topo-trainer.log")" \
   'nics=2x100G nic_list="nic0:100G:numa?,nic1:100G:numa?" configured="node,nics"' \
   "the line names its NICs and what was configured"
 assert_contains "$(grep 'event=topology' "$TEST_TMP/agent-topo-trainer.log")" \
-  'nvlink_peers=0 h2d_gbps=- nics=' "without a GPU no host-to-device rate is measured, and the line says so"
+  'nvlink_peers=0 h2d_gbps=- mtu=' "without a GPU no host-to-device rate is measured, and the line says so"
 assert_eq 0 "$(field "$t" h2d_gbps)" "nor reported"
 assert_contains "$(grep 'event=topology' "$TEST_TMP/agent-topo-inference.log")" \
   'node="b"' "the inference worker logs its topology at start"

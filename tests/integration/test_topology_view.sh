@@ -85,7 +85,7 @@ want="('a', 2, 100, False, [], [('tv-trainer', 'WORKER_ROLE_TRAINER', True, '', 
 ('b', 1, 400, False, [], [('tv-b1', 'WORKER_ROLE_INFERENCE', True, '', 0, NUMA, 0), ('tv-b2', 'WORKER_ROLE_INFERENCE', True, '', 0, NUMA, 0)])
 ('c', 4, 50, True, ['0000:3b:00.0', '0000:5e:00.0'], [('c1', 'WORKER_ROLE_INFERENCE', False, '0000:3b:00.0', 0, 1, 30), ('c2', 'WORKER_ROLE_INFERENCE', False, '0000:3b:00.0', 0, 1, 20), ('c3', 'WORKER_ROLE_INFERENCE', False, '0000:5e:00.0', 1, 1, 25)])
 h2d 20 True
-note node c reports no NIC speed: 4 x 50 Gb/s assumed
+note node c reports no NIC speed: 4 x 50 Gb/s assumed; node c: MTU unknown, 1500 assumed
 ids 7"
 # The agents' NUMA node is this machine's (or -1): taken from what they reported.
 numa="$(ctl --json list-workers | python3 -c '

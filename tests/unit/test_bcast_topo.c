@@ -51,6 +51,10 @@ static bcast_plan *sharded_plan(uint32_t world, bcast_mode mode) {
   return p;
 }
 
+/* What TCP gets of a NIC at the default framing: MTU unknown (1500
+ * assumed), 1448 bytes of payload a frame of 1500 + 38 on the wire. */
+#define TCP (1448.0 / 1538.0)
+
 /* 3 nodes of 4 GPUs; 2 NICs of 80 Gb/s (10 GB/s each, 20 GB/s a node); no
  * host-transport cap and no fixed cost unless a test sets one. */
 static bcast_topo small_topo(void) {
@@ -104,7 +108,7 @@ Test(bcast_topo, host_transport_one_source) {
   bcast_topo t = small_topo();
   bcast_topo_place pl[4] = {{0, 0}, {0, 1}, {1, 0}, {1, 1}};
   bcast_topo_pred r = predict_ok(p, pl, &t, BCAST_LAYOUT_ENGINE, 0);
-  double d2h = GIB / 25e9, nic = 2 * GIB / 20e9, h2d = GIB / 25e9;
+  double d2h = GIB / 25e9, nic = 2 * GIB / (20e9 * TCP), h2d = GIB / 25e9;
   near(stage(&r, "d2h")->seconds, d2h, "d2h: the GPU tensors' storage / pageable copies");
   cr_assert(stage(&r, "d2h")->serial, "the engine copies GPU tensors to host before it sends");
   near(stage(&r, "nic")->seconds, nic, "nic: B x receivers off the node / node NICs");
@@ -185,7 +189,7 @@ Test(bcast_topo, host_transport_pinned_source) {
   bcast_topo_place pl[5] = {{0, 0}, {1, 0}, {1, 1}, {1, 2}, {2, 0}};
   bcast_topo_pred r = predict_ok(p, pl, &t, BCAST_LAYOUT_ENGINE, 0);
   /* egress 4B / 20 GB/s; node 1 ingress 3B / 20 GB/s */
-  near(stage(&r, "nic")->seconds, 4 * GIB / 20e9, "egress");
+  near(stage(&r, "nic")->seconds, 4 * GIB / (20e9 * TCP), "egress");
   cr_assert_str_eq(stage(&r, "nic")->where, "node 0 egress");
   cr_assert_null(stage(&r, "d2h"), "pinned source: nothing to copy off the GPU");
   bcast_plan_free(p);
@@ -318,7 +322,7 @@ Test(bcast_topo, nodes_of_their_own_nics) {
   /* 1 receiver on node 1 (B over 5 GB/s), 2 on node 2 (2B over 20 GB/s) */
   bcast_topo_place pl[4] = {{0, 0}, {1, 0, 1}, {2, 0, 1}, {2, 1, 1}};
   bcast_topo_pred r = predict_ok(p, pl, &t, BCAST_LAYOUT_ENGINE, 0);
-  near(stage(&r, "nic")->seconds, GIB / 5e9, "node 1's one slow NIC");
+  near(stage(&r, "nic")->seconds, GIB / (5e9 * TCP), "node 1's one slow NIC");
   cr_assert_str_eq(stage(&r, "nic")->where, "node 1 ingress");
   bcast_plan_free(p);
 
@@ -356,25 +360,25 @@ Test(bcast_topo, relays_carry_the_model_once_per_node) {
   bcast_topo t = small_topo();
   t.tcp_stream_gbps = 4;
   bcast_topo_pred direct = predict_relays(p, &t, NULL);
-  near(stage(&direct, "nic")->seconds, 4 * GIB / 20e9, "4 streams leave node 0");
+  near(stage(&direct, "nic")->seconds, 4 * GIB / (20e9 * TCP), "4 streams leave node 0");
   cr_assert_eq(direct.relays, 0);
 
   /* Receivers 1 and 3 relay to their node's other receiver. */
   const uint32_t rf[5] = {0, 0, 1, 0, 3};
   bcast_topo_pred r = predict_relays(p, &t, rf);
   cr_assert_eq(r.relays, 2);
-  near(stage(&r, "nic")->seconds, 2 * GIB / 20e9, "the model leaves node 0 once per node");
+  near(stage(&r, "nic")->seconds, 2 * GIB / (20e9 * TCP), "the model leaves node 0 once per node");
   near(stage(&r, "tcp")->seconds, GIB / 4e9, "the source's streams");
   near(stage(&r, "relay")->seconds, GIB / 4e9, "the relay's forward: one stream");
   cr_assert_str_eq(stage(&r, "relay")->where, "relay 1");
-  double nic = 2 * GIB / 20e9, tcp = GIB / 4e9;
+  double nic = 2 * GIB / (20e9 * TCP), tcp = GIB / 4e9;
   near(r.total_s, (nic + 2 * tcp) / 4 + 0.75 * tcp, "the forward is one more pipelined stage");
 
   /* A chain: 1 <- 0, 2 <- 1, 3 <- 2, 4 <- 3. */
   const uint32_t chain[5] = {0, 0, 1, 2, 3};
   r = predict_relays(p, &t, chain);
   cr_assert_eq(r.relays, 3);
-  near(stage(&r, "nic")->seconds, GIB / 20e9, "each link of the chain carries B once");
+  near(stage(&r, "nic")->seconds, GIB / (20e9 * TCP), "each link of the chain carries B once");
 
   /* Every receiver from the source, spelled out: the same as no relay_from. */
   const uint32_t all[5] = {0, 0, 0, 0, 0};
@@ -409,8 +413,8 @@ Test(bcast_topo, relays_by_node) {
   cr_assert_eq(with.relays, 2);
   o.relay_from = NULL;
   cr_assert_eq(bcast_topo_predict(p, pl, 6, &t, &o, &without, &e), BCAST_OK, "%s", e.msg);
-  near(stage(&with, "nic")->seconds, 2 * GIB / 20e9, "with relays");
-  near(stage(&without, "nic")->seconds, 4 * GIB / 20e9, "without");
+  near(stage(&with, "nic")->seconds, 2 * GIB / (20e9 * TCP), "with relays");
+  near(stage(&without, "nic")->seconds, 4 * GIB / (20e9 * TCP), "without");
   bcast_plan_free(p);
 }
 
@@ -457,6 +461,51 @@ Test(bcast_topo, relay_from_refusals_name_the_field) {
   bcast_plan_free(p);
 }
 
+/* TCP over Ethernet: each frame of MTU + 38 bytes on the wire carries MTU -
+ * 52 bytes of the stream. A 1 GB model from node 0 to node 1 over one
+ * 1 Gb/s NIC each: 8 s at the full rate. */
+Test(bcast_topo, host_transport_pays_the_framing_of_its_nic) {
+  bcast_tensor tn = one_tensor(BCAST_DTYPE_BF16, BCAST_RES_HOST_PINNED);
+  tn.shape[0] = 500000000; /* 1e9 bytes of bf16 */
+  bcast_plan *p = plan_of(tn, BCAST_MODE_HOST, 2);
+  bcast_topo t = small_topo();
+  t.nics_per_node = 1;
+  t.nic_gbits = 1;
+  t.mtu = 1500;
+  bcast_topo_place pl[2] = {{0, 0}, {1, 0, 1}}; /* a host receiver: no copy to a GPU */
+  bcast_topo_pred r = predict_ok(p, pl, &t, BCAST_LAYOUT_ENGINE, 0);
+  cr_assert_eq(r.nstages, 1, "the NIC alone");
+  near(stage(&r, "nic")->seconds, 8.0 * 1538 / 1448, "MTU 1500, 38 bytes a frame");
+  near(r.total_s, 8.0 * 1538 / 1448, "total");
+  near(stage(&r, "nic")->gbps, 0.125 * 1448 / 1538, "TCP's rate of the NIC");
+
+  t.mtu = 0; /* unknown: 1500 assumed */
+  r = predict_ok(p, pl, &t, BCAST_LAYOUT_ENGINE, 0);
+  near(r.total_s, 8.0 * 1538 / 1448, "MTU unknown");
+
+  /* Jumbo frames through a tc shaper, which counts the Ethernet header only. */
+  t.mtu = 9000;
+  t.nic_frame_bytes = 14;
+  r = predict_ok(p, pl, &t, BCAST_LAYOUT_ENGINE, 0);
+  near(r.total_s, 8.0 * 9014 / 8948, "MTU 9000, 14 bytes a frame");
+
+  /* A node's own MTU beats the uniform one: node 1's small frames. */
+  const bcast_topo_node own[3] = {{1, 1, 9000}, {1, 1, 576}, {1, 1, 9000}};
+  t.node = own;
+  r = predict_ok(p, pl, &t, BCAST_LAYOUT_ENGINE, 0);
+  near(r.total_s, 8.0 * 590 / 524, "node 1 ingress at MTU 576");
+  cr_assert_str_eq(stage(&r, "nic")->where, "node 1 ingress");
+  bcast_plan_free(p);
+
+  /* An NCCL ring over the same NICs keeps their full rate. */
+  tn.residency = BCAST_RES_GPU;
+  p = plan_of(tn, BCAST_MODE_DIRECT, 2);
+  pl[1].host = 0;
+  r = predict_ok(p, pl, &t, BCAST_LAYOUT_ENGINE, 0);
+  near(stage(&r, "ring")->seconds, 8.0, "NCCL: the NICs' rate");
+  bcast_plan_free(p);
+}
+
 Test(bcast_topo, describe_in_one_line) {
   bcast_plan *p = plan_of(one_tensor(BCAST_DTYPE_BF16, BCAST_RES_GPU), BCAST_MODE_HOST, 5);
   bcast_topo t = small_topo();
@@ -473,7 +522,7 @@ Test(bcast_topo, describe_in_one_line) {
   snprintf(want, sizeof want, "engine+relays %.3f s: d2h %.3f s at source 0 (1.07 GB at 25.0 GB/s, serial)",
            r.total_s, GIB / 25e9);
   cr_assert(!strncmp(line, want, strlen(want)), "'%s' does not start '%s'", line, want);
-  cr_assert(strstr(line, ", nic 0.107 s at node 0 egress (2.15 GB at 20.0 GB/s)"), "%s", line);
+  cr_assert(strstr(line, ", nic 0.114 s at node 0 egress (2.15 GB at 18.8 GB/s)"), "%s", line);
   cr_assert(strstr(line, "; 4 buckets deep, 2 relays"), "%s", line);
   cr_assert_str_eq(bcast_topo_pred_bottleneck(&r)->name, "nic");
 
@@ -505,8 +554,11 @@ Test(bcast_topo, refusals_name_the_field) {
                           "tcp_stream_gbps", "hop_latency_us", "tcp_send_gbps",  "host_gbps",
                           "host_cores_gbps", "host_cast_gbps", "pageable_gbps",  "nccl_bucket_us",
                           "coloc_plan_us",  "coloc_write_us",  "coloc_source_us", "node[1].nics 0 must be >= 1",
-                          "node[2].nic_gbits 0 must be > 0", "tls_stream_gbps", "tcp_plan_ms"};
+                          "node[2].nic_gbits 0 must be > 0", "tls_stream_gbps", "tcp_plan_ms",
+                          "nic_frame_bytes -1 must be >= 0", "mtu 52 must be 0 (unknown) or >= 68",
+                          "node[1].mtu 67 must be 0 (unknown) or >= 68"};
   const bcast_topo_node no_nics[3] = {{2, 80}, {0, 80}, {2, 80}}, no_rate[3] = {{2, 80}, {1, 40}, {2, 0}};
+  const bcast_topo_node tiny_mtu[3] = {{2, 80, 1500}, {2, 80, 67}, {2, 80, 0}};
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     bcast_topo t = small_topo();
     switch (i) {
@@ -533,6 +585,9 @@ Test(bcast_topo, refusals_name_the_field) {
     case 20: t.node = no_rate; break;
     case 21: t.tls_stream_gbps = -1; break;
     case 22: t.tcp_plan_ms = NAN; break;
+    case 23: t.nic_frame_bytes = -1; break;
+    case 24: t.mtu = 52; break;
+    case 25: t.node = tiny_mtu; break;
     }
     refused(p, pl, 3, &t, BCAST_LAYOUT_ENGINE, 0, fields[i]);
   }

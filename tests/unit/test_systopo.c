@@ -91,6 +91,13 @@ static void nic(const char *name, const char *flags, const char *state, const ch
   }
 }
 
+/* Interface `name`'s MTU file. */
+static void mtu(const char *name, const char *bytes) {
+  char rel[256];
+  snprintf(rel, sizeof rel, "class/net/%s/mtu", name);
+  put(rel, bytes);
+}
+
 static const bcast_systopo_nic *find_nic(const bcast_systopo *t, const char *name) {
   for (uint32_t i = 0; i < t->n_nics; i++)
     if (!strcmp(t->nics[i].name, name)) return &t->nics[i];
@@ -346,6 +353,69 @@ Test(systopo, nics_and_speed_replace_the_detected_list) {
   cr_assert(strstr(d, "configured=\"node,nics\""), "%s", d);
 }
 
+Test(systopo, mtu_read_for_each_nic_and_unknown_when_unreadable) {
+  nic("eth0", "0x1003", "up", "100000", "0");
+  mtu("eth0", "9000");
+  nic("eth1", "0x1003", "up", "25000", "0");
+  mtu("eth1", "1500");
+  nic("eth2", "0x1003", "up", "25000", "0"); /* no mtu file */
+  nic("eth3", "0x1003", "up", "25000", "0");
+  mtu("eth3", "jumbo");
+  nic("eth4", "0x1003", "up", "25000", "0");
+  mtu("eth4", "0");
+  bcast_systopo t;
+  bcast_systopo_probe(root, "host-a", &t);
+  cr_assert_eq(t.n_nics, 5);
+  cr_assert_eq(find_nic(&t, "eth0")->mtu, 9000);
+  cr_assert_eq(find_nic(&t, "eth1")->mtu, 1500);
+  cr_assert_eq(find_nic(&t, "eth2")->mtu, 0);
+  cr_assert_eq(find_nic(&t, "eth3")->mtu, 0);
+  cr_assert_eq(find_nic(&t, "eth4")->mtu, 0);
+  char d[4096];
+  bcast_systopo_describe(&t, d, sizeof d);
+  cr_assert(strstr(d, " mtu=1500 nics="), "the smallest known MTU is logged: %s", d);
+}
+
+Test(systopo, no_mtu_known_is_logged_as_unknown) {
+  nic("eth0", "0x1003", "up", "100000", "0");
+  bcast_systopo t;
+  bcast_systopo_probe(root, "host-a", &t);
+  char d[4096];
+  bcast_systopo_describe(&t, d, sizeof d);
+  cr_assert(strstr(d, " mtu=? nics="), "%s", d);
+}
+
+Test(systopo, configured_nics_take_the_largest_mtu_of_the_detected_up_ones) {
+  nic("eth0", "0x1003", "up", "10000", "0");
+  mtu("eth0", "1500");
+  nic("eth1", "0x1003", "up", "10000", "0");
+  mtu("eth1", "9000");
+  nic("eth2", "0x1002", "down", "10000", "0"); /* down: not a NIC, its MTU not taken */
+  mtu("eth2", "65520");
+  bcast_systopo t;
+  bcast_systopo_probe(root, "host-a", &t);
+  bcast_err err = {0};
+  bcast_systopo_config c = {.nics = 3, .nic_gbits = 100};
+  cr_assert_eq(bcast_systopo_configure(&t, &c, NULL, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(t.n_nics, 3);
+  for (int i = 0; i < 3; i++) cr_assert_eq(t.nics[i].mtu, 9000, "nic%d: %u", i, t.nics[i].mtu);
+  char d[4096];
+  bcast_systopo_describe(&t, d, sizeof d);
+  cr_assert(strstr(d, " mtu=9000 nics=3x100G"), "%s", d);
+}
+
+Test(systopo, configured_nics_without_a_detected_mtu_have_none) {
+  nic("eth0", "0x1003", "up", "10000", "0"); /* no mtu file */
+  nic("eth1", "0x1002", "down", "10000", "0");
+  mtu("eth1", "9000");
+  bcast_systopo t;
+  bcast_systopo_probe(root, "host-a", &t);
+  bcast_systopo_config c = {.nics = 1, .nic_gbits = 100};
+  bcast_err err = {0};
+  cr_assert_eq(bcast_systopo_configure(&t, &c, NULL, &err), BCAST_OK, "%s", err.msg);
+  cr_assert_eq(t.nics[0].mtu, 0);
+}
+
 Test(systopo, speed_alone_sets_every_detected_nic) {
   nic("veth0", "0x1003", "up", "-1", "0");
   nic("veth1", "0x1003", "up", "10000", NULL);
@@ -409,6 +479,7 @@ Test(systopo_flags, nic_summary_groups_speeds_fastest_first) {
 
 Test(systopo, register_carries_the_topology) {
   nic("eth0", "0x1003", "up", "25000", "1");
+  mtu("eth0", "4200");
   mkdirs("class/net/eth0/device/infiniband/mlx5_0");
   bcast_caps caps;
   bcast_caps_probe(&caps);
@@ -432,6 +503,7 @@ Test(systopo, register_carries_the_topology) {
   cr_assert_float_eq(t->nics[0]->gbits, 100.0, 1e-12);
   cr_assert_eq(t->nics[0]->numa_node, 1);
   cr_assert(t->nics[0]->rdma);
+  cr_assert_eq(t->nics[0]->mtu, 4200);
   cr_assert_eq(t->n_configured, 2);
   cr_assert_str_eq(t->configured[0], "node");
   cr_assert_str_eq(t->configured[1], "nics.gbits");

@@ -46,6 +46,12 @@ static void add(fleet *f, const char *node, const char *host, const char *gpu, d
   f->cp[i] = c;
 }
 
+/* Worker i's NICs' MTUs (0: not reported), in the order add gave them. */
+static void mtus(fleet *f, size_t i, uint32_t mtu0, uint32_t mtu1) {
+  uint32_t m[2] = {mtu0, mtu1};
+  for (size_t k = 0; k < f->topo[i].n_nics && k < 2; k++) f->nicp[i][k]->mtu = m[k];
+}
+
 static bcast_topo base(void) {
   bcast_topo t;
   bcast_topo_default(&t, 1);
@@ -61,6 +67,8 @@ Test(topology, nodes_by_name_then_host_id_and_gpus_by_identity) {
   add(&f, "a", "boot-1", "0000:02:00.0", 0, 0);     /* a's second GPU */
   add(&f, "", "boot-2", "", 0.2, 0);                /* no node name: its host id; no GPU */
   add(&f, "", "boot-2", "", 0, 0);                  /* a second CPU worker on boot-2 */
+  mtus(&f, 0, 9000, 9000);
+  mtus(&f, 3, 1500, 0);
   bcast_topo b = base();
   topology t;
   char err[256] = "";
@@ -81,6 +89,8 @@ Test(topology, nodes_by_name_then_host_id_and_gpus_by_identity) {
   cr_assert_float_eq(t.node[0].nic_gbits, 100, 1e-9);
   cr_assert_eq(t.node[1].nics, 1);
   cr_assert_float_eq(t.node[1].nic_gbits, 0.2, 1e-12);
+  cr_assert_eq(t.node[0].mtu, 9000);
+  cr_assert_eq(t.node[1].mtu, 1500);
   cr_assert_str_eq(t.note, "", "nothing assumed: %s", t.note);
   topology_free(&t);
   cr_assert_null(t.place);
@@ -188,7 +198,10 @@ Test(topology, the_model_predicts_on_it) {
   bcast_topo_pred pred;
   cr_assert_eq(bcast_topo_predict(plan, t.place, t.nplace, &t.topo, &o, &pred, &be), 0, "%s",
                be.msg);
-  double want = 2.0 * 4.0 * (1u << 20) / (1e9 / 8); /* 2 copies of 4 MiB over 1 Gb/s */
+  /* 2 copies of 4 MiB over 1 Gb/s, of which TCP gets 1448 bytes a frame of
+   * 1538 (no MTU reported: 1500 assumed). */
+  double want = 2.0 * 4.0 * (1u << 20) / (1e9 / 8) * 1538.0 / 1448.0;
+  cr_assert(strstr(t.note, "node t: MTU unknown, 1500 assumed"), "%s", t.note);
   cr_assert_float_eq(pred.total_s, want, want * 0.05, "%g s, want about %g s", pred.total_s,
                      want);
   bcast_plan_free(plan);
@@ -283,7 +296,9 @@ Test(topology, the_view_lists_each_node_with_its_workers_and_gpus) {
   cr_assert(!bn->workers[0]->host && !bn->workers[2]->host);
   cr_assert_float_eq(g->h2d_gbps, 22, 1e-9, "the slowest measured rate");
   cr_assert(g->h2d_measured);
-  cr_assert_str_eq(g->note, "node b reports no NIC speed: 2 x 25 Gb/s assumed");
+  /* No worker here reports an MTU: each node's is assumed too. */
+  cr_assert_str_eq(g->note, "node b reports no NIC speed: 2 x 25 Gb/s assumed; node a: MTU unknown, "
+                            "1500 assumed; node b: MTU unknown, 1500 assumed");
   cr_assert_eq(g->links->nics, 2);
   cr_assert_float_eq(g->links->nic_gbits, 25, 1e-9);
   cr_assert_float_eq(g->links->h2d_gbps, b.h2d_gbps, 1e-9, "links are base's, unmeasured");
@@ -328,4 +343,33 @@ Test(topology, the_view_refuses_a_bad_base_by_name) {
   cr_assert_eq(topology_view_build(NULL, 0, NULL, &v, err, sizeof err), -1);
   cr_assert_str_eq(err, "no base topology");
   topology_view_free(&v);
+}
+
+Test(topology, a_node_takes_the_mtu_of_its_best_report) {
+  fleet f = {0};
+  add(&f, "a", "h", "", 25, 0);
+  mtus(&f, 0, 9000, 0);
+  add(&f, "a", "h", "", 100, 100); /* the best report of a: its smallest MTU */
+  mtus(&f, 1, 9000, 4000);
+  add(&f, "b", "h2", "", 10, 0); /* speed known, MTU not */
+  add(&f, "c", "h3", "", 0, 0);  /* nothing known: the base's NICs and MTU */
+  bcast_topo b = base();
+  b.mtu = 1500;
+  topology t;
+  char err[256] = "";
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(t.topo.nodes, 3);
+  cr_assert_eq(t.node[0].nics, 2);
+  cr_assert_eq(t.node[0].mtu, 4000);
+  cr_assert_eq(t.node[1].mtu, 0);
+  cr_assert_eq(t.node[2].mtu, 1500);
+  cr_assert(strstr(t.note, "node b: MTU unknown, 1500 assumed"), "%s", t.note);
+  cr_assert_null(strstr(t.note, "node a: MTU"), "%s", t.note);
+  cr_assert_null(strstr(t.note, "node c: MTU"), "%s", t.note);
+  topology_free(&t);
+
+  /* A worker's MTU below IPv4's least is refused by name. */
+  mtus(&f, 1, 9000, 40);
+  cr_assert_eq(topology_build(f.cp, f.n, &b, &t, err, sizeof err), -1);
+  cr_assert(strstr(err, "node[0].mtu 40 must be 0 (unknown) or >= 68"), "%s", err);
 }

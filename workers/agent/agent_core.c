@@ -737,6 +737,7 @@ static void agent__topo_to_pb(const bcast_systopo *t, int device, agent_caps_pb 
     n->gbits = t->nics[i].gbits;
     n->numa_node = t->nics[i].numa_node;
     n->rdma = t->nics[i].rdma != 0;
+    n->mtu = t->nics[i].mtu;
     out->nicp[i] = n;
   }
   m->n_nics = t->n_nics;

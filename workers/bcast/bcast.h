@@ -580,6 +580,7 @@ typedef struct bcast_systopo_nic {
   double gbits;   /* Gb/s (1e9 bits/s); 0: unknown */
   int numa_node;  /* -1: unknown */
   int rdma;       /* an InfiniBand or RoCE device */
+  uint32_t mtu;   /* bytes; 0: unknown */
 } bcast_systopo_nic;
 
 typedef struct bcast_systopo {

@@ -271,6 +271,11 @@ static void st__probe_nics(const char *root, bcast_systopo *t) {
                    : 0;
     c->numa_node = st__numa(root, "class/net/%s/device/numa_node", names[i]);
     c->rdma = st__nic_rdma(root, names[i], ib, nib);
+    long mtu;
+    /* The frame's payload: how much of the line rate TCP gets. */
+    c->mtu = !st__read_long(&mtu, root, "class/net/%s/mtu", names[i]) && mtu > 0 && mtu <= 1 << 20
+                 ? (uint32_t)mtu
+                 : 0;
   }
   if (unlisted)
     st__note(t->note, sizeof t->note, "%u more NICs not listed (at most %d)", unlisted,
@@ -479,12 +484,20 @@ int bcast_systopo_configure(bcast_systopo *t, const bcast_systopo_config *c, con
     t->configured |= BCAST_SYSTOPO_CONF_NODE;
   }
   if (c->nics) {
+    /* The configured NICs carry the node's traffic, which leaves by the
+     * detected interfaces (all up, st__nic_usable): they take the largest
+     * MTU of those, the data network's where a management interface keeps
+     * 1500 beside jumbo frames; 0 when none is known. */
+    uint32_t mtu = 0;
+    for (uint32_t i = 0; i < t->n_nics; i++)
+      if (t->nics[i].mtu > mtu) mtu = t->nics[i].mtu;
     memset(t->nics, 0, sizeof t->nics);
     t->n_nics = c->nics;
     for (uint32_t i = 0; i < c->nics; i++) {
       snprintf(t->nics[i].name, sizeof t->nics[i].name, "nic%u", i);
       t->nics[i].gbits = c->nic_gbits;
       t->nics[i].numa_node = -1;
+      t->nics[i].mtu = mtu;
     }
     t->configured |= BCAST_SYSTOPO_CONF_NICS;
   } else if (c->nic_gbits > 0) {
@@ -546,8 +559,17 @@ const char *bcast_systopo_nic_summary(const double *gbits, size_t n, char *buf, 
   return buf;
 }
 
+/* The smallest MTU known among the NICs, as "1500"; "?" when none is. */
+static void st__mtu(const bcast_systopo *t, char *buf, size_t len) {
+  uint32_t least = 0;
+  for (uint32_t i = 0; i < t->n_nics; i++)
+    if (t->nics[i].mtu && (!least || t->nics[i].mtu < least)) least = t->nics[i].mtu;
+  if (least) snprintf(buf, len, "%u", least);
+  else snprintf(buf, len, "?");
+}
+
 const char *bcast_systopo_describe(const bcast_systopo *t, char *buf, size_t len) {
-  char sum[256], list[1024] = "", unknown[512] = "", conf[64] = "", note[1024];
+  char sum[256], list[1024] = "", unknown[512] = "", conf[64] = "", note[1024], mtu[16];
   double g[BCAST_SYSTOPO_MAX_NICS];
   size_t used = 0, uused = 0;
   for (uint32_t i = 0; i < t->n_nics; i++) {
@@ -566,6 +588,7 @@ const char *bcast_systopo_describe(const bcast_systopo *t, char *buf, size_t len
     if (w > 0 && (size_t)w < sizeof unknown - uused) uused += (size_t)w;
   }
   bcast_systopo_nic_summary(g, t->n_nics, sum, sizeof sum);
+  st__mtu(t, mtu, sizeof mtu);
   const char *names[3];
   size_t nn = bcast_systopo_configured_names(t->configured, names);
   for (size_t i = 0; i < nn; i++) {
@@ -581,10 +604,10 @@ const char *bcast_systopo_describe(const bcast_systopo *t, char *buf, size_t len
     st__note(note, sizeof note, "speed unknown (0 Gb/s) for %s: set nic_gbits (--nic-gbits)", unknown);
   snprintf(buf, len,
            "node=\"%s\" numa_node=%d numa_from=%s gpu_pci=%s nvlinks=%u nvlink_peers=%u h2d_gbps=%s "
-           "nics=%s nic_list=\"%s\" configured=\"%s\" note=\"%s\"",
+           "mtu=%s nics=%s nic_list=\"%s\" configured=\"%s\" note=\"%s\"",
            t->node, t->numa_node,
            t->gpu_numa_node >= 0 ? "gpu" : t->cpu_numa_node >= 0 ? "cpu" : "none",
-           t->gpu_pci_bus_id[0] ? t->gpu_pci_bus_id : "-", t->nvlinks, t->n_nvlink_peers, h2d, sum,
-           list, conf, note);
+           t->gpu_pci_bus_id[0] ? t->gpu_pci_bus_id : "-", t->nvlinks, t->n_nvlink_peers, h2d, mtu,
+           sum, list, conf, note);
   return buf;
 }

@@ -23,6 +23,7 @@ void bcast_topo_default(bcast_topo *t, uint32_t nodes) {
                     .cast_gbps = 2600.0,
                     .nics_per_node = 8,
                     .nic_gbits = 400.0,
+                    .nic_frame_bytes = 38.0,
                     .tcp_stream_gbps = 1.57,
                     .tls_stream_gbps = 1.0,
                     .tcp_send_gbps = 3.05,
@@ -73,6 +74,7 @@ int bcast_topo_check(const bcast_topo *t, bcast_err *err) {
               {"host_cores_gbps", t->host_cores_gbps, " (0: no cap)"},
               {"host_cast_gbps", t->host_cast_gbps, " (0: no cap)"},
               {"tcp_plan_ms", t->tcp_plan_ms, ""},
+              {"nic_frame_bytes", t->nic_frame_bytes, ""},
               {"hop_latency_us", t->hop_latency_us, ""},
               {"nccl_bucket_us", t->nccl_bucket_us, ""},
               {"coloc_plan_us", t->coloc_plan_us, ""},
@@ -82,7 +84,13 @@ int bcast_topo_check(const bcast_topo *t, bcast_err *err) {
     if (!isfinite(caps[i].v) || caps[i].v < 0)
       return bcast__fail(err, BCAST_EINVAL, "topology: %s %g must be >= 0%s", caps[i].name, caps[i].v,
                          caps[i].zero);
+  if (t->mtu && t->mtu < BCAST_TOPO_MTU_MIN)
+    return bcast__fail(err, BCAST_EINVAL, "topology: mtu %u must be 0 (unknown) or >= %d", t->mtu,
+                       BCAST_TOPO_MTU_MIN);
   for (uint32_t v = 0; t->node && v < t->nodes; v++) {
+    if (t->node[v].mtu && t->node[v].mtu < BCAST_TOPO_MTU_MIN)
+      return bcast__fail(err, BCAST_EINVAL, "topology: node[%u].mtu %u must be 0 (unknown) or >= %d", v,
+                         t->node[v].mtu, BCAST_TOPO_MTU_MIN);
     if (t->node[v].nics < 1)
       return bcast__fail(err, BCAST_EINVAL, "topology: node[%u].nics 0 must be >= 1", v);
     if (!positive(t->node[v].nic_gbits))
@@ -95,12 +103,20 @@ int bcast_topo_check(const bcast_topo *t, bcast_err *err) {
 /* Node v's NICs: its own entry, or the uniform figures. */
 static bcast_topo_node node_nics(const bcast_topo *t, uint32_t v) {
   if (t->node) return t->node[v];
-  return (bcast_topo_node){.nics = t->nics_per_node, .nic_gbits = t->nic_gbits};
+  return (bcast_topo_node){.nics = t->nics_per_node, .nic_gbits = t->nic_gbits, .mtu = t->mtu};
 }
 static double nic_gbps(const bcast_topo *t, uint32_t v) { return node_nics(t, v).nic_gbits / 8.0; }
 static double node_gbps(const bcast_topo *t, uint32_t v) {
   bcast_topo_node n = node_nics(t, v);
   return n.nics * n.nic_gbits / 8.0;
+}
+/* What TCP gets of node v's NICs: each frame carries mtu - 52 bytes of
+ * payload and costs the line mtu + nic_frame_bytes. RDMA and NCCL stages
+ * keep the full rate (their framing is not the host transport's). */
+static double node_tcp_gbps(const bcast_topo *t, uint32_t v) {
+  uint32_t mtu = node_nics(t, v).mtu;
+  double m = mtu ? mtu : BCAST_TOPO_MTU_ASSUMED;
+  return node_gbps(t, v) * (m - BCAST_TOPO_TCP_HEADER_BYTES) / (m + t->nic_frame_bytes);
 }
 
 /* What one source moves, from its buckets and slices. */
@@ -284,7 +300,7 @@ static int predict_host(const bcast_plan *p, const bcast_topo_place *place, cons
     if (!place[r].host) consider(&h2d, over(l.in[r], t->pageable_gbps), l.in[r], t->pageable_gbps, "receiver %u", r);
   }
   for (uint32_t v = 0; v < t->nodes; v++) {
-    double n = node_gbps(t, v);
+    double n = node_tcp_gbps(t, v);
     consider(&cores, over(l.ends[v], t->host_cores_gbps), l.ends[v], t->host_cores_gbps, "node %u", v);
     consider(&nic, over(l.egress[v], n), l.egress[v], n, "node %u egress", v);
     consider(&nic, over(l.ingress[v], n), l.ingress[v], n, "node %u ingress", v);

@@ -26,7 +26,15 @@ extern "C" {
 typedef struct bcast_topo_node {
   uint32_t nics;    /* >= 1 */
   double nic_gbits; /* per NIC, Gb/s, > 0 */
+  uint32_t mtu;     /* bytes, 0 (unknown: BCAST_TOPO_MTU_ASSUMED) or >= BCAST_TOPO_MTU_MIN */
 } bcast_topo_node;
+
+/* The MTU a node of unknown MTU is taken to have: Ethernet's default. */
+#define BCAST_TOPO_MTU_ASSUMED 1500
+/* What an MTU must leave room for: IPv4 (20) and TCP (20) with timestamps
+ * (12), the header of every TCP segment Linux sends; IPv4's least MTU. */
+#define BCAST_TOPO_TCP_HEADER_BYTES 52
+#define BCAST_TOPO_MTU_MIN 68
 
 typedef struct bcast_topo {
   uint32_t nodes;          /* machines, >= 1 */
@@ -37,6 +45,12 @@ typedef struct bcast_topo {
   double cast_gbps;        /* per GPU, input bytes cast per second (fp32 -> bf16), > 0 */
   uint32_t nics_per_node;  /* >= 1; every node's unless `node` says otherwise */
   double nic_gbits;        /* per NIC, Gb/s, > 0; likewise */
+  uint32_t mtu;            /* bytes, as bcast_topo_node.mtu; likewise */
+  /* Bytes a NIC's line rate spends on each frame beside the MTU's: 38 on a
+   * wire (Ethernet header 14, FCS 4, preamble 8, inter-frame gap 12), 14
+   * through a tc tbf shaper (the header only); >= 0. TCP through a NIC
+   * gets (mtu - 52) / (mtu + nic_frame_bytes) of its rate. */
+  double nic_frame_bytes;
   /* `nodes` entries, or NULL: every node has nics_per_node x nic_gbits.
    * Borrowed: it must outlive every call that is given this topology. */
   const bcast_topo_node *node;
