@@ -124,9 +124,9 @@ static int fake_register(fake *f) {
 }
 
 typedef struct round_result {
-  uint32_t workers;
   uint64_t steps, rollouts;
   double wall_s, cpu_s;
+  uint32_t workers;
   int ok;
 } round_result;
 
