@@ -1,8 +1,8 @@
 /* The worker table: an array in registration order. Ids only grow, so it is
  * also in id order, and an id (or an API id, "w-<id>") is found by binary
- * search. Command streams are found through a hash of the stream's address
- * to its worker, sized at every add for every entry to hold one, so that
- * attaching never allocates. The rlorch_workers gauge is kept as counts per
+ * search. Command streams are found through the scheduler's hash map, from
+ * the stream's address to its worker's id, with room taken at every add for
+ * every entry to hold one, so that attaching never allocates. The rlorch_workers gauge is kept as counts per
  * role and state, moved as each worker's state changes. Every RPC a worker
  * sends thus costs the table O(log n) at most, whatever the count. */
 #include "orchestrator/daemon/workers.h"
@@ -14,6 +14,7 @@
 
 #include "orchestrator/common/log.h"
 #include "orchestrator/daemon/now.h"
+#include "orchestrator/sched/sched_map.h"
 
 struct workers_table {
   store *db;
@@ -24,8 +25,7 @@ struct workers_table {
   void *on_remove_ud;
   workers_entry **v; /* live and lost, registration order */
   size_t n, cap;
-  workers_entry **streams; /* open addressing on attach; NULL: empty slot */
-  size_t streams_cap;      /* a power of two, at least 2 x cap; 0 before the first add */
+  sched_map streams; /* open command stream (its address) -> worker id */
   /* Workers by role (trainer, inference, other) and counted state
    * (registered, ready, busy, lost, other). */
   size_t counts[3][5];
@@ -37,6 +37,7 @@ int workers_new(store *db, const workers_metrics *m, watch_hub *watch, const wor
                 workers_table **out) {
   workers_table *t = calloc(1, sizeof *t);
   if (!t) return -1;
+  sched_map_init(&t->streams);
   t->db = db;
   if (m) t->m = *m;
   t->watch = watch;
@@ -82,7 +83,7 @@ void workers_free(workers_table *t) {
   if (!t) return;
   for (size_t i = 0; i < t->n; i++) workers__entry_free(t->v[i]);
   free(t->v);
-  free(t->streams);
+  sched_map_free(&t->streams);
   free(t);
 }
 
@@ -130,59 +131,15 @@ size_t workers_live(const workers_table *t) {
 
 /* ---- the stream index ---------------------------------------------------------- */
 
-static size_t workers__stream_hash(const rpc_call *c, size_t cap) {
-  /* Allocations are aligned, so the low bits of an address say little:
-   * mix them all in (the finaliser of MurmurHash3). */
-  uint64_t x = (uint64_t)(uintptr_t)c;
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  return (size_t)x & (cap - 1);
+static uint64_t workers__stream_key(const rpc_call *c) { return (uint64_t)(uintptr_t)c; }
+
+/* Room was taken at workers_add for every entry to hold a stream. */
+static void workers__stream_put(workers_table *t, const workers_entry *w) {
+  (void)sched_map_put(&t->streams, workers__stream_key(w->attach), w->id);
 }
 
-static void workers__stream_put(workers_table *t, workers_entry *w) {
-  size_t i = workers__stream_hash(w->attach, t->streams_cap);
-  while (t->streams[i]) i = (i + 1) & (t->streams_cap - 1);
-  t->streams[i] = w;
-}
-
-/* Linear probing; a deletion moves back the entries of the probe run after
- * the hole that may fill it, so lookups never need tombstones. */
 static void workers__stream_del(workers_table *t, const workers_entry *w) {
-  size_t mask = t->streams_cap - 1, i = workers__stream_hash(w->attach, t->streams_cap);
-  while (t->streams[i] != w) {
-    if (!t->streams[i]) return;
-    i = (i + 1) & mask;
-  }
-  t->streams[i] = NULL;
-  for (size_t j = (i + 1) & mask; t->streams[j]; j = (j + 1) & mask) {
-    size_t k = workers__stream_hash(t->streams[j]->attach, t->streams_cap);
-    /* Stays where it is when its home lies cyclically in (i, j]. */
-    int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-    if (stays) continue;
-    t->streams[i] = t->streams[j];
-    t->streams[j] = NULL;
-    i = j;
-  }
-}
-
-/* Room for every entry of a table of `cap` to hold a stream at half load. */
-static int workers__streams_reserve(workers_table *t, size_t cap) {
-  size_t want = 64;
-  while (want < 2 * cap) want *= 2;
-  if (want <= t->streams_cap) return 0;
-  workers_entry **old = t->streams;
-  size_t old_cap = t->streams_cap;
-  t->streams = calloc(want, sizeof *t->streams);
-  if (!t->streams) {
-    t->streams = old;
-    return -1;
-  }
-  t->streams_cap = want;
-  for (size_t i = 0; i < old_cap; i++)
-    if (old[i]) workers__stream_put(t, old[i]);
-  free(old);
-  return 0;
+  (void)sched_map_del(&t->streams, workers__stream_key(w->attach));
 }
 
 const char *workers_last_error(const workers_table *t) { return t->err; }
@@ -258,11 +215,9 @@ workers_entry *workers_by_api_id(workers_table *t, const char *api_id) {
 }
 
 workers_entry *workers_by_stream(workers_table *t, const rpc_call *attach) {
-  if (!attach || !t->streams_cap) return NULL;
-  size_t i = workers__stream_hash(attach, t->streams_cap);
-  for (; t->streams[i]; i = (i + 1) & (t->streams_cap - 1))
-    if (t->streams[i]->attach == attach) return t->streams[i];
-  return NULL;
+  if (!attach) return NULL;
+  const uint32_t *id = sched_map_get(&t->streams, workers__stream_key(attach));
+  return id ? workers_by_id(t, *id) : NULL;
 }
 
 /* protobuf-c has no deep copy: pack and unpack. */
@@ -316,7 +271,7 @@ static int workers__add(workers_table *t, Rlorch__V1__WorkerRole role, const cha
     t->v = v;
     t->cap = cap;
   }
-  if (workers__streams_reserve(t, t->cap) != 0)
+  if (sched_map_reserve(&t->streams, t->cap) != 0)
     return snprintf(t->err, sizeof t->err, "out of memory"), -2;
   uint64_t id = 0;
   if (store_worker_next_id(t->db, &id) != 0) {
