@@ -245,8 +245,9 @@ static const opt_field bench_steploop__fields[] = {
      .help = "rollouts in a training batch"},
     {.name = "max_workers", .flag = "--max-workers", .type = OPT_U32,
      .off = BSO(max_workers, uint32_t), .min = 1, .max = BENCH_STEPLOOP_MAX_WORKERS,
+     .env = "RLORCH_BENCH_MAX_WORKERS", /* not the daemon's max_workers, which its child reads */
      .metavar = "N",
-     .help = "inference workers of the last round (rounds of 1, 8, 64, 256, 1024 below it)"},
+     .help = "inference workers of the last round; those of 1, 8, 64, 256, 1024 below it first"},
     {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BSO(json, bool),
      .help = "one JSON object instead of a table"},
 };
