@@ -2,9 +2,10 @@
  * also in id order, and an id (or an API id, "w-<id>") is found by binary
  * search. Command streams are found through the scheduler's hash map, from
  * the stream's address to its worker's id, with room taken at every add for
- * every entry to hold one, so that attaching never allocates. The rlorch_workers gauge is kept as counts per
- * role and state, moved as each worker's state changes. Every RPC a worker
- * sends thus costs the table O(log n) at most, whatever the count. */
+ * every entry to hold one, so that attaching never allocates. The
+ * rlorch_workers gauge is kept as counts per role and state, moved as each
+ * worker's state changes. Every RPC a worker sends thus costs the table
+ * O(log n) at most, whatever the count. */
 #include "orchestrator/daemon/workers.h"
 
 #include <inttypes.h>
@@ -217,7 +218,8 @@ workers_entry *workers_by_api_id(workers_table *t, const char *api_id) {
 workers_entry *workers_by_stream(workers_table *t, const rpc_call *attach) {
   if (!attach) return NULL;
   const uint32_t *id = sched_map_get(&t->streams, workers__stream_key(attach));
-  return id ? workers_by_id(t, *id) : NULL;
+  workers_entry *w = id ? workers_by_id(t, *id) : NULL;
+  return w && w->attach == attach ? w : NULL;
 }
 
 /* protobuf-c has no deep copy: pack and unpack. */
