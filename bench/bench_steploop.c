@@ -29,7 +29,7 @@
 
 extern char **environ;
 
-#define MAX_FAKES 257
+#define BENCH_STEPLOOP_MAX_WORKERS 1024 /* fake threads, the trainer's aside */
 
 typedef struct fake {
   rpc_client *client;
@@ -124,9 +124,9 @@ static int fake_register(fake *f) {
 }
 
 typedef struct round_result {
-  uint32_t workers;
   uint64_t steps, rollouts;
   double wall_s, cpu_s;
+  uint32_t workers;
   int ok;
 } round_result;
 
@@ -166,8 +166,12 @@ static round_result run_round(const char *target, pid_t serve, uint32_t nworkers
     fakes[i].client = wc;
     fakes[i].trainer = i == 0;
     fakes[i].index = i;
-    if (fake_register(&fakes[i]) != 0) goto out;
-    pthread_create(&fakes[i].th, NULL, fake_thread, &fakes[i]);
+    if (fake_register(&fakes[i]) != 0) goto stop;
+    if (pthread_create(&fakes[i].th, NULL, fake_thread, &fakes[i]) != 0) {
+      fprintf(stderr, "bench steploop: cannot start fake worker %u\n", i);
+      fakes[i].th = 0;
+      goto stop;
+    }
   }
   Rlorch__V1__RunSpec spec = RLORCH__V1__RUN_SPEC__INIT;
   spec.name = "bench-steploop";
@@ -217,8 +221,9 @@ static double per_worker(const round_result *r, double rtt) {
 static pid_t start_serve(const char *exe, const char *addr, const char *maddr, const char *dir) {
   char *argv[] = {(char *)exe, "serve", "--listen", (char *)addr, "--metrics-listen",
                   (char *)maddr, "--data-dir", (char *)dir, "--log-level", "warn", NULL};
-  /* Zero-cost workers answer at once; a long heartbeat window keeps 65
-   * threads on 2 cores from being declared lost while they wait for CPU. */
+  /* Zero-cost workers answer at once; a long heartbeat window keeps a
+   * thousand threads on 2 cores from being declared lost while they wait for
+   * CPU. */
   setenv("RLORCH_WORKER_TIMEOUT_MS", "120000", 1);
   setenv("RLORCH_HEARTBEAT_INTERVAL_MS", "10000", 1);
   pid_t pid;
@@ -227,7 +232,7 @@ static pid_t start_serve(const char *exe, const char *addr, const char *maddr, c
 }
 
 typedef struct bench_steploop_opts {
-  uint32_t steps, rollouts_per_step;
+  uint32_t steps, rollouts_per_step, max_workers;
   bool json;
 } bench_steploop_opts;
 
@@ -238,6 +243,11 @@ static const opt_field bench_steploop__fields[] = {
     {.name = "rollouts_per_step", .flag = "--rollouts-per-step", .type = OPT_U32,
      .off = BSO(rollouts_per_step, uint32_t), .min = 1, .max = 65536, .metavar = "N",
      .help = "rollouts in a training batch"},
+    {.name = "max_workers", .flag = "--max-workers", .type = OPT_U32,
+     .off = BSO(max_workers, uint32_t), .min = 1, .max = BENCH_STEPLOOP_MAX_WORKERS,
+     .env = "RLORCH_BENCH_MAX_WORKERS", /* not the daemon's max_workers, which its child reads */
+     .metavar = "N",
+     .help = "inference workers of the last round; those of 1, 8, 64, 256, 1024 below it first"},
     {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BSO(json, bool),
      .help = "one JSON object instead of a table"},
 };
@@ -251,7 +261,7 @@ static const opt_cmd bench_steploop__cmd = {
 };
 
 int bench_steploop(int argc, char **argv) {
-  const bench_steploop_opts defaults = {.steps = 50, .rollouts_per_step = 16};
+  const bench_steploop_opts defaults = {.steps = 50, .rollouts_per_step = 16, .max_workers = 256};
   bench_steploop_opts o = defaults;
   opt_state st;
   int parsed = opt_parse_main(&bench_steploop__cmd, &o, &defaults, argc, argv, environ, &st);
@@ -279,11 +289,17 @@ int bench_steploop(int argc, char **argv) {
     return 1;
   }
   double rtt = rtt_health_check(addr, 3000);
-  static const uint32_t counts[] = {1, 8, 64, 256};
-  enum { ROUNDS = sizeof counts / sizeof counts[0] };
-  round_result rr[ROUNDS];
+  /* Each round multiplies the workers, so that the cost per worker shows
+   * its trend; the last is --max-workers. */
+  static const uint32_t below[] = {1, 8, 64, 256, 1024};
+  uint32_t counts[sizeof below / sizeof below[0] + 1];
+  int nrounds = 0;
+  for (size_t i = 0; i < sizeof below / sizeof below[0]; i++)
+    if (below[i] < o.max_workers) counts[nrounds++] = below[i];
+  counts[nrounds++] = o.max_workers;
+  round_result rr[sizeof counts / sizeof counts[0]];
   int rc = 0;
-  for (int i = 0; i < ROUNDS; i++) {
+  for (int i = 0; i < nrounds; i++) {
     rr[i] = run_round(addr, serve, counts[i], steps, per_step);
     if (!rr[i].ok) rc = 1;
   }
@@ -296,7 +312,7 @@ int bench_steploop(int argc, char **argv) {
 
   if (json) {
     printf("{\"bare_rpc_rtt_us\":%.1f,\"rounds\":[", rtt * 1e6);
-    for (int i = 0; i < ROUNDS; i++)
+    for (int i = 0; i < nrounds; i++)
       printf("%s{\"inference_workers\":%u,\"steps\":%" PRIu64 ",\"rollouts\":%" PRIu64
              ",\"cpu_us_per_step\":%.1f,\"x_rtt_per_worker\":%.3f,\"cpu_us_per_rollout\":%.2f,"
              "\"wall_ms_per_step\":%.3f,\"ok\":%s}",
@@ -313,7 +329,7 @@ int bench_steploop(int argc, char **argv) {
          rtt * 1e6);
   printf("%9s %6s %9s %14s %10s %14s %17s %16s\n", "inference", "steps", "rollouts", "cpu_us/step",
          "x_rtt", "x_rtt/worker", "cpu_us/rollout", "wall_ms/step");
-  for (int i = 0; i < ROUNDS; i++) {
+  for (int i = 0; i < nrounds; i++) {
     double ps = rr[i].steps ? rr[i].cpu_s * 1e6 / (double)rr[i].steps : 0;
     printf("%9u %6" PRIu64 " %9" PRIu64 " %14.1f %10.2f %14.3f %17.2f %16.3f%s\n", rr[i].workers,
            rr[i].steps, rr[i].rollouts, ps, rtt > 0 ? ps / (rtt * 1e6) : 0, per_worker(&rr[i], rtt),

@@ -59,7 +59,7 @@ int rpc_client_new(const rpc_client_opts *o, rpc_client **out, char *err, size_t
     snprintf(err, errlen, "out of memory");
     return -1;
   }
-  grpc_init();
+  (void)rpc__init(); /* without it, detection only costs CPU */
   uv_mutex_init(&c->mu);
   size_t max = o->max_message_bytes ? o->max_message_bytes : RPC__CLIENT_MAX_MSG;
   if (max > 0x7fffffff) max = 0x7fffffff;

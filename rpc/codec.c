@@ -1,5 +1,7 @@
 /* rpc codec: protobuf-c <-> grpc byte buffers, the method table, bearer
- * tokens, clocks and status names. */
+ * tokens, clocks, status names, and gRPC's start-up. */
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +10,33 @@
 #include <grpc/support/time.h>
 
 #include "rpc/rpc_internal.h"
+
+/* Debian builds Abseil without NDEBUG, so every absl::Mutex that gRPC takes
+ * also updates a lock-order graph (deadlock detection, GraphCycles): 5% of
+ * the daemon's CPU under load. Abseil has no environment variable or flag
+ * for it, only absl::SetMutexDeadlockDetectionMode(OnDeadlockCycle), a C++
+ * function; its symbol is looked up by its mangled name in the Abseil of
+ * Debian 12 (inline namespace debian3; kIgnore is 0). Another build's name
+ * differs and is not found: detection then stays as that build set it. */
+#define RPC__ABSL_DEADLOCK_MODE "_ZN4absl7debian329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE"
+
+static int rpc__absl_quiet_rc = -1;
+
+static void rpc__absl_quiet(void) {
+  void *sym = dlsym(RTLD_DEFAULT, RPC__ABSL_DEADLOCK_MODE);
+  if (!sym) return;
+  void (*set_mode)(int) = NULL;
+  memcpy(&set_mode, &sym, sizeof set_mode); /* ISO C has no object-to-function cast */
+  set_mode(0);
+  rpc__absl_quiet_rc = 0;
+}
+
+int rpc__init(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, rpc__absl_quiet);
+  grpc_init();
+  return rpc__absl_quiet_rc;
+}
 
 grpc_byte_buffer *rpc__encode(const ProtobufCMessage *msg) {
   size_t len = protobuf_c_message_get_packed_size(msg);

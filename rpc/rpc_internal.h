@@ -11,6 +11,12 @@
 
 #include "rpc/rpc.h"
 
+/* ---- start-up --------------------------------------------------------------- */
+/* grpc_init, the first time also turning Abseil's mutex deadlock detection
+ * off (see codec.c). 0 when it was turned off, -1 when this Abseil offers no
+ * way to (it then stays as built). */
+int rpc__init(void);
+
 /* ---- codec ---------------------------------------------------------------- */
 /* Packs a message into a new byte buffer (owned by the caller). */
 grpc_byte_buffer *rpc__encode(const ProtobufCMessage *msg);

@@ -893,7 +893,7 @@ int rpc_server_new(uv_loop_t *loop, const rpc_server_opts *o, const rpc_method *
     snprintf(err, errlen, "listen address is empty");
     return -1;
   }
-  grpc_init();
+  (void)rpc__init(); /* without it, detection only costs CPU */
   rpc_server *s = calloc(1, sizeof *s);
   if (!s) {
     grpc_shutdown();

@@ -1,5 +1,11 @@
-/* The worker table: an array in registration order (ids only grow, so it is
- * also in id order). A few thousand workers at most: lookups scan. */
+/* The worker table: an array in registration order. Ids only grow, so it is
+ * also in id order, and an id (or an API id, "w-<id>") is found by binary
+ * search. Command streams are found through the scheduler's hash map, from
+ * the stream's address to its worker's id, with room taken at every add for
+ * every entry to hold one, so that attaching never allocates. The
+ * rlorch_workers gauge is kept as counts per role and state, moved as each
+ * worker's state changes. Every RPC a worker sends thus costs the table
+ * O(log n) at most, whatever the count. */
 #include "orchestrator/daemon/workers.h"
 
 #include <inttypes.h>
@@ -9,6 +15,7 @@
 
 #include "orchestrator/common/log.h"
 #include "orchestrator/daemon/now.h"
+#include "orchestrator/sched/sched_map.h"
 
 struct workers_table {
   store *db;
@@ -19,6 +26,10 @@ struct workers_table {
   void *on_remove_ud;
   workers_entry **v; /* live and lost, registration order */
   size_t n, cap;
+  sched_map streams; /* open command stream (its address) -> worker id */
+  /* Workers by role (trainer, inference, other) and counted state
+   * (registered, ready, busy, lost, other). */
+  size_t counts[3][5];
   char run_id[64]; /* the active run, or "" */
   char err[256];   /* why the last workers_add failed */
 };
@@ -27,6 +38,7 @@ int workers_new(store *db, const workers_metrics *m, watch_hub *watch, const wor
                 workers_table **out) {
   workers_table *t = calloc(1, sizeof *t);
   if (!t) return -1;
+  sched_map_init(&t->streams);
   t->db = db;
   if (m) t->m = *m;
   t->watch = watch;
@@ -72,16 +84,63 @@ void workers_free(workers_table *t) {
   if (!t) return;
   for (size_t i = 0; i < t->n; i++) workers__entry_free(t->v[i]);
   free(t->v);
+  sched_map_free(&t->streams);
   free(t);
+}
+
+/* ---- counts by role and state ---------------------------------------------- */
+
+static size_t workers__role_ix(Rlorch__V1__WorkerRole r) {
+  switch (r) {
+  case RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER: return 0;
+  case RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE: return 1;
+  default: return 2;
+  }
+}
+
+static size_t workers__state_ix(Rlorch__V1__WorkerState s) {
+  switch (s) {
+  case RLORCH__V1__WORKER_STATE__WORKER_STATE_REGISTERED: return 0;
+  case RLORCH__V1__WORKER_STATE__WORKER_STATE_READY: return 1;
+  case RLORCH__V1__WORKER_STATE__WORKER_STATE_BUSY: return 2;
+  case RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST: return 3;
+  default: return 4;
+  }
+}
+
+#define WORKERS__LOST_IX 3
+
+static size_t *workers__counter(workers_table *t, const workers_entry *w) {
+  return &t->counts[workers__role_ix(w->role)][workers__state_ix(w->counted)];
+}
+
+/* Moves w from the count of the state it was counted in to its state now. */
+static void workers__recount(workers_table *t, workers_entry *w) {
+  if (w->counted == w->state) return;
+  --*workers__counter(t, w);
+  w->counted = w->state;
+  ++*workers__counter(t, w);
 }
 
 size_t workers_count(const workers_table *t) { return t->n; }
 
 size_t workers_live(const workers_table *t) {
-  size_t live = 0;
-  for (size_t i = 0; i < t->n; i++)
-    if (t->v[i]->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) live++;
-  return live;
+  size_t lost = 0;
+  for (size_t r = 0; r < 3; r++) lost += t->counts[r][WORKERS__LOST_IX];
+  return t->n - lost;
+}
+
+/* ---- the stream index ---------------------------------------------------------- */
+
+static uint64_t workers__stream_key(const rpc_call *c) { return (uint64_t)(uintptr_t)c; }
+
+/* Room was taken at workers_add for every entry to hold a stream. */
+static void workers__stream_put(workers_table *t, const workers_entry *w) {
+  (void)sched_map_put(&t->streams, workers__stream_key(w->attach), w->id);
+}
+
+static void workers__stream_del(workers_table *t, const workers_entry *w) {
+  (void)sched_map_del(&t->streams, workers__stream_key(w->attach));
 }
 
 const char *workers_last_error(const workers_table *t) { return t->err; }
@@ -97,15 +156,15 @@ static int workers__name_taken(const workers_table *t, const workers_entry *w, i
   return 0;
 }
 
-/* Removes t->v[i], a lost worker: the runner forgets it first, then its row
- * in the store and the series only it fed go. */
-static void workers__remove(workers_table *t, size_t i, int64_t now_mono_ms, const char *why) {
-  workers_entry *w = t->v[i];
+/* Drops w, a lost worker already out of t->v: the runner forgets it first,
+ * then its row in the store and the series only it fed go. */
+static void workers__drop(workers_table *t, workers_entry *w, int64_t now_mono_ms,
+                          const char *why) {
   if (t->on_remove) t->on_remove(w, t->on_remove_ud);
   if (store_worker_delete(t->db, w->api_id) != 0)
     log_warn("store_failed", "worker=%s error=\"%s\"", w->api_id, store_errmsg(t->db));
-  memmove(&t->v[i], &t->v[i + 1], (t->n - i - 1) * sizeof *t->v);
-  t->n--;
+  if (w->attach) workers__stream_del(t, w);
+  --*workers__counter(t, w);
   if (!workers__name_taken(t, w, 1)) {
     const char *lv[] = {w->name, workers_role_label(w->role)};
     metrics_series_remove(t->m.heartbeat_age, lv);
@@ -120,27 +179,47 @@ static void workers__remove(workers_table *t, size_t i, int64_t now_mono_ms, con
   log_info("worker_removed", "worker=%s name=%s lost_s=%.1f reason=\"%s\"", w->api_id, w->name,
            (double)(now_mono_ms - w->lost_mono_ms) / 1000.0, why);
   workers__entry_free(w);
+}
+
+static void workers__remove(workers_table *t, size_t i, int64_t now_mono_ms, const char *why) {
+  workers_entry *w = t->v[i];
+  memmove(&t->v[i], &t->v[i + 1], (t->n - i - 1) * sizeof *t->v);
+  t->n--;
+  workers__drop(t, w, now_mono_ms, why);
   workers_gauge(t);
 }
 
 workers_entry *workers_at(workers_table *t, size_t i) { return i < t->n ? t->v[i] : NULL; }
 
 workers_entry *workers_by_id(workers_table *t, uint32_t id) {
-  for (size_t i = 0; i < t->n; i++)
-    if (t->v[i]->id == id) return t->v[i];
-  return NULL;
+  size_t lo = 0, hi = t->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (t->v[mid]->id < id) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < t->n && t->v[lo]->id == id ? t->v[lo] : NULL;
 }
 
 workers_entry *workers_by_api_id(workers_table *t, const char *api_id) {
-  for (size_t i = 0; i < t->n; i++)
-    if (!strcmp(t->v[i]->api_id, api_id)) return t->v[i];
-  return NULL;
+  /* Only the form workers_add writes: "w-", then the id in decimal without
+   * a leading zero. Anything else names no worker. */
+  if (!api_id || api_id[0] != 'w' || api_id[1] != '-' || api_id[2] < '1' || api_id[2] > '9')
+    return NULL;
+  uint64_t id = 0;
+  for (const char *p = api_id + 2; *p; p++) {
+    if (*p < '0' || *p > '9') return NULL;
+    id = id * 10 + (uint64_t)(*p - '0');
+    if (id > UINT32_MAX) return NULL;
+  }
+  return workers_by_id(t, (uint32_t)id);
 }
 
 workers_entry *workers_by_stream(workers_table *t, const rpc_call *attach) {
-  for (size_t i = 0; i < t->n; i++)
-    if (t->v[i]->attach == attach) return t->v[i];
-  return NULL;
+  if (!attach) return NULL;
+  const uint32_t *id = sched_map_get(&t->streams, workers__stream_key(attach));
+  workers_entry *w = id ? workers_by_id(t, *id) : NULL;
+  return w && w->attach == attach ? w : NULL;
 }
 
 /* protobuf-c has no deep copy: pack and unpack. */
@@ -194,6 +273,8 @@ static int workers__add(workers_table *t, Rlorch__V1__WorkerRole role, const cha
     t->v = v;
     t->cap = cap;
   }
+  if (sched_map_reserve(&t->streams, t->cap) != 0)
+    return snprintf(t->err, sizeof t->err, "out of memory"), -2;
   uint64_t id = 0;
   if (store_worker_next_id(t->db, &id) != 0) {
     snprintf(t->err, sizeof t->err, "cannot take a worker id: %s", store_errmsg(t->db));
@@ -215,6 +296,9 @@ static int workers__add(workers_table *t, Rlorch__V1__WorkerRole role, const cha
    * one without CUDA or NCCL, which is safe. */
   if (caps) w->caps = (Rlorch__V1__Capabilities *)workers__pb_copy(&caps->base);
   workers_seen(w);
+  w->table = t;
+  w->counted = w->state;
+  ++*workers__counter(t, w);
   t->v[t->n++] = w;
   *out = w;
   return 0;
@@ -244,10 +328,14 @@ void workers_seen(workers_entry *w) {
   w->last_seen_mono_ms = now_mono_ms();
 }
 
-void workers_detach(workers_entry *w) { w->attach = NULL; }
+void workers_detach(workers_entry *w) {
+  if (w->attach) workers__stream_del(w->table, w);
+  w->attach = NULL;
+}
 
 void workers_end_stream(workers_entry *w, grpc_status_code code, const char *msg) {
   if (!w->attach) return;
+  workers__stream_del(w->table, w);
   rpc_call_set_cancel_cb(w->attach, NULL, NULL);
   rpc_call_finish(w->attach, code, msg);
   w->attach = NULL;
@@ -256,8 +344,10 @@ void workers_end_stream(workers_entry *w, grpc_status_code code, const char *msg
 void workers_attach(workers_entry *w, rpc_call *call) {
   workers_end_stream(w, GRPC_STATUS_ABORTED, "replaced by a newer Attach");
   w->attach = call;
+  if (call) workers__stream_put(w->table, w);
   workers_seen(w);
   w->state = RLORCH__V1__WORKER_STATE__WORKER_STATE_READY;
+  workers__recount(w->table, w);
 }
 
 int workers_send(workers_table *t, workers_entry *w, Rlorch__V1__Command *cmd) {
@@ -296,11 +386,9 @@ void workers_gauge(workers_table *t) {
                                                  RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE};
   for (size_t a = 0; a < 2; a++) {
     for (size_t b = 0; b < 4; b++) {
-      double n = 0;
-      for (size_t i = 0; i < t->n; i++)
-        if (t->v[i]->role == roles[a] && t->v[i]->state == states[b]) n++;
       const char *lv[] = {workers_role_label(roles[a]), workers__state_label(states[b])};
-      metrics_gauge_set(t->m.states, lv, n);
+      metrics_gauge_set(t->m.states, lv,
+                        (double)t->counts[workers__role_ix(roles[a])][workers__state_ix(states[b])]);
     }
   }
 }
@@ -321,6 +409,7 @@ static void workers__info(const workers_table *t, const workers_entry *w,
 }
 
 void workers_publish(workers_table *t, workers_entry *w) {
+  workers__recount(t, w);
   workers_gauge(t);
   Rlorch__V1__WorkerInfo info;
   workers__info(t, w, &info);
@@ -349,14 +438,25 @@ void workers_set_stats(workers_entry *w, const Rlorch__V1__WorkerStats *s) {
 }
 
 void workers_sweep(workers_table *t, int64_t now_mono_ms, int64_t timeout_ms) {
-  for (size_t i = 0; i < t->n;) {
+  /* The workers to remove go to the end in one pass (those kept keep their
+   * order: swapping with the first removed one), so that removing many
+   * moves the array once. */
+  size_t kept = 0;
+  for (size_t i = 0; i < t->n; i++) {
     workers_entry *w = t->v[i];
     if (w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST &&
-        now_mono_ms - w->lost_mono_ms >= t->lim.lost_retention_ms) {
-      workers__remove(t, i, now_mono_ms, "lost_worker_retention_s passed");
-      continue; /* the next one moved into slot i */
-    }
-    i++;
+        now_mono_ms - w->lost_mono_ms >= t->lim.lost_retention_ms)
+      continue;
+    t->v[i] = t->v[kept];
+    t->v[kept++] = w;
+  }
+  size_t n = t->n;
+  t->n = kept;
+  for (size_t i = kept; i < n; i++)
+    workers__drop(t, t->v[i], now_mono_ms, "lost_worker_retention_s passed");
+  if (kept < n) workers_gauge(t);
+  for (size_t i = 0; i < t->n; i++) {
+    workers_entry *w = t->v[i];
     int64_t age = now_mono_ms - w->last_seen_mono_ms;
     const char *lv[] = {w->name, workers_role_label(w->role)};
     metrics_gauge_set(t->m.heartbeat_age, lv, age > 0 ? (double)age / 1000.0 : 0.0);

@@ -36,7 +36,8 @@ typedef struct workers_entry {
   uint32_t id;         /* scheduler id; the API id is "w-<id>" */
   char api_id[24];
   Rlorch__V1__WorkerRole role;
-  Rlorch__V1__WorkerState state;           /* the runner sets it from the scheduler */
+  Rlorch__V1__WorkerState state;           /* the runner sets it from the scheduler, then
+                                              calls workers_publish, which counts it */
   char name[WORKERS_NAME_MAX];
   Rlorch__V1__Capabilities *caps;          /* owned copy, or NULL */
   Rlorch__V1__WeightManifest *manifest;    /* owned (trainer: always one), or NULL */
@@ -61,6 +62,10 @@ typedef struct workers_entry {
   uint8_t *coloc_export;
   size_t coloc_export_len;
   char coloc_plan[128];
+  /* The table's own: the state its counts hold for this worker, and where
+   * the stream index keeps it. */
+  Rlorch__V1__WorkerState counted;
+  struct workers_table *table;
 } workers_entry;
 
 /* The metrics the table keeps up to date; any may be NULL. */
@@ -142,7 +147,8 @@ int workers_send(workers_table *t, workers_entry *w, Rlorch__V1__Command *cmd);
 void workers_set_run(workers_table *t, const char *run_id);
 /* Gauge, store and a WatchRun worker event for the active run. */
 void workers_publish(workers_table *t, workers_entry *w);
-/* Recomputes the rlorch_workers gauge. */
+/* Sets the rlorch_workers gauge from the counts the table keeps as states
+ * change (it walks no worker). */
 void workers_gauge(workers_table *t);
 /* LOST, logged with `reason`, stream ended, published. */
 void workers_mark_lost(workers_table *t, workers_entry *w, const char *reason);

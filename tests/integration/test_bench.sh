@@ -21,6 +21,16 @@ bad = [r for r in d["rounds"] if rtt <= 0 or
        0.001 + 0.005 * r["x_rtt_per_worker"]]  # the round trip is printed to 0.1 us
 print("ok" if not bad else bad)')" "steploop: CPU per worker in round trips of the same run"
 
+out="$("$RLORCH_BIN" bench steploop --steps 1 --rollouts-per-step 2 --max-workers 20 --json 2>/dev/null)"
+assert_eq "1:true 8:true 20:true" "$(printf '%s\n' "$out" | python3 -c '
+import json, sys
+print(" ".join("%d:%s" % (r["inference_workers"], str(r["ok"]).lower())
+               for r in json.loads(sys.stdin.read().splitlines()[-1])["rounds"]))')" \
+  "steploop: the rounds below --max-workers, then --max-workers"
+err="$("$RLORCH_BIN" bench steploop --max-workers 1025 2>&1 >/dev/null)"
+assert_eq 2 "$?" "steploop: --max-workers over 1024 is refused"
+assert_contains "$err" "--max-workers" "the refusal names the flag"
+
 out="$("$RLORCH_BIN" bench dispatch --steps 3 --rollouts-per-step 8 --json 2>&1)"
 assert_eq 0 "$?" "bench dispatch exits 0" || printf '%s\n' "$out"
 assert_eq "3 3 3 3" "$(printf '%s\n' "$out" | python3 -c '

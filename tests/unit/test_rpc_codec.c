@@ -1,10 +1,13 @@
 /* rpc codec, method table, bearer check and status names: no sockets. */
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <string.h>
 
 #include "rlorch/v1/control.pb-c.h"
 #include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc_internal.h"
+
+#include <grpc/support/sync.h>
 
 static void noop_handler(rpc_call *c, const ProtobufCMessage *req, void *ud) {}
 
@@ -217,4 +220,32 @@ Test(rpc_auth, bearer_check) {
     cr_assert_eq(rpc__check_bearer(bad[i], strlen(bad[i]), "s3cret"), -1, "%s", bad[i]);
   /* An empty configured token never matches. */
   cr_assert_eq(rpc__check_bearer("Bearer ", 7, ""), -1);
+}
+
+/* Takes two of gRPC's mutexes in both orders: a lock-order inversion, which
+ * Abseil's deadlock detection, where it is on, answers by aborting. */
+static void invert_lock_order(void) {
+  gpr_mu a, b;
+  gpr_mu_init(&a);
+  gpr_mu_init(&b);
+  gpr_mu_lock(&a);
+  gpr_mu_lock(&b);
+  gpr_mu_unlock(&b);
+  gpr_mu_unlock(&a);
+  gpr_mu_lock(&b);
+  gpr_mu_lock(&a);
+  gpr_mu_unlock(&a);
+  gpr_mu_unlock(&b);
+  gpr_mu_destroy(&a);
+  gpr_mu_destroy(&b);
+}
+
+/* The Abseil this project builds against keeps the graph (each test runs in
+ * a process of its own, so rpc__init has not run here). */
+Test(absl, deadlock_detection_is_on_as_built, .signal = SIGABRT) { invert_lock_order(); }
+
+Test(absl, rpc_init_turns_deadlock_detection_off) {
+  cr_assert_eq(rpc__init(), 0, "the setter was found");
+  invert_lock_order();
+  grpc_shutdown();
 }

@@ -279,3 +279,178 @@ Test(workers, manifest_is_taken) {
   cr_assert_eq(w->manifest, v);
   cr_assert_str_eq(w->manifest->tensors[0]->name, "v");
 }
+
+/* ---- the indexes ------------------------------------------------------------ */
+
+/* Stand-ins for command streams: only their addresses are used, as keys. A
+ * stream the table would end (a replaced one, a lost worker's) is detached
+ * first, so none is ever called. */
+static char fake_calls[512];
+#define FAKE_CALL(i) ((rpc_call *)(void *)&fake_calls[(i)])
+
+/* What a scan of the table finds, the way the lookups worked before they
+ * were indexed. */
+static workers_entry *scan_id(uint32_t id) {
+  for (size_t i = 0; i < workers_count(tab); i++)
+    if (workers_at(tab, i)->id == id) return workers_at(tab, i);
+  return NULL;
+}
+
+static workers_entry *scan_stream(const rpc_call *c) {
+  for (size_t i = 0; i < workers_count(tab); i++)
+    if (workers_at(tab, i)->attach == c) return workers_at(tab, i);
+  return NULL;
+}
+
+static void assert_indexes_match_a_scan(uint32_t max_id, const char *when) {
+  char api[32];
+  for (uint32_t id = 0; id <= max_id + 1; id++) {
+    workers_entry *w = scan_id(id);
+    cr_assert_eq(workers_by_id(tab, id), w, "%s: workers_by_id(%u)", when, id);
+    snprintf(api, sizeof api, "w-%u", id);
+    cr_assert_eq(workers_by_api_id(tab, api), id ? w : NULL, "%s: workers_by_api_id(%s)", when,
+                 api);
+  }
+  for (size_t i = 0; i < sizeof fake_calls; i++)
+    cr_assert_eq(workers_by_stream(tab, FAKE_CALL(i)), scan_stream(FAKE_CALL(i)),
+                 "%s: workers_by_stream(%zu)", when, i);
+  size_t live = 0;
+  size_t counts[2][4] = {{0}};
+  for (size_t i = 0; i < workers_count(tab); i++) {
+    const workers_entry *w = workers_at(tab, i);
+    if (i) cr_assert_gt(w->id, workers_at(tab, i - 1)->id, "%s: in id order", when);
+    live += w->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST;
+    counts[w->role == RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE][w->state - 1]++;
+  }
+  cr_assert_eq(workers_live(tab), live, "%s: workers_live", when);
+  workers_gauge(tab);
+  static const char *const roles[] = {"trainer", "inference"};
+  static const char *const states[] = {"registered", "ready", "busy", "lost"};
+  char series[128];
+  for (size_t r = 0; r < 2; r++)
+    for (size_t s = 0; s < 4; s++) {
+      snprintf(series, sizeof series, "rlorch_workers{role=\"%s\",state=\"%s\"} %zu\n", roles[r],
+               states[s], counts[r][s]);
+      cr_assert(gauge_has(series), "%s: %s", when, series);
+    }
+}
+
+Test(workers, lookups_after_losses_removals_and_registering_again) {
+  workers_entry *a = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "a");
+  workers_entry *b = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "b");
+  workers_entry *c = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER, "c");
+  workers_attach(a, FAKE_CALL(1));
+  workers_attach(b, FAKE_CALL(2));
+  cr_assert_eq(workers_by_stream(tab, FAKE_CALL(1)), a);
+  cr_assert_eq(workers_by_stream(tab, FAKE_CALL(2)), b);
+  cr_assert_null(workers_by_stream(tab, FAKE_CALL(3)));
+  cr_assert_null(workers_by_stream(tab, NULL), "a worker without a stream is not found by NULL");
+  workers_publish(tab, a);
+  cr_assert(gauge_has("rlorch_workers{role=\"inference\",state=\"ready\"} 2"));
+  cr_assert(gauge_has("rlorch_workers{role=\"trainer\",state=\"registered\"} 1"));
+  /* b loses its stream and is lost; "b" registers again under a new id. */
+  workers_detach(b);
+  cr_assert_null(workers_by_stream(tab, FAKE_CALL(2)));
+  workers_mark_lost(tab, b, "test");
+  workers_entry *b2 = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "b");
+  workers_attach(b2, FAKE_CALL(2)); /* gRPC may reuse a freed call's address */
+  workers_publish(tab, b2);
+  cr_assert_eq(workers_by_stream(tab, FAKE_CALL(2)), b2);
+  cr_assert_eq(workers_by_api_id(tab, "w-2"), b, "the lost one keeps its id");
+  cr_assert_eq(workers_by_api_id(tab, "w-4"), b2);
+  cr_assert_eq(workers_live(tab), 3);
+  cr_assert(gauge_has("rlorch_workers{role=\"inference\",state=\"lost\"} 1"));
+  cr_assert(gauge_has("rlorch_workers{role=\"inference\",state=\"ready\"} 2"));
+  /* Removed after the retention: its ids reach nothing, the others still
+   * reach theirs. */
+  workers_sweep(tab, b->lost_mono_ms + RETAIN_MS, 10 * RETAIN_MS);
+  cr_assert_null(workers_by_api_id(tab, "w-2"));
+  cr_assert_null(workers_by_id(tab, 2));
+  cr_assert_eq(workers_by_id(tab, 1), a);
+  cr_assert_eq(workers_by_id(tab, 3), c);
+  cr_assert_eq(workers_by_id(tab, 4), b2);
+  cr_assert(gauge_has("rlorch_workers{role=\"inference\",state=\"lost\"} 0"));
+  /* Names that are not an id the table hands out find nothing. */
+  static const char *const bad[] = {"", "w", "w-", "w-0", "w-01", "w-1x", "x-1", "W-1",
+                                    "w--1", "w-4294967297", "w-99999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    cr_assert_null(workers_by_api_id(tab, bad[i]), "%s", bad[i]);
+  cr_assert_null(workers_by_api_id(tab, NULL));
+  workers_detach(a);
+  workers_detach(b2);
+}
+
+/* The model of which entries the table holds: removals are seen through the
+ * on_remove callback. */
+static char model[4096][24];
+static size_t nmodel;
+
+static void on_removed_model(workers_entry *w, void *ud) {
+  (void)ud;
+  for (size_t i = 0; i < nmodel; i++)
+    if (!strcmp(model[i], w->api_id)) {
+      memmove(&model[i], &model[i + 1], (nmodel - i - 1) * sizeof model[0]);
+      nmodel--;
+      return;
+    }
+  cr_assert_fail("removed %s, which the table did not hold", w->api_id);
+}
+
+Test(workers, indexes_agree_with_a_scan_over_random_operations) {
+  workers_free(tab);
+  workers_metrics wm = {.states = gauge, .heartbeat_age = age};
+  workers_limits lim = {.max_workers = 40, .lost_retention_ms = RETAIN_MS};
+  cr_assert_eq(workers_new(db, &wm, hub, &lim, &tab), 0);
+  workers_on_remove(tab, on_removed_model, NULL);
+  nmodel = 0;
+  srand(14);
+  uint32_t max_id = 0;
+  size_t next_call = 0;
+  static const char *const names[] = {"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"};
+  char when[64];
+  for (int op = 0; op < 3000; op++) {
+    int k = rand() % 10;
+    size_t n = workers_count(tab);
+    workers_entry *w = n ? workers_at(tab, (size_t)rand() % n) : NULL;
+    if (k < 3) { /* register, often under a name already in use */
+      size_t live = workers_live(tab);
+      workers_entry *e = NULL;
+      int rc = workers_add(tab,
+                           rand() % 4 ? RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE
+                                      : RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER,
+                           names[rand() % 8], "", NULL, NULL, &e);
+      cr_assert_eq(rc, live >= 40 ? -1 : 0, "op %d: %s", op, workers_last_error(tab));
+      if (rc == 0) {
+        max_id = e->id;
+        snprintf(model[nmodel++], sizeof model[0], "%s", e->api_id);
+      }
+    } else if (k < 5 && w && !w->attach &&
+               w->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) {
+      workers_attach(w, FAKE_CALL(next_call));
+      next_call = (next_call + 1 + (size_t)rand() % 7) % sizeof fake_calls;
+      if (scan_stream(FAKE_CALL(next_call))) next_call = (next_call + 1) % sizeof fake_calls;
+      if (rand() % 2) workers_publish(tab, w);
+    } else if (k < 6 && w) {
+      workers_detach(w);
+    } else if (k < 7 && w && w->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) {
+      w->state = rand() % 2 ? RLORCH__V1__WORKER_STATE__WORKER_STATE_BUSY
+                            : RLORCH__V1__WORKER_STATE__WORKER_STATE_READY;
+      workers_publish(tab, w); /* as the runner does */
+    } else if (k < 9 && w && w->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) {
+      workers_detach(w);
+      workers_mark_lost(tab, w, "test");
+      w->lost_mono_ms -= rand() % RETAIN_MS; /* lost at various times */
+    } else if (k == 9) {
+      workers_sweep(tab, now_mono_ms() + rand() % RETAIN_MS, 100 * (int64_t)RETAIN_MS);
+    }
+    cr_assert_eq(workers_count(tab), nmodel, "op %d", op);
+    for (size_t i = 0; i < nmodel; i++)
+      cr_assert_str_eq(workers_at(tab, i)->api_id, model[i], "op %d: entry %zu", op, i);
+    if (op % 25 == 0 || op == 2999) {
+      snprintf(when, sizeof when, "op %d", op);
+      assert_indexes_match_a_scan(max_id, when);
+    }
+  }
+  cr_assert_gt(max_id, 200, "registrations went through the room-making removal");
+  for (size_t i = 0; i < workers_count(tab); i++) workers_detach(workers_at(tab, i));
+}
