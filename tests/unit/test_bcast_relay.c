@@ -31,6 +31,15 @@ static void tensor(bcast_tensor *t, const char *name, uint32_t layer, bcast_dtyp
   bp_random_tensor(t, name, layer, st, wt, d0, d1, BCAST_RES_HOST_PAGEABLE, 0, &rng);
 }
 
+/* A model of more than the socket buffers hold (a 4096 x 4096 fp32 tensor
+ * first), so that a relay or a source must wait on a slow peer. */
+static void big_model(model *m) {
+  tensor(&m->src[0], "big", 0, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 4096, 4096);
+  tensor(&m->src[1], "l1.a", 1, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 64, 64);
+  tensor(&m->src[2], "l1.b", 1, BCAST_DTYPE_U16, BCAST_DTYPE_U16, 64, 64);
+  tensor(&m->src[3], "l2.c", 2, BCAST_DTYPE_BF16, BCAST_DTYPE_BF16, 64, 64);
+}
+
 static void model_init(model *m) {
   tensor(&m->src[0], "embed", 0, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 512, 300); /* cut over buckets */
   tensor(&m->src[1], "l1.attn", 1, BCAST_DTYPE_FP32, BCAST_DTYPE_FP16, 96, 65);
@@ -564,10 +573,7 @@ Test(bcast_relay, a_downstream_that_stops_reading_is_named_by_the_relay_and_the_
   model m;
   memset(&m, 0, sizeof m);
   /* More than the socket buffers hold, so the relay must wait on it. */
-  tensor(&m.src[0], "big", 0, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 4096, 4096);
-  tensor(&m.src[1], "l1.a", 1, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 64, 64);
-  tensor(&m.src[2], "l1.b", 1, BCAST_DTYPE_U16, BCAST_DTYPE_U16, 64, 64);
-  tensor(&m.src[3], "l2.c", 2, BCAST_DTYPE_BF16, BCAST_DTYPE_BF16, 64, 64);
+  big_model(&m);
   part parts[4];
   memset(parts, 0, sizeof parts);
   parts[0].e = engine(0, "127.0.0.1:0", 30);
@@ -719,10 +725,7 @@ Test(bcast_relay, a_late_downstream_delays_the_plan_but_does_not_fail_it) {
   memset(&m, 0, sizeof m);
   /* More than the socket buffers hold: a relay receiving before its
    * downstreams came would hold the source up mid-plan. */
-  tensor(&m.src[0], "big", 0, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 4096, 4096);
-  tensor(&m.src[1], "l1.a", 1, BCAST_DTYPE_FP32, BCAST_DTYPE_BF16, 64, 64);
-  tensor(&m.src[2], "l1.b", 1, BCAST_DTYPE_U16, BCAST_DTYPE_U16, 64, 64);
-  tensor(&m.src[3], "l2.c", 2, BCAST_DTYPE_BF16, BCAST_DTYPE_BF16, 64, 64);
+  big_model(&m);
   part parts[4];
   memset(parts, 0, sizeof parts);
   parts[0].e = engine(0, "127.0.0.1:0", 30);
