@@ -458,6 +458,20 @@ wait_log() {
   return 1
 }
 
+# start_agent ROLE NAME ARGS...: `rlorch ROLE` (trainer or inference) of
+# the daemon at GRPC_ADDR, named NAME, without a GPU, with ARGS after, in
+# the background; its log in TEST_TMP/agent-NAME.log, its pid tracked and
+# appended to AGENT_PIDS.
+AGENT_PIDS=()
+start_agent() {
+  local role=$1 name=$2
+  shift 2
+  "$RLORCH_BIN" "$role" --orchestrator "$GRPC_ADDR" --name "$name" --device -1 "$@" \
+    >"$TEST_TMP/agent-$name.log" 2>&1 &
+  track_pid $!
+  AGENT_PIDS+=($!)
+}
+
 # live_workers [NAME]: how many workers (named NAME, or all) the daemon lists
 # as attached and alive (READY or BUSY).
 live_workers() {

@@ -22,23 +22,19 @@ need_cmd python3
 on_exit "logs_on_failure 40 'serve.*.log' 'agent-*.log'"
 
 STEPS=2
-PIDS=()
 
-# start_agent ROLE NAME ARGS...: an agent of the 100m preset cut to 2 layers.
-start_agent() {
+# agent ROLE NAME ARGS...: an agent of the 100m preset cut to 2 layers.
+agent() {
   local role=$1 name=$2
   shift 2
-  "$RLORCH_BIN" "$role" --orchestrator "$GRPC_ADDR" --name "$name" --device -1 --preset 100m \
-    --layers 2 "$@" >"$TEST_TMP/agent-$name.log" 2>&1 &
-  track_pid $!
-  PIDS+=($!)
+  start_agent "$role" "$name" --preset 100m --layers 2 "$@"
 }
 
 stop_agents() {
   local p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  PIDS=()
+  for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  AGENT_PIDS=()
 }
 
 # run_case NAME RECEIVERS: a run of STEPS steps on the attached workers; the
@@ -82,9 +78,9 @@ PY
 
 # ---- three receivers on one node, listening: relays --------------------------------
 serve_start || finish
-start_agent trainer t --node a --nics 1 --nic-gbits 1
+agent trainer t --node a --nics 1 --nic-gbits 1
 for k in 1 2 3; do
-  start_agent inference "b$k" --node b --nics 1 --nic-gbits 1 --data-listen 127.0.0.1:0
+  agent inference "b$k" --node b --nics 1 --nic-gbits 1 --data-listen 127.0.0.1:0
 done
 run_case relays 3
 assert_eq "host+relays|host+relays|2" "$(layouts relays 3)" \
@@ -105,8 +101,8 @@ serve_stop
 
 # ---- the same receivers, none listening: the direct fan-out -----------------------
 serve_start || finish
-start_agent trainer t --node a --nics 1 --nic-gbits 1
-for k in 1 2 3; do start_agent inference "b$k" --node b --nics 1 --nic-gbits 1; done
+agent trainer t --node a --nics 1 --nic-gbits 1
+for k in 1 2 3; do agent inference "b$k" --node b --nics 1 --nic-gbits 1; done
 run_case direct 3
 assert_eq "host|host|2" "$(layouts direct 3)" \
   "[direct] no receiver listens for data: the direct fan-out, every step verified"
@@ -115,9 +111,9 @@ serve_stop
 
 # ---- one receiver a node: nothing to relay -----------------------------------------
 serve_start || finish
-start_agent trainer t --node a --nics 1 --nic-gbits 1
+agent trainer t --node a --nics 1 --nic-gbits 1
 for k in 1 2 3; do
-  start_agent inference "n$k" --node "n$k" --nics 1 --nic-gbits 1 --data-listen 127.0.0.1:0
+  agent inference "n$k" --node "n$k" --nics 1 --nic-gbits 1 --data-listen 127.0.0.1:0
 done
 run_case spread 3
 assert_eq "host|host|4" "$(layouts spread 3)" "[spread] one receiver on each of 3 nodes: no relays"
@@ -126,8 +122,8 @@ serve_stop
 
 # ---- a 1 Mb/s link: the prediction bounds the plan --------------------------------
 serve_start || finish
-start_agent trainer t --node a --nics 1 --nic-gbits 0.001
-start_agent inference slow --node b --nics 1 --nic-gbits 0.001
+agent trainer t --node a --nics 1 --nic-gbits 0.001
+agent inference slow --node b --nics 1 --nic-gbits 0.001
 wait_until 60 live_count_is 2
 assert_eq 0 "$?" "[slow] the trainer and the receiver attach"
 out="$(ctl --json start-run --name slow --preset 100m --steps 1 --rollouts-per-step 4 --policy host)"

@@ -15,15 +15,6 @@ need_cmd python3
 
 on_exit "logs_on_failure 40 'serve.*.log' 'agent-*.log'"
 
-# start_agent ROLE NAME ARGS...: an agent in the background, its log in agent-NAME.log.
-start_agent() {
-  local role=$1 name=$2
-  shift 2
-  "$RLORCH_BIN" "$role" --orchestrator "$GRPC_ADDR" --name "$name" --device -1 "$@" \
-    >"$TEST_TMP/agent-$name.log" 2>&1 &
-  track_pid $!
-}
-
 # topo NAME: the topology worker NAME registered, as `ctl --json list-workers` gives it.
 topo() {
   ctl --json list-workers | python3 -c '

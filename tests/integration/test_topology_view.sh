@@ -17,15 +17,6 @@ on_exit "logs_on_failure 40 'serve.*.log' 'agent-*.log'"
 
 C=/rlorch.v1.Control
 
-# start_agent ROLE NAME ARGS...: an agent in the background, its log in agent-NAME.log.
-start_agent() {
-  local role=$1 name=$2
-  shift 2
-  "$RLORCH_BIN" "$role" --orchestrator "$GRPC_ADDR" --name "$name" --device -1 "$@" \
-    >"$TEST_TMP/agent-$name.log" 2>&1 &
-  track_pid $!
-}
-
 # register NAME GPU H2D: an inference worker on node c registered through the
 # Worker API (no command stream: it stays REGISTERED), GPU bus id GPU, NUMA
 # node 1, H2D GB/s measured, no NIC.
