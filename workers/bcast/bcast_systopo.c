@@ -54,34 +54,37 @@ static int st__read(char *buf, size_t len, const char *root, const char *fmt, ..
   return rc;
 }
 
-/* A file holding one integer; -1 when absent or not a number. */
-static int st__read_long(long *out, const char *root, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int st__read_long(long *out, const char *root, const char *fmt, ...) {
+/* A file holding one integer (decimal, or 0x hex as `flags` is); -1 when
+ * absent or not a number. */
+static int st__vread_long(long *out, const char *root, const char *fmt, va_list ap) {
   char buf[64], *end;
-  va_list ap;
-  va_start(ap, fmt);
-  int rc = st__vread(buf, sizeof buf, root, fmt, ap);
-  va_end(ap);
-  if (rc || !buf[0]) return -1;
+  if (st__vread(buf, sizeof buf, root, fmt, ap) || !buf[0]) return -1;
   long v = strtol(buf, &end, 0);
   if (*end) return -1;
   *out = v;
   return 0;
 }
 
+static int st__read_long(long *out, const char *root, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int st__read_long(long *out, const char *root, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = st__vread_long(out, root, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
 /* A numa_node file: the node, or -1 (what sysfs says without NUMA, and
  * what a missing file means). */
 static int st__numa(const char *root, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int st__numa(const char *root, const char *fmt, ...) {
-  char buf[64], *end;
+  long v = -1;
   va_list ap;
   va_start(ap, fmt);
-  int rc = st__vread(buf, sizeof buf, root, fmt, ap);
+  int rc = st__vread_long(&v, root, fmt, ap);
   va_end(ap);
-  if (rc || !buf[0]) return -1;
-  long v = strtol(buf, &end, 10);
-  return *end || v < 0 || v > 65535 ? -1 : (int)v;
+  return rc || v < 0 || v > 65535 ? -1 : (int)v;
 }
 
 static int st__is_dir(const char *root, const char *rel) {
