@@ -30,7 +30,35 @@ typedef struct rpc_server rpc_server;
 typedef struct rpc_call rpc_call;
 typedef struct rpc_client rpc_client;
 
-typedef enum { RPC_UNARY = 1, RPC_SERVER_STREAM = 2 } rpc_kind;
+/* RPC_ONEWAY_STREAM: a bidirectional stream of one-way unary calls. The
+ * client sends request messages one after another without waiting; each is
+ * handed to the handler as a call of its own (a message call), which the
+ * handler ends exactly once, now or later, as a unary one: rpc_call_reply
+ * (success, not answered: the response is dropped) or rpc_call_fail (the
+ * stream carries back a rlorch.rpc.v1.CallFailure with the request's
+ * sequence number, from 1, and the status). Answers go out in the order the
+ * message calls end. For requests whose success needs no answer (a report),
+ * at the price of a stream message instead of a call's set-up, status and
+ * hand-offs.
+ * - The stream sends its initial metadata as soon as it arrives (the client
+ *   learns that the method exists before it sends).
+ * - Auth is checked once, when the stream opens (UNAUTHENTICATED ends it).
+ *   Each message is held to max_message_bytes, the precheck and the decoder;
+ *   one that fails them is answered with a CallFailure and the stream goes
+ *   on.
+ * - The next message is read once the handler returned for the previous
+ *   one; while RPC_ONEWAY_PENDING message calls are not ended, reading
+ *   pauses.
+ * - A message call answers rpc_call_method, rpc_call_peer, the deadline and
+ *   rpc_call_server as its stream does; rpc_call_send, rpc_call_finish and
+ *   rpc_call_set_writable_cb refuse it (-1, or nothing). Its cancel callback
+ *   runs when the stream ends before the handler ended it.
+ * - The client's half-close ends the stream OK once every message call
+ *   ended and its answer went out. At shutdown the stream ends UNAVAILABLE.
+ * - on_call_done runs for each message call (its code, arrival to end) and
+ *   for the stream when it ends. */
+typedef enum { RPC_UNARY = 1, RPC_SERVER_STREAM = 2, RPC_ONEWAY_STREAM = 3 } rpc_kind;
+#define RPC_ONEWAY_PENDING 64
 
 /* `req` is freed when the handler returns (protobuf_c_message_free_unpacked,
  * the default allocator): copy what outlives it, or take a sub-message out
@@ -168,6 +196,48 @@ void rpc_client_cancel_streams(rpc_client *c);
  * else: a stream started afterwards runs as usual. For a client that must
  * re-open its streams (an agent registered again under a new id). */
 void rpc_client_interrupt_streams(rpc_client *c);
+
+/* One-way calls (RPC_ONEWAY_STREAM) on a stream of their own, opened on
+ * the first send and again on the first send after it ended. Thread-safe:
+ * sends from several threads go out one at a time, in the order they got
+ * the stream. A thread of the stream's own reads the answers and runs the
+ * callbacks (never with the stream's lock held: they may send).
+ * - on_failed: a request was refused (st: the status a unary call would
+ *   have ended with). `seq` is what rpc_oneway_send returned for it.
+ * - on_broken: the stream ended other than by rpc_oneway_free (st says how:
+ *   UNAVAILABLE when the server went away, say); requests sent on it that
+ *   no failure answered may or may not have been handled, as with a unary
+ *   call whose connection broke. The next send opens a new stream. NULL:
+ *   nothing to do. */
+typedef struct rpc_oneway rpc_oneway;
+typedef struct rpc_oneway_opts {
+  const char *method; /* "/rlorch.v1.Worker/ReportStream" */
+  void (*on_failed)(uint64_t seq, const rpc_status *st, void *ud);
+  void (*on_broken)(const rpc_status *st, void *ud);
+  void *ud;
+} rpc_oneway_opts;
+
+int rpc_oneway_new(rpc_client *c, const rpc_oneway_opts *o, rpc_oneway **out, char *err,
+                   size_t errlen);
+/* Sends one request: its sequence number on the stream (>= 1) once gRPC
+ * took the message, waiting at most timeout_s (for the stream to open and
+ * for flow control); 0 with *st set otherwise, and the request was not sent:
+ * - UNIMPLEMENTED: the server has no such method (an older server: the
+ *   caller falls back to the unary call; asking again asks the server
+ *   again);
+ * - DEADLINE_EXCEEDED: the stream did not open or take the message in time
+ *   (the stream is then cancelled: on_broken runs);
+ * - anything else: the stream could not open or had ended (on_broken ran or
+ *   will run for the one that ended).
+ * A send after rpc_client_cancel_streams fails CANCELLED; the streams that
+ * rpc_client_cancel_streams and rpc_client_interrupt_streams cancel include
+ * this one's. */
+uint64_t rpc_oneway_send(rpc_oneway *p, const ProtobufCMessage *req, double timeout_s,
+                         rpc_status *st);
+/* Half-closes the open stream, waits up to wait_s for the server to end it
+ * (so that the answers to what was sent still come back), then cancels it
+ * and joins the reader. Callbacks do not run after it returns. NULL: no-op. */
+void rpc_oneway_free(rpc_oneway *p, double wait_s);
 
 /* Raw bytes in and out, for tests that send what no codec would. */
 grpc_status_code rpc_client_call_raw(rpc_client *c, const char *method, const void *req,
