@@ -50,6 +50,7 @@ typedef struct dispatch__job {
 typedef struct dispatch__fake {
   const dispatch__cfg *cfg;
   rpc_client *client;
+  rpc_oneway *reports; /* the step's reports that need no answer */
   int trainer;
   uint32_t index;
   char id[32];
@@ -167,11 +168,11 @@ static int dispatch__on_command(ProtobufCMessage *m, void *ud) {
   }
   case RLORCH__V1__COMMAND__KIND_PLAN:
     f->pending_version = c->plan->policy_version;
-    bench_fake_ack(f->client, f->id, c->plan);
+    bench_fake_ack(f->client, f->reports, f->id, c->plan);
     break;
   case RLORCH__V1__COMMAND__KIND_TRIGGER:
     atomic_store(&f->version, f->pending_version);
-    bench_fake_done(f->client, f->id, c->trigger);
+    bench_fake_done(f->client, f->reports, f->id, c->trigger);
     break;
   default: break;
   }
@@ -261,7 +262,8 @@ static dispatch__round dispatch__run(const dispatch__cfg *cfg, const char *targe
       for (; f->slot_th && f->nslots < cfg->slots; f->nslots++)
         if (pthread_create(&f->slot_th[f->nslots], NULL, dispatch__slot_main, f) != 0) break;
     }
-    if (dispatch__register(f) != 0) {
+    if (dispatch__register(f) != 0 ||
+        !(f->reports = bench_fake_report_stream(wc, "rlorch bench dispatch"))) {
       ready++; /* its slots are running: stop them too */
       goto stop;
     }
@@ -297,6 +299,7 @@ stop:
   for (uint32_t i = 0; i < ready; i++) {
     if (fakes[i].th_started) pthread_join(fakes[i].th, NULL);
     dispatch__stop_slots(&fakes[i]);
+    rpc_oneway_free(fakes[i].reports, 0);
     res.busy_s += fakes[i].busy_s;
     res.generated += fakes[i].generated;
   }

@@ -62,17 +62,47 @@ int bench_fake_report(rpc_client *c, const char *worker_id, Rlorch__V1__ReportRe
   return 0;
 }
 
-int bench_fake_ack(rpc_client *c, const char *worker_id, const Rlorch__V1__BroadcastPlan *plan) {
+int bench_fake_send(rpc_client *c, rpc_oneway *ow, const char *worker_id,
+                    Rlorch__V1__ReportRequest *r) {
+  if (ow) {
+    r->worker_id = (char *)worker_id; /* protobuf-c never writes through it when packing */
+    rpc_status st;
+    if (rpc_oneway_send(ow, &r->base, 10, &st)) return 0;
+  }
+  return bench_fake_report(c, worker_id, r);
+}
+
+static void bench_fake_refused(uint64_t seq, const rpc_status *st, void *ud) {
+  fprintf(stderr, "%s: report %llu refused: %s: %s\n", (const char *)ud, (unsigned long long)seq,
+          rpc_status_name(st->code), st->message);
+}
+
+rpc_oneway *bench_fake_report_stream(rpc_client *c, const char *who) {
+  rpc_oneway_opts o = {.method = "/rlorch.v1.Worker/ReportStream",
+                       .on_failed = bench_fake_refused,
+                       .ud = (void *)who};
+  rpc_oneway *ow = NULL;
+  char err[256];
+  if (rpc_oneway_new(c, &o, &ow, err, sizeof err) < 0) {
+    fprintf(stderr, "%s: report stream: %s\n", who, err);
+    return NULL;
+  }
+  return ow;
+}
+
+int bench_fake_ack(rpc_client *c, rpc_oneway *ow, const char *worker_id,
+                   const Rlorch__V1__BroadcastPlan *plan) {
   Rlorch__V1__ReportRequest r = RLORCH__V1__REPORT_REQUEST__INIT;
   Rlorch__V1__PlanAck ack = RLORCH__V1__PLAN_ACK__INIT;
   ack.plan_id = plan->plan_id;
   ack.plan_hash = plan->hash;
   r.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK;
   r.plan_ack = &ack;
-  return bench_fake_report(c, worker_id, &r);
+  return bench_fake_send(c, ow, worker_id, &r);
 }
 
-int bench_fake_done(rpc_client *c, const char *worker_id, const Rlorch__V1__TriggerBroadcast *t) {
+int bench_fake_done(rpc_client *c, rpc_oneway *ow, const char *worker_id,
+                    const Rlorch__V1__TriggerBroadcast *t) {
   Rlorch__V1__ReportRequest r = RLORCH__V1__REPORT_REQUEST__INIT;
   Rlorch__V1__BroadcastDone bd = RLORCH__V1__BROADCAST_DONE__INIT;
   Rlorch__V1__StepRecord rec = RLORCH__V1__STEP_RECORD__INIT;
@@ -81,5 +111,5 @@ int bench_fake_done(rpc_client *c, const char *worker_id, const Rlorch__V1__Trig
   bd.record = &rec;
   r.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE;
   r.broadcast_done = &bd;
-  return bench_fake_report(c, worker_id, &r);
+  return bench_fake_send(c, ow, worker_id, &r);
 }

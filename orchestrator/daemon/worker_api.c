@@ -463,13 +463,19 @@ static int report_status(rpc_call *call, orch *o, int rc) {
   return -1;
 }
 
-static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
-  orch *o = ud;
+/* One report, from Report or from ReportStream (`oneway`): the same
+ * handling, but a stream's report has no answer to say known=false in, so
+ * an unknown worker is refused NOT_FOUND there. */
+static void handle_report(rpc_call *call, orch *o, Rlorch__V1__ReportRequest *q, int oneway) {
   runner *r = o->runner;
-  Rlorch__V1__ReportRequest *q = (void *)req; /* a step's manifest is taken out of it (rpc.h) */
   Rlorch__V1__ReportResponse resp = RLORCH__V1__REPORT_RESPONSE__INIT;
   workers_entry *w = workers_by_api_id(o->workers, q->worker_id);
   if (!w || w->state == RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST) {
+    if (oneway) {
+      rpc_call_fail(call, GRPC_STATUS_NOT_FOUND, "worker_id: %s is not registered (register again)",
+                    q->worker_id);
+      return;
+    }
     resp.known = 0;
     rpc_call_reply(call, &resp.base);
     return;
@@ -553,6 +559,15 @@ static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
   }
   if (report_status(call, o, rc) == 0) rpc_call_reply(call, &resp.base);
   runner_drain(r);
+}
+
+/* A step's manifest is taken out of the request (rpc.h): it is not const. */
+static void h_report(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  handle_report(call, ud, (Rlorch__V1__ReportRequest *)req, 0);
+}
+
+static void h_report_stream(rpc_call *call, const ProtobufCMessage *req, void *ud) {
+  handle_report(call, ud, (Rlorch__V1__ReportRequest *)req, 1);
 }
 
 /* ---- FetchBatch ---------------------------------------------------------------------------- */
@@ -755,6 +770,8 @@ const rpc_method worker_api_methods[] = {
       rlorch__v1__command__descriptor, h_attach, NULL),
     M("Report", RPC_UNARY, rlorch__v1__report_request__descriptor,
       rlorch__v1__report_response__descriptor, h_report, report_precheck),
+    M("ReportStream", RPC_ONEWAY_STREAM, rlorch__v1__report_request__descriptor,
+      rlorch__v1__report_response__descriptor, h_report_stream, report_precheck),
     M("FetchBatch", RPC_SERVER_STREAM, rlorch__v1__fetch_batch_request__descriptor,
       rlorch__v1__batch_chunk__descriptor, h_fetch_batch, NULL),
 };

@@ -2134,6 +2134,13 @@ int sched_plan_acked(sched *s, int64_t now, uint32_t worker, const char *plan_id
   if (rc) return rc;
   sched__seen(s, w, now);
   size_t rank;
+  /* Every participant acked once the broadcast runs: an ack then is one
+   * sent again (a worker whose report stream broke cannot tell whether it
+   * went through), which changes nothing. */
+  if (s->st.phase == SCHED__BROADCASTING &&
+      sched__plan_rank(s, SCHED__BROADCASTING, worker, plan_id, &rank) == SCHED_OK &&
+      s->st.acked[rank])
+    return SCHED_OK;
   rc = sched__plan_rank(s, SCHED__ACKING, worker, plan_id, &rank);
   if (rc) return rc;
   char msg[SCHED_TEXT_MAX];

@@ -25,6 +25,7 @@
 #define M_REGISTER "/rlorch.v1.Worker/Register"
 #define M_ATTACH "/rlorch.v1.Worker/Attach"
 #define M_REPORT "/rlorch.v1.Worker/Report"
+#define M_REPORT_STREAM "/rlorch.v1.Worker/ReportStream"
 
 /* ---- the fake orchestrator ------------------------------------------------------------------- */
 
@@ -49,7 +50,10 @@ typedef struct fake {
   int nout;
   uint64_t seq;
   Rlorch__V1__ReportRequest *reports[4096]; /* copies, in arrival order */
+  int via_stream[4096];                       /* each came on ReportStream */
   int nreports;
+  int oneway;          /* ReportStream offered (else the agent must use Report) */
+  grpc_status_code refuse_stream; /* the next stream report is refused so */
   int stopping;
   /* the agent */
   pthread_t agent_th;
@@ -109,13 +113,36 @@ static void h_attach(rpc_call *c, const ProtobufCMessage *req, void *ud) {
   uv_async_send(&K.wake); /* what was sent while no stream was open goes out now */
 }
 
-static void h_report(rpc_call *c, const ProtobufCMessage *req, void *ud) {
+static void keep_report(const ProtobufCMessage *req, int stream) {
   Rlorch__V1__ReportRequest *copy = copy_msg(req, &rlorch__v1__report_request__descriptor);
   pthread_mutex_lock(&K.mu);
-  if (K.nreports < (int)(sizeof K.reports / sizeof K.reports[0])) K.reports[K.nreports++] = copy;
-  else rlorch__v1__report_request__free_unpacked(copy, NULL);
+  if (K.nreports < (int)(sizeof K.reports / sizeof K.reports[0])) {
+    K.via_stream[K.nreports] = stream;
+    K.reports[K.nreports++] = copy;
+  } else {
+    rlorch__v1__report_request__free_unpacked(copy, NULL);
+  }
   pthread_cond_broadcast(&K.cv);
   pthread_mutex_unlock(&K.mu);
+}
+
+/* A refused report is not kept: the orchestrator did not take it. */
+static void h_report_stream(rpc_call *c, const ProtobufCMessage *req, void *ud) {
+  pthread_mutex_lock(&K.mu);
+  grpc_status_code refuse = K.refuse_stream;
+  K.refuse_stream = GRPC_STATUS_OK;
+  pthread_mutex_unlock(&K.mu);
+  if (refuse != GRPC_STATUS_OK) {
+    rpc_call_fail(c, refuse, "refused by the test");
+    return;
+  }
+  keep_report(req, 1);
+  Rlorch__V1__ReportResponse resp = RLORCH__V1__REPORT_RESPONSE__INIT;
+  rpc_call_reply(c, &resp.base);
+}
+
+static void h_report(rpc_call *c, const ProtobufCMessage *req, void *ud) {
+  keep_report(req, 0);
   Rlorch__V1__ReportResponse resp = RLORCH__V1__REPORT_RESPONSE__INIT;
   pthread_mutex_lock(&K.mu);
   resp.known = !K.forget; /* as an orchestrator that restarted answers */
@@ -165,8 +192,9 @@ static void on_log(void *ud, agent_log_level level, const char *event, const cha
   pthread_mutex_unlock(&K.mu);
 }
 
-static void fake_start(void) {
+static void fake_start_with(int oneway) {
   memset(&K, 0, sizeof K);
+  K.oneway = oneway;
   pthread_mutex_init(&K.mu, NULL);
   pthread_cond_init(&K.cv, NULL);
   cr_assert_eq(uv_loop_init(&K.loop), 0);
@@ -177,10 +205,13 @@ static void fake_start(void) {
        &rlorch__v1__command__descriptor, 0, h_attach, NULL},
       {M_REPORT, RPC_UNARY, &rlorch__v1__report_request__descriptor,
        &rlorch__v1__report_response__descriptor, 0, h_report, NULL},
+      {M_REPORT_STREAM, RPC_ONEWAY_STREAM, &rlorch__v1__report_request__descriptor,
+       &rlorch__v1__report_response__descriptor, 0, h_report_stream, NULL},
   };
   rpc_server_opts o = {.listen = "127.0.0.1:0"};
   char err[256] = "";
-  cr_assert_eq(rpc_server_new(&K.loop, &o, ms, 3, &K.s, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(rpc_server_new(&K.loop, &o, ms, oneway ? 4 : 3, &K.s, err, sizeof err), 0, "%s",
+               err);
   snprintf(K.target, sizeof K.target, "127.0.0.1:%d", rpc_server_port(K.s));
   uv_async_init(&K.loop, &K.wake, on_wake);
   cr_assert_eq(uv_thread_create(&K.th, loop_main, NULL), 0);
@@ -196,6 +227,10 @@ static void fake_start(void) {
   K.opts.rollout.tokens_mean = 20;
   K.opts.rollout.tokens_std = 5;
 }
+
+/* An orchestrator without ReportStream (an older one): every report must
+ * come through Report. */
+static void fake_start(void) { fake_start_with(0); }
 
 static void *agent_main(void *arg) {
   K.agent_status = agent_inference_run(&K.opts);
@@ -652,8 +687,19 @@ static void sender_init(sender *s) {
   cr_assert_not_null(t->data);
 }
 
-/* Weights of version v, a plan `id` for them, sent to the agent (rank 1). */
+/* Weights of version v, a plan `id` for them, sent to the agent (rank 1),
+ * and its ack waited for. */
+static void send_plan_only(sender *s, const char *id, uint64_t v);
 static void sender_plan(sender *s, const char *id, uint64_t v) {
+  send_plan_only(s, id, v);
+  plan_wait w = {RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK, id};
+  cr_assert(wait_until(has_plan_report, &w), "plan %s acked\n%s", id, K.log);
+  pthread_mutex_lock(&K.mu);
+  cr_assert_str_empty(plan_report(w.kind, id)->plan_ack->error);
+  pthread_mutex_unlock(&K.mu);
+}
+
+static void send_plan_only(sender *s, const char *id, uint64_t v) {
   for (size_t i = 0; i < 512 * 64; i++) ((float *)s->t[0].data)[i] = (float)(i % 97) * 0.5f + (float)v;
   bcast_plan_free(s->p);
   bcast_plan_opts o = {.id = id, .mode = BCAST_MODE_HOST, .staging_budget = 16 << 10,
@@ -668,11 +714,6 @@ static void sender_plan(sender *s, const char *id, uint64_t v) {
   cmd.rank = 1;
   send_cmd(&cmd);
   bcast_pb_free(&pb->base);
-  plan_wait w = {RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK, id};
-  cr_assert(wait_until(has_plan_report, &w), "plan %s acked\n%s", id, K.log);
-  pthread_mutex_lock(&K.mu);
-  cr_assert_str_empty(plan_report(w.kind, id)->plan_ack->error);
-  pthread_mutex_unlock(&K.mu);
 }
 
 static void send_trigger(const bcast_plan *p) {
@@ -864,6 +905,162 @@ Test(agent_inference, a_worker_given_data_listen_registers_it_and_relays_to_anot
             "the engine made at start was made again for rank 1, on the address registered\n%s", K.log);
   bcast_engine_free(d.e);
   free(d.t[0].data);
+  sender_free(&s);
+  fake_stop();
+}
+
+/* ---- the report stream ------------------------------------------------------------------- */
+
+/* How many reports of `kind` about plan `id` arrived, and how many of them
+ * on the stream; K.mu held. */
+static int plan_reports(int kind, const char *id, int *on_stream) {
+  int n = 0;
+  *on_stream = 0;
+  for (int i = 0; i < K.nreports; i++) {
+    const Rlorch__V1__ReportRequest *r = K.reports[i];
+    if ((int)r->kind_case != kind) continue;
+    const char *pid = kind == RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK ? r->plan_ack->plan_id
+                                                                        : r->broadcast_done->plan_id;
+    if (strcmp(pid, id)) continue;
+    n++;
+    *on_stream += K.via_stream[i];
+  }
+  return n;
+}
+
+static int kind_via(int kind, int stream) {
+  int n = 0;
+  for (int i = 0; i < K.nreports; i++)
+    n += (int)K.reports[i]->kind_case == kind && K.via_stream[i] == stream;
+  return n;
+}
+
+Test(agent_inference, acks_and_broadcast_reports_go_on_the_report_stream) {
+  fake_start_with(1);
+  agent_start();
+  sender s;
+  sender_init(&s);
+  broadcast_ok(&s, "run-1/step-0", 1);
+  broadcast_ok(&s, "run-1/step-1", 2);
+  request(1);
+  cr_assert_eq(version_of(wait_result(1)), 2u);
+  pthread_mutex_lock(&K.mu);
+  int on_stream;
+  for (int step = 0; step < 2; step++) {
+    char id[32];
+    snprintf(id, sizeof id, "run-1/step-%d", step);
+    cr_assert_eq(plan_reports(RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK, id, &on_stream), 1);
+    cr_assert_eq(on_stream, 1, "%s: the ack came on the stream, once", id);
+    cr_assert_eq(plan_reports(RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE, id, &on_stream), 1);
+    cr_assert_eq(on_stream, 1, "%s: so did the broadcast's end", id);
+  }
+  cr_assert_eq(kind_via(RLORCH__V1__REPORT_REQUEST__KIND_ROLLOUTS, 1), 0,
+               "rollouts need their answer: Report");
+  cr_assert_gt(kind_via(RLORCH__V1__REPORT_REQUEST__KIND_HEARTBEAT, 0), 0, "heartbeats: Report");
+  cr_assert_eq(kind_via(RLORCH__V1__REPORT_REQUEST__KIND_HEARTBEAT, 1), 0);
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(!log_has("report_stream_unsupported"), "%s", K.log);
+  sender_free(&s);
+  fake_stop();
+}
+
+Test(agent_inference, without_a_report_stream_acks_and_reports_go_through_report) {
+  fake_start(); /* an orchestrator without ReportStream */
+  agent_start();
+  sender s;
+  sender_init(&s);
+  broadcast_ok(&s, "run-1/step-0", 1);
+  broadcast_ok(&s, "run-1/step-1", 2);
+  pthread_mutex_lock(&K.mu);
+  int on_stream;
+  cr_assert_eq(plan_reports(RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK, "run-1/step-1", &on_stream),
+               1, "each ack once, nothing lost to the missing stream");
+  cr_assert_eq(plan_reports(RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE, "run-1/step-0",
+                            &on_stream),
+               1);
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(log_has("report_stream_unsupported"), "the fallback is logged\n%s", K.log);
+  sender_free(&s);
+  fake_stop();
+}
+
+Test(agent_inference, a_report_the_stream_refuses_is_logged_and_not_sent_again) {
+  fake_start_with(1);
+  agent_start();
+  sender s;
+  sender_init(&s);
+  pthread_mutex_lock(&K.mu);
+  K.refuse_stream = GRPC_STATUS_FAILED_PRECONDITION;
+  pthread_mutex_unlock(&K.mu);
+  /* The ack is refused (not kept): wait for the log instead. */
+  send_plan_only(&s, "run-1/step-0", 1);
+  for (int i = 0; i < 1000 && !log_has("report_refused seq=1 code=FAILED_PRECONDITION"); i++)
+    usleep(10000);
+  cr_assert(log_has("report_refused seq=1 code=FAILED_PRECONDITION msg=\"refused by the test\""),
+            "%s", K.log);
+  /* The next plan goes through; the refused ack was not sent again. */
+  broadcast_ok(&s, "run-1/step-1", 2);
+  pthread_mutex_lock(&K.mu);
+  int on_stream;
+  cr_assert_eq(plan_reports(RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK, "run-1/step-0", &on_stream),
+               0);
+  pthread_mutex_unlock(&K.mu);
+  sender_free(&s);
+  fake_stop();
+}
+
+static int registered_twice(void *arg) { return K.registered >= 2; }
+
+Test(agent_inference, a_worker_the_stream_does_not_know_registers_again) {
+  fake_start_with(1);
+  agent_start();
+  sender s;
+  sender_init(&s);
+  pthread_mutex_lock(&K.mu);
+  K.refuse_stream = GRPC_STATUS_NOT_FOUND;
+  pthread_mutex_unlock(&K.mu);
+  send_plan_only(&s, "run-1/step-0", 1); /* its ack refused NOT_FOUND */
+  cr_assert(wait_until(registered_twice, NULL), "registered again\n%s", K.log);
+  pthread_mutex_lock(&K.mu);
+  int on_stream;
+  cr_assert_eq(plan_reports(RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK, "run-1/step-0", &on_stream),
+               0, "a forgotten worker's ack is stale: not sent again");
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(log_has("worker_unknown"), "%s", K.log);
+  sender_free(&s);
+  fake_stop();
+}
+
+typedef struct twice {
+  const char *id;
+} twice;
+
+static int ack_twice(void *arg) {
+  int on_stream;
+  return plan_reports(RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK, ((twice *)arg)->id, &on_stream) >= 2;
+}
+
+/* The stream breaks after it took the ack (the agent registers again and
+ * cancels its old streams): the ack may not have been handled, so it is sent
+ * again, through Report. */
+Test(agent_inference, the_last_report_is_sent_again_when_the_stream_breaks) {
+  fake_start_with(1);
+  agent_start();
+  sender s;
+  sender_init(&s);
+  sender_plan(&s, "run-1/step-0", 1);
+  pthread_mutex_lock(&K.mu);
+  K.forget = 1; /* the next heartbeat hears known = false */
+  pthread_mutex_unlock(&K.mu);
+  cr_assert(wait_until(registered_twice, NULL), "registered again\n%s", K.log);
+  twice t = {"run-1/step-0"};
+  cr_assert(wait_until(ack_twice, &t), "the ack sent again\n%s", K.log);
+  pthread_mutex_lock(&K.mu);
+  int on_stream;
+  cr_assert_eq(plan_reports(RLORCH__V1__REPORT_REQUEST__KIND_PLAN_ACK, "run-1/step-0", &on_stream),
+               2);
+  cr_assert_eq(on_stream, 1, "first on the stream, then through Report");
+  pthread_mutex_unlock(&K.mu);
   sender_free(&s);
   fake_stop();
 }

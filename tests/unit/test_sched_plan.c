@@ -30,6 +30,16 @@ Test(sched_plan, no_trigger_until_last_ack) {
   cr_assert_eq(sched_plan_acked(h.s, h.now, 2, h.plan_id, 7, NULL), SCHED_OK);
   fx_drain(&h);
   cr_assert_eq(h.ntrigger, 1);
+  /* Sent again once the broadcast runs (a broken report stream): taken as
+   * the first was, nothing triggered or aborted twice. */
+  cr_assert_eq(sched_plan_acked(h.s, h.now, 2, h.plan_id, 7, NULL), SCHED_OK);
+  cr_assert_eq(sched_plan_acked(h.s, h.now, FX_TRAINER, h.plan_id, 7, NULL), SCHED_OK);
+  cr_assert_eq(sched_plan_acked(h.s, h.now, 2, "r1/step-9", 7, NULL), SCHED_ESTALE);
+  cr_assert_eq(sched_plan_acked(h.s, h.now, 99, h.plan_id, 7, NULL) == SCHED_OK, 0,
+               "a worker outside the plan is not taken for a repeat");
+  fx_drain(&h);
+  cr_assert_eq(h.ntrigger, 1);
+  cr_assert_eq(h.nabort, 0);
   sched_free(h.s);
 }
 

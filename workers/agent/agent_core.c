@@ -18,6 +18,7 @@
 #define AGENT__M_REGISTER "/rlorch.v1.Worker/Register"
 #define AGENT__M_ATTACH "/rlorch.v1.Worker/Attach"
 #define AGENT__M_REPORT "/rlorch.v1.Worker/Report"
+#define AGENT__M_REPORT_STREAM "/rlorch.v1.Worker/ReportStream"
 #define AGENT__M_FETCH_BATCH "/rlorch.v1.Worker/FetchBatch"
 #define AGENT__CALL_TIMEOUT_S 10.0
 #define AGENT__BACKOFF_MIN_S 0.1
@@ -72,6 +73,18 @@ struct agent {
 
   pthread_t attach_tid, hb_tid;
   int attach_started, hb_started;
+
+  /* Reports that need no answer go on a one-way stream (ReportStream). The
+   * orchestrator's next command confirms all but the last one sent (a
+   * trigger follows every ack, a plan every broadcast's end), so only that
+   * one is kept: sent again through Report if the stream breaks. */
+  rpc_oneway *reports;
+  atomic_uint_fast64_t oneway_off_gen; /* registration whose orchestrator lacks the stream */
+  pthread_mutex_t last_mu;             /* guards last* */
+  uint8_t *last;                       /* packed ReportRequest; NULL: none kept */
+  size_t last_len;
+  uint64_t last_seq, last_gen;
+  uint64_t refused_seq; /* refused before its sender could keep it */
 };
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -508,6 +521,120 @@ int agent_report_status(agent *a, Rlorch__V1__ReportRequest *req, rpc_status *ou
   return -1;
 }
 
+/* ---- reports on the one-way stream ------------------------------------------ */
+
+/* Keeps `bytes` (taken) as the last report the stream took, unless a later
+ * one is kept already (two senders may return out of order). */
+static void agent__keep_last(agent *a, uint8_t *bytes, size_t len, uint64_t seq, uint64_t gen) {
+  pthread_mutex_lock(&a->last_mu);
+  if (seq == a->refused_seq) {
+    a->refused_seq = 0;
+  } else if (seq > a->last_seq || !a->last) {
+    free(a->last);
+    a->last = bytes;
+    a->last_len = len;
+    a->last_seq = seq;
+    a->last_gen = gen;
+    bytes = NULL;
+  }
+  pthread_mutex_unlock(&a->last_mu);
+  free(bytes);
+}
+
+/* Takes the kept report out (NULL: none), with the registration it was
+ * sent under. */
+static uint8_t *agent__take_last(agent *a, size_t *len, uint64_t *gen) {
+  pthread_mutex_lock(&a->last_mu);
+  uint8_t *b = a->last;
+  *len = a->last_len;
+  *gen = a->last_gen;
+  a->last = NULL;
+  a->last_seq = 0;
+  a->refused_seq = 0; /* sequence numbers start again on the next stream */
+  pthread_mutex_unlock(&a->last_mu);
+  return b;
+}
+
+static void agent__on_report_failed(uint64_t seq, const rpc_status *st, void *ud) {
+  agent *a = ud;
+  char id[128];
+  uint64_t gen = agent__snapshot(a, id, sizeof id);
+  pthread_mutex_lock(&a->last_mu);
+  if (a->last && a->last_seq == seq) { /* refused: sending it again changes nothing */
+    gen = a->last_gen;
+    free(a->last);
+    a->last = NULL;
+    a->last_seq = 0;
+  } else if (seq > a->last_seq) { /* its sender has not kept it yet */
+    a->refused_seq = seq;
+  }
+  pthread_mutex_unlock(&a->last_mu);
+  if (st->code == GRPC_STATUS_NOT_FOUND) {
+    agent_log_warn("report_dropped", "seq=%llu reason=\"orchestrator forgot the worker\"",
+                   (unsigned long long)seq);
+    agent__reregister(a, gen, st->message);
+    return;
+  }
+  agent_log_error("report_refused", "seq=%llu code=%s msg=\"%s\"", (unsigned long long)seq,
+                  rpc_status_name(st->code), st->message);
+}
+
+/* The stream ended: the last report it took may not have been handled. */
+static void agent__on_reports_broken(const rpc_status *st, void *ud) {
+  agent *a = ud;
+  size_t len;
+  uint64_t gen;
+  uint8_t *b = agent__take_last(a, &len, &gen);
+  agent_log_debug("report_stream_closed", "code=%s msg=\"%s\" resend=%d",
+                  rpc_status_name(st->code), st->message, b != NULL);
+  if (!b || atomic_load(&a->stop)) {
+    free(b);
+    return;
+  }
+  Rlorch__V1__ReportRequest *req = rlorch__v1__report_request__unpack(NULL, len, b);
+  free(b);
+  if (!req) return; /* packed here: cannot happen but for memory */
+  char *was = req->worker_id;
+  agent_report(a, req); /* under the current id: one of an older registration is stale anyway */
+  req->worker_id = was;
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+void agent_report_nowait(agent *a, Rlorch__V1__ReportRequest *req) {
+  char id[128];
+  uint64_t gen = agent__snapshot(a, id, sizeof id);
+  if (!a->reports || atomic_load(&a->oneway_off_gen) == gen) {
+    agent_report(a, req);
+    return;
+  }
+  req->worker_id = id;
+  size_t len = protobuf_c_message_get_packed_size(&req->base);
+  uint8_t *bytes = malloc(len ? len : 1);
+  if (!bytes) {
+    req->worker_id = NULL;
+    agent_report(a, req);
+    return;
+  }
+  protobuf_c_message_pack(&req->base, bytes);
+  rpc_status st;
+  uint64_t seq = rpc_oneway_send(a->reports, &req->base, AGENT__CALL_TIMEOUT_S, &st);
+  req->worker_id = NULL;
+  if (seq) {
+    agent__keep_last(a, bytes, len, seq, gen);
+    return;
+  }
+  free(bytes);
+  if (st.code == GRPC_STATUS_CANCELLED && atomic_load(&a->stop)) return;
+  if (st.code == GRPC_STATUS_UNIMPLEMENTED) {
+    agent_log_info("report_stream_unsupported", "msg=\"%s\" action=unary", st.message);
+    atomic_store(&a->oneway_off_gen, gen);
+  } else {
+    agent_log_debug("report_stream_failed", "code=%s msg=\"%s\" action=unary",
+                    rpc_status_name(st.code), st.message);
+  }
+  agent_report(a, req); /* the stream did not take it: nothing was sent */
+}
+
 /* ---- the batch of a train step ---------------------------------------------- */
 
 typedef struct agent__fetch_ctx {
@@ -626,7 +753,13 @@ int agent_new(const agent_opts *o, Rlorch__V1__RegisterRequest *reg, agent_comma
                         .max_message_bytes = 0x7fffffff, .tls_ca_file = o->tls_ca_file,
                         .tls_cert_file = o->tls_client_cert_file,
                         .tls_key_file = o->tls_client_key_file};
-  if (rpc_client_new(&co, &a->rpc, err, errlen) != 0) {
+  pthread_mutex_init(&a->last_mu, NULL);
+  rpc_oneway_opts ro = {.method = AGENT__M_REPORT_STREAM,
+                        .on_failed = agent__on_report_failed,
+                        .on_broken = agent__on_reports_broken,
+                        .ud = a};
+  if (rpc_client_new(&co, &a->rpc, err, errlen) != 0 ||
+      rpc_oneway_new(a->rpc, &ro, &a->reports, err, errlen) != 0) {
     agent_free(a);
     return -1;
   }
@@ -708,7 +841,11 @@ void agent_free(agent *a) {
     protobuf_c_message_free_unpacked(&it->cmd->base, NULL);
     free(it);
   }
+  /* The answers to what the stream took still come back before it goes. */
+  rpc_oneway_free(a->reports, 1.0);
+  free(a->last);
   if (a->rpc) rpc_client_free(a->rpc);
+  pthread_mutex_destroy(&a->last_mu);
   pthread_mutex_destroy(&a->mu);
   pthread_mutex_destroy(&a->reg_mu);
   pthread_cond_destroy(&a->cond);

@@ -86,6 +86,13 @@ int agent_report(agent *a, Rlorch__V1__ReportRequest *req);
  * orchestrator's refusal, say; CANCELLED when the agent is stopping). */
 int agent_report_status(agent *a, Rlorch__V1__ReportRequest *req, rpc_status *st);
 
+/* Sends a report that needs no answer (a plan's ack, a broadcast's end) on
+ * the one-way report stream, without waiting for the orchestrator; a
+ * refusal is logged when it comes back, and a worker the orchestrator forgot
+ * registers again. Where the orchestrator has no such stream, or the stream
+ * cannot take the report, it goes as agent_report. */
+void agent_report_nowait(agent *a, Rlorch__V1__ReportRequest *req);
+
 /* Streams this trainer's share `rank` of `ranks` of step's batch (FetchBatch)
  * under the current worker id: on_chunk gets each message in order (it is
  * freed after) and returns non-zero to cancel. Blocks until the stream ends,

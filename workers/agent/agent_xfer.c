@@ -114,7 +114,7 @@ static void agent__ack_with(agent *a, const char *id, uint64_t hash, const char 
   req.plan_ack = &ack;
   if (error[0]) agent_log_warn("plan_refused", "plan_id=%s error=\"%s\"", id, error);
   else agent_log_info("plan_acked", "plan_id=%s hash=%016llx", id, (unsigned long long)hash);
-  agent_report(a, &req);
+  agent_report_nowait(a, &req);
 }
 
 static void agent__ack(agent *a, const char *id, uint64_t hash, const char *error) {
@@ -242,7 +242,7 @@ static void agent__done(agent *a, const char *id, const char *error, Rlorch__V1_
   Rlorch__V1__ReportRequest req = RLORCH__V1__REPORT_REQUEST__INIT;
   req.kind_case = RLORCH__V1__REPORT_REQUEST__KIND_BROADCAST_DONE;
   req.broadcast_done = &d;
-  agent_report(a, &req);
+  agent_report_nowait(a, &req);
 }
 
 void agent_xfer_on_trigger(agent_xfer *x, agent *a, const Rlorch__V1__Command *cmd) {
