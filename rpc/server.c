@@ -982,23 +982,28 @@ static void rpc__oneway_on_recv(rpc_call *c, int ok) {
 }
 
 /* The stream ended: every message call still open gets its cancel callback,
- * once; the handler ends it then or later. */
+ * once; the handler ends it then or later. All are held while the callbacks
+ * run, since one may end another. Runs under the caller's hold on the
+ * stream (rpc__end's callers have one). */
 static void rpc__oneway_cancel_msgs(rpc_call *c, grpc_status_code why) {
-  rpc__hold(c);
-  for (;;) {
-    rpc_call *m = c->msgs;
-    while (m && m->cancelled) m = m->next;
-    if (!m) break;
-    m->cancelled = 1;
-    m->cancel_code = why == GRPC_STATUS_UNAVAILABLE ? why : GRPC_STATUS_CANCELLED;
-    void (*cb)(rpc_call *, void *) = m->on_cancel;
-    m->on_cancel = NULL;
-    if (!cb) continue;
-    m->holds++;
-    cb(m, m->cancel_ud); /* may end m, which leaves c->msgs */
-    rpc__msg_unhold(m);
-  }
-  rpc__unhold(c);
+  rpc_call *todo[RPC_ONEWAY_PENDING];
+  size_t n;
+  do { /* reading pauses at RPC_ONEWAY_PENDING open: one round, as a rule */
+    n = 0;
+    for (rpc_call *m = c->msgs; m && n < RPC_ONEWAY_PENDING; m = m->next) {
+      if (m->cancelled) continue;
+      m->cancelled = 1;
+      m->cancel_code = why == GRPC_STATUS_UNAVAILABLE ? why : GRPC_STATUS_CANCELLED;
+      m->holds++;
+      todo[n++] = m;
+    }
+    for (size_t i = 0; i < n; i++) {
+      void (*cb)(rpc_call *, void *) = todo[i]->on_cancel;
+      todo[i]->on_cancel = NULL;
+      if (cb && !todo[i]->ended) cb(todo[i], todo[i]->cancel_ud);
+    }
+    for (size_t i = 0; i < n; i++) rpc__msg_unhold(todo[i]);
+  } while (n == RPC_ONEWAY_PENDING);
 }
 
 /* The stream's memory goes while handlers still hold message calls they
