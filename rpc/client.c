@@ -10,6 +10,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "rlorch/rpc/v1/call.pb-c.h"
 #include "rpc/rpc_internal.h"
 
 #define RPC__CLIENT_MAX_MSG (64u << 20)
@@ -389,6 +390,410 @@ static void rpc__cancel_open(rpc_client *c, int and_later) {
 
 void rpc_client_cancel_streams(rpc_client *c) { rpc__cancel_open(c, 1); }
 void rpc_client_interrupt_streams(rpc_client *c) { rpc__cancel_open(c, 0); }
+
+/* ---- one-way streams ------------------------------------------------------------- */
+
+/* Each stream has a pluck completion queue and a reader thread of its own.
+ * The reader plucks the stream's initial metadata, then its answers, then
+ * its status; a sender plucks its own write, so a write never waits for the
+ * reader (which may be running a callback that itself waits to send). A
+ * stream that ended stays on `dead` until a thread other than its reader
+ * joins it: the next open, or rpc_oneway_free. */
+#define RPC__ONEWAY_MD_KEY "rlorch-oneway" /* the server's mark of an open stream */
+#define RPC__ONEWAY_STATUS_WAIT_S 1.0     /* for the status of a stream a write found over */
+
+enum { RPC__MD_WAIT = 0, RPC__MD_OPEN, RPC__MD_REFUSED };
+
+typedef struct rpc__ostream {
+  struct rpc_oneway *p;
+  grpc_completion_queue *cq;
+  grpc_call *call;
+  rpc__open open; /* in the client's list while the status is to come */
+  grpc_metadata auth;
+  grpc_metadata_array initial, trailing;
+  grpc_status_code code;
+  grpc_slice details;
+  grpc_byte_buffer *answer;
+  int t_md, t_status, t_recv, t_write, t_close; /* tags: their addresses */
+  uv_thread_t reader;
+  int reader_started;
+  /* Under p->mu: */
+  int md;          /* RPC__MD_* */
+  int over;        /* the status arrived (in st) */
+  int reader_done; /* the reader ran its last callback */
+  int open_waiter; /* a sender waits for it to open: that sender reports a refusal */
+  rpc_status st;
+  /* Under p->send_mu: */
+  uint64_t sent; /* messages gRPC took: the last sequence number */
+  int close_started;
+  struct rpc__ostream *next; /* p->dead */
+} rpc__ostream;
+
+struct rpc_oneway {
+  rpc_client *cl;
+  char *method;
+  rpc_oneway_opts o;
+  uv_mutex_t send_mu; /* one sender at a time: gRPC takes one write in flight */
+  uv_mutex_t mu;      /* the streams' state below and in rpc__ostream */
+  uv_cond_t cv;
+  rpc__ostream *cur;  /* the stream sends go to (under send_mu) */
+  rpc__ostream *dead; /* ended, its reader not yet joined */
+  int freeing;
+};
+
+static grpc_event rpc__opluck(rpc__ostream *o, void *tag, gpr_timespec deadline) {
+  return grpc_completion_queue_pluck(o->cq, tag, deadline, NULL);
+}
+
+static int rpc__md_has(const grpc_metadata_array *md, const char *key) {
+  for (size_t i = 0; i < md->count; i++)
+    if (!grpc_slice_str_cmp(md->metadata[i].key, key)) return 1;
+  return 0;
+}
+
+/* Waits on p->cv until `deadline` (rpc__now seconds); 0 once it passed. */
+static int rpc__owait(rpc_oneway *p, double deadline) {
+  double left = deadline - rpc__now();
+  if (left <= 0) return 0;
+  uv_cond_timedwait(&p->cv, &p->mu, (uint64_t)(left * 1e9) + 1);
+  return 1;
+}
+
+static void rpc__on_answer(rpc__ostream *o, grpc_byte_buffer *bb, int *bad) {
+  rpc_oneway *p = o->p;
+  Rlorch__Rpc__V1__CallFailure *f =
+      (Rlorch__Rpc__V1__CallFailure *)rpc__decode(bb, &rlorch__rpc__v1__call_failure__descriptor);
+  if (!f || f->code == GRPC_STATUS_OK) { /* not an answer of ours: the stream is of no use */
+    if (f) protobuf_c_message_free_unpacked(&f->base, NULL);
+    *bad = 1;
+    grpc_call_cancel(o->call, NULL);
+    return;
+  }
+  rpc_status st;
+  st.code = (grpc_status_code)f->code;
+  snprintf(st.message, sizeof st.message, "%s", f->message ? f->message : "");
+  uint64_t seq = f->sequence;
+  protobuf_c_message_free_unpacked(&f->base, NULL);
+  if (p->o.on_failed) p->o.on_failed(seq, &st, p->o.ud);
+}
+
+static void rpc__oreader(void *arg) {
+  rpc__ostream *o = arg;
+  rpc_oneway *p = o->p;
+  grpc_event ev = rpc__opluck(o, &o->t_md, gpr_inf_future(GPR_CLOCK_REALTIME));
+  int open = ev.success && rpc__md_has(&o->initial, RPC__ONEWAY_MD_KEY);
+  uv_mutex_lock(&p->mu);
+  o->md = open ? RPC__MD_OPEN : RPC__MD_REFUSED;
+  uv_cond_broadcast(&p->cv);
+  uv_mutex_unlock(&p->mu);
+  int bad = 0;
+  while (open && !bad) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &o->answer;
+    if (grpc_call_start_batch(o->call, &op, 1, &o->t_recv, NULL) != GRPC_CALL_OK) {
+      grpc_call_cancel(o->call, NULL);
+      break;
+    }
+    ev = rpc__opluck(o, &o->t_recv, gpr_inf_future(GPR_CLOCK_REALTIME));
+    if (!ev.success || !o->answer) break; /* the stream is over: the status says how */
+    rpc__on_answer(o, o->answer, &bad);
+    grpc_byte_buffer_destroy(o->answer);
+    o->answer = NULL;
+  }
+  rpc__opluck(o, &o->t_status, gpr_inf_future(GPR_CLOCK_REALTIME));
+  rpc__stream_close(p->cl, &o->open);
+  rpc_status st;
+  if (bad) {
+    rpc__status_set(&st, GRPC_STATUS_INTERNAL, "cannot decode an answer of the one-way stream");
+  } else {
+    char *d = grpc_slice_to_c_string(o->details);
+    rpc__status_set(&st, o->code, d);
+    gpr_free(d);
+  }
+  uv_mutex_lock(&p->mu);
+  o->st = st;
+  o->over = 1;
+  /* A stream refused as it opened is reported by the send that waits for
+   * it; one that ended after, or by rpc_oneway_free, is not. */
+  int tell = !p->freeing && !o->open_waiter && p->o.on_broken;
+  uv_cond_broadcast(&p->cv);
+  uv_mutex_unlock(&p->mu);
+  if (tell) p->o.on_broken(&st, p->o.ud);
+  uv_mutex_lock(&p->mu);
+  o->reader_done = 1;
+  uv_cond_broadcast(&p->cv);
+  uv_mutex_unlock(&p->mu);
+}
+
+/* Joins the reader (never from itself) and frees the stream. */
+static void rpc__ostream_free(rpc__ostream *o) {
+  if (o->reader_started) uv_thread_join(&o->reader);
+  if (o->close_started) rpc__opluck(o, &o->t_close, gpr_inf_future(GPR_CLOCK_REALTIME));
+  if (o->answer) grpc_byte_buffer_destroy(o->answer);
+  grpc_slice_unref(o->details);
+  grpc_metadata_array_destroy(&o->initial);
+  grpc_metadata_array_destroy(&o->trailing);
+  if (o->call) grpc_call_unref(o->call);
+  grpc_completion_queue_shutdown(o->cq);
+  grpc_completion_queue_destroy(o->cq);
+  free(o);
+}
+
+/* Frees the ended streams whose reader finished, but not the calling
+ * thread's own (a callback that sends): a later call frees that one. Under
+ * send_mu. */
+static void rpc__oneway_reap(rpc_oneway *p) {
+  uv_thread_t self = uv_thread_self();
+  rpc__ostream **pp = &p->dead;
+  while (*pp) {
+    rpc__ostream *o = *pp;
+    uv_mutex_lock(&p->mu);
+    int done = o->reader_done;
+    uv_mutex_unlock(&p->mu);
+    if (done && !(o->reader_started && uv_thread_equal(&o->reader, &self))) {
+      *pp = o->next;
+      rpc__ostream_free(o);
+    } else {
+      pp = &o->next;
+    }
+  }
+}
+
+/* Creates the call, starts its first batch and status and its reader. NULL
+ * with *st set when it cannot. Under send_mu. */
+static rpc__ostream *rpc__ostream_new(rpc_oneway *p, rpc_status *st) {
+  rpc_client *cl = p->cl;
+  rpc__ostream *o = calloc(1, sizeof *o);
+  if (!o) {
+    rpc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return NULL;
+  }
+  o->p = p;
+  o->cq = grpc_completion_queue_create_for_pluck(NULL);
+  grpc_metadata_array_init(&o->initial);
+  grpc_metadata_array_init(&o->trailing);
+  o->details = grpc_empty_slice();
+  grpc_slice m = grpc_slice_from_copied_string(p->method);
+  o->call = grpc_channel_create_call(cl->ch, NULL, GRPC_PROPAGATE_DEFAULTS, o->cq, m, NULL,
+                                     gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  grpc_slice_unref(m);
+  if (!o->call) {
+    rpc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create call");
+    rpc__ostream_free(o);
+    return NULL;
+  }
+  o->open.call = o->call;
+  if (rpc__stream_open(cl, &o->open) < 0) {
+    rpc__status_set(st, GRPC_STATUS_CANCELLED, "client is shutting down");
+    rpc__ostream_free(o);
+    return NULL;
+  }
+  if (cl->has_auth) {
+    o->auth.key = cl->auth_key;
+    o->auth.value = cl->auth_value;
+  }
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = cl->has_auth ? 1 : 0;
+  ops[0].data.send_initial_metadata.metadata = cl->has_auth ? &o->auth : NULL;
+  ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[1].data.recv_initial_metadata.recv_initial_metadata = &o->initial;
+  grpc_op sop;
+  memset(&sop, 0, sizeof sop);
+  sop.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  sop.data.recv_status_on_client.trailing_metadata = &o->trailing;
+  sop.data.recv_status_on_client.status = &o->code;
+  sop.data.recv_status_on_client.status_details = &o->details;
+  int md_started = grpc_call_start_batch(o->call, ops, 2, &o->t_md, NULL) == GRPC_CALL_OK;
+  int status_started =
+      md_started && grpc_call_start_batch(o->call, &sop, 1, &o->t_status, NULL) == GRPC_CALL_OK;
+  /* Set before the reader runs: it may see the status before the sender
+   * waits for it. */
+  o->open_waiter = 1;
+  if (status_started && uv_thread_create(&o->reader, rpc__oreader, o) == 0) {
+    o->reader_started = 1;
+    return o;
+  }
+  /* What was started completes once the call is cancelled. */
+  grpc_call_cancel(o->call, NULL);
+  if (md_started) rpc__opluck(o, &o->t_md, gpr_inf_future(GPR_CLOCK_REALTIME));
+  if (status_started) rpc__opluck(o, &o->t_status, gpr_inf_future(GPR_CLOCK_REALTIME));
+  rpc__stream_close(cl, &o->open);
+  rpc__status_set(st, GRPC_STATUS_INTERNAL,
+                  status_started ? "cannot start the stream's reader" : "cannot start call");
+  rpc__ostream_free(o);
+  return NULL;
+}
+
+/* The stream a send goes to: the open one, or a new one once it opened
+ * (its initial metadata came, marked by the server). NULL with *st set when
+ * none opened by `deadline`. Under send_mu. */
+static rpc__ostream *rpc__oneway_stream(rpc_oneway *p, double deadline, rpc_status *st) {
+  if (p->cur) {
+    uv_mutex_lock(&p->mu);
+    int over = p->cur->over;
+    uv_mutex_unlock(&p->mu);
+    if (!over) return p->cur;
+    p->cur->next = p->dead;
+    p->dead = p->cur;
+    p->cur = NULL;
+  }
+  rpc__oneway_reap(p);
+  rpc__ostream *o = rpc__ostream_new(p, st);
+  if (!o) return NULL;
+  uv_mutex_lock(&p->mu);
+  while (o->md == RPC__MD_WAIT && !o->over && rpc__owait(p, deadline)) {
+  }
+  /* Refused: the status follows the initial metadata. */
+  while (o->md == RPC__MD_REFUSED && !o->over && rpc__owait(p, deadline)) {
+  }
+  int md = o->md, over = o->over;
+  rpc_status ost = o->st;
+  if (md == RPC__MD_OPEN && !over) {
+    o->open_waiter = 0;
+    uv_mutex_unlock(&p->mu);
+    p->cur = o;
+    return o;
+  }
+  if (!over) o->open_waiter = 0; /* cancelled below: on_broken tells */
+  uv_mutex_unlock(&p->mu);
+  if (!over) {
+    grpc_call_cancel(o->call, NULL);
+    rpc__status_set(st, GRPC_STATUS_DEADLINE_EXCEEDED, "the one-way stream did not open in time");
+  } else if (ost.code == GRPC_STATUS_OK) { /* not a server of ours */
+    rpc__status_set(st, GRPC_STATUS_UNIMPLEMENTED, "the server did not open a one-way stream");
+  } else {
+    *st = ost;
+  }
+  o->next = p->dead;
+  p->dead = o;
+  return NULL;
+}
+
+int rpc_oneway_new(rpc_client *c, const rpc_oneway_opts *o, rpc_oneway **out, char *err,
+                   size_t errlen) {
+  *out = NULL;
+  if (!c || !o || !o->method || o->method[0] != '/') {
+    snprintf(err, errlen, "a one-way stream needs a client and a method \"/pkg.Service/Name\"");
+    return -1;
+  }
+  rpc_oneway *p = calloc(1, sizeof *p);
+  if (!p || !(p->method = strdup(o->method))) {
+    free(p);
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  p->cl = c;
+  p->o = *o;
+  p->o.method = p->method;
+  uv_mutex_init(&p->send_mu);
+  uv_mutex_init(&p->mu);
+  uv_cond_init(&p->cv);
+  *out = p;
+  return 0;
+}
+
+/* The write failed: the stream is over. Its status (waited for briefly)
+ * says why. */
+static void rpc__oneway_write_failed(rpc_oneway *p, rpc__ostream *o, rpc_status *st) {
+  double until = rpc__now() + RPC__ONEWAY_STATUS_WAIT_S;
+  uv_mutex_lock(&p->mu);
+  while (!o->over && rpc__owait(p, until)) {
+  }
+  int over = o->over;
+  rpc_status ost = o->st;
+  uv_mutex_unlock(&p->mu);
+  if (over && ost.code != GRPC_STATUS_OK)
+    *st = ost;
+  else
+    rpc__status_set(st, GRPC_STATUS_UNAVAILABLE, "stream ended");
+}
+
+uint64_t rpc_oneway_send(rpc_oneway *p, const ProtobufCMessage *req, double timeout_s,
+                         rpc_status *st) {
+  rpc_status dummy;
+  if (!st) st = &dummy;
+  double deadline = rpc__now() + (timeout_s > 0 ? timeout_s : 0);
+  uv_mutex_lock(&p->send_mu);
+  uv_mutex_lock(&p->mu);
+  int freeing = p->freeing;
+  uv_mutex_unlock(&p->mu);
+  if (freeing) {
+    uv_mutex_unlock(&p->send_mu);
+    rpc__status_set(st, GRPC_STATUS_CANCELLED, "the one-way stream is being freed");
+    return 0;
+  }
+  rpc__ostream *o = rpc__oneway_stream(p, deadline, st);
+  if (!o) {
+    uv_mutex_unlock(&p->send_mu);
+    return 0;
+  }
+  grpc_byte_buffer *bb = rpc__encode(req);
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_SEND_MESSAGE;
+  op.data.send_message.send_message = bb;
+  uint64_t seq = 0;
+  if (grpc_call_start_batch(o->call, &op, 1, &o->t_write, NULL) != GRPC_CALL_OK) {
+    grpc_call_cancel(o->call, NULL); /* the stream is of no use: on_broken tells */
+    rpc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a write");
+  } else {
+    double left = deadline - rpc__now();
+    grpc_event ev = rpc__opluck(o, &o->t_write, rpc__deadline(left > 0 ? left : 1e-6));
+    if (ev.type == GRPC_QUEUE_TIMEOUT) {
+      grpc_call_cancel(o->call, NULL);
+      rpc__opluck(o, &o->t_write, gpr_inf_future(GPR_CLOCK_REALTIME));
+      rpc__status_set(st, GRPC_STATUS_DEADLINE_EXCEEDED,
+                      "the one-way stream did not take the message in time");
+    } else if (!ev.success) {
+      rpc__oneway_write_failed(p, o, st);
+    } else {
+      seq = ++o->sent;
+    }
+  }
+  grpc_byte_buffer_destroy(bb);
+  uv_mutex_unlock(&p->send_mu);
+  return seq;
+}
+
+void rpc_oneway_free(rpc_oneway *p, double wait_s) {
+  if (!p) return;
+  double until = rpc__now() + (wait_s > 0 ? wait_s : 0);
+  uv_mutex_lock(&p->send_mu);
+  uv_mutex_lock(&p->mu);
+  p->freeing = 1; /* sends fail from now on, also from callbacks */
+  uv_mutex_unlock(&p->mu);
+  rpc__ostream *o = p->cur;
+  p->cur = NULL;
+  if (o) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    o->close_started = grpc_call_start_batch(o->call, &op, 1, &o->t_close, NULL) == GRPC_CALL_OK;
+  }
+  /* Not held while waiting: a callback that sends must get to fail. */
+  uv_mutex_unlock(&p->send_mu);
+  if (o) {
+    uv_mutex_lock(&p->mu);
+    while (!o->over && rpc__owait(p, until)) {
+    }
+    uv_mutex_unlock(&p->mu);
+    grpc_call_cancel(o->call, NULL);
+    rpc__ostream_free(o);
+  }
+  for (rpc__ostream *d = p->dead, *nx; d; d = nx) {
+    nx = d->next;
+    rpc__ostream_free(d);
+  }
+  uv_cond_destroy(&p->cv);
+  uv_mutex_destroy(&p->mu);
+  uv_mutex_destroy(&p->send_mu);
+  free(p->method);
+  free(p);
+}
 
 /* Clients of every kind (ctl, agents) read their bearer token the same way. */
 /* The one reader of bearer-token files, for the server and every client, so

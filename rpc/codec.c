@@ -214,7 +214,7 @@ int rpc__table_init(rpc__table *t, const rpc_method *m, size_t n, char *err, siz
       goto fail;
     }
     if (!m[i].request || !m[i].response || !m[i].handler ||
-        (m[i].kind != RPC_UNARY && m[i].kind != RPC_SERVER_STREAM)) {
+        (m[i].kind != RPC_UNARY && m[i].kind != RPC_SERVER_STREAM && m[i].kind != RPC_ONEWAY_STREAM)) {
       snprintf(err, errlen, "method %s: needs request, response, handler and a kind", m[i].name);
       goto fail;
     }

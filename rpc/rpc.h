@@ -41,7 +41,9 @@ typedef struct rpc_client rpc_client;
  * at the price of a stream message instead of a call's set-up, status and
  * hand-offs.
  * - The stream sends its initial metadata as soon as it arrives (the client
- *   learns that the method exists before it sends).
+ *   learns that the method exists before it sends); it carries the entry
+ *   "rlorch-oneway: 1", which tells it from the initial metadata of a
+ *   refusal (UNIMPLEMENTED, UNAUTHENTICATED).
  * - Auth is checked once, when the stream opens (UNAUTHENTICATED ends it).
  *   Each message is held to max_message_bytes, the precheck and the decoder;
  *   one that fails them is answered with a CallFailure and the stream goes
@@ -52,11 +54,16 @@ typedef struct rpc_client rpc_client;
  * - A message call answers rpc_call_method, rpc_call_peer, the deadline and
  *   rpc_call_server as its stream does; rpc_call_send, rpc_call_finish and
  *   rpc_call_set_writable_cb refuse it (-1, or nothing). Its cancel callback
- *   runs when the stream ends before the handler ended it.
+ *   runs, once, when the stream ends before the handler ended it; nothing
+ *   is answered for it then. Ending it returns 0 while its stream lives
+ *   (cancelled or not) and -1 once the stream is gone: a harmless no-op
+ *   (its memory stays until the handler ended it, or rpc_server_free).
  * - The client's half-close ends the stream OK once every message call
  *   ended and its answer went out. At shutdown the stream ends UNAVAILABLE.
- * - on_call_done runs for each message call (its code, arrival to end) and
- *   for the stream when it ends. */
+ * - on_call_done runs for each message call (its code, arrival to end; a
+ *   message refused before the handler too; one the stream's end cancelled
+ *   counts CANCELLED, UNAVAILABLE at shutdown) and for the stream when it
+ *   ends. */
 typedef enum { RPC_UNARY = 1, RPC_SERVER_STREAM = 2, RPC_ONEWAY_STREAM = 3 } rpc_kind;
 #define RPC_ONEWAY_PENDING 64
 
@@ -200,15 +207,18 @@ void rpc_client_interrupt_streams(rpc_client *c);
 /* One-way calls (RPC_ONEWAY_STREAM) on a stream of their own, opened on
  * the first send and again on the first send after it ended. Thread-safe:
  * sends from several threads go out one at a time, in the order they got
- * the stream. A thread of the stream's own reads the answers and runs the
- * callbacks (never with the stream's lock held: they may send).
+ * the stream. A thread of the stream's own (one per stream, joined by the
+ * next open or rpc_oneway_free) reads the answers and runs the callbacks
+ * (never with the stream's lock held: they may send, even while another
+ * thread sends).
  * - on_failed: a request was refused (st: the status a unary call would
  *   have ended with). `seq` is what rpc_oneway_send returned for it.
  * - on_broken: the stream ended other than by rpc_oneway_free (st says how:
  *   UNAVAILABLE when the server went away, say); requests sent on it that
  *   no failure answered may or may not have been handled, as with a unary
  *   call whose connection broke. The next send opens a new stream. NULL:
- *   nothing to do. */
+ *   nothing to do. It does not run for a stream refused as it opened: the
+ *   send that opened it returns how. */
 typedef struct rpc_oneway rpc_oneway;
 typedef struct rpc_oneway_opts {
   const char *method; /* "/rlorch.v1.Worker/ReportStream" */
@@ -231,12 +241,16 @@ int rpc_oneway_new(rpc_client *c, const rpc_oneway_opts *o, rpc_oneway **out, ch
  *   will run for the one that ended).
  * A send after rpc_client_cancel_streams fails CANCELLED; the streams that
  * rpc_client_cancel_streams and rpc_client_interrupt_streams cancel include
- * this one's. */
+ * this one's. timeout_s > 0: with less the send does not wait, and a write
+ * that gRPC does not take at once cancels the stream. Sequence numbers
+ * count per stream: a new stream starts again from 1. */
 uint64_t rpc_oneway_send(rpc_oneway *p, const ProtobufCMessage *req, double timeout_s,
                          rpc_status *st);
 /* Half-closes the open stream, waits up to wait_s for the server to end it
  * (so that the answers to what was sent still come back), then cancels it
- * and joins the reader. Callbacks do not run after it returns. NULL: no-op. */
+ * and joins the reader. Callbacks do not run after it returns; sends from
+ * them meanwhile fail CANCELLED. Not from a callback, nor while another
+ * thread may still send. NULL: no-op. */
 void rpc_oneway_free(rpc_oneway *p, double wait_s);
 
 /* Raw bytes in and out, for tests that send what no codec would. */

@@ -19,6 +19,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "rlorch/rpc/v1/call.pb-c.h"
 #include "rpc/rpc_internal.h"
 
 #define RPC__ARM_PER_METHOD 24 /* > 16 concurrent clients on one method */
@@ -31,6 +32,7 @@ typedef enum {
   RPC__T_CLOSE,   /* RECV_CLOSE_ON_SERVER: the call is over or cancelled */
   RPC__T_SEND,    /* one stream message went out */
   RPC__T_STATUS,  /* the final batch (status) completed */
+  RPC__T_OMSG,    /* RECV_MESSAGE of a one-way stream (NULL: half-closed) */
   RPC__T_SHUTDOWN /* grpc_server_shutdown_and_notify completed */
 } rpc__tag_kind;
 
@@ -88,7 +90,21 @@ struct rpc_call {
   char *method; /* as the client sent it (generic) */
   char *peer;
   double t0;
-  rpc_call *prev, *next; /* s->live (started, not ended) or s->zombies */
+  rpc_call *prev, *next; /* s->live (started, not ended) or s->zombies; a message call:
+                            its stream's msgs, or s->orphans */
+  /* One-way streams. A message call is a bare rpc_call (no grpc_call of its
+   * own) with is_msg set; its stream keeps it in `msgs` until the handler
+   * ends it. */
+  rpc__tag t_omsg;
+  int is_msg;
+  rpc_call *parent;   /* a message call: its stream; NULL once the stream is gone */
+  rpc_call *msgs;     /* a stream: its message calls not yet ended */
+  int n_open;         /* a stream: how many are in msgs */
+  int recv_armed;     /* a stream: a RECV_MESSAGE is in flight */
+  int half_closed;    /* a stream: the client sent its last message */
+  int dispatching;    /* a stream: a handler runs for one of its messages */
+  uint64_t seq;       /* a stream: the last sequence given; a message call: its own */
+  grpc_status_code cancel_code; /* a message call cancelled: the code it counts with */
 };
 
 struct rpc_server {
@@ -113,6 +129,7 @@ struct rpc_server {
   size_t ncalls;   /* allocated call objects that gRPC still knows (slots included) */
   rpc_call *live;  /* started and not yet ended */
   rpc_call *zombies;
+  rpc_call *orphans; /* message calls whose stream is gone, not yet ended by their handler */
   rpc__tag t_shutdown;
   int shutting_down, notified, cancelled_all, finishing, closed;
   void (*done)(void *);
@@ -122,6 +139,8 @@ struct rpc_server {
 
 static void rpc__on_event(rpc_server *s, rpc__tag *tag, int ok);
 static void rpc__check_shutdown(rpc_server *s);
+static void rpc__oneway_cancel_msgs(rpc_call *c, grpc_status_code why);
+static void rpc__oneway_orphan_msgs(rpc_call *c);
 
 /* ---- completion-queue thread and hand-off ------------------------------------ */
 
@@ -207,6 +226,7 @@ static rpc_call *rpc__call_alloc(rpc_server *s, rpc__entry *e) {
   c->t_close = (rpc__tag){RPC__T_CLOSE, c};
   c->t_send = (rpc__tag){RPC__T_SEND, c};
   c->t_status = (rpc__tag){RPC__T_STATUS, c};
+  c->t_omsg = (rpc__tag){RPC__T_OMSG, c};
   grpc_metadata_array_init(&c->md);
   grpc_call_details_init(&c->details);
   return c;
@@ -244,9 +264,12 @@ static void rpc__arm(rpc_server *s, rpc__entry *e) {
   rpc_call *c = rpc__call_alloc(s, e);
   if (!c) return;
   grpc_call_error err;
+  /* A one-way stream's messages are read with RECV_MESSAGE: gRPC wants no
+   * payload pointer for a method registered with GRPC_SRM_PAYLOAD_NONE. */
+  grpc_byte_buffer **payload = e && e->m.kind == RPC_ONEWAY_STREAM ? NULL : &c->payload;
   if (e)
     err = grpc_server_request_registered_call(s->server, e->registered, &c->call, &c->deadline,
-                                              &c->md, &c->payload, s->cq, s->cq, &c->t_new);
+                                              &c->md, payload, s->cq, s->cq, &c->t_new);
   else
     err = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, s->cq, s->cq,
                                    &c->t_new);
@@ -304,6 +327,7 @@ static grpc_status_code rpc__effective_code(const rpc_call *c) {
 static void rpc__maybe_free(rpc_call *c) {
   if (!c->ended || !c->status_done || c->pending > 0 || c->holds > 0 || c->released) return;
   rpc_server *s = c->s;
+  if (c->msgs) rpc__oneway_orphan_msgs(c);
   if (s->o.on_call_done)
     s->o.on_call_done(rpc_call_method(c), rpc__effective_code(c), rpc__now() - c->t0,
                       s->o.hook_ud);
@@ -371,6 +395,7 @@ static int rpc__end(rpc_call *c, grpc_status_code code, const char *msg,
   }
   if (rpc__batch(c, ops, n, &c->t_status) < 0)
     c->status_done = 1; /* nothing will complete: the caller's unhold frees it */
+  if (c->msgs) rpc__oneway_cancel_msgs(c, code);
   if (s->shutting_down) rpc__check_shutdown(s);
   return 0;
 }
@@ -390,55 +415,82 @@ static const grpc_metadata *rpc__find_md(const grpc_metadata_array *md, const ch
   return NULL;
 }
 
-/* Auth, decode, handler. The request message is freed when the handler
- * returns. */
-static void rpc__dispatch(rpc_call *c) {
+/* The bearer token of a method that requires one: 0, or -1 with the call
+ * ended UNAUTHENTICATED. */
+static int rpc__auth(rpc_call *c) {
   rpc_server *s = c->s;
-  const rpc_method *m = &c->e->m;
-  if (m->requires_auth && s->token) {
-    const grpc_metadata *a = rpc__find_md(&c->md, "authorization");
-    if (!a) {
-      rpc__fail_now(c, GRPC_STATUS_UNAUTHENTICATED, "missing bearer token");
-      return;
-    }
-    if (rpc__check_bearer((const char *)GRPC_SLICE_START_PTR(a->value),
-                          GRPC_SLICE_LENGTH(a->value), s->token) < 0) {
-      rpc__fail_now(c, GRPC_STATUS_UNAUTHENTICATED, "invalid bearer token");
-      return;
-    }
+  if (!c->e->m.requires_auth || !s->token) return 0;
+  const grpc_metadata *a = rpc__find_md(&c->md, "authorization");
+  if (!a) {
+    rpc__fail_now(c, GRPC_STATUS_UNAUTHENTICATED, "missing bearer token");
+    return -1;
   }
-  if (!c->payload) {
-    rpc__fail_now(c, GRPC_STATUS_INVALID_ARGUMENT, "missing request message %s",
-                  m->request->name);
-    return;
+  if (rpc__check_bearer((const char *)GRPC_SLICE_START_PTR(a->value),
+                        GRPC_SLICE_LENGTH(a->value), s->token) < 0) {
+    rpc__fail_now(c, GRPC_STATUS_UNAUTHENTICATED, "invalid bearer token");
+    return -1;
   }
+  return 0;
+}
+
+/* Size limit, precheck, decoder, for a unary request and a one-way message
+ * alike. Takes bb. The request, or NULL with the refusal in *code and why. */
+static ProtobufCMessage *rpc__read_request(rpc_server *s, const rpc_method *m,
+                                           grpc_byte_buffer *bb, grpc_status_code *code,
+                                           char *why, size_t whylen) {
   size_t max = s->o.max_message_bytes ? s->o.max_message_bytes : RPC__DEFAULT_MAX_MSG;
-  size_t len = grpc_byte_buffer_length(c->payload);
+  size_t len = grpc_byte_buffer_length(bb);
   if (len > max) {
-    grpc_byte_buffer_destroy(c->payload);
-    c->payload = NULL;
-    rpc__fail_now(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                  "request of %zu bytes is over the limit of %zu bytes", len, max);
-    return;
+    grpc_byte_buffer_destroy(bb);
+    *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    snprintf(why, whylen, "request of %zu bytes is over the limit of %zu bytes", len, max);
+    return NULL;
   }
   uint8_t *bytes = NULL;
   size_t nbytes = 0;
-  int flat = rpc__flatten(c->payload, &bytes, &nbytes);
-  grpc_byte_buffer_destroy(c->payload);
-  c->payload = NULL;
+  int flat = rpc__flatten(bb, &bytes, &nbytes);
+  grpc_byte_buffer_destroy(bb);
   if (flat == 0 && m->precheck) {
-    char why[512] = "";
-    grpc_status_code st = m->precheck(bytes, nbytes, m->ud, why, sizeof why);
+    why[0] = '\0';
+    grpc_status_code st = m->precheck(bytes, nbytes, m->ud, why, whylen);
     if (st != GRPC_STATUS_OK) {
       free(bytes);
-      rpc__fail_now(c, st, "%s", why);
-      return;
+      *code = st;
+      return NULL;
     }
   }
   ProtobufCMessage *req = flat == 0 ? rpc_unpack(m->request, bytes, nbytes) : NULL;
   free(bytes);
   if (!req) {
-    rpc__fail_now(c, GRPC_STATUS_INVALID_ARGUMENT, "cannot decode %s", m->request->name);
+    *code = GRPC_STATUS_INVALID_ARGUMENT;
+    snprintf(why, whylen, "cannot decode %s", m->request->name);
+  }
+  return req;
+}
+
+static void rpc__oneway_open(rpc_call *c);
+
+/* Auth, decode, handler. The request message is freed when the handler
+ * returns. */
+static void rpc__dispatch(rpc_call *c) {
+  const rpc_method *m = &c->e->m;
+  if (m->kind == RPC_ONEWAY_STREAM) {
+    rpc__oneway_open(c);
+    return;
+  }
+  if (rpc__auth(c) < 0) return;
+  if (!c->payload) {
+    rpc__fail_now(c, GRPC_STATUS_INVALID_ARGUMENT, "missing request message %s",
+                  m->request->name);
+    return;
+  }
+  grpc_byte_buffer *bb = c->payload;
+  c->payload = NULL;
+  grpc_status_code code = GRPC_STATUS_OK;
+  char why[512] = "";
+  ProtobufCMessage *req = rpc__read_request(c->s, m, bb, &code, why, sizeof why);
+  if (!req) {
+    rpc__fail_now(c, code, "%s", why);
     return;
   }
   m->handler(c, req, m->ud);
@@ -492,6 +544,8 @@ static void rpc__on_new(rpc_server *s, rpc_call *c, int ok) {
                            GRPC_SLICE_LENGTH(c->details.method));
     if (!c->e) {
       rpc__fail_now(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", c->method);
+    } else if (c->e->m.kind == RPC_ONEWAY_STREAM) {
+      rpc__dispatch_and_watch(c); /* its messages are read with RECV_MESSAGE anyway */
     } else {
       /* A known method that gRPC did not match (another host): read the
        * request ourselves. */
@@ -510,6 +564,7 @@ static void rpc__on_new(rpc_server *s, rpc_call *c, int ok) {
 
 static void rpc__pump(rpc_call *c);
 static void rpc__maybe_writable(rpc_call *c);
+static void rpc__oneway_on_recv(rpc_call *c, int ok);
 
 static void rpc__notice_cancel(rpc_call *c) {
   if (c->cancelled) return;
@@ -525,6 +580,18 @@ static void rpc__notice_cancel(rpc_call *c) {
     cb(c, c->cancel_ud);
   } else if (c->finish_pending) {
     rpc__pump(c);
+  }
+  /* No handler holds a one-way stream itself: it ends here (its message
+   * calls get their cancel callbacks), and its memory goes as usual. */
+  if (c->e && c->e->m.kind == RPC_ONEWAY_STREAM && c->started && !c->ended &&
+      !c->finish_pending) {
+    if (c->s->shutting_down)
+      rpc__end(c, GRPC_STATUS_UNAVAILABLE, "server shutting down", NULL);
+    else if (c->send_failed)
+      rpc__end(c, GRPC_STATUS_INTERNAL, "a stream message could not be sent", NULL);
+    else
+      rpc__end(c, GRPC_STATUS_CANCELLED, "stream cancelled", NULL);
+    return;
   }
   /* At shutdown a call the handler does not end would hold the server
    * forever: end it here and keep its memory for the handler's pointer. */
@@ -555,6 +622,11 @@ static void rpc__on_event(rpc_server *s, rpc__tag *tag, int ok) {
     } else if (!c->ended) {
       rpc__dispatch_and_watch(c);
     }
+    break;
+  case RPC__T_OMSG:
+    c->pending--;
+    c->recv_armed = 0;
+    rpc__oneway_on_recv(c, ok);
     break;
   case RPC__T_CLOSE:
     c->pending--;
@@ -636,10 +708,15 @@ static int rpc__queue_grow(rpc_call *c) {
   return 0;
 }
 
-int rpc_call_send(rpc_call *c, const ProtobufCMessage *msg) {
-  if (c->ended || c->finish_pending || c->cancelled) return -1;
-  if (c->qlen == c->qcap && rpc__queue_grow(c) < 0) return -1;
-  c->q[(c->qhead + c->qlen) % c->qcap] = rpc__encode(msg);
+/* Queues an encoded stream message (taken) and starts it when nothing is
+ * in flight; -1 (bb freed) once the stream is over or out of memory. */
+static int rpc__queue_send(rpc_call *c, grpc_byte_buffer *bb) {
+  if (c->ended || c->finish_pending || c->cancelled ||
+      (c->qlen == c->qcap && rpc__queue_grow(c) < 0)) {
+    grpc_byte_buffer_destroy(bb);
+    return -1;
+  }
+  c->q[(c->qhead + c->qlen) % c->qcap] = bb;
   c->qlen++;
   rpc__hold(c);
   rpc__pump(c);
@@ -647,7 +724,13 @@ int rpc_call_send(rpc_call *c, const ProtobufCMessage *msg) {
   return 0;
 }
 
-int rpc_call_finish(rpc_call *c, grpc_status_code code, const char *msg) {
+int rpc_call_send(rpc_call *c, const ProtobufCMessage *msg) {
+  if (c->is_msg || c->ended || c->finish_pending || c->cancelled) return -1;
+  return rpc__queue_send(c, rpc__encode(msg));
+}
+
+/* Ends a stream once what is queued went out. */
+static int rpc__stream_finish(rpc_call *c, grpc_status_code code, const char *msg) {
   if (c->ended || c->finish_pending) return -1;
   if (c->reply_bb || c->qlen) {
     c->finish_pending = 1;
@@ -661,7 +744,15 @@ int rpc_call_finish(rpc_call *c, grpc_status_code code, const char *msg) {
   return rc;
 }
 
+static int rpc__msg_end(rpc_call *m, grpc_status_code code, const char *msg);
+
+int rpc_call_finish(rpc_call *c, grpc_status_code code, const char *msg) {
+  if (c->is_msg) return -1;
+  return rpc__stream_finish(c, code, msg);
+}
+
 int rpc_call_reply(rpc_call *c, const ProtobufCMessage *resp) {
+  if (c->is_msg) return rpc__msg_end(c, GRPC_STATUS_OK, ""); /* not answered */
   if (c->ended || c->finish_pending) return -1;
   rpc__hold(c);
   int rc = rpc__end(c, GRPC_STATUS_OK, "", rpc__encode(resp));
@@ -676,7 +767,8 @@ int rpc_call_fail(rpc_call *c, grpc_status_code code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  return rpc_call_finish(c, code, buf);
+  if (c->is_msg) return rpc__msg_end(c, code, buf);
+  return rpc__stream_finish(c, code, buf);
 }
 
 const char *rpc_call_method(const rpc_call *c) {
@@ -685,6 +777,7 @@ const char *rpc_call_method(const rpc_call *c) {
 }
 
 const char *rpc_call_peer(const rpc_call *c) {
+  if (c->is_msg) return c->parent ? rpc_call_peer(c->parent) : "";
   if (!c->peer && c->call) ((rpc_call *)c)->peer = grpc_call_get_peer(c->call);
   return c->peer ? c->peer : "";
 }
@@ -704,11 +797,232 @@ void rpc_call_set_cancel_cb(rpc_call *c, void (*on_cancel)(rpc_call *c, void *ud
 }
 
 void rpc_call_set_writable_cb(rpc_call *c, void (*on_writable)(rpc_call *c, void *ud), void *ud) {
+  if (c->is_msg) return; /* a message call sends nothing */
   c->on_writable = on_writable;
   c->writable_ud = ud;
 }
 
 rpc_server *rpc_call_server(const rpc_call *c) { return c->s; }
+
+/* ---- one-way streams ------------------------------------------------------------ */
+
+/* The stream's initial metadata carries this entry: a client tells a stream
+ * that opened from a refusal (UNIMPLEMENTED, UNAUTHENTICATED), which also
+ * brings initial metadata, before the status, without waiting for it. */
+#define RPC__ONEWAY_MD_KEY "rlorch-oneway"
+
+static void rpc__oneway_read(rpc_call *c);
+
+/* Arrived: auth, then the initial metadata and the first read in one batch.
+ * RECV_CLOSE_ON_SERVER follows (rpc__dispatch_and_watch). */
+static void rpc__oneway_open(rpc_call *c) {
+  if (c->s->shutting_down) { /* arrived as the server stopped: it would hold it */
+    rpc__fail_now(c, GRPC_STATUS_UNAVAILABLE, "server shutting down");
+    return;
+  }
+  if (rpc__auth(c) < 0) return;
+  grpc_metadata md;
+  memset(&md, 0, sizeof md);
+  md.key = grpc_slice_from_static_string(RPC__ONEWAY_MD_KEY);
+  md.value = grpc_slice_from_static_string("1");
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = 1;
+  ops[0].data.send_initial_metadata.metadata = &md;
+  ops[1].op = GRPC_OP_RECV_MESSAGE;
+  ops[1].data.recv_message.recv_message = &c->payload;
+  if (rpc__batch(c, ops, 2, &c->t_omsg) < 0) {
+    rpc__fail_now(c, GRPC_STATUS_INTERNAL, "cannot read the stream");
+    return;
+  }
+  c->md_sent = 1;
+  c->recv_armed = 1;
+}
+
+/* Answers message `seq` with a CallFailure, behind what is queued. */
+static void rpc__oneway_answer(rpc_call *c, uint64_t seq, grpc_status_code code,
+                               const char *msg) {
+  if (c->ended || c->finish_pending || c->cancelled) return;
+  Rlorch__Rpc__V1__CallFailure f = RLORCH__RPC__V1__CALL_FAILURE__INIT;
+  f.sequence = seq;
+  f.code = (int32_t)code;
+  f.message = (char *)msg;
+  (void)rpc__queue_send(c, rpc__encode(&f.base)); /* -1: the stream ends, it says how */
+}
+
+/* The client half-closed: the stream ends OK once every message call ended;
+ * rpc__stream_finish lets the queued answers out first. */
+static void rpc__oneway_maybe_done(rpc_call *c) {
+  if (!c->half_closed || c->n_open > 0 || c->dispatching || c->ended || c->finish_pending)
+    return;
+  rpc__stream_finish(c, GRPC_STATUS_OK, "");
+}
+
+/* Reads the next message, unless one is being read or handled, the stream
+ * is over or RPC_ONEWAY_PENDING message calls are still open. */
+static void rpc__oneway_read(rpc_call *c) {
+  if (c->recv_armed || c->dispatching || c->half_closed || c->ended || c->finish_pending ||
+      c->cancelled || c->n_open >= RPC_ONEWAY_PENDING)
+    return;
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &c->payload;
+  if (rpc__batch(c, &op, 1, &c->t_omsg) < 0) {
+    rpc__fail_now(c, GRPC_STATUS_INTERNAL, "cannot read the stream");
+    return;
+  }
+  c->recv_armed = 1;
+}
+
+static grpc_status_code rpc__msg_code(const rpc_call *m) {
+  return m->cancelled ? m->cancel_code : m->code;
+}
+
+static void rpc__msg_report(rpc_call *m) {
+  rpc_server *s = m->s;
+  if (s->o.on_call_done)
+    s->o.on_call_done(m->e->m.name, rpc__msg_code(m), rpc__now() - m->t0, s->o.hook_ud);
+}
+
+/* A message call's memory goes once it is ended and no caller up the stack
+ * (dispatch, a cancel callback's run) still reads it. */
+static void rpc__msg_unhold(rpc_call *m) {
+  if (--m->holds == 0 && m->ended) free(m);
+}
+
+/* Ends a message call: answers a failure on its stream, counts it, and lets
+ * the stream read on (or end, once half-closed). 0, or -1 when it was ended
+ * already or its stream is gone (nothing is answered then: an orphan, which
+ * was counted when its stream went). */
+static int rpc__msg_end(rpc_call *m, grpc_status_code code, const char *msg) {
+  if (m->ended) return -1;
+  m->ended = 1;
+  m->code = code;
+  rpc_call *c = m->parent;
+  if (!c) {
+    rpc__list_del(&m->s->orphans, m);
+    m->holds++;
+    rpc__msg_unhold(m);
+    return -1;
+  }
+  m->parent = NULL;
+  rpc__list_del(&c->msgs, m);
+  c->n_open--;
+  rpc__hold(c);
+  rpc__msg_report(m);
+  if (code != GRPC_STATUS_OK && !m->cancelled) rpc__oneway_answer(c, m->seq, code, msg);
+  m->holds++;
+  rpc__msg_unhold(m); /* m may go here: nothing below reads it */
+  rpc__oneway_read(c);
+  rpc__oneway_maybe_done(c);
+  rpc__unhold(c); /* may free c */
+  return 0;
+}
+
+/* One message arrived: a message call of its own, checked, decoded and
+ * handed to the handler (or refused with a CallFailure); then the next read.
+ * Runs under the stream's hold. */
+static void rpc__oneway_message(rpc_call *c, grpc_byte_buffer *bb) {
+  const rpc_method *meth = &c->e->m;
+  rpc_call *m = calloc(1, sizeof *m);
+  if (!m) {
+    grpc_byte_buffer_destroy(bb);
+    rpc__fail_now(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  m->s = c->s;
+  m->e = c->e;
+  m->is_msg = 1;
+  m->parent = c;
+  m->seq = ++c->seq;
+  m->deadline = c->deadline;
+  m->t0 = rpc__now();
+  m->holds = 1;
+  rpc__list_add(&c->msgs, m);
+  c->n_open++;
+  c->dispatching = 1;
+  grpc_status_code code = GRPC_STATUS_OK;
+  char why[512] = "";
+  ProtobufCMessage *req = rpc__read_request(c->s, meth, bb, &code, why, sizeof why);
+  if (req) {
+    meth->handler(m, req, meth->ud);
+    protobuf_c_message_free_unpacked(req, NULL);
+  }
+  c->dispatching = 0;
+  if (!req) rpc__msg_end(m, code, why);
+  rpc__msg_unhold(m);
+  rpc__oneway_read(c);
+  rpc__oneway_maybe_done(c);
+}
+
+/* A RECV_MESSAGE completed: a message, the client's half-close (no message)
+ * or the stream's end (not ok). Runs under the stream's hold. */
+static void rpc__oneway_on_recv(rpc_call *c, int ok) {
+  grpc_byte_buffer *bb = c->payload;
+  c->payload = NULL;
+  if (!ok) {
+    if (bb) grpc_byte_buffer_destroy(bb);
+    rpc__notice_cancel(c); /* ends the stream, cancelling its message calls */
+    if (!c->ended && !c->finish_pending)
+      rpc__fail_now(c, GRPC_STATUS_CANCELLED, "stream not readable");
+    return;
+  }
+  if (!bb) {
+    c->half_closed = 1;
+    rpc__oneway_maybe_done(c);
+    return;
+  }
+  if (c->ended || c->finish_pending || c->cancelled) {
+    grpc_byte_buffer_destroy(bb);
+    return;
+  }
+  rpc__oneway_message(c, bb);
+}
+
+/* The stream ended: every message call still open gets its cancel callback,
+ * once; the handler ends it then or later. All are held while the callbacks
+ * run, since one may end another. Runs under the caller's hold on the
+ * stream (rpc__end's callers have one). */
+static void rpc__oneway_cancel_msgs(rpc_call *c, grpc_status_code why) {
+  rpc_call *todo[RPC_ONEWAY_PENDING];
+  size_t n;
+  do { /* reading pauses at RPC_ONEWAY_PENDING open: one round, as a rule */
+    n = 0;
+    for (rpc_call *m = c->msgs; m && n < RPC_ONEWAY_PENDING; m = m->next) {
+      if (m->cancelled) continue;
+      m->cancelled = 1;
+      m->cancel_code = why == GRPC_STATUS_UNAVAILABLE ? why : GRPC_STATUS_CANCELLED;
+      m->holds++;
+      todo[n++] = m;
+    }
+    for (size_t i = 0; i < n; i++) {
+      void (*cb)(rpc_call *, void *) = todo[i]->on_cancel;
+      todo[i]->on_cancel = NULL;
+      if (cb && !todo[i]->ended) cb(todo[i], todo[i]->cancel_ud);
+    }
+    for (size_t i = 0; i < n; i++) rpc__msg_unhold(todo[i]);
+  } while (n == RPC_ONEWAY_PENDING);
+}
+
+/* The stream's memory goes while handlers still hold message calls they
+ * have not ended: they become orphans, counted now (they were cancelled),
+ * freed when their handler ends them or with the server. */
+static void rpc__oneway_orphan_msgs(rpc_call *c) {
+  while (c->msgs) {
+    rpc_call *m = c->msgs;
+    rpc__list_del(&c->msgs, m);
+    c->n_open--;
+    if (!m->cancelled) { /* not expected: the stream's end cancelled them */
+      m->cancelled = 1;
+      m->cancel_code = GRPC_STATUS_CANCELLED;
+    }
+    m->parent = NULL;
+    rpc__msg_report(m);
+    rpc__list_add(&c->s->orphans, m);
+  }
+}
 
 /* ---- server lifetime ---------------------------------------------------------- */
 
@@ -842,8 +1156,10 @@ static int rpc__setup(rpc_server *s, const rpc_method *methods, size_t n, char *
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->server, s->cq, NULL);
   for (size_t i = 0; i < s->table.n; i++) {
+    int oneway = s->table.e[i].m.kind == RPC_ONEWAY_STREAM;
     s->table.e[i].registered = grpc_server_register_method(
-        s->server, s->table.e[i].m.name, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        s->server, s->table.e[i].m.name, NULL,
+        oneway ? GRPC_SRM_PAYLOAD_NONE : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
     if (!s->table.e[i].registered) {
       snprintf(err, errlen, "cannot register method %s", s->table.e[i].m.name);
       return -1;
@@ -874,6 +1190,10 @@ static void rpc__destroy(rpc_server *s) {
   for (rpc_call *c = s->zombies, *nx; c; c = nx) {
     nx = c->next;
     rpc__call_free(c);
+  }
+  for (rpc_call *m = s->orphans, *nx; m; m = nx) {
+    nx = m->next;
+    free(m);
   }
   rpc__table_free(&s->table);
   if (s->health) rpc__health_free(s->health);
@@ -994,12 +1314,14 @@ static int rpc__end_one_stream(rpc_server *s) {
      * rpc__end hands pointers into *c to gRPC, so it forgets that the call
      * is a zombie (released, never freed here) and that rpc__end took it off
      * `live`. */
-    if (!c->e || c->e->m.kind != RPC_SERVER_STREAM || c->ended || c->finish_pending) /* NOLINT(clang-analyzer-unix.Malloc) */
+    if (!c->e || c->e->m.kind == RPC_UNARY || c->ended || c->finish_pending) /* NOLINT(clang-analyzer-unix.Malloc) */
       continue;
     void (*cb)(rpc_call *, void *) = c->on_cancel;
     c->on_cancel = NULL;
     c->on_writable = NULL;
-    c->zombie = 1;
+    /* A handler may keep a server stream's pointer; none sees a one-way
+     * stream itself (its message calls outlive it as orphans). */
+    c->zombie = c->e->m.kind == RPC_SERVER_STREAM;
     rpc__hold(c);
     for (size_t i = 0; i < c->qlen; i++) grpc_byte_buffer_destroy(c->q[(c->qhead + i) % c->qcap]);
     c->qlen = 0;
@@ -1012,6 +1334,7 @@ static int rpc__end_one_stream(rpc_server *s) {
     } else {
       rpc__end(c, GRPC_STATUS_UNAVAILABLE, "server shutting down", NULL);
     }
+    if (c->msgs) rpc__oneway_cancel_msgs(c, GRPC_STATUS_UNAVAILABLE);
     if (cb) cb(c, c->cancel_ud);
     rpc__unhold(c); /* a zombie: released, its memory kept for the handler */
     return 1;

@@ -2,6 +2,7 @@
 #include "rpc_fixture.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,10 +172,98 @@ static void h_watchrun(rpc_call *c, const ProtobufCMessage *req, void *ud) {
   rpc_call_finish(c, GRPC_STATUS_OK, "");
 }
 
+/* ---- ReportStream (one-way) ------------------------------------------------------- */
+
+static void on_cancel_kept(rpc_call *c, void *ud) {
+  fx *f = ud;
+  pthread_mutex_lock(&f->mu);
+  f->msg_cancels++;
+  pthread_mutex_unlock(&f->mu);
+  if (!rpc_call_cancelled(c)) f->report_api_bad++;
+}
+
+static void on_cancel_keepc(rpc_call *c, void *ud) {
+  fx *f = ud;
+  on_cancel_kept(c, ud);
+  for (int i = 0; i < f->nkept; i++)
+    if (f->kept[i] == c) {
+      f->kept[i] = f->kept[--f->nkept];
+      break;
+    }
+  rpc_call_fail(c, GRPC_STATUS_CANCELLED, "cancelled");
+}
+
+/* What a message call answers of the call API (rpc.h). */
+static int msg_api_ok(rpc_call *c, fx *f) {
+  Rlorch__V1__ReportResponse resp = RLORCH__V1__REPORT_RESPONSE__INIT;
+  return !strcmp(rpc_call_method(c), REPORTSTREAM) && rpc_call_peer(c)[0] != '\0' &&
+         isinf(rpc_call_deadline_remaining(c)) && rpc_call_server(c) == f->s &&
+         !rpc_call_cancelled(c) && rpc_call_send(c, &resp.base) == -1 &&
+         rpc_call_finish(c, GRPC_STATUS_OK, "") == -1;
+}
+
+static void h_report(rpc_call *c, const ProtobufCMessage *req, void *ud) {
+  fx *f = ud;
+  const Rlorch__V1__ReportRequest *r = (const void *)req;
+  const char *id = r->worker_id;
+  pthread_mutex_lock(&f->mu);
+  f->reports++;
+  if (!msg_api_ok(c, f)) f->report_api_bad++;
+  if (id[0] == 'n') {
+    int64_t k = strtoll(id + 1, NULL, 10);
+    if (k != f->report_last + 1) f->report_out_of_order++;
+    f->report_last = k;
+    f->reports_ok++;
+  }
+  pthread_mutex_unlock(&f->mu);
+  if (!strncmp(id, "keep", 4) && f->nkept < FX_KEPT) {
+    rpc_call_set_cancel_cb(c, id[4] == 'c' ? on_cancel_keepc : on_cancel_kept, f);
+    pthread_mutex_lock(&f->mu);
+    f->kept[f->nkept++] = c;
+    f->kept_total++;
+    pthread_mutex_unlock(&f->mu);
+    return;
+  }
+  if (id[0] == 'f') {
+    cr_assert_eq(rpc_call_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "refused %s", id), 0);
+  } else {
+    Rlorch__V1__ReportResponse resp = RLORCH__V1__REPORT_RESPONSE__INIT;
+    resp.known = 1;
+    cr_assert_eq(rpc_call_reply(c, &resp.base), 0);
+  }
+  /* Ended: a second end is refused. */
+  cr_assert_eq(rpc_call_fail(c, GRPC_STATUS_INTERNAL, "twice"), -1);
+}
+
+static grpc_status_code pre_report(const uint8_t *data, size_t len, void *ud, char *err,
+                                   size_t errlen) {
+  (void)ud;
+  size_t i = 0;
+  while (i + 8 <= len && memcmp(data + i, "precheck", 8)) i++;
+  if (i + 8 > len) return GRPC_STATUS_OK;
+  snprintf(err, errlen, "precheck refused it");
+  return GRPC_STATUS_PERMISSION_DENIED;
+}
+
+static void do_end_kept(fx *f, void *arg) {
+  grpc_status_code code = *(grpc_status_code *)arg;
+  Rlorch__V1__ReportResponse resp = RLORCH__V1__REPORT_RESPONSE__INIT;
+  while (f->nkept > 0) {
+    rpc_call *c = f->kept[--f->nkept];
+    int rc = code == GRPC_STATUS_OK ? rpc_call_reply(c, &resp.base)
+                                    : rpc_call_fail(c, code, "kept and failed");
+    pthread_mutex_lock(&f->mu);
+    if (f->nkept_end < FX_KEPT) f->kept_end_rc[f->nkept_end++] = rc;
+    pthread_mutex_unlock(&f->mu);
+  }
+}
+
+void fx_end_kept(grpc_status_code code) { fx_on_loop(do_end_kept, &code); }
+
 static void fx__hook(const char *method, grpc_status_code code, double seconds, void *ud) {
   fx *f = ud;
   pthread_mutex_lock(&f->mu);
-  if (f->nhooks < 1024) {
+  if (f->nhooks < 16384) {
     snprintf(f->hooks[f->nhooks].method, sizeof f->hooks[0].method, "%s", method);
     f->hooks[f->nhooks].code = code;
     f->nhooks++;
@@ -250,12 +339,14 @@ void fx_start_opts(rpc_server_opts o) {
        h_startrun, &F, pre_startrun},
       {WATCHRUN, RPC_SERVER_STREAM, &rlorch__v1__watch_run_request__descriptor,
        &rlorch__v1__run_event__descriptor, 1, h_watchrun, &F},
+      {REPORTSTREAM, RPC_ONEWAY_STREAM, &rlorch__v1__report_request__descriptor,
+       &rlorch__v1__report_response__descriptor, 1, h_report, &F, pre_report},
   };
-  o.listen = "127.0.0.1:0";
+  if (!o.listen) o.listen = "127.0.0.1:0";
   o.on_call_done = fx__hook;
   o.hook_ud = &F;
   char err[256] = "";
-  cr_assert_eq(rpc_server_new(&F.loop, &o, ms, 3, &F.s, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(rpc_server_new(&F.loop, &o, ms, 4, &F.s, err, sizeof err), 0, "%s", err);
   cr_assert_gt(rpc_server_port(F.s), 0);
   snprintf(F.target, sizeof F.target, "127.0.0.1:%d", rpc_server_port(F.s));
   uv_async_init(&F.loop, &F.cmd, on_cmd);

@@ -13,6 +13,12 @@
  *             send one event at a time from the writable callback and end OK
  *             after the last; "paced-lazy" leaves a cancelled stream open
  *             until fx_finish_lazy ends it (a handler that ends it later).
+ *   ReportStream (one-way, ReportRequest in): worker_id "n<k>" succeeds
+ *             (k counted in order), "f<k>" fails FAILED_PRECONDITION
+ *             "refused f<k>", "keep" keeps the message call open (its cancel
+ *             callback counts, without ending it) until fx_end_kept;
+ *             "keepc" keeps it and ends it CANCELLED from its cancel
+ *             callback. Its precheck refuses "precheck" (PERMISSION_DENIED).
  * One test at a time per process (ctest runs each program with --jobs 1). */
 #ifndef RLORCH_TEST_RPC_FIXTURE_H
 #define RLORCH_TEST_RPC_FIXTURE_H
@@ -21,6 +27,7 @@
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "rlorch/v1/control.pb-c.h"
+#include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc.h"
 
 #define GETRUN "/rlorch.v1.Control/GetRun"
@@ -28,6 +35,7 @@
 #define WATCHRUN "/rlorch.v1.Control/WatchRun"
 #define CHECK "/grpc.health.v1.Health/Check"
 #define WATCH "/grpc.health.v1.Health/Watch"
+#define REPORTSTREAM "/rlorch.v1.Worker/ReportStream"
 
 typedef struct hook_rec {
   char method[64];
@@ -36,6 +44,7 @@ typedef struct hook_rec {
 
 #define FX_BIG_BYTES (64 << 10)
 #define FX_PACERS 8
+#define FX_KEPT 256
 
 /* One paced stream's state; kept until fx_stop, so that a writable callback
  * after its end is seen rather than a use after free. */
@@ -67,7 +76,19 @@ typedef struct fx {
   int writable_after_end; /* of them, run for a stream finished or cancelled */
   fx_pacer pacers[FX_PACERS];
   int npacers;
-  hook_rec hooks[1024];
+  /* ReportStream */
+  int reports;       /* message calls the handler got */
+  int reports_ok;    /* of them "n<k>" */
+  int64_t report_last; /* the last k of "n<k>" */
+  int report_out_of_order;
+  int report_api_bad; /* a message call answered the call API unlike its contract */
+  rpc_call *kept[FX_KEPT];
+  int nkept;         /* kept message calls not yet ended */
+  int kept_total;
+  int msg_cancels;   /* cancel callbacks of message calls */
+  int kept_end_rc[FX_KEPT]; /* fx_end_kept: what ending each returned */
+  int nkept_end;
+  hook_rec hooks[16384];
   int nhooks;
   char target[64];
 } fx;
@@ -75,8 +96,8 @@ typedef struct fx {
 /* The one fixture of the running test. */
 extern fx F;
 
-/* Starts the server with these options (listen, hook and handlers are set
- * here); start() with the defaults. */
+/* Starts the server with these options (hook and handlers are set here,
+ * listen too unless given); start() with the defaults. */
 void fx_start_opts(rpc_server_opts o);
 void fx_start(void);
 /* Graceful shutdown from the loop thread; asserts done() ran once and the
@@ -116,6 +137,10 @@ typedef struct fx_watcher {
   grpc_status_code code;
 } fx_watcher;
 void fx_watch_thread(void *arg); /* arg: fx_watcher */
+
+/* Ends the kept ReportStream message calls (OK, or failing with code), on
+ * the loop thread; their return values go to F.kept_end_rc. */
+void fx_end_kept(grpc_status_code code);
 
 /* Ends the cancelled "paced-lazy" streams, on the loop thread. */
 void fx_finish_lazy(void);
