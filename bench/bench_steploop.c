@@ -33,6 +33,7 @@ extern char **environ;
 
 typedef struct fake {
   rpc_client *client;
+  rpc_oneway *reports; /* the step's reports that need no answer; NULL: Report calls */
   int trainer;
   uint32_t index;
   char id[32];
@@ -100,11 +101,11 @@ static int on_command(ProtobufCMessage *m, void *ud) {
   }
   case RLORCH__V1__COMMAND__KIND_PLAN:
     f->pending_version = c->plan->policy_version;
-    bench_fake_ack(f->client, f->id, c->plan);
+    bench_fake_ack(f->client, f->reports, f->id, c->plan);
     break;
   case RLORCH__V1__COMMAND__KIND_TRIGGER:
     f->version = f->pending_version;
-    bench_fake_done(f->client, f->id, c->trigger);
+    bench_fake_done(f->client, f->reports, f->id, c->trigger);
     break;
   default: break;
   }
@@ -154,7 +155,7 @@ static int on_event(ProtobufCMessage *m, void *ud) {
 }
 
 static round_result run_round(const char *target, pid_t serve, uint32_t nworkers, uint32_t steps,
-                              uint32_t per_step) {
+                              uint32_t per_step, int unary) {
   round_result res = {.workers = nworkers};
   fake *fakes = calloc(nworkers + 1, sizeof *fakes);
   rpc_client *wc = NULL, *cc = NULL;
@@ -167,6 +168,8 @@ static round_result run_round(const char *target, pid_t serve, uint32_t nworkers
     fakes[i].trainer = i == 0;
     fakes[i].index = i;
     if (fake_register(&fakes[i]) != 0) goto stop;
+    if (!unary && !(fakes[i].reports = bench_fake_report_stream(wc, "rlorch bench steploop")))
+      goto stop;
     if (pthread_create(&fakes[i].th, NULL, fake_thread, &fakes[i]) != 0) {
       fprintf(stderr, "bench steploop: cannot start fake worker %u\n", i);
       fakes[i].th = 0;
@@ -202,8 +205,10 @@ static round_result run_round(const char *target, pid_t serve, uint32_t nworkers
   res.ok = w.ok;
 stop:
   rpc_client_cancel_streams(wc);
-  for (uint32_t i = 0; i <= nworkers; i++)
+  for (uint32_t i = 0; i <= nworkers; i++) {
     if (fakes[i].th) pthread_join(fakes[i].th, NULL);
+    rpc_oneway_free(fakes[i].reports, 0);
+  }
 out:
   if (wc) rpc_client_free(wc);
   if (cc) rpc_client_free(cc);
@@ -233,7 +238,7 @@ static pid_t start_serve(const char *exe, const char *addr, const char *maddr, c
 
 typedef struct bench_steploop_opts {
   uint32_t steps, rollouts_per_step, max_workers;
-  bool json;
+  bool json, unary_reports;
 } bench_steploop_opts;
 
 #define BSO(m, ctype) OPT_OFF(bench_steploop_opts, m, ctype)
@@ -248,6 +253,10 @@ static const opt_field bench_steploop__fields[] = {
      .env = "RLORCH_BENCH_MAX_WORKERS", /* not the daemon's max_workers, which its child reads */
      .metavar = "N",
      .help = "inference workers of the last round; those of 1, 8, 64, 256, 1024 below it first"},
+    {.name = "unary_reports", .flag = "--unary-reports", .type = OPT_SWITCH,
+     .off = BSO(unary_reports, bool),
+     .help = "acks and broadcast reports as Report calls, not on each worker's ReportStream\n"
+             "(as a worker against an orchestrator without it)"},
     {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BSO(json, bool),
      .help = "one JSON object instead of a table"},
 };
@@ -300,7 +309,7 @@ int bench_steploop(int argc, char **argv) {
   round_result rr[sizeof counts / sizeof counts[0]];
   int rc = 0;
   for (int i = 0; i < nrounds; i++) {
-    rr[i] = run_round(addr, serve, counts[i], steps, per_step);
+    rr[i] = run_round(addr, serve, counts[i], steps, per_step, o.unary_reports);
     if (!rr[i].ok) rc = 1;
   }
   kill(serve, SIGTERM);
@@ -311,7 +320,8 @@ int bench_steploop(int argc, char **argv) {
   if (system(cmd) != 0) fprintf(stderr, "rlorch bench steploop: could not remove %s\n", dir);
 
   if (json) {
-    printf("{\"bare_rpc_rtt_us\":%.1f,\"rounds\":[", rtt * 1e6);
+    printf("{\"bare_rpc_rtt_us\":%.1f,\"reports\":\"%s\",\"rounds\":[", rtt * 1e6,
+           o.unary_reports ? "unary" : "stream");
     for (int i = 0; i < nrounds; i++)
       printf("%s{\"inference_workers\":%u,\"steps\":%" PRIu64 ",\"rollouts\":%" PRIu64
              ",\"cpu_us_per_step\":%.1f,\"x_rtt_per_worker\":%.3f,\"cpu_us_per_rollout\":%.2f,"
@@ -323,8 +333,9 @@ int bench_steploop(int argc, char **argv) {
     printf("]}\n");
     return rc;
   }
-  printf("orchestration overhead: %u steps x %u rollouts per step, zero-cost workers, loopback\n",
-         steps, per_step);
+  printf("orchestration overhead: %u steps x %u rollouts per step, zero-cost workers, loopback;\n"
+         "acks and broadcast reports %s\n",
+         steps, per_step, o.unary_reports ? "as Report calls" : "on each worker's ReportStream");
   printf("baseline: bare RPC round trip (unary health Check, same server, least p50 of 3 x 1000): %.1f us\n\n",
          rtt * 1e6);
   printf("%9s %6s %9s %14s %10s %14s %17s %16s\n", "inference", "steps", "rollouts", "cpu_us/step",

@@ -1009,8 +1009,6 @@ Test(agent_inference, a_report_the_stream_refuses_is_logged_and_not_sent_again) 
   fake_stop();
 }
 
-static int registered_twice(void *arg) { return K.registered >= 2; }
-
 Test(agent_inference, a_worker_the_stream_does_not_know_registers_again) {
   fake_start_with(1);
   agent_start();
