@@ -23,13 +23,21 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "orchestrator/cli/proc.h"
 #include "orchestrator/cli/rtt.h"
+#include "orchestrator/daemon/workers.h"
 #include "rlorch/v1/control.pb-c.h"
 #include "rlorch/v1/worker.pb-c.h"
 #include "rpc/rpc.h"
 
 extern char **environ;
 
-#define BENCH_STEPLOOP_MAX_WORKERS 1024 /* fake threads, the trainer's aside */
+#define BENCH_STEPLOOP_MAX_WORKERS 10000 /* fake threads, the trainer's aside */
+/* A fake's thread only waits in gRPC and answers: a small stack keeps
+ * 10,000 of them (2.5 GiB of address space instead of 80 at glibc's 8 MiB
+ * default) within what one machine maps. */
+#define BENCH_STEPLOOP_STACK_BYTES (256u << 10)
+/* The child daemon holds every round at once (see bench_steploop). */
+_Static_assert(1 + 8 + 64 + 256 + 1024 + BENCH_STEPLOOP_MAX_WORKERS + 6 <= WORKERS_MAX,
+               "the steploop child's max_workers is within the daemon's cap");
 
 typedef struct fake {
   rpc_client *client;
@@ -161,8 +169,20 @@ static round_result run_round(const char *target, pid_t serve, uint32_t nworkers
   rpc_client *wc = NULL, *cc = NULL;
   rpc_client_opts o = {.target = target};
   char err[256];
+  pthread_attr_t attr;
+  int attr_ok = 0;
   if (!fakes || rpc_client_new(&o, &wc, err, sizeof err) || rpc_client_new(&o, &cc, err, sizeof err))
     goto out;
+  int prc = pthread_attr_init(&attr);
+  if (prc == 0) {
+    attr_ok = 1;
+    prc = pthread_attr_setstacksize(&attr, BENCH_STEPLOOP_STACK_BYTES);
+  }
+  if (prc != 0) {
+    fprintf(stderr, "bench steploop: cannot set a %u KiB thread stack: %s\n",
+            BENCH_STEPLOOP_STACK_BYTES >> 10, strerror(prc));
+    goto stop;
+  }
   for (uint32_t i = 0; i <= nworkers; i++) {
     fakes[i].client = wc;
     fakes[i].trainer = i == 0;
@@ -170,8 +190,8 @@ static round_result run_round(const char *target, pid_t serve, uint32_t nworkers
     if (fake_register(&fakes[i]) != 0) goto stop;
     if (!unary && !(fakes[i].reports = bench_fake_report_stream(wc, "rlorch bench steploop")))
       goto stop;
-    if (pthread_create(&fakes[i].th, NULL, fake_thread, &fakes[i]) != 0) {
-      fprintf(stderr, "bench steploop: cannot start fake worker %u\n", i);
+    if ((prc = pthread_create(&fakes[i].th, &attr, fake_thread, &fakes[i])) != 0) {
+      fprintf(stderr, "bench steploop: cannot start fake worker %u: %s\n", i, strerror(prc));
       fakes[i].th = 0;
       goto stop;
     }
@@ -204,6 +224,7 @@ static round_result run_round(const char *target, pid_t serve, uint32_t nworkers
   res.rollouts = w.rollouts;
   res.ok = w.ok;
 stop:
+  if (attr_ok) pthread_attr_destroy(&attr);
   rpc_client_cancel_streams(wc);
   for (uint32_t i = 0; i <= nworkers; i++) {
     if (fakes[i].th) pthread_join(fakes[i].th, NULL);
@@ -223,7 +244,8 @@ static double per_worker(const round_result *r, double rtt) {
   return r->cpu_s / (double)r->steps / rtt / (double)(r->workers + 1);
 }
 
-static pid_t start_serve(const char *exe, const char *addr, const char *maddr, const char *dir) {
+static pid_t start_serve(const char *exe, const char *addr, const char *maddr, const char *dir,
+                         uint32_t max_workers) {
   char *argv[] = {(char *)exe, "serve", "--listen", (char *)addr, "--metrics-listen",
                   (char *)maddr, "--data-dir", (char *)dir, "--log-level", "warn", NULL};
   /* Zero-cost workers answer at once; a long heartbeat window keeps a
@@ -231,6 +253,9 @@ static pid_t start_serve(const char *exe, const char *addr, const char *maddr, c
    * CPU. */
   setenv("RLORCH_WORKER_TIMEOUT_MS", "120000", 1);
   setenv("RLORCH_HEARTBEAT_INTERVAL_MS", "10000", 1);
+  char mw[16];
+  snprintf(mw, sizeof mw, "%u", max_workers);
+  setenv("RLORCH_MAX_WORKERS", mw, 1);
   pid_t pid;
   if (posix_spawn(&pid, exe, NULL, NULL, argv, environ) != 0) return -1;
   return pid;
@@ -252,7 +277,8 @@ static const opt_field bench_steploop__fields[] = {
      .off = BSO(max_workers, uint32_t), .min = 1, .max = BENCH_STEPLOOP_MAX_WORKERS,
      .env = "RLORCH_BENCH_MAX_WORKERS", /* not the daemon's max_workers, which its child reads */
      .metavar = "N",
-     .help = "inference workers of the last round; those of 1, 8, 64, 256, 1024 below it first"},
+     .help = "inference workers of the last round (1..10000); those of 1, 8, 64, 256, 1024 "
+             "below it first"},
     {.name = "unary_reports", .flag = "--unary-reports", .type = OPT_SWITCH,
      .off = BSO(unary_reports, bool),
      .help = "acks and broadcast reports as Report calls, not on each worker's ReportStream\n"
@@ -289,15 +315,6 @@ int bench_steploop(int argc, char **argv) {
   char addr[64], maddr[64];
   snprintf(addr, sizeof addr, "127.0.0.1:%d", proc_free_port());
   snprintf(maddr, sizeof maddr, "127.0.0.1:%d", proc_free_port());
-  pid_t serve = start_serve(exe, addr, maddr, dir);
-  if (serve < 0) return 1;
-  if (proc_wait_serving(addr, 20.0, NULL, NULL) != 0) {
-    fprintf(stderr, "rlorch bench steploop: orchestrator did not come up\n");
-    kill(serve, SIGTERM);
-    waitpid(serve, NULL, 0);
-    return 1;
-  }
-  double rtt = rtt_health_check(addr, 3000);
   /* Each round multiplies the workers, so that the cost per worker shows
    * its trend; the last is --max-workers. */
   static const uint32_t below[] = {1, 8, 64, 256, 1024};
@@ -306,6 +323,21 @@ int bench_steploop(int argc, char **argv) {
   for (size_t i = 0; i < sizeof below / sizeof below[0]; i++)
     if (below[i] < o.max_workers) counts[nrounds++] = below[i];
   counts[nrounds++] = o.max_workers;
+  /* The child's max_workers holds every round's workers and trainer at once:
+   * a round's fakes are lost when their streams close, but the daemon may
+   * not have seen all of them close when the next round registers. At
+   * --max-workers 10000 that is 11,359, under the daemon's cap of 16,384. */
+  uint32_t child_max = 0;
+  for (int i = 0; i < nrounds; i++) child_max += counts[i] + 1;
+  pid_t serve = start_serve(exe, addr, maddr, dir, child_max);
+  if (serve < 0) return 1;
+  if (proc_wait_serving(addr, 20.0, NULL, NULL) != 0) {
+    fprintf(stderr, "rlorch bench steploop: orchestrator did not come up\n");
+    kill(serve, SIGTERM);
+    waitpid(serve, NULL, 0);
+    return 1;
+  }
+  double rtt = rtt_health_check(addr, 3000);
   round_result rr[sizeof counts / sizeof counts[0]];
   int rc = 0;
   for (int i = 0; i < nrounds; i++) {

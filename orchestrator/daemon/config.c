@@ -89,9 +89,9 @@ static const opt_field config__fields[] = {
      .min = 10, .max = 3600000, .metavar = "MS",
      .help = "a worker without heartbeat for this long is lost"},
     {.name = "max_workers", .type = OPT_U32, .off = CONFIG__OFF(max_workers, uint32_t), .min = 1,
-     .max = 4096, .metavar = "N",
-     .help = "live workers at most; registrations beyond get RESOURCE_EXHAUSTED (lost ones do "
-             "not count)"},
+     .max = 16384, .metavar = "N",
+     .help = "live workers at most (1..16384); registrations beyond get RESOURCE_EXHAUSTED "
+             "(lost ones do not count)"},
     {.name = "lost_worker_retention_s", .type = OPT_DOUBLE,
      .off = CONFIG__OFF(lost_worker_retention_s, double), .min = 0, .max = 86400,
      .metavar = "SECONDS", .help = "a lost worker is listed this long, then removed"},

@@ -61,8 +61,8 @@ typedef struct config {
   double shutdown_grace_s;        /* drain time on SIGTERM, default 5.0 */
   uint32_t heartbeat_interval_ms; /* default 1000 */
   uint32_t worker_timeout_ms;     /* worker lost after this, default 5000 */
-  uint32_t max_workers;           /* live workers at most, default and upper bound
-                                     WORKERS_MAX (4096) */
+  uint32_t max_workers;           /* live workers at most, default 4096, at most
+                                     WORKERS_MAX (16384) */
   double lost_worker_retention_s; /* a lost worker is listed this long, then removed;
                                      default 60 */
   uint32_t http_timeout_ms;       /* per-connection HTTP deadline, default 5000 */

@@ -1,6 +1,8 @@
 /* Metrics registry and Prometheus text rendering. Families keep their series
- * in creation order; lookups compare a hash before the label values, which is
- * plenty for the few dozen series a daemon has. */
+ * in creation order; a series is found through an index from the hash of its
+ * label values, so that setting one costs O(1) however many there are: the
+ * per-worker families hold one series per worker, and the sweep sets each of
+ * them, which a scan would make quadratic in the workers. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -10,11 +12,15 @@
 #include <string.h>
 
 #include "orchestrator/daemon/metrics.h"
+#include "orchestrator/sched/sched_map.h"
 
 typedef enum { METRICS__COUNTER, METRICS__GAUGE, METRICS__HISTOGRAM } metrics__kind;
 
+#define METRICS__NONE UINT32_MAX /* end of a hash chain */
+
 typedef struct metrics__series {
   uint64_t hash;
+  uint32_t next;      /* the next series of the same hash (a collision), or METRICS__NONE */
   char **values;      /* nlabels label values */
   double value;       /* counter or gauge */
   uint64_t *counts;   /* histogram: per bucket (not cumulative), nbuckets + 1 */
@@ -32,6 +38,7 @@ struct metrics_family {
   size_t nbuckets;
   metrics__series *series;
   size_t nseries, capseries;
+  sched_map index; /* hash -> the first series of its chain */
 };
 
 struct metrics_registry {
@@ -48,6 +55,7 @@ static void metrics__family_free(struct metrics_family *f) {
     free(f->series[i].counts);
   }
   free(f->series);
+  sched_map_free(&f->index);
   for (size_t j = 0; j < f->nlabels; j++) free(f->labels[j]);
   free(f->labels);
   free(f->buckets);
@@ -123,6 +131,7 @@ static struct metrics_family *metrics__register(metrics_registry *r, metrics__ki
   if (metrics__check(r, kind, name, labels, err, errlen) != 0) return NULL;
   struct metrics_family *f = calloc(1, sizeof *f);
   if (!f) goto nomem;
+  sched_map_init(&f->index);
   f->kind = kind;
   f->name = strdup(name);
   f->help = strdup(help ? help : "");
@@ -199,6 +208,27 @@ static uint64_t metrics__hash(const char *const *values, size_t n) {
   return h;
 }
 
+/* The index of the series with these label values (hash h), or METRICS__NONE. */
+static uint32_t metrics__find(const struct metrics_family *f, const char *const *values,
+                              uint64_t h) {
+  const uint32_t *head = sched_map_get(&f->index, h);
+  for (uint32_t i = head ? *head : METRICS__NONE; i != METRICS__NONE; i = f->series[i].next) {
+    const metrics__series *s = &f->series[i];
+    size_t j = 0;
+    while (j < f->nlabels && !strcmp(s->values[j], values[j])) j++;
+    if (j == f->nlabels) return i;
+  }
+  return METRICS__NONE;
+}
+
+/* Series i heads its hash's chain, before the ones already there. Room in
+ * the index was reserved. */
+static void metrics__link(struct metrics_family *f, uint32_t i) {
+  const uint32_t *head = sched_map_get(&f->index, f->series[i].hash);
+  f->series[i].next = head ? *head : METRICS__NONE;
+  (void)sched_map_put(&f->index, f->series[i].hash, i);
+}
+
 /* Finds or creates the series for these label values. */
 static int metrics__series_get(struct metrics_family *f, const char *const *values,
                                metrics__series **out) {
@@ -207,13 +237,8 @@ static int metrics__series_get(struct metrics_family *f, const char *const *valu
   for (size_t i = 0; i < f->nlabels; i++)
     if (!values[i]) return -EINVAL;
   uint64_t h = metrics__hash(values, f->nlabels);
-  for (size_t i = 0; i < f->nseries; i++) {
-    metrics__series *s = &f->series[i];
-    if (s->hash != h) continue;
-    size_t j = 0;
-    while (j < f->nlabels && !strcmp(s->values[j], values[j])) j++;
-    if (j == f->nlabels) return *out = s, 0;
-  }
+  uint32_t at = metrics__find(f, values, h);
+  if (at != METRICS__NONE) return *out = &f->series[at], 0;
   if (f->nseries >= METRICS_MAX_SERIES) return -ENOSPC;
   if (f->nseries == f->capseries) {
     size_t cap = f->capseries ? f->capseries * 2 : 4;
@@ -222,6 +247,8 @@ static int metrics__series_get(struct metrics_family *f, const char *const *valu
     f->series = p;
     f->capseries = cap;
   }
+  /* Before the series is made: once linked it must not fail. */
+  if (sched_map_reserve(&f->index, f->nseries + 1) != 0) return -ENOMEM;
   metrics__series s = {.hash = h};
   s.values = calloc(f->nlabels + 1, sizeof(char *));
   if (!s.values) return -ENOMEM;
@@ -230,6 +257,7 @@ static int metrics__series_get(struct metrics_family *f, const char *const *valu
   for (size_t j = 0; j < f->nlabels; j++)
     if (!(s.values[j] = strdup(values[j]))) goto nomem;
   f->series[f->nseries] = s;
+  metrics__link(f, (uint32_t)f->nseries);
   *out = &f->series[f->nseries++];
   return 0;
 nomem:
@@ -244,21 +272,20 @@ int metrics_series_remove(struct metrics_family *f, const char *const *label_val
   for (size_t i = 0; i < f->nlabels; i++)
     if (!label_values[i]) return -EINVAL;
   uint64_t h = metrics__hash(label_values, f->nlabels);
-  for (size_t i = 0; i < f->nseries; i++) {
-    metrics__series *s = &f->series[i];
-    if (s->hash != h) continue;
-    size_t j = 0;
-    while (j < f->nlabels && !strcmp(s->values[j], label_values[j])) j++;
-    if (j < f->nlabels) continue;
-    for (j = 0; j < f->nlabels; j++) free(s->values[j]);
-    free(s->values);
-    free(s->counts);
-    /* Creation order is the rendering order: keep it. */
-    memmove(s, s + 1, (f->nseries - i - 1) * sizeof *s);
-    f->nseries--;
-    return 0;
-  }
-  return -ENOENT;
+  uint32_t i = metrics__find(f, label_values, h);
+  if (i == METRICS__NONE) return -ENOENT;
+  metrics__series *s = &f->series[i];
+  for (size_t j = 0; j < f->nlabels; j++) free(s->values[j]);
+  free(s->values);
+  free(s->counts);
+  /* Creation order is the rendering order: keep it. The series after it move
+   * down one, so the index is made again, in the room it already has (series
+   * go when their worker does: rarely, and a removal was O(n) before). */
+  for (size_t k = 0; k < f->nseries; k++) (void)sched_map_del(&f->index, f->series[k].hash);
+  memmove(s, s + 1, (f->nseries - i - 1) * sizeof *s);
+  f->nseries--;
+  for (size_t k = 0; k < f->nseries; k++) metrics__link(f, (uint32_t)k);
+  return 0;
 }
 
 int metrics_counter_add(metrics_counter *c, const char *const *label_values, double v) {

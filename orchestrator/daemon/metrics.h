@@ -26,8 +26,10 @@ typedef struct metrics_family metrics_gauge;
 typedef struct metrics_family metrics_histogram;
 
 /* Most series one family may hold; further label combinations get -ENOSPC so
- * a bug that puts ids into labels cannot eat the memory. */
-#define METRICS_MAX_SERIES 10000
+ * a bug that puts ids into labels cannot eat the memory. The per-worker
+ * families hold one series per worker name the table holds, live and lost:
+ * up to twice WORKERS_MAX (workers.c asserts it). */
+#define METRICS_MAX_SERIES 32768
 
 metrics_registry *metrics_registry_new(void);
 void metrics_registry_free(metrics_registry *r);

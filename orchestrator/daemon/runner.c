@@ -92,7 +92,9 @@ struct runner {
   /* NCCL communicator hand-off: the id the trainer made and for whom. */
   uint8_t nccl_id[128];
   int has_nccl_id;
-  uint32_t nccl_members[WORKERS_MAX];
+  /* The ranks it was made for: owned, sized by the step's workers (not by
+   * WORKERS_MAX, which would be 64 KiB whatever registered). */
+  uint32_t *nccl_members;
   size_t n_nccl_members;
   int draining; /* inside drain(): re-entrant calls only queue */
   double measured_gbps[SCHED_MODE_COUNT]; /* the active run's last committed broadcast per
@@ -174,8 +176,23 @@ static int nccl_members_match(runner *r, const uint32_t *ids, size_t n) {
   return 1;
 }
 
-static void live_members(runner *r, uint32_t *ids, size_t *n) {
+/* Forgets the communicator: a new one is needed before an NCCL broadcast. */
+static void nccl_forget(runner *r) {
+  r->has_nccl_id = 0;
+  free(r->nccl_members);
+  r->nccl_members = NULL;
+  r->n_nccl_members = 0;
+}
+
+/* The ranks a communicator made now would hold: the trainer, then the run's
+ * attached inference workers. An array of *n ids for the caller to free
+ * (heap: at the cap it would be 64 KiB, too much for the loop's stack), or
+ * NULL out of memory. */
+static uint32_t *live_members(runner *r, size_t *n) {
   *n = 0;
+  /* Every member is an entry of the table, the trainer included. */
+  uint32_t *ids = malloc((workers_count(r->workers) + 1) * sizeof *ids);
+  if (!ids) return NULL;
   workers_entry *t = trainer(r);
   if (t) ids[(*n)++] = t->id;
   for (size_t i = 0; i < workers_count(r->workers); i++) {
@@ -184,6 +201,7 @@ static void live_members(runner *r, uint32_t *ids, size_t *n) {
         w->state != RLORCH__V1__WORKER_STATE__WORKER_STATE_LOST)
       ids[(*n)++] = w->id;
   }
+  return ids;
 }
 
 /* Sends `cmd` to scheduler worker `id`; a worker that cannot be reached is lost. */
@@ -460,14 +478,23 @@ static void act_train(runner *r, const sched_action *a) {
     act_train_rank(r, a, &ts);
     return;
   }
-  uint32_t ids[WORKERS_MAX];
   size_t n;
-  live_members(r, ids, &n);
-  ts.want_nccl_id = !nccl_members_match(r, ids, n);
-  if (ts.want_nccl_id) {
-    memcpy(r->nccl_members, ids, n * sizeof ids[0]);
+  uint32_t *ids = live_members(r, &n);
+  if (!ids) {
+    /* No member list to tie a communicator to: the trainer makes a new id
+     * anyway, which no NCCL plan matches (it is refused by name) until a
+     * later step records its members. */
+    log_error("nccl_members_failed", "run=%s step=%" PRIu64 " error=\"out of memory\"",
+              r->run->id, a->step);
+    nccl_forget(r);
+    ts.want_nccl_id = 1;
+  } else if (nccl_members_match(r, ids, n)) {
+    free(ids);
+  } else {
+    nccl_forget(r);
+    r->nccl_members = ids; /* taken */
     r->n_nccl_members = n;
-    r->has_nccl_id = 0;
+    ts.want_nccl_id = 1;
   }
   /* The trainer fetches the batch with FetchBatch: it is held, and the sweep
    * below keeps its rollouts, until the step is done. */
@@ -908,8 +935,7 @@ static void act_abort(runner *r, const sched_action *a) {
   metrics_counter_inc(r->o->m.broadcast_aborts, lv);
   publish_broadcast(r, a, RLORCH__V1__BROADCAST_EVENT__PHASE__PHASE_ABORTED, a->text);
   /* A broken communicator must not be reused. */
-  r->has_nccl_id = 0;
-  r->n_nccl_members = 0;
+  nccl_forget(r);
   for (size_t i = 0; i < a->nparticipants; i++) {
     workers_entry *w = workers_by_id(r->workers, a->participants[i]);
     Rlorch__V1__AbortCommand ab = RLORCH__V1__ABORT_COMMAND__INIT;
@@ -1120,8 +1146,7 @@ static void release_run(runner *r) {
   metrics_gauge_set(r->o->m.rollouts_in_flight, NULL, 0);
   r->dispatch_held = 0;
   metrics_gauge_set(r->o->m.rollout_buffer_bytes, NULL, 0);
-  r->has_nccl_id = 0;
-  r->n_nccl_members = 0;
+  nccl_forget(r);
   workers_gauge(r->workers);
 }
 
@@ -1823,5 +1848,6 @@ void runner_free(runner *r) {
   release_batch(r, "the orchestrator shut down");
   if (r->run) protobuf_c_message_free_unpacked(&r->run->base, NULL);
   sched_free(r->sched);
+  free(r->nccl_members);
   free(r);
 }

@@ -340,7 +340,7 @@ static void log_listening(orch *o, const bcast_caps *caps) {
            caps->nccl_version, caps->note);
 }
 
-_Static_assert(WORKERS_MAX == 4096, "config.c bounds max_workers by WORKERS_MAX");
+_Static_assert(WORKERS_MAX == 16384, "config.c bounds max_workers by WORKERS_MAX");
 
 /* Files that would leak what they hold: said once at start-up, by name. */
 static void warn_file_modes(const config *cfg, const datadir_info *di) {

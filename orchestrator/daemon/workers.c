@@ -17,6 +17,11 @@
 #include "orchestrator/daemon/now.h"
 #include "orchestrator/sched/sched_map.h"
 
+/* Every worker the table holds (twice max_workers at most, the lost ones
+ * included) keeps its per-worker series. */
+_Static_assert(METRICS_MAX_SERIES >= 2 * WORKERS_MAX,
+               "the per-worker metric families hold a series for every entry of the table");
+
 struct workers_table {
   store *db;
   workers_metrics m;

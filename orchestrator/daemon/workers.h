@@ -24,8 +24,11 @@
 #include "rpc/rpc.h"
 
 /* Live workers at most (max_workers may lower it). Lost ones do not count:
- * a registration flood that is lost and removed locks nobody out. */
-#define WORKERS_MAX 4096
+ * a registration flood that is lost and removed locks nobody out. Room for
+ * 10,000 inference workers and 256 trainer ranks in one run, with margin;
+ * nothing is sized by it (the table grows with what registers), so a larger
+ * cap costs nothing until workers come. */
+#define WORKERS_MAX 16384
 #define WORKERS_NAME_MAX 64 /* NUL included; equals the scheduler's SCHED_NAME_MAX */
 #define WORKERS_ADDRESS_MAX 256
 #define WORKERS_RUN_ID_MAX 64 /* NUL included; equals the scheduler's SCHED_RUN_ID_MAX */

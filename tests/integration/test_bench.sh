@@ -27,8 +27,8 @@ import json, sys
 print(" ".join("%d:%s" % (r["inference_workers"], str(r["ok"]).lower())
                for r in json.loads(sys.stdin.read().splitlines()[-1])["rounds"]))')" \
   "steploop: the rounds below --max-workers, then --max-workers"
-err="$("$RLORCH_BIN" bench steploop --max-workers 1025 2>&1 >/dev/null)"
-assert_eq 2 "$?" "steploop: --max-workers over 1024 is refused"
+err="$("$RLORCH_BIN" bench steploop --max-workers 10001 2>&1 >/dev/null)"
+assert_eq 2 "$?" "steploop: --max-workers over 10000 is refused"
 assert_contains "$err" "--max-workers" "the refusal names the flag"
 
 out="$("$RLORCH_BIN" bench dispatch --steps 3 --rollouts-per-step 8 --json 2>&1)"

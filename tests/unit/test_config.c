@@ -425,6 +425,25 @@ Test(config, env_errors_name_the_variable) {
   expect_env_error("RLORCH_CONFIG=/nonexistent/x.yaml", "rlorch serve: /nonexistent/x.yaml: cannot open");
 }
 
+/* max_workers reaches the worker table's cap (WORKERS_MAX, 16384: 10,000
+ * inference workers and 256 trainer ranks with room) from the file and the
+ * environment, and not one past it. */
+Test(config, max_workers_up_to_the_table_cap) {
+  const char *path = write_file("rlorch.yaml", "max_workers: 16384\n");
+  config c;
+  char err[512] = "";
+  cr_assert_eq(LOAD(&c, err, NULL, "--config", (char *)path), 0, "%s", err);
+  cr_assert_eq(c.max_workers, 16384);
+  config_free(&c);
+  char *envp[] = {"RLORCH_MAX_WORKERS=10256", NULL};
+  cr_assert_eq(LOAD(&c, err, envp), 0, "%s", err);
+  cr_assert_eq(c.max_workers, 10256);
+  config_free(&c);
+  expect_file_error("max_workers: 16385\n", "rlorch.yaml:1: max_workers: 16385 out of range [1, 16384]");
+  expect_file_error("max_workers: 0\n", "rlorch.yaml:1: max_workers: 0 out of range [1, 16384]");
+  expect_env_error("RLORCH_MAX_WORKERS=20000", "rlorch serve: RLORCH_MAX_WORKERS: 20000 out of range [1, 16384]");
+}
+
 Test(config, batch_chunk_bytes_from_every_source_and_bounded_by_the_message_limit) {
   config c;
   char err[512] = "";

@@ -231,6 +231,44 @@ Test(metrics, removed_series_leave_the_page_and_free_their_slot) {
   metrics_registry_free(r);
 }
 
+/* The index finds every series after removals move the others down: an
+ * update reaches its own series (no duplicate), a removed one comes back at
+ * the end, and the page keeps creation order. */
+Test(metrics, lookups_after_removals_reach_the_same_series) {
+  metrics_registry *r = metrics_registry_new();
+  metrics_gauge *g = metrics_gauge_new(r, "rlorch_g", "h", (const char *[]){"worker", "role", NULL},
+                                       NULL, 0);
+  cr_assert_not_null(g);
+  enum { N = 3000 };
+  char id[32];
+  for (int i = 0; i < N; i++) {
+    snprintf(id, sizeof id, "w-%d", i);
+    cr_assert_eq(metrics_gauge_set(g, (const char *[]){id, "inference"}, i), 0);
+  }
+  for (int i = 0; i < N; i += 3) {
+    snprintf(id, sizeof id, "w-%d", i);
+    cr_assert_eq(metrics_series_remove(g, (const char *[]){id, "inference"}), 0, "%s", id);
+  }
+  for (int i = 1; i < N; i += 3) { /* updates, not new series */
+    snprintf(id, sizeof id, "w-%d", i);
+    cr_assert_eq(metrics_gauge_set(g, (const char *[]){id, "inference"}, i + 0.5), 0);
+  }
+  cr_assert_eq(metrics_gauge_set(g, (const char *[]){"w-0", "inference"}, 7), 0);
+  cr_assert_eq(metrics_series_remove(g, (const char *[]){"w-3", "inference"}), -ENOENT);
+  char *t = render(r);
+  size_t lines = 0;
+  for (const char *p = t; (p = strstr(p, "\nrlorch_g{")); p++) lines++;
+  cr_assert_eq(lines, N - N / 3 + 1, "one series each, the removed ones gone");
+  cr_assert(strstr(t, "rlorch_g{worker=\"w-1\",role=\"inference\"} 1.5\n"
+                      "rlorch_g{worker=\"w-2\",role=\"inference\"} 2\n"
+                      "rlorch_g{worker=\"w-4\",role=\"inference\"} 4.5\n"), "%.300s", t);
+  cr_assert(strstr(t, "rlorch_g{worker=\"w-2999\",role=\"inference\"} 2999\n"
+                      "rlorch_g{worker=\"w-0\",role=\"inference\"} 7\n"),
+            "a series made again goes last");
+  free(t);
+  metrics_registry_free(r);
+}
+
 Test(metrics, promtool_accepts_every_kind) {
   if (system("command -v promtool >/dev/null 2>&1") != 0) {
     cr_skip_test("promtool not installed (Debian package prometheus): check skipped");

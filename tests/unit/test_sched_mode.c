@@ -1,6 +1,8 @@
 /* sched_choose_mode as a table: every policy against every kind of
  * participants and manifest; the conversions of daemon/sched_pb. */
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "orchestrator/daemon/sched_pb.h"
@@ -146,6 +148,47 @@ Test(sched_mode, table) {
                  sched_mode_name(r->mode));
     cr_expect(strstr(reason, r->reason), "%s: reason \"%s\" lacks \"%s\"", r->what, reason,
               r->reason);
+  }
+}
+
+/* With a run's worth of participants the pair named as sharing a GPU is the
+ * one a comparison of every pair finds first (smallest i, then j): random
+ * placements over a few GPUs of two hosts, some naming no GPU. */
+Test(sched_mode, the_shared_gpu_named_among_thousands_is_the_first_pair) {
+  enum { N = 3000 };
+  static sched_participant p[N];
+  static char names[N][16];
+  srand(7);
+  for (int round = 0; round < 20; round++) {
+    int gpus = 2000 + rand() % 2000; /* few or no repeats up to many */
+    for (int k = 0; k < N; k++) {
+      snprintf(names[k], sizeof names[k], "w%d", k);
+      sched_caps c = {.cuda_devices = 1, .nccl = 1};
+      if (rand() % 10) {
+        int g = rand() % gpus;
+        snprintf(c.gpu_uuid, sizeof c.gpu_uuid, "GPU-%d", g / 2);
+        snprintf(c.host_id, sizeof c.host_id, "h%d", g % 2);
+      }
+      p[k] = (sched_participant){.name = names[k], .caps = c};
+    }
+    snprintf(p[0].caps.gpu_uuid, sizeof p[0].caps.gpu_uuid, "GPU-trainer"); /* alone */
+    snprintf(p[0].caps.host_id, sizeof p[0].caps.host_id, "h0");
+    char want[SCHED_TEXT_MAX] = "";
+    for (int i = 0; i < N && !want[0]; i++)
+      for (int j = i + 1; j < N && !want[0]; j++)
+        if (p[i].caps.gpu_uuid[0] && p[i].caps.host_id[0] &&
+            !strcmp(p[i].caps.gpu_uuid, p[j].caps.gpu_uuid) &&
+            !strcmp(p[i].caps.host_id, p[j].caps.host_id))
+          snprintf(want, sizeof want, "%s and %s share GPU %s,", p[i].name, p[j].name,
+                   p[i].caps.gpu_uuid);
+    cr_assert(want[0], "round %d: some GPU is shared", round);
+    sched_mode m = 0;
+    char reason[SCHED_TEXT_MAX] = "";
+    cr_assert_eq(sched_choose_mode(SCHED_MODE_AUTO, p, N, &ALL_GPU, &m, reason, sizeof reason),
+                 SCHED_OK);
+    cr_assert_eq(m, SCHED_MODE_HOST, "round %d: %s", round, reason);
+    cr_assert(!strncmp(reason, want, strlen(want)), "round %d: \"%s\", want \"%s\"", round,
+              reason, want);
   }
 }
 

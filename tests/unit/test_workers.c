@@ -454,3 +454,70 @@ Test(workers, indexes_agree_with_a_scan_over_random_operations) {
   cr_assert_gt(max_id, 200, "registrations went through the room-making removal");
   for (size_t i = 0; i < workers_count(tab); i++) workers_detach(workers_at(tab, i));
 }
+
+/* The cluster-scale goal: 10,000 inference workers and 256 trainer ranks
+ * registered and live at once under a max_workers of 10,256. Each is found
+ * by id, by API id and (the attached inference workers) by command stream,
+ * the gauge counts them all, and the one after them is refused naming the
+ * cap, without taking an id. */
+#define SCALE_TRAINERS 256u
+#define SCALE_INFERENCE 10000u
+#define SCALE_MAX (SCALE_TRAINERS + SCALE_INFERENCE)
+_Static_assert(SCALE_MAX <= WORKERS_MAX, "the table's cap holds the cluster-scale goal");
+static char scale_calls[SCALE_MAX]; /* stand-in streams, as fake_calls */
+
+Test(workers, ten_thousand_inference_workers_and_256_trainers_live_at_once) {
+  workers_free(tab);
+  workers_metrics wm = {.states = gauge, .heartbeat_age = age};
+  workers_limits lim = {.max_workers = SCALE_MAX, .lost_retention_ms = RETAIN_MS};
+  cr_assert_eq(workers_new(db, &wm, hub, &lim, &tab), 0);
+  workers_entry **v = calloc(SCALE_MAX, sizeof *v);
+  cr_assert_not_null(v);
+  char name[32], api[32];
+  for (uint32_t k = 0; k < SCALE_MAX; k++) {
+    int trainer = k < SCALE_TRAINERS;
+    snprintf(name, sizeof name, "%s-%u", trainer ? "trainer" : "inference", k);
+    int rc = workers_add(tab,
+                         trainer ? RLORCH__V1__WORKER_ROLE__WORKER_ROLE_TRAINER
+                                 : RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE,
+                         name, "", NULL, NULL, &v[k]);
+    cr_assert_eq(rc, 0, "worker %u: %s", k, workers_last_error(tab));
+    if (!trainer) workers_attach(v[k], (rpc_call *)(void *)&scale_calls[k]);
+  }
+  cr_assert_eq(workers_live(tab), SCALE_MAX);
+  cr_assert_eq(workers_count(tab), SCALE_MAX);
+  for (uint32_t k = 0; k < SCALE_MAX; k++) {
+    snprintf(api, sizeof api, "w-%u", k + 1);
+    cr_assert_str_eq(v[k]->api_id, api);
+    cr_assert_eq(workers_by_id(tab, k + 1), v[k], "workers_by_id(%u)", k + 1);
+    cr_assert_eq(workers_by_api_id(tab, api), v[k], "workers_by_api_id(%s)", api);
+    if (k >= SCALE_TRAINERS)
+      cr_assert_eq(workers_by_stream(tab, (rpc_call *)(void *)&scale_calls[k]), v[k],
+                   "workers_by_stream(%u)", k);
+  }
+  cr_assert_null(workers_by_id(tab, SCALE_MAX + 1));
+  cr_assert_null(workers_by_stream(tab, (rpc_call *)(void *)&scale_calls[0]), "a trainer never attached");
+  workers_gauge(tab);
+  cr_assert(gauge_has("rlorch_workers{role=\"trainer\",state=\"registered\"} 256\n"));
+  cr_assert(gauge_has("rlorch_workers{role=\"inference\",state=\"ready\"} 10000\n"));
+  cr_assert(gauge_has("rlorch_workers{role=\"inference\",state=\"registered\"} 0\n"));
+
+  workers_entry *w = NULL;
+  cr_assert_eq(workers_add(tab, RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "one-too-many", "",
+                           NULL, NULL, &w),
+               -1);
+  cr_assert_null(w);
+  cr_assert_str_eq(workers_last_error(tab),
+                   "too many workers: 10256 are registered and alive (max_workers)");
+  cr_assert_eq(workers_count(tab), SCALE_MAX, "a refused worker is not held");
+  /* A lost worker makes room, and the refusal took no id. */
+  workers_detach(v[SCALE_MAX - 1]);
+  workers_mark_lost(tab, v[SCALE_MAX - 1], "test");
+  w = add(RLORCH__V1__WORKER_ROLE__WORKER_ROLE_INFERENCE, "again");
+  snprintf(api, sizeof api, "w-%u", SCALE_MAX + 1);
+  cr_assert_str_eq(w->api_id, api);
+  cr_assert_eq(workers_live(tab), SCALE_MAX);
+  cr_assert(gauge_has("rlorch_workers{role=\"inference\",state=\"lost\"} 1\n"));
+  for (size_t i = 0; i < workers_count(tab); i++) workers_detach(workers_at(tab, i));
+  free(v);
+}
