@@ -1,7 +1,7 @@
 /* rpc: gRPC C core driven from a libuv loop.
  *
- * Server: one thread blocks in grpc_completion_queue_next and hands (tag, ok)
- * to the loop through a locked list and uv_async_send; every call's state lives
+ * Server: a thread per completion queue blocks in grpc_completion_queue_next
+ * and hands (tag, ok) to the loop through a locked list and uv_async_send; every call's state lives
  * on the loop thread and every grpc_call_start_batch happens there. Handlers
  * are typed: protobuf-c in, protobuf-c out, looked up in a method table by the
  * full method name.
@@ -114,6 +114,12 @@ typedef struct rpc_server_opts {
   void *hook_ud;
   const char *tls_client_ca_file; /* PEM roots: with TLS on, every client must present a
                                      certificate they signed (mutual TLS); NULL: none asked */
+  /* Completion queues, each drained by a thread of its own, the calls bound
+   * to them in turn; 0: 1, at most 8. A gRPC built without NDEBUG (Debian's)
+   * checks every completion against its queue's array of outstanding
+   * operations, a linear scan, so thousands of open streams make one queue
+   * slow; each queue more costs a thread hand-off on some completions. */
+  int completion_queues;
 } rpc_server_opts;
 
 /* Binds, registers the methods (copied) plus grpc.health.v1.Health, and starts

@@ -1,8 +1,9 @@
 /* rpc server: gRPC C core served from a libuv loop.
  *
- * One thread blocks in grpc_completion_queue_next and appends (tag, ok) to a
- * locked list, then uv_async_send; async sends coalesce, so the loop drains
- * the whole list each time it wakes. Everything else (call state, every
+ * A thread per completion queue (rpc_server_opts.completion_queues) blocks in
+ * grpc_completion_queue_next and appends (tag, ok) to one locked list, then
+ * uv_async_send; async sends coalesce, so the loop drains the whole list each
+ * time it wakes. Everything else (call state, every
  * grpc_call_start_batch, handlers, health) runs on the loop thread.
  *
  * Known methods are registered with gRPC so that the request message arrives
@@ -25,6 +26,8 @@
 #define RPC__ARM_PER_METHOD 24 /* > 16 concurrent clients on one method */
 #define RPC__ARM_GENERIC 8
 #define RPC__DEFAULT_MAX_MSG (4u << 20)
+/* At most this many completion queues (rpc_server_opts.completion_queues). */
+#define RPC__MAX_CQ 8
 
 typedef enum {
   RPC__T_NEW = 1, /* a requested call arrived (or the request failed) */
@@ -114,12 +117,18 @@ struct rpc_server {
   rpc__table table;
   rpc__health *health;
   grpc_server *server;
-  grpc_completion_queue *cq;
+  grpc_completion_queue *cq[RPC__MAX_CQ];
+  int ncq;          /* queues in use, 1..RPC__MAX_CQ */
+  unsigned next_cq; /* the queue the next requested call is bound to */
   int port;
   int generic_armed;
 
-  uv_thread_t thread;
-  int thread_started;
+  struct rpc__cq_thread {
+    rpc_server *s;
+    grpc_completion_queue *cq;
+    uv_thread_t tid;
+    int started;
+  } threads[RPC__MAX_CQ];
   uv_mutex_t mu;
   rpc__evlist in, work; /* in: filled by the cq thread; work: being drained */
   uv_async_t async;
@@ -157,9 +166,10 @@ static int rpc__evlist_push(rpc__evlist *l, rpc__tag *tag, int ok) {
 }
 
 static void rpc__cq_thread(void *arg) {
-  rpc_server *s = arg;
+  struct rpc__cq_thread *t = arg;
+  rpc_server *s = t->s;
   for (;;) {
-    grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    grpc_event ev = grpc_completion_queue_next(t->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
     if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
     if (ev.type != GRPC_OP_COMPLETE) continue;
     uv_mutex_lock(&s->mu);
@@ -267,12 +277,12 @@ static void rpc__arm(rpc_server *s, rpc__entry *e) {
   /* A one-way stream's messages are read with RECV_MESSAGE: gRPC wants no
    * payload pointer for a method registered with GRPC_SRM_PAYLOAD_NONE. */
   grpc_byte_buffer **payload = e && e->m.kind == RPC_ONEWAY_STREAM ? NULL : &c->payload;
+  grpc_completion_queue *cq = s->cq[s->next_cq++ % (unsigned)s->ncq];
   if (e)
     err = grpc_server_request_registered_call(s->server, e->registered, &c->call, &c->deadline,
-                                              &c->md, payload, s->cq, s->cq, &c->t_new);
+                                              &c->md, payload, cq, cq, &c->t_new);
   else
-    err = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, s->cq, s->cq,
-                                   &c->t_new);
+    err = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, cq, cq, &c->t_new);
   if (err != GRPC_CALL_OK) {
     rpc__call_free(c);
     return;
@@ -1153,8 +1163,10 @@ static int rpc__setup(rpc_server *s, const rpc_method *methods, size_t n, char *
   args[1].value.integer = 0;
   grpc_channel_args ca = {2, args};
   s->server = grpc_server_create(&ca, NULL);
-  s->cq = grpc_completion_queue_create_for_next(NULL);
-  grpc_server_register_completion_queue(s->server, s->cq, NULL);
+  for (int i = 0; i < s->ncq; i++) {
+    s->cq[i] = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(s->server, s->cq[i], NULL);
+  }
   for (size_t i = 0; i < s->table.n; i++) {
     int oneway = s->table.e[i].m.kind == RPC_ONEWAY_STREAM;
     s->table.e[i].registered = grpc_server_register_method(
@@ -1176,16 +1188,30 @@ static int rpc__setup(rpc_server *s, const rpc_method *methods, size_t n, char *
   return 0;
 }
 
+/* Shuts the queues that have a thread down and joins the threads (the
+ * others rpc__destroy drains). */
+static void rpc__join_cq_threads(rpc_server *s) {
+  for (int i = 0; i < s->ncq; i++)
+    if (s->threads[i].started) grpc_completion_queue_shutdown(s->cq[i]);
+  for (int i = 0; i < s->ncq; i++)
+    if (s->threads[i].started) {
+      uv_thread_join(&s->threads[i].tid);
+      s->threads[i].started = 0;
+    }
+}
+
 static void rpc__destroy(rpc_server *s) {
   if (s->server) grpc_server_destroy(s->server);
-  if (s->cq) {
-    if (!s->thread_started) {
-      grpc_completion_queue_shutdown(s->cq);
-      while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-             GRPC_QUEUE_SHUTDOWN) {
+  rpc__join_cq_threads(s); /* none left but after a failed start */
+  for (int i = 0; i < s->ncq; i++) {
+    if (!s->cq[i]) continue;
+    if (!s->threads[i].started) { /* nobody drains it: drain it here */
+      grpc_completion_queue_shutdown(s->cq[i]);
+      while (grpc_completion_queue_next(s->cq[i], gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
+                 .type != GRPC_QUEUE_SHUTDOWN) {
       }
     }
-    grpc_completion_queue_destroy(s->cq);
+    grpc_completion_queue_destroy(s->cq[i]);
   }
   for (rpc_call *c = s->zombies, *nx; c; c = nx) {
     nx = c->next;
@@ -1227,6 +1253,9 @@ int rpc_server_new(uv_loop_t *loop, const rpc_server_opts *o, const rpc_method *
   s->token = o->token && *o->token ? strdup(o->token) : NULL;
   s->health = rpc__health_new();
   s->t_shutdown = (rpc__tag){RPC__T_SHUTDOWN, NULL};
+  s->ncq = o->completion_queues < 1             ? 1
+           : o->completion_queues > RPC__MAX_CQ ? RPC__MAX_CQ
+                                                : o->completion_queues;
   if (!s->o.listen || !s->health || rpc__setup(s, methods, n, err, errlen) < 0) {
     if (!s->o.listen || !s->health) snprintf(err, errlen, "out of memory");
     rpc__destroy(s);
@@ -1238,11 +1267,20 @@ int rpc_server_new(uv_loop_t *loop, const rpc_server_opts *o, const rpc_method *
   uv_timer_init(loop, &s->grace);
   s->grace.data = s;
   s->handles_open = 2;
-  if (uv_thread_create(&s->thread, rpc__cq_thread, s) != 0) {
-    snprintf(err, errlen, "cannot start the completion-queue thread");
-    /* Handles are open on the loop: shut down through the normal path. */
+  for (int i = 0; i < s->ncq; i++) {
+    struct rpc__cq_thread *t = &s->threads[i];
+    t->s = s;
+    t->cq = s->cq[i];
+    if (uv_thread_create(&t->tid, rpc__cq_thread, t) == 0) {
+      t->started = 1;
+      continue;
+    }
+    snprintf(err, errlen, "cannot start the completion-queue threads");
+    /* Handles are open on the loop: shut down through the normal path,
+     * the notification going to a queue no thread drains (rpc__destroy
+     * drains it). */
     s->shutting_down = 1;
-    grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
+    grpc_server_shutdown_and_notify(s->server, s->cq[i], &s->t_shutdown);
     grpc_server_cancel_all_calls(s->server);
     uv_close((uv_handle_t *)&s->async, NULL);
     uv_close((uv_handle_t *)&s->grace, NULL);
@@ -1250,7 +1288,6 @@ int rpc_server_new(uv_loop_t *loop, const rpc_server_opts *o, const rpc_method *
     rpc__destroy(s);
     return -1;
   }
-  s->thread_started = 1;
   rpc__rearm(s);
   *out = s;
   return 0;
@@ -1294,9 +1331,7 @@ static void rpc__check_shutdown(rpc_server *s) {
 
 static void rpc__finish(rpc_server *s) {
   s->closed = 1;
-  grpc_completion_queue_shutdown(s->cq);
-  uv_thread_join(&s->thread);
-  s->thread_started = 0;
+  rpc__join_cq_threads(s);
   rpc__drain(s); /* nothing should be left; run it anyway */
   uv_close((uv_handle_t *)&s->async, rpc__on_handle_closed);
   uv_close((uv_handle_t *)&s->grace, rpc__on_handle_closed);
@@ -1347,7 +1382,7 @@ void rpc_server_shutdown(rpc_server *s, void (*done)(void *ud), void *ud) {
   s->shutting_down = 1;
   s->done = done;
   s->done_ud = ud;
-  grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
+  grpc_server_shutdown_and_notify(s->server, s->cq[0], &s->t_shutdown);
   while (rpc__end_one_stream(s)) {
   }
   double grace = s->o.shutdown_grace_s > 0 ? s->o.shutdown_grace_s : 5.0;

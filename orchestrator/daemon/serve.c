@@ -303,6 +303,8 @@ static void serve_teardown(orch *o) {
   o->rpc = NULL;
 }
 
+#define SERVE_WORKERS_PER_CQ 2048
+
 static int start_rpc(orch *o, char *err, size_t errlen) {
   config *cfg = o->cfg;
   size_t nm = control_api_nmethods + worker_api_nmethods;
@@ -312,7 +314,12 @@ static int start_rpc(orch *o, char *err, size_t errlen) {
   memcpy(methods + control_api_nmethods, worker_api_methods,
          worker_api_nmethods * sizeof *methods);
   for (size_t i = 0; i < nm; i++) methods[i].ud = o;
+  /* A queue per 2,048 workers the daemon may hold: with fewer a queue's scan
+   * of its outstanding operations is cheap (rpc.h), and every queue more
+   * costs thread hand-offs (docs/BENCHMARKS.md, the step loop). */
+  int queues = (int)((cfg->max_workers + SERVE_WORKERS_PER_CQ - 1) / SERVE_WORKERS_PER_CQ);
   rpc_server_opts ro = {.listen = cfg->listen,
+                        .completion_queues = queues,
                         .max_message_bytes = cfg->max_message_bytes,
                         .token = cfg->token,
                         .tls_cert_file = cfg->tls_cert_file,

@@ -8,9 +8,10 @@ need_cmd python3
 
 out="$("$RLORCH_BIN" bench steploop --steps 2 --rollouts-per-step 4 --json 2>&1)"
 assert_eq 0 "$?" "bench steploop exits 0" || printf '%s\n' "$out"
-assert_eq "true true true true" "$(printf '%s\n' "$out" | python3 -c '
+assert_eq "true true true true stream" "$(printf '%s\n' "$out" | python3 -c '
 import json, sys
-print(" ".join(str(r["ok"]).lower() for r in json.loads(sys.stdin.read().splitlines()[-1])["rounds"]))')" \
+d = json.loads(sys.stdin.read().splitlines()[-1])
+print(" ".join(str(r["ok"]).lower() for r in d["rounds"]) + " " + d["reports"])')" \
   "every steploop round's run succeeded"
 assert_eq "ok" "$(printf '%s\n' "$out" | python3 -c '
 import json, sys
@@ -20,6 +21,14 @@ bad = [r for r in d["rounds"] if rtt <= 0 or
        abs(r["x_rtt_per_worker"] - r["cpu_us_per_step"] / rtt / (r["inference_workers"] + 1)) >
        0.001 + 0.005 * r["x_rtt_per_worker"]]  # the round trip is printed to 0.1 us
 print("ok" if not bad else bad)')" "steploop: CPU per worker in round trips of the same run"
+
+out="$("$RLORCH_BIN" bench steploop --steps 2 --rollouts-per-step 4 --max-workers 8 --unary-reports --json 2>&1)"
+assert_eq "unary:true true" "$(printf '%s\n' "$out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read().splitlines()[-1])
+print(d["reports"] + ":" + " ".join(str(r["ok"]).lower() for r in d["rounds"]))')" \
+  "steploop --unary-reports: acks and reports as Report calls, every round succeeds" ||
+  printf '%s\n' "$out"
 
 out="$("$RLORCH_BIN" bench steploop --steps 1 --rollouts-per-step 2 --max-workers 20 --json 2>/dev/null)"
 assert_eq "1:true 8:true 20:true" "$(printf '%s\n' "$out" | python3 -c '

@@ -187,6 +187,10 @@ assert_eq 1 "$(gt "$(metric_value rlorch_last_broadcast_timestamp_seconds)" 0)" 
   "rlorch_last_broadcast_timestamp_seconds > 0"
 assert_eq 1 "$(gt "$(metric_value rlorch_last_step_timestamp_seconds)" 0)" \
   "rlorch_last_step_timestamp_seconds > 0"
+# Acks and broadcast reports come on each agent's report stream: 3 steps of 3
+# participants, an ack and a report each, counted one by one.
+streamed="$(rpc_count /rlorch.v1.Worker/ReportStream OK)"
+assert_eq 1 "$(ge "${streamed:-0}" 18)" "at least 18 reports came on ReportStream ($streamed)"
 # Per-worker figures come with heartbeats (once a second) and reach /metrics
 # at the daemon's next sweep.
 worker_tokens() { metric_value "rlorch_worker_generated_tokens_total{worker=\"$1\"}"; }

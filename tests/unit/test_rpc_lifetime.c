@@ -28,8 +28,8 @@ Test(rpc_lifetime, bind_failure_names_the_address) {
   fx_stop();
 }
 
-Test(rpc_lifetime, shutdown_ends_open_streams_with_unavailable) {
-  fx_start();
+static void shutdown_ends_streams(int queues) {
+  fx_start_opts((rpc_server_opts){.completion_queues = queues});
   fx_streamer s = {.c = fx_client(NULL), .run_id = "open", .n = 2};
   fx_watcher w = {.c = fx_client(NULL), .svc = "", .stop_at = 100};
   uv_thread_t th, th2;
@@ -49,6 +49,15 @@ Test(rpc_lifetime, shutdown_ends_open_streams_with_unavailable) {
   cr_assert_eq(F.cancels, 1, "the handler hears about it");
   rpc_client_free(s.c);
   rpc_client_free(w.c);
+}
+
+Test(rpc_lifetime, shutdown_ends_open_streams_with_unavailable) { shutdown_ends_streams(0); }
+
+/* More queues than calls, and more than the bound (8 are used): every
+ * queue's thread is joined at shutdown. */
+Test(rpc_lifetime, shutdown_ends_open_streams_over_several_queues) {
+  shutdown_ends_streams(3);
+  shutdown_ends_streams(64);
 }
 
 typedef struct holder {

@@ -94,8 +94,16 @@ static void fail_batches(int skip, int fail) {
 
 /* ---- the common path ------------------------------------------------------------ */
 
+static void many_in_order(int queues);
 Test(rpc_oneway, many_messages_arrive_in_order_and_successes_are_not_answered) {
-  fx_start();
+  many_in_order(0);
+}
+
+/* A stream's completions all come from its own queue: order holds. */
+Test(rpc_oneway, many_messages_arrive_in_order_over_four_queues) { many_in_order(4); }
+
+static void many_in_order(int queues) {
+  fx_start_opts((rpc_server_opts){.completion_queues = queues});
   rpc_client *c = fx_client(NULL);
   ow w;
   ow_open(&w, c, REPORTSTREAM);
