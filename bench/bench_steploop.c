@@ -281,8 +281,7 @@ static const opt_field bench_steploop__fields[] = {
              "below it first"},
     {.name = "unary_reports", .flag = "--unary-reports", .type = OPT_SWITCH,
      .off = BSO(unary_reports, bool),
-     .help = "acks and broadcast reports as Report calls, not on each worker's ReportStream\n"
-             "(as a worker against an orchestrator without it)"},
+     .help = "acks and broadcast reports as Report calls, not on each worker's ReportStream"},
     {.name = "json", .flag = "--json", .type = OPT_SWITCH, .off = BSO(json, bool),
      .help = "one JSON object instead of a table"},
 };
