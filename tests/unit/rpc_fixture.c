@@ -322,6 +322,20 @@ void fx_on_loop(void (*fn)(fx *, void *), void *arg) {
   pthread_mutex_unlock(&F.mu);
 }
 
+typedef struct fx__fail_arg {
+  int skip, fail;
+} fx__fail_arg;
+
+static void fx__do_fail_batches(fx *f, void *arg) {
+  fx__fail_arg *a = arg;
+  rpc__test_fail_batches(f->s, a->skip, a->fail);
+}
+
+void fx_fail_batches(int skip, int fail) {
+  fx__fail_arg a = {skip, fail};
+  fx_on_loop(fx__do_fail_batches, &a);
+}
+
 static void loop_main(void *arg) {
   fx *f = arg;
   uv_run(&f->loop, UV_RUN_DEFAULT);

@@ -105,6 +105,9 @@ void fx_start(void);
 void fx_stop(void);
 /* Runs fn on the loop thread and waits for it. */
 void fx_on_loop(void (*fn)(fx *, void *), void *arg);
+/* rpc__test_fail_batches on the loop thread: the next `skip` batches go
+ * through, the `fail` after them are refused. */
+void fx_fail_batches(int skip, int fail);
 /* Calls the hook saw for this method with this status. */
 int fx_hook_count(const char *method, grpc_status_code code);
 /* Waits until *v >= want (read under F.mu) or about 5 s pass; returns *v. */

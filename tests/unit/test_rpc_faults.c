@@ -11,19 +11,6 @@
 #include "rpc/rpc_internal.h"
 #include "rpc_fixture.h"
 
-typedef struct fail_arg {
-  int skip, fail;
-} fail_arg;
-
-static void do_fail_batches(fx *f, void *arg) {
-  fail_arg *a = arg;
-  rpc__test_fail_batches(f->s, a->skip, a->fail);
-}
-
-static void fail_batches(int skip, int fail) {
-  fail_arg a = {skip, fail};
-  fx_on_loop(do_fail_batches, &a);
-}
 
 /* The server still answers and nothing is left refused. */
 static void assert_still_serves(rpc_client *c) {
@@ -37,7 +24,7 @@ static void assert_still_serves(rpc_client *c) {
 Test(rpc_faults, refused_final_batch_of_unknown_method) {
   fx_start();
   rpc_client *c = fx_client(NULL);
-  fail_batches(0, 1);
+  fx_fail_batches(0, 1);
   rpc_status st;
   uint8_t *resp = NULL;
   size_t len;
@@ -57,7 +44,7 @@ Test(rpc_faults, refused_final_batch_of_unknown_method) {
 Test(rpc_faults, refused_unary_reply) {
   fx_start();
   rpc_client *c = fx_client(NULL);
-  fail_batches(0, 1);
+  fx_fail_batches(0, 1);
   rpc_status st;
   cr_assert_neq(fx_getrun(c, "r7", 5, &st, NULL), GRPC_STATUS_OK);
   cr_assert_eq(fx_wait_for(&F.nhooks, 1), 1);
@@ -73,7 +60,7 @@ Test(rpc_faults, refused_unary_reply) {
  * messages for the whole stream). */
 Test(rpc_faults, refused_stream_send_is_not_ok) {
   fx_start();
-  fail_batches(0, 1);
+  fx_fail_batches(0, 1);
   fx_streamer s = {.c = fx_client(NULL), .run_id = "done", .n = 2};
   fx_stream_thread(&s);
   cr_assert_eq(s.got, 0, "no message after a refused one");
@@ -99,7 +86,7 @@ static int count(ProtobufCMessage *m, void *ud) {
 Test(rpc_faults, refused_status_after_stream_message) {
   fx_start();
   rpc_client *c = fx_client(NULL);
-  fail_batches(2, 1);
+  fx_fail_batches(2, 1);
   Rlorch__V1__WatchRunRequest r = RLORCH__V1__WATCH_RUN_REQUEST__INIT;
   r.run_id = "done";
   r.from_step = 1;

@@ -78,19 +78,6 @@ static void ow_open(ow *w, rpc_client *c, const char *method) {
   cr_assert_eq(rpc_oneway_new(c, &o, &w->p, err, sizeof err), 0, "%s", err);
 }
 
-typedef struct fail_arg {
-  int skip, fail;
-} fail_arg;
-
-static void do_fail_batches(fx *f, void *arg) {
-  fail_arg *a = arg;
-  rpc__test_fail_batches(f->s, a->skip, a->fail);
-}
-
-static void fail_batches(int skip, int fail) {
-  fail_arg a = {skip, fail};
-  fx_on_loop(do_fail_batches, &a);
-}
 
 /* ---- the common path ------------------------------------------------------------ */
 
@@ -445,7 +432,7 @@ Test(rpc_oneway, refused_first_batch_ends_the_stream_internal) {
   ow w;
   ow_open(&w, c, REPORTSTREAM);
   rpc_status st;
-  fail_batches(0, 1);
+  fx_fail_batches(0, 1);
   cr_assert_eq(send_id(w.p, "n1", 5, &st), 0);
   cr_assert_eq(st.code, GRPC_STATUS_INTERNAL, "%s: %s", rpc_status_name(st.code), st.message);
   cr_assert_eq(send_id(w.p, "n1", 5, &st), 1, "the next stream opens: %s", st.message);
@@ -465,7 +452,7 @@ Test(rpc_oneway, refused_read_ends_the_stream_internal) {
   ow w;
   ow_open(&w, c, REPORTSTREAM);
   rpc_status st;
-  fail_batches(2, 1);
+  fx_fail_batches(2, 1);
   cr_assert_eq(send_id(w.p, "n1", 5, &st), 1, "%s", st.message);
   cr_assert_eq(fx_wait_for(&w.broken, 1), 1);
   cr_assert_eq(w.last_broken.code, GRPC_STATUS_INTERNAL, "%s: %s",
@@ -485,7 +472,7 @@ Test(rpc_oneway, refused_answer_ends_the_stream_internal) {
   ow w;
   ow_open(&w, c, REPORTSTREAM);
   rpc_status st;
-  fail_batches(2, 1);
+  fx_fail_batches(2, 1);
   cr_assert_eq(send_id(w.p, "f1", 5, &st), 1, "%s", st.message);
   cr_assert_eq(fx_wait_for(&w.broken, 1), 1);
   cr_assert_eq(w.last_broken.code, GRPC_STATUS_INTERNAL, "%s: %s",
