@@ -989,14 +989,20 @@ Test(agent_inference, without_a_report_stream_acks_and_reports_go_through_report
   fake_stop();
 }
 
-Test(agent_inference, a_report_the_stream_refuses_is_logged_and_not_sent_again) {
+/* An orchestrator with the stream, an agent, a sender; the stream's next
+ * report will be refused with `code`. */
+static void start_refusing(sender *s, grpc_status_code code) {
   fake_start_with(1);
   agent_start();
-  sender s;
-  sender_init(&s);
+  sender_init(s);
   pthread_mutex_lock(&K.mu);
-  K.refuse_stream = GRPC_STATUS_FAILED_PRECONDITION;
+  K.refuse_stream = code;
   pthread_mutex_unlock(&K.mu);
+}
+
+Test(agent_inference, a_report_the_stream_refuses_is_logged_and_not_sent_again) {
+  sender s;
+  start_refusing(&s, GRPC_STATUS_FAILED_PRECONDITION);
   /* The ack is refused (not kept): wait for the log instead. */
   send_plan_only(&s, "run-1/step-0", 1);
   for (int i = 0; i < 1000 && !log_has("report_refused seq=1 code=FAILED_PRECONDITION"); i++)
@@ -1015,13 +1021,8 @@ Test(agent_inference, a_report_the_stream_refuses_is_logged_and_not_sent_again) 
 }
 
 Test(agent_inference, a_worker_the_stream_does_not_know_registers_again) {
-  fake_start_with(1);
-  agent_start();
   sender s;
-  sender_init(&s);
-  pthread_mutex_lock(&K.mu);
-  K.refuse_stream = GRPC_STATUS_NOT_FOUND;
-  pthread_mutex_unlock(&K.mu);
+  start_refusing(&s, GRPC_STATUS_NOT_FOUND);
   send_plan_only(&s, "run-1/step-0", 1); /* its ack refused NOT_FOUND */
   cr_assert(wait_until(registered_twice, NULL), "registered again\n%s", K.log);
   pthread_mutex_lock(&K.mu);
