@@ -138,7 +138,7 @@ static struct metrics_family *metrics__register(metrics_registry *r, metrics__ki
   while (labels && labels[f->nlabels]) f->nlabels++;
   f->labels = calloc(f->nlabels + 1, sizeof(char *));
   if (!f->name || !f->help || !f->labels) goto nomem;
-  for (size_t i = 0; i < f->nlabels; i++)
+  for (size_t i = 0; labels && i < f->nlabels; i++) /* nlabels is 0 without labels */
     if (!(f->labels[i] = strdup(labels[i]))) goto nomem;
   if (r->n == r->cap) {
     size_t cap = r->cap ? r->cap * 2 : 16;
